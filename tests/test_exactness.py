@@ -1,0 +1,113 @@
+"""DEX emits exactly the tokens of autoregressive decoding (float64 tiny models of each family)."""
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from dex_core import DexDecoder, ar_generate
+
+FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": 12},  # a window shorter than the run exercises windowed masks
+    "qwen2": {"tie_word_embeddings": True},
+    "qwen3": {"tie_word_embeddings": True, "head_dim": 16},
+}
+NEW = 64
+
+
+def hf_greedy(model, prompt, new=NEW):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                         min_new_tokens=new)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_model(request):
+    return tiny_model(request.param, **FAMILIES[request.param])
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 23])
+def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_len):
+    prompt = torch.randint(0, 96, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    reference = hf_greedy(family_model, prompt)
+    L = family_model.config.num_hidden_layers
+    for K in (1, 2, 3, 4, L):
+        result = DexDecoder(family_model, explorers=K).generate(prompt, NEW)
+        assert result.tokens == reference, f"K={K}"
+        assert len(result.stats.matched_stages) == NEW
+        expected_rounds = K + sum(k + 1 for k in result.stats.matched_stages[:-1])
+        assert result.stats.rounds == expected_rounds
+
+
+@pytest.mark.parametrize("depths", [(1, 6), (4, 5, 6), (1, 2, 6), (2, 3, 4, 6)])
+@pytest.mark.parametrize("decs", [True, False])
+def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths, decs):
+    prompt = [5, 17, 3, 88, 40, 2, 61, 9, 33, 70, 12]
+    reference = hf_greedy(family_model, prompt)
+    result = DexDecoder(family_model, depths=depths, decs=decs).generate(prompt, NEW)
+    assert result.tokens == reference
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 20, None),
+                                                     (1.3, None, 0.9), (0.9, 10, 0.8)])
+def test_seeded_sampling_dex_equals_ar_generate(family_model, seed, temperature, top_k, top_p):
+    prompt = [3, 14, 15, 92, 65, 35]
+    reference = ar_generate(family_model, prompt, NEW, temperature, top_k, top_p, seed)
+    for K in (2, 4):
+        result = DexDecoder(family_model, explorers=K).generate(prompt, NEW, temperature, top_k, top_p, seed)
+        assert result.tokens == reference.tokens, f"K={K}"
+
+
+def test_ar_generate_greedy_equals_hf_generate(family_model):
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    assert ar_generate(family_model, prompt, NEW).tokens == hf_greedy(family_model, prompt)
+
+
+def test_different_seeds_give_different_samples(llama):
+    prompt = [3, 14, 15, 92]
+    outs = {tuple(DexDecoder(llama, explorers=3).generate(prompt, 16, 1.0, seed=s).tokens) for s in range(4)}
+    assert len(outs) == 4
+
+
+def test_generation_stops_at_eos_and_includes_it(llama):
+    prompt = [5, 6, 7]
+    free = DexDecoder(llama, explorers=3).generate(prompt, 40)
+    eos = free.tokens[9]
+    first = free.tokens.index(eos)
+    stopped = DexDecoder(llama, explorers=3).generate(prompt, 40, eos_token_id=eos)
+    assert stopped.tokens == free.tokens[: first + 1]
+    assert stopped.stats.stop == "eos"
+    hf = llama.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40, eos_token_id=eos,
+                        pad_token_id=eos)[0, 3:].tolist()
+    assert hf[: first + 1] == stopped.tokens
+
+
+def test_one_decoder_serves_several_calls(llama):
+    decoder = DexDecoder(llama, explorers=4)
+    a = decoder.generate([1, 2, 3], 20)
+    b = decoder.generate([9, 8, 7, 6, 5], 20, temperature=1.0, seed=3)
+    c = decoder.generate([1, 2, 3], 20)
+    assert a.tokens == c.tokens == hf_greedy(llama, [1, 2, 3], 20)
+    assert b.tokens == ar_generate(llama, [9, 8, 7, 6, 5], 20, 1.0, seed=3).tokens
+
+
+def test_sampled_first_tokens_follow_the_model_softmax():
+    """Chi-square goodness of fit of 1500 seeded first tokens against softmax(logits / T)."""
+    model = tiny_model("llama", layers=4, vocab=12, seed=3)
+    prompt, T = [1, 5, 7], 1.5
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / T, dim=-1)
+    decoder = DexDecoder(model, explorers=2, trace_top=0)
+    n = 1500
+    counts = torch.zeros(12, dtype=torch.float64)
+    for seed in range(n):
+        counts[decoder.generate(prompt, 1, temperature=T, seed=seed).tokens[0]] += 1
+    expected = probs * n
+    assert expected.min() > 5  # the test's own premise for the chi-square approximation
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    p_value = float(torch.special.gammaincc(torch.tensor(11 / 2), torch.tensor(chi2 / 2)))
+    assert p_value > 1e-3, (chi2, counts.tolist(), expected.tolist())
+    # and the counts are not degenerate: every token of the vocabulary was drawn
+    assert (counts > 0).all()

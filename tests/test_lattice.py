@@ -1,0 +1,127 @@
+"""The lattice and its FSM as pure bookkeeping, driven by scripted candidates (no model)."""
+
+import pytest
+
+from dex_core.lattice import Lattice
+
+
+def truth(position: int) -> int:
+    """The token every correct prefix continues with at ``position``."""
+    return 1000 + position
+
+
+def run(K: int, tokens: int, guess, start: int = 10):
+    """Drive a lattice; ``guess(node, on_track)`` gives non-final candidates. Returns (lattice, commits, rounds)."""
+    lat = Lattice(K, truth(start - 1), start)
+    commits, rounds_at = [], []
+    while len(commits) < tokens:
+        plan = lat.plan_round()
+        chosen = {}
+        for batch in plan.batches:
+            for node in batch:
+                on_track = _on_track(lat, node)
+                final = node.stage == K - 1
+                chosen[node.id] = truth(node.position) if final and on_track else guess(node, on_track)
+        lat.record(chosen)
+        if lat.ready():
+            commits.append(lat.commit())
+            rounds_at.append(lat.rounds)
+    return lat, commits, rounds_at
+
+
+def _on_track(lat: Lattice, node) -> bool:
+    """Whether the node's prefix agrees with the truth (its slot's input tokens all true)."""
+    slot = lat.slots[node.slot]
+    while slot is not None:
+        if slot.input_token != truth(slot.position - 1):
+            return False
+        slot = lat.slots.get(slot.parent) if slot.parent is not None else None
+    return True
+
+
+def always_right(node, on_track):
+    return truth(node.position) if on_track else -1
+
+
+def always_wrong(node, on_track):
+    return -2 - node.stage  # never the truth
+
+
+@pytest.mark.parametrize("K", [2, 3, 4, 6])
+def test_state_q_holds_two_to_the_q_minus_one_nodes(K):
+    lat = Lattice(K, 7, 3)
+    for q in range(1, K + 1):
+        plan = lat.plan_round()
+        assert plan.state_before == q - 1
+        lat.record({n.id: 100 + n.id for b in plan.batches for n in b})
+        assert lat.state == q
+        assert len(lat.nodes) == 2 ** q - 1
+        assert sum(len(b) for b in plan.batches) == 2 ** (q - 1)
+
+
+@pytest.mark.parametrize("K", [2, 3, 4])
+def test_collapse_keeps_only_the_matched_subtree(K):
+    for k in range(K):
+        lat = Lattice(K, 7, 3)
+        for _ in range(K):
+            plan = lat.plan_round()
+            chosen = {}
+            for b in plan.batches:
+                for n in b:  # anchor candidates: match first at stage k; others distinct
+                    anchor = n.slot == lat.anchor
+                    chosen[n.id] = 42 if anchor and n.stage >= k else 500 + n.id
+            lat.record(chosen)
+        anchor_slot = lat.anchor
+        before = dict(lat.nodes)
+        plan = lat.commit()
+        assert plan.token == 42 and plan.matched_stage == k
+        if k == K - 1:
+            assert plan.kept == [] and plan.new_anchor is None and lat.state == 0
+            continue
+        root = before[before[plan.anchor_nodes[k]].position_child]
+        expected = set()
+        frontier = [root.id]
+        while frontier:  # all lattice descendants of the matched position child
+            nid = frontier.pop()
+            expected.add(nid)
+            frontier += [m.id for m in before.values() if m.parent == nid and m.slot != anchor_slot]
+        assert set(plan.kept) == expected == set(lat.nodes)
+        assert set(plan.dropped) | set(plan.kept) | set(plan.anchor_nodes) == set(before)
+        assert lat.state == K - 1 - k and len(plan.kept) == 2 ** (K - 1 - k) - 1
+        assert all(lat.slots[s].path[0] == root.slot for s in plan.kept_slots)
+
+
+@pytest.mark.parametrize("K", [2, 3, 4])
+def test_token_matched_at_stage_k_costs_k_plus_one_rounds(K):
+    for k in range(K):
+        def guess(node, on_track, k=k):
+            return truth(node.position) if on_track and node.stage >= k else -7 - node.stage
+        _, commits, rounds_at = run(K, 12, guess)
+        gaps = [b - a for a, b in zip(rounds_at, rounds_at[1:])]
+        assert all(c.matched_stage == k for c in commits)
+        assert rounds_at[0] == K  # the first token always needs the full anchor chain
+        assert gaps == [k + 1] * len(gaps)
+
+
+@pytest.mark.parametrize("K", [2, 3, 4, 8])
+def test_always_right_at_stage_zero_costs_one_round_per_token(K):
+    _, commits, rounds_at = run(K, 20, always_right)
+    assert [c.token for c in commits] == [truth(p) for p in range(10, 30)]
+    assert all(b - a == 1 for a, b in zip(rounds_at, rounds_at[1:]))
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_always_wrong_costs_K_rounds_per_token(K):
+    lat, commits, rounds_at = run(K, 10, always_wrong)
+    assert [c.token for c in commits] == [truth(p) for p in range(10, 20)]
+    assert rounds_at == [K * (i + 1) for i in range(10)]
+    assert all(c.matched_stage == K - 1 for c in commits)
+
+
+def test_commit_before_the_anchor_is_complete_is_refused():
+    lat = Lattice(3, 1, 1)
+    lat.plan_round()
+    with pytest.raises(ValueError):
+        lat.record({})
+    with pytest.raises(RuntimeError):
+        lat.commit()
