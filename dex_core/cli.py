@@ -82,6 +82,8 @@ def _generate(args) -> None:
     from .trace import save_trace
 
     config = DexConfig(**{name: getattr(args, name) for name in _GENERATE_FLAGS})
+    if not args.prompt.strip():
+        raise DexError("the prompt is empty; give some text to continue")
     model, tokenizer = load_model(config.model, dtype=config.dtype)
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     decoder = DexDecoder(model, depths=config.depths, explorers=config.explorers, decs=config.decs,

@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,24 @@ def _prepare_default() -> Path:
     return target
 
 
+def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
+    """Fail fast with a clear message when a hub id is neither cached nor reachable."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        raise DexError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                       f"pass a local directory or .gguf file, or 'default'")
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+    except OSError as err:
+        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
+                       f"({endpoint.hostname}) cannot be reached ({err.strerror or err}); download the model "
+                       f"where the hub is reachable and pass its directory, or use 'default'") from None
+
+
 def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device=None):
     """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,6 +128,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
         raise DexError(f"no such model directory or file: {spec}")
     else:
         source = spec
+        _check_hub(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -25,3 +25,24 @@ def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: in
 @pytest.fixture(scope="session")
 def llama():
     return tiny_model("llama")
+
+
+def tiny_tokenizer(vocab: int = 96):
+    """A word-level tokenizer over 'w0'..'w{n}' plus a few English words (offline, no files)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "hello", "world", "the", "a", "prime", "number"]
+    words += [f"w{i}" for i in range(vocab - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A saved tiny Llama + tokenizer directory, loadable with ``--model DIR``."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path

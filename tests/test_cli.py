@@ -1,0 +1,73 @@
+"""The ``dex`` command: streams text and stats; bad input gives one clear message and exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_tokenizer
+from dex_core.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_streams_text_and_prints_depth_stats(tiny_dir, tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    code, out, err = run_cli(capsys, "generate", "hello world", "--model", str(tiny_dir), "--no-chat",
+                             "--max-new-tokens", "12", "--explorers", "3", "--trace", str(trace))
+    assert code == 0, err
+    assert "rounds/token" in out and "depth-side speedup" in out and "matched stage:" in out
+    assert "depths [2, 4, 6] (K=3)" in out and "12 tokens" in out
+    doc = json.loads(trace.read_text())
+    assert doc["format"] == "dex-trace" and doc["events"][-1]["event"] == "end"
+    assert len(doc["events"][-1]["tokens"]) == 12
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "   "], "the prompt is empty"),
+    (["generate", "hello", "--depths", "2,4"], "must end at the model's 6 layers; got [2, 4]"),
+    (["generate", "hello", "--depths", "4,2,6"], "strictly increasing"),
+    (["generate", "hello", "--depths", "a,b"], "comma-separated integers"),
+    (["generate", "hello", "--explorers", "9"], "between 1 and the model's 6 layers"),
+    (["generate", "hello", "--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
+    (["generate", "hello", "--max-new-tokens", "300"], "exceeds the model's context window of 256"),
+    (["generate", "hello", "--temperature", "-1"], "temperature must be >= 0"),
+    (["generate", "hello", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+])
+def test_bad_input_exits_2_with_one_clear_message(tiny_dir, capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv, "--model", str(tiny_dir), "--no-chat")
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("dex: error:") and err.count("dex: error:") == 1
+
+
+def test_unknown_models_are_clear_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", str(tmp_path / "nope"))
+    assert code == 2 and "no such model directory or file" in err
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", "no-such-org/no-such-model")
+    assert code == 2 and "not in the local Hugging Face cache" in err
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", str(tmp_path))
+    assert code == 2 and "without config.json" in err
+
+
+def test_unsupported_architecture_names_the_class(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2)).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", str(tmp_path), "--no-chat")
+    assert code == 2 and "GPT2LMHeadModel" in err and "not supported" in err
+
+
+def test_console_script_reports_errors_without_traceback(tiny_dir):
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "generate", "hello", "--model", str(tiny_dir),
+                           "--depths", "1,2,3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "exploration depths must end at the model's 6 layers" in proc.stderr
+    assert "Traceback" not in proc.stderr

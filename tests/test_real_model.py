@@ -1,0 +1,35 @@
+"""The real default model (SmolLM2-135M-Instruct, float32): DEX K=4 equals HF greedy generate."""
+
+import pytest
+import torch
+
+from dex_core import DexDecoder, load_model
+from dex_core.data import humaneval_prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return load_model("default")
+
+
+def test_dex_k4_equals_hf_generate_on_humaneval_prompts(default_model):
+    model, tokenizer = default_model
+    decoder = DexDecoder(model, explorers=4, tokenizer=tokenizer)
+    assert decoder.depths == (8, 15, 23, 30)
+    for item in humaneval_prompts(2):
+        prompt = tokenizer(item["prompt"])["input_ids"]
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=32)[0, len(prompt):].tolist()
+        result = decoder.generate(prompt, 32)
+        assert result.tokens == ref, item["id"]
+        assert 1.0 <= result.stats.rounds_per_token <= 4.0
+        assert result.stats.bookkeeping_share < 0.10
+
+
+def test_default_model_is_a_30_layer_llama_with_a_chat_template(default_model):
+    model, tokenizer = default_model
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
+    assert tokenizer.chat_template and model.config.tie_word_embeddings
