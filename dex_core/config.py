@@ -30,6 +30,14 @@ class DexConfig:
     chat: bool = _opt(True, "apply the tokenizer's chat template to the prompt")
     dtype: str = _opt("float32", "model dtype: float32, float64, bfloat16 or float16")
     trace_top: int = _opt(5, "top candidates (with probabilities) recorded per lattice node")
+    backend: str = _opt("sequential", "sequential (all explorers in one process) or distributed "
+                                      "(one process per explorer on torch.distributed)")
+    devices: tuple[str, ...] | None = _opt(None, "distributed: one device per explorer, e.g. "
+                                                 "cuda:0,cuda:1; default cuda:0..K-1 if K GPUs, else cpu")
+    threads: int | None = _opt(None, "distributed on CPU: torch threads per explorer "
+                                     "(default: cores // K, at least 1)")
+    op_timeout: float = _opt(60.0, "distributed: seconds any one exchange may wait for a peer")
+    start_timeout: float = _opt(120.0, "distributed: seconds the explorer processes may take to start")
 
     def __post_init__(self):
         if self.depths is not None:
@@ -41,6 +49,14 @@ class DexConfig:
         check_sampling(self.temperature, self.top_k, self.top_p)
         if self.dtype not in DTYPES:
             raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        check_backend(self.backend)
+        if isinstance(self.devices, str):
+            self.devices = tuple(d.strip() for d in self.devices.split(",") if d.strip())
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise DexError(f"threads must be a positive integer; got {self.threads!r}")
+        if not self.op_timeout > 0 or not self.start_timeout > 0:
+            raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
+                           f"start_timeout={self.start_timeout!r}")
         if not isinstance(self.trace_top, int) or self.trace_top < 0:
             raise DexError(f"trace_top must be a non-negative integer; got {self.trace_top!r}")
 
@@ -51,6 +67,14 @@ class DexConfig:
 
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+BACKENDS = ("sequential", "distributed")
+
+
+def check_backend(backend) -> None:
+    if backend not in BACKENDS:
+        raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
 
 
 def check_sampling(temperature, top_k, top_p) -> None:

@@ -178,11 +178,11 @@ class ModelView:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.model.embed_tokens.weight.dtype
+        return self.model.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.model.embed_tokens.weight.device
+        return self.model.model.norm.weight.device
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(tokens)
