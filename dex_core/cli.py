@@ -10,8 +10,9 @@ from dataclasses import MISSING
 
 from .config import DexConfig, DexError
 
-_GENERATE_FLAGS = ("model", "depths", "explorers", "decs", "max_new_tokens", "temperature", "top_k",
-                   "top_p", "seed", "chat", "dtype")
+_RUN_FLAGS = ("model", "depths", "explorers", "decs", "max_new_tokens", "temperature", "top_k", "top_p",
+              "seed", "chat", "dtype", "threads", "op_timeout", "start_timeout")
+_GENERATE_FLAGS = _RUN_FLAGS + ("backend", "devices")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, names) -> None:
@@ -44,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt text")
     _add_config_flags(gen, _GENERATE_FLAGS)
     gen.add_argument("--trace", metavar="FILE", help="save the trace (JSON) to FILE")
+    serve = sub.add_parser("serve", help="run as one explorer rank under torchrun (multi-node capable)",
+                           description="Run under torchrun, one process per explorer: "
+                                       "torchrun --nproc-per-node K -m dex_core.serve --prompt TEXT. Rank 0 "
+                                       "reads prompts (--prompt, repeatable; else one per line on stdin) "
+                                       "and prints each answer and its stats.")
+    serve.add_argument("--prompt", action="append", help="a prompt (repeatable); default: lines of stdin")
+    _add_config_flags(serve, _RUN_FLAGS)
     return parser
 
 
@@ -63,8 +71,8 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
 class TextStream:
     """Prints the decoded text of a growing token list, holding back incomplete characters."""
 
-    def __init__(self, tokenizer, out=sys.stdout):
-        self.tokenizer, self.out, self.tokens, self.shown = tokenizer, out, [], ""
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out, self.tokens, self.shown = tokenizer, out or sys.stdout, [], ""
 
     def push(self, token: int) -> None:
         self.tokens.append(token)
@@ -74,6 +82,24 @@ class TextStream:
         self.out.write(text[len(self.shown):] if text.startswith(self.shown) else "\n" + text)
         self.out.flush()
         self.shown = text
+
+
+def _report(stats: dict, depths, decs: bool, elapsed: float, schedule: str) -> None:
+    hist = [0] * len(depths)
+    for k in stats["matched_stages"]:
+        hist[k] += 1
+    print("\n")
+    print(f"depths {list(depths)} (K={len(depths)}), decs={'on' if decs else 'off'}, "
+          f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
+    print(f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
+          f"{stats['depth_speedup']:.3f}x")
+    print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))
+    if schedule == "sequential":
+        print(f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
+              f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s")
+    else:
+        print(f"distributed schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured end to end "
+              f"({elapsed:.2f} s; communication {stats['communication_seconds']:.2f} s on rank 0)")
 
 
 def _generate(args) -> None:
@@ -87,41 +113,100 @@ def _generate(args) -> None:
     model, tokenizer = load_model(config.model, dtype=config.dtype)
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     decoder = DexDecoder(model, depths=config.depths, explorers=config.explorers, decs=config.decs,
-                         tokenizer=tokenizer, trace_top=config.trace_top)
+                         tokenizer=tokenizer, trace_top=config.trace_top, backend=config.backend,
+                         devices=config.devices, threads=config.threads, op_timeout=config.op_timeout,
+                         start_timeout=config.start_timeout)
     stream = TextStream(tokenizer)
     events = []
-    tic = time.perf_counter()
-    for event in decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k,
-                                config.top_p, config.seed):
-        events.append(event)
-        if event["event"] == "round" and event["commit"]:
-            stream.push(event["commit"]["token"])
-    elapsed = time.perf_counter() - tic
-    stats = events[-1]["stats"]
-    hist = [0] * decoder.K
-    for k in stats["matched_stages"]:
-        hist[k] += 1
-    print("\n", file=sys.stdout)
-    print(f"depths {list(decoder.depths)} (K={decoder.K}), decs={'on' if config.decs else 'off'}, "
-          f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
-    print(f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
-          f"{stats['depth_speedup']:.3f}x")
-    print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(decoder.depths, hist))))
-    print(f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
-          f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s")
+    try:
+        tic = time.perf_counter()
+        for event in decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k,
+                                    config.top_p, config.seed):
+            events.append(event)
+            if event["event"] == "round" and event["commit"]:
+                stream.push(event["commit"]["token"])
+        elapsed = time.perf_counter() - tic
+    finally:
+        decoder.close()
+    _report(events[-1]["stats"], decoder.depths, config.decs, elapsed, config.backend)
     if args.trace:
         save_trace(args.trace, events, {"model": config.model, "prompt": args.prompt})
         print(f"trace saved to {args.trace}")
 
 
+def _serve(args) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from .config import resolve_depths
+    from .models import load_model
+    from .serve import join_group, serve_request, stage_payload
+
+    if "WORLD_SIZE" not in os.environ:
+        raise DexError("dex serve runs one explorer per process under torchrun, e.g. "
+                       "torchrun --nproc-per-node 4 -m dex_core.serve --prompt 'Hello'")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    config = DexConfig(**{name: getattr(args, name) for name in _RUN_FLAGS})
+    model, tokenizer = load_model(config.model, dtype=config.dtype)
+    depths = resolve_depths(model.config.num_hidden_layers, config.depths, world)
+    if len(depths) != world:
+        raise DexError(f"{len(depths)} exploration depths {list(depths)} need {len(depths)} processes; "
+                       f"torchrun started {world}")
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    payload = stage_payload(model, depths, rank)
+    del model
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = f"cuda:{local}" if local < gpus else "cpu"
+    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world))
+    view, explorer, link = join_group(payload, device, "env://", world, 0, config.op_timeout,
+                                      config.start_timeout)
+    prompts = iter(args.prompt or (line.rstrip("\n") for line in sys.stdin))
+    while True:
+        request = None
+        if rank == 0:
+            text = next(prompts, None)
+            while text is not None and not text.strip():
+                text = next(prompts, None)
+            if text is not None:
+                request = {"prompt": encode_prompt(tokenizer, text, config.chat), "eos": eos,
+                           "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+                           "top_k": config.top_k, "top_p": config.top_p, "seed": config.seed}
+        box = [request]
+        dist.broadcast_object_list(box, src=0, group=link.ctrl)
+        if box[0] is None:
+            break
+        stream, tic = TextStream(tokenizer), time.perf_counter()
+        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0):
+            if rank == 0 and event["event"] == "round" and event["commit"]:
+                stream.push(event["commit"]["token"])
+        if rank == 0:
+            _report(event["stats"], depths, config.decs, time.perf_counter() - tic, "distributed")
+    dist.destroy_process_group()
+
+
+def serve_main(argv=None) -> int:
+    return main(["serve", *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> int:
+    from .serve import ExplorerError
+
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             _generate(args)
+        elif args.command == "serve":
+            _serve(args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)
         return 2
+    except ExplorerError as err:
+        print(f"dex: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ndex: interrupted", file=sys.stderr)
         return 130

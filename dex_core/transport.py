@@ -65,8 +65,9 @@ class DistLink(LocalLink):
     """Explorer ``rank`` of ``count`` on an initialized torch.distributed world."""
 
     def __init__(self, rank: int, count: int, hidden_size: int, dtype: torch.dtype, device,
-                 ctrl_group, top: int, op_timeout: float):
+                 ctrl_group, top: int, op_timeout: float, cancel=None):
         super().__init__(count)
+        self.cancel = cancel  # a multiprocessing Event any rank's parent may set to stop early
         self.local = [rank]
         self.rank, self.count = rank, count
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, torch.device(device)
@@ -112,15 +113,17 @@ class DistLink(LocalLink):
 
         # control: every stage's tokens, top candidates and expansion time, packed as float64
         width = max(len(b) for b in plan.batches)
-        packed = torch.full((width + 1, 1 + 2 * self.top), -1.0, dtype=torch.float64)
+        packed = torch.full((width + 1, max(2, 1 + 2 * self.top)), -1.0, dtype=torch.float64)
         if mine is not None:
             n = len(mine.tokens)
             packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.float64)
             packed[:n, 1:1 + self.top] = mine.top_ids.double().cpu()
-            packed[:n, 1 + self.top:] = mine.top_probs.double().cpu()
+            packed[:n, 1 + self.top:1 + 2 * self.top] = mine.top_probs.double().cpu()
             packed[width, 0] = mine.seconds
+        packed[width, 1] = 1.0 if self.cancel is not None and self.cancel.is_set() else 0.0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
         self._wait([dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)])
+        self.cancelled = any(float(g[width, 1]) > 0 for g in gathered)
         result = {}
         for k, batch in enumerate(plan.batches):
             if not batch:
@@ -128,5 +131,5 @@ class DistLink(LocalLink):
             g, n = gathered[k], len(batch)
             result[k] = outputs[k] if k == self.rank else StageOutput(
                 [int(t) for t in g[:n, 0].tolist()], g[:n, 1:1 + self.top].long(),
-                g[:n, 1 + self.top:].float(), None, float(g[width, 0]))
+                g[:n, 1 + self.top:1 + 2 * self.top].float(), None, float(g[width, 0]))
         return result

@@ -1,0 +1,107 @@
+"""The distributed schedule: real explorer processes on torch.distributed (gloo on CPU)."""
+
+import multiprocessing
+import time
+
+import psutil
+import pytest
+
+from conftest import tiny_model
+from dex_core import DexDecoder, ar_generate
+from dex_core.serve import ExplorerError
+from faults import RaiseOnce
+
+
+def without_timings(trace):
+    return [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen3", tie_word_embeddings=True, head_dim=16)
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K):
+    prompts = [[5, 17, 3, 88, 40, 2, 61], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+    with DexDecoder(model, explorers=K, backend="distributed", threads=1) as dist_decoder:
+        pids = dist_decoder.group.pids()
+        assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
+        for i, prompt in enumerate(prompts):
+            sequential = DexDecoder(model, explorers=K).generate(prompt, 40)
+            distributed = dist_decoder.generate(prompt, 40)
+            assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
+            assert without_timings(distributed.trace) == without_timings(sequential.trace)
+            sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
+            assert sampled.tokens == ar_generate(model, prompt, 32, 0.9, 30, 0.95, seed=i).tokens
+        assert dist_decoder.group.pids() == pids  # the same processes served every call
+        timings = distributed.trace[1]["timings"]
+        assert len(timings["expand"]) == K and timings["communication"] >= 0
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(model, tmp_path):
+    adapter = RaiseOnce(str(tmp_path / "raised"), at=3)
+    decoder = DexDecoder(model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", threads=1)
+    pids = decoder.group.pids()
+    tic = time.monotonic()
+    with pytest.raises(ExplorerError, match="explorer rank 0 failed: RuntimeError: injected fault at call 3"):
+        decoder.generate([1, 2, 3, 4], 20)
+    assert time.monotonic() - tic < 10
+    assert not decoder.group.alive and multiprocessing.active_children() == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    # the next call starts a fresh group and is exact again
+    result = decoder.generate([1, 2, 3, 4], 20)
+    assert result.tokens == ar_generate(model, [1, 2, 3, 4], 20).tokens
+    assert set(decoder.group.pids()).isdisjoint(pids)
+    decoder.close()
+    assert multiprocessing.active_children() == []
+
+
+def test_stopping_a_stream_early_stops_the_explorers_in_step(model):
+    with DexDecoder(model, explorers=2, backend="distributed", threads=1) as decoder:
+        stream = decoder.stream([3, 1, 4, 1, 5], 60)
+        for event in stream:
+            if event["event"] == "round" and event["round"] == 5:
+                break
+        stream.close()
+        again = decoder.generate([3, 1, 4, 1, 5], 20)
+        assert again.tokens == ar_generate(model, [3, 1, 4, 1, 5], 20).tokens
+
+
+def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, capsys):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from dex_core.cli import main
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    cmd = [torchrun, "--nproc-per-node", "2", "-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat",
+           "--max-new-tokens", "10", "--prompt", "hello world", "--prompt", "the prime number"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    answers = [next(x for x in reversed(lines[:i]) if x.strip()) for i, line in enumerate(lines)
+               if line.startswith("depths [")]
+    for prompt, answer in zip(["hello world", "the prime number"], answers):
+        assert main(["generate", prompt, "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "10",
+                     "--explorers", "2"]) == 0
+        assert capsys.readouterr().out.strip().splitlines()[0] == answer
+    assert len(answers) == 2 and proc.stdout.count("depths [3, 6] (K=2)") == 2
+
+
+def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
+    from dex_core.cli import main
+
+    code = main(["generate", "hello world", "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "6",
+                 "--explorers", "2", "--backend", "distributed", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "distributed schedule:" in out and "6 tokens" in out
+    code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "distributed",
+                 "--devices", "cuda:0,cuda:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not available" in err
+    code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "mpi"])
+    assert code == 2 and "backend must be one of sequential, distributed" in capsys.readouterr().err
