@@ -157,7 +157,8 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, prompt:
     while True:
         t_round = time.perf_counter()
         timings = {"expand": [0.0] * K, "communication": 0.0, "decode": 0.0, "masks": 0.0,
-                   "plan": 0.0, "commit": 0.0, "collapse": 0.0, "trace": 0.0}
+                   "plan": 0.0, "commit": 0.0, "collapse": 0.0, "trace": 0.0,
+                   "prefill": 0.0 if tokens or lattice.rounds else stats.prefill_seconds}
         plan = lattice.plan_round()
         timings["plan"] += time.perf_counter() - t_round
         outputs = {e.index: _expand_stage(e, plan.batches[e.index], lattice, link, view, sampler, decs,
@@ -325,11 +326,23 @@ class DexDecoder:
         self.close()
 
 
-@torch.no_grad()
 def ar_generate(model, input_ids, max_new_tokens: int = _D.max_new_tokens, temperature: float = _D.temperature,
                 top_k: int | None = _D.top_k, top_p: float | None = _D.top_p, seed: int = _D.seed,
                 eos_token_id=None, tokenizer=None) -> GenerationResult:
     """Autoregressive reference: the model's own forward with a KV cache, DEX's sampler on its logits."""
+    trace = list(ar_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                           tokenizer))
+    return GenerationResult(trace[-1]["tokens"], GenerationStats(**trace[-1]["stats"]), trace)
+
+
+def ar_stream(model, input_ids, max_new_tokens: int = _D.max_new_tokens, temperature: float = _D.temperature,
+              top_k: int | None = _D.top_k, top_p: float | None = _D.top_p, seed: int = _D.seed,
+              eos_token_id=None, tokenizer=None) -> Iterator[dict]:
+    """``ar_generate`` as events: start, one ``token`` event per token, end.
+
+    A token event's ``seconds`` is the generator's own compute time so far (time spent by the
+    consumer between events is not counted), so AR can be raced against DEX in one process.
+    """
     from transformers import DynamicCache
 
     view = model_view(model)
@@ -338,33 +351,33 @@ def ar_generate(model, input_ids, max_new_tokens: int = _D.max_new_tokens, tempe
     eos = _eos_ids(model, eos_token_id)
     sampler = Sampler(view.vocab, temperature, top_k, top_p, seed)
     stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
-    trace = [_start_event("ar", [view.num_layers], view.num_layers, prompt, max_new_tokens,
-                          temperature, top_k, top_p, seed, False)]
+    yield _start_event("ar", [view.num_layers], view.num_layers, prompt, max_new_tokens,
+                       temperature, top_k, top_p, seed, False)
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:
         cache = DynamicCache()
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    start = time.perf_counter()
+    busy = 0.0
     ids = torch.tensor([prompt], device=view.device)
     tokens: list[int] = []
     while len(tokens) < max_new_tokens and stats.stop != "eos":
-        logits = model(input_ids=ids, use_cache=True, **{cache_kwarg: cache}).logits[0, -1:]
+        tic = time.perf_counter()
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=True, **{cache_kwarg: cache}).logits[0, -1:]
         position = len(prompt) + len(tokens)
         token = int(sampler.choose(logits, [position], final=True)[0])
         sampler.forget_before(position)
         tokens.append(token)
         if token in eos:
             stats.stop = "eos"
-        trace.append({"event": "token", "index": len(tokens) - 1, "position": position, "token": token,
-                      "text": None if tokenizer is None else tokenizer.decode([token]),
-                      "seconds": time.perf_counter() - start})
         ids = torch.tensor([[token]], device=view.device)
-    stats.wall_seconds = stats.round_seconds = stats.compute_seconds[0] = time.perf_counter() - start
-    stats.projected_seconds = stats.wall_seconds
+        busy += time.perf_counter() - tic
+        yield {"event": "token", "index": len(tokens) - 1, "position": position, "token": token,
+               "text": None if tokenizer is None else tokenizer.decode([token]), "seconds": busy}
+    stats.wall_seconds = stats.round_seconds = stats.compute_seconds[0] = stats.projected_seconds = busy
     stats.tokens = stats.rounds = len(tokens)
     stats.rounds_per_token = stats.depth_speedup = 1.0
-    stats.tokens_per_second = len(tokens) / stats.wall_seconds
+    stats.tokens_per_second = len(tokens) / busy if busy else 0.0
     stats.matched_stages = [0] * len(tokens)
-    trace.append({"event": "end", "tokens": tokens, "stop": stats.stop, "stats": stats.to_dict()})
-    return GenerationResult(tokens, stats, trace)
+    yield {"event": "end", "tokens": tokens, "stop": stats.stop, "stats": stats.to_dict()}

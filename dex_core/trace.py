@@ -16,8 +16,8 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     "anchor_nodes", "anchor_candidates"}``. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
     ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
-    ``timings`` (seconds): ``{"expand": [per explorer], "decode", "masks", "plan", "commit",
-    "collapse", "trace", "round"}``.
+    ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode", "masks", "plan",
+    "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round"}``.
 
 ``{"event": "token", "index", "position", "token", "text", "seconds"}`` — one per token (AR only).
 

@@ -1,0 +1,188 @@
+"""Event handlers of the DEX app: they call ``dex_core`` and draw with ``visualize`` (traces only)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+
+import visualize as viz
+from dex_core import DexError, ar_stream, load_trace, save_trace
+from dex_core.ead import readiness
+
+from .runtime import Runtime, options
+
+
+def _error(err: Exception):
+    return gr.Error(str(err), print_exception=False)
+
+
+def _end(events):
+    return events[-1] if events and events[-1]["event"] == "end" else None
+
+
+def live_frames(runtime: Runtime, prompt, chat, explorers, depths, decs, sample, temperature, top_k, top_p,
+                seed, max_new_tokens, progress=gr.Progress()):
+    """Generate with DEX, yielding (text, lattice, fsm, stats, trace) once per explorer round."""
+    try:
+        config = options(explorers, depths, decs, sample, temperature, top_k, top_p, seed, max_new_tokens)
+        if not (prompt or "").strip():
+            raise DexError("the prompt is empty; type something to continue")
+        if not runtime.loaded:
+            progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
+        ids = runtime.encode(prompt, chat)
+        decoder = runtime.decoder(config.depths, config.explorers, config.decs)
+        stream = decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k, config.top_p,
+                                config.seed)
+        events = [next(stream)]
+    except DexError as err:
+        raise _error(err) from None
+    for event in stream:
+        events.append(event)
+        if event["event"] != "round":
+            continue
+        view = viz.replay(events)[-1]
+        yield (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view), viz.stats_html(view),
+               events)
+    view = viz.replay(events)[-1]
+    yield (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view),
+           viz.stats_html(view, end=_end(events)), events)
+
+
+def race_frames(runtime: Runtime, prompt, chat, explorers, max_new_tokens):
+    """AR and DEX on one prompt, each advanced while its own clock is behind the other's.
+
+    Clocks are each method's own compute time, so the two panes fill at their measured speeds even
+    though they share this process. DEX's projected K-device clock is drawn next to its measured one.
+    """
+    try:
+        config = options(explorers, "", True, False, 1.0, None, None, 0, max_new_tokens)
+        if not (prompt or "").strip():
+            raise DexError("the prompt is empty; type something to continue")
+        ids = runtime.encode(prompt, chat)
+        model, tokenizer = runtime.model()
+        decoder = runtime.decoder(None, config.explorers, True)
+        ar = ar_stream(model, ids, config.max_new_tokens, tokenizer=tokenizer)
+        dex = decoder.stream(ids, config.max_new_tokens)
+        next(ar), next(dex)
+    except DexError as err:
+        raise _error(err) from None
+    distributed = runtime.settings.backend == "distributed"
+    clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
+    times = {"ar": [], "dex": [], "proj": []}
+    tokens = {"ar": [], "dex": []}
+    ends = {}
+    while len(ends) < 2:
+        side = "ar" if "dex" in ends or ("ar" not in ends and clocks["ar"] <= clocks["dex"]) else "dex"
+        event = next(ar if side == "ar" else dex)
+        if event["event"] == "end":
+            ends[side] = event
+        elif side == "ar":
+            clocks["ar"] = event["seconds"]
+            tokens["ar"].append(event["token"])
+            times["ar"].append(clocks["ar"])
+        else:
+            t = event["timings"]
+            clocks["dex"] += t["prefill"] + t["round"]
+            clocks["proj"] += t["prefill"] + max(t["expand"]) + t["masks"] + t["plan"] + t["commit"] \
+                + t["collapse"] + t["decode"]
+            if event["commit"]:
+                tokens["dex"].append(event["commit"]["token"])
+                times["dex"].append(clocks["dex"])
+                times["proj"].append(clocks["proj"])
+        yield _race_view(tokenizer, tokens, times, ends, distributed, config.explorers)
+
+
+def _race_view(tokenizer, tokens, times, ends, distributed, K):
+    series = [{"name": "AR (measured)", "times": times["ar"]},
+              {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
+               "times": times["dex"]}]
+    if not distributed:
+        series.append({"name": f"DEX projected on {K} devices", "times": times["proj"], "dash": True})
+    done = len(ends) == 2
+    style = "padding:6px 10px;border-radius:6px;display:inline-block;margin:4px 0;background:"
+    if done and tokens["ar"] == tokens["dex"]:
+        badge = f"<div id='race-badge' style='{style}#d9f7d9'>✓ identical output: DEX emitted exactly AR's tokens</div>"
+    elif done:
+        badge = f"<div id='race-badge' style='{style}#fbdada'>✗ outputs differ</div>"
+    else:
+        badge = f"<div id='race-badge' style='{style}#eeeeff'>racing…</div>"
+    lines = []
+    for key, label in (("ar", "AR"), ("dex", "DEX")):
+        n, t = len(tokens[key]), (times[key][-1] if times[key] else 0.0)
+        lines.append(f"{label}: {n} tokens in {t:.2f} s ({n / t if t else 0:.1f} tokens/s)")
+    if not distributed and times["proj"]:
+        n, t = len(tokens["dex"]), times["proj"][-1]
+        lines.append(f"DEX projected on {K} devices: {t:.2f} s ({n / t if t else 0:.1f} tokens/s) — a projection")
+    summary = badge + "<div>" + "<br>".join(lines) + "</div>"
+    return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
+            tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
+
+
+def debug_frame(events, index):
+    """Lattice, round table, FSM and text of round ``index`` of a recorded trace."""
+    views = viz.replay(events or [])
+    if not views:
+        empty = "<p>No trace yet: generate in the Live tab or load a saved trace.</p>"
+        return None, empty, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1)
+    i = max(0, min(int(index or 0), len(views) - 1))
+    view = views[i]
+    return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
+            gr.Slider(minimum=0, maximum=max(1, len(views) - 1), value=i, step=1,
+                      label=f"Round (1..{len(views)})"))
+
+
+def step(events, index, delta):
+    n = len(viz.replay(events or []))
+    return max(0, min(int(index or 0) + delta, max(0, n - 1)))
+
+
+def play_tick(events, index):
+    """One Play step; stops the timer at the last round."""
+    n = len(viz.replay(events or []))
+    nxt = int(index or 0) + 1
+    if nxt >= n:
+        return max(0, n - 1), gr.Timer(active=False)
+    return nxt, gr.Timer(active=True)
+
+
+def save(events, meta):
+    if not events:
+        raise gr.Error("no trace to save yet: generate in the Live tab first", print_exception=False)
+    path = Path(tempfile.mkdtemp(prefix="dex-trace-")) / "dex-trace.json"
+    save_trace(path, events, meta or {})
+    return str(path)
+
+
+def load(file):
+    if file is None:
+        raise gr.Error("choose a trace file (JSON saved by DEX) first", print_exception=False)
+    try:
+        events, meta = load_trace(file if isinstance(file, str) else file.name)
+    except (ValueError, OSError, json.JSONDecodeError) as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    return events, meta, 0
+
+
+def analyse(runtime: Runtime, prompt, chat, max_new_tokens):
+    """EAD of each token of the greedy answer, and the speedups it predicts for K = 2..8."""
+    try:
+        config = options(4, "", True, False, 1.0, None, None, 0, max_new_tokens)
+        if not (prompt or "").strip():
+            raise DexError("the prompt is empty; type something to analyse")
+        ids = runtime.encode(prompt, chat)
+        model, _ = runtime.model()
+        *_, end = ar_stream(model, ids, config.max_new_tokens)
+        result = readiness(model, ids, end["tokens"])
+    except DexError as err:
+        raise _error(err) from None
+    rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
+                   f"<td>{p['speedup']:.3f}×</td><td>{p['rounds_speedup']:.3f}×</td></tr>"
+                   for p in result["predicted"])
+    table = ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
+             "<th>K / rounds per token (DEX, no DECS)</th></tr>" + rows + "</table>"
+             f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
+             "Plain logit lens: no inducing adapters.</p>")
+    return viz.ead_figure(result), viz.speedup_figure(result), table

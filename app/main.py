@@ -1,0 +1,161 @@
+"""The DEX visual debugger: ``gradio app/main.py`` (or ``python app/main.py --model … --port …``).
+
+Four tabs: Live (stream a generation round by round: coloured text, the depth × position lattice, the
+FSM panel, live numbers), Race (AR vs DEX side by side), Debugger (step through a recorded or loaded
+trace) and Analysis (token readiness: EAD and the speedups it predicts). Building ``demo`` is cheap;
+the model loads on first use. Model work runs one request at a time (queue); traces are per session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import gradio as gr
+
+from app import callbacks as cb
+from app.runtime import AppSettings, Runtime
+from dex_core import DexConfig
+
+EXAMPLES = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain in two sentences why the sky is blue.",
+    "List three tips for writing clear commit messages.",
+]
+
+
+def _sampling_controls():
+    with gr.Row():
+        sample = gr.Checkbox(label="Sample (else greedy)", value=False)
+        temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature")
+        top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)")
+        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
+        seed = gr.Number(value=DexConfig.seed, precision=0, label="Seed")
+    return sample, temperature, top_k, top_p, seed
+
+
+QUIET = {"api_visibility": "undocumented"}  # UI plumbing, not part of the documented API
+
+
+def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
+    runtime = Runtime(settings)
+    bind = functools.partial
+    with gr.Blocks(title="DEX — Depth Exploration Decoding") as demo:
+        demo.runtime = runtime
+        trace = gr.State([])
+        meta = gr.State({})
+        gr.Markdown("# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
+                    "several depths propose tokens, the final layer commits exactly AR's token, and the "
+                    f"lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
+                    f"backend: `{runtime.settings.backend}`.")
+        with gr.Tab("Live", id="live"):
+            with gr.Row():
+                prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
+                with gr.Column(scale=1):
+                    generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
+                    stop = gr.Button("Stop", elem_id="live-stop")
+            with gr.Accordion("Exploration and sampling", open=False):
+                with gr.Row():
+                    chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+                    explorers = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
+                    depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
+                    decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
+                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                sampling = _sampling_controls()
+            gr.Examples(EXAMPLES, inputs=prompt)
+            text = gr.HTML(label="Output", elem_id="live-text")
+            with gr.Row():
+                lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
+                with gr.Column(scale=2):
+                    fsm = gr.HTML(elem_id="live-fsm")
+                    numbers = gr.HTML(elem_id="live-stats")
+            run = generate.click(bind(cb.live_frames, runtime),
+                                 [prompt, chat, explorers, depths, decs, *sampling, max_new],
+                                 [text, lattice, fsm, numbers, trace], api_name="generate",
+                                 concurrency_id="model", concurrency_limit=1)
+            stop.click(None, cancels=[run], **QUIET)
+
+        with gr.Tab("Race", id="race"):
+            with gr.Row():
+                race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
+                with gr.Column(scale=1):
+                    race_k = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
+                    race_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                    race_go = gr.Button("Race", variant="primary", elem_id="race-go")
+            race_summary = gr.HTML(elem_id="race-summary")
+            with gr.Row():
+                ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
+                dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
+            race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
+            race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, race_new],
+                          [ar_text, dex_text, race_plot, race_summary], api_name="race",
+                          concurrency_id="model", concurrency_limit=1)
+
+        with gr.Tab("Debugger", id="debugger"):
+            with gr.Row():
+                prev_b = gr.Button("◀ Prev", elem_id="dbg-prev")
+                next_b = gr.Button("Next ▶", elem_id="dbg-next")
+                play_b = gr.Button("Play", elem_id="dbg-play")
+                pause_b = gr.Button("Pause", elem_id="dbg-pause")
+            slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round")
+            timer = gr.Timer(0.6, active=False)
+            with gr.Row():
+                dbg_lattice = gr.Plot(label="Lattice at this round", elem_id="dbg-lattice", scale=3)
+                dbg_fsm = gr.HTML(elem_id="dbg-fsm")
+            dbg_table = gr.HTML(elem_id="dbg-table")
+            dbg_text = gr.HTML(elem_id="dbg-text")
+            with gr.Row():
+                save_b = gr.Button("Save trace as JSON")
+                saved = gr.File(label="Saved trace", interactive=False)
+                loaded = gr.File(label="Load a trace (JSON)", file_types=[".json"])
+            frame = [dbg_lattice, dbg_table, dbg_fsm, dbg_text, slider]
+            show = cb.debug_frame
+            slider.release(show, [trace, slider], frame, **QUIET)
+            prev_b.click(lambda t, i: cb.step(t, i, -1), [trace, slider], slider, **QUIET).then(
+                show, [trace, slider], frame, **QUIET)
+            next_b.click(lambda t, i: cb.step(t, i, +1), [trace, slider], slider, **QUIET).then(
+                show, [trace, slider], frame, **QUIET)
+            play_b.click(lambda: gr.Timer(active=True), None, timer, **QUIET)
+            pause_b.click(lambda: gr.Timer(active=False), None, timer, **QUIET)
+            timer.tick(cb.play_tick, [trace, slider], [slider, timer], **QUIET).then(
+                show, [trace, slider], frame, **QUIET)
+            save_b.click(cb.save, [trace, meta], saved, **QUIET)
+            loaded.upload(cb.load, loaded, [trace, meta, slider], **QUIET).then(show, [trace, slider], frame, **QUIET)
+            run.then(lambda t: show(t, len(t)), trace, frame, **QUIET)  # open the debugger at the last round
+
+        with gr.Tab("Analysis", id="analysis"):
+            with gr.Row():
+                an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
+                with gr.Column(scale=1):
+                    an_new = gr.Slider(8, 256, value=64, step=1, label="Tokens to analyse")
+                    an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
+            with gr.Row():
+                ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
+                speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
+            an_table = gr.HTML(elem_id="an-table")
+            an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, an_new], [ead_plot, speed_plot, an_table],
+                        api_name="analyse", concurrency_id="model", concurrency_limit=1)
+    return demo
+
+
+demo = build_demo()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="DEX visual debugger (Gradio app)")
+    parser.add_argument("--model", help="model spec (default: $DEX_MODEL or 'default')")
+    parser.add_argument("--explorers", type=int, help="default K (default: $DEX_EXPLORERS or 4)")
+    parser.add_argument("--backend", choices=("sequential", "distributed"), help="default: $DEX_BACKEND")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    settings = AppSettings()
+    for name in ("model", "explorers", "backend"):
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
+    app = build_demo(settings)
+    app.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, show_error=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The Gradio app end to end: its API through gradio_client, and its page in a real browser."""
+
+import html
+import re
+import shutil
+import socket
+
+import pytest
+
+from conftest import tiny_tokenizer
+from dex_core import DexDecoder, ar_generate
+from dex_core.cli import encode_prompt
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PROMPT = "hello world the prime number"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dir):
+    from app.main import build_demo
+    from app.runtime import AppSettings
+
+    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3))
+    port = free_port()
+    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def shown_tokens(page_html: str) -> str:
+    spans = re.findall(r'<span class="dex-tok"[^>]*>(.*?)</span>', page_html, flags=re.S)
+    return "".join(html.unescape(s) for s in spans)
+
+
+def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, tiny_dir):
+    from gradio_client import Client
+    from transformers import AutoModelForCausalLM
+
+    client = Client(app_url, verbose=False)
+    job = client.submit(PROMPT, False, 3, "", True, False, 1.0, 0, 1.0, 0, 16, api_name="/generate")
+    updates = list(job)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    ids = encode_prompt(tiny_tokenizer(), PROMPT, chat=False)
+    rounds = DexDecoder(model, explorers=3).generate(ids, 16).stats.rounds
+    assert len(updates) >= rounds
+    tok = tiny_tokenizer()
+    ar = ar_generate(model, ids, 16).tokens
+    assert shown_tokens(updates[-1][0]) == "".join(tok.decode([t]) for t in ar)
+    assert "rounds/token" in updates[-1][3]
+
+
+def test_race_endpoint_reports_identical_output(app_url):
+    from gradio_client import Client
+
+    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(PROMPT, False, 3, 12, api_name="/race")
+    assert ar_text == dex_text and "identical output" in summary
+
+
+def test_bad_input_is_shown_as_an_error(app_url):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="must end at the model's 6 layers"):
+        Client(app_url, verbose=False).predict(PROMPT, False, 3, "2,4", True, False, 1.0, 0, 1.0, 0, 8,
+                                              api_name="/generate")
+
+
+@pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM),
+                    reason="Debian chromium is not installed (.ci/run installs it)")
+def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_url, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(app_url, timeout=60_000)
+        page.locator("#live-prompt textarea").fill(PROMPT)
+        page.locator("#live-generate").click()
+        plot = page.locator("#live-lattice .js-plotly-plot")
+        plot.wait_for(timeout=60_000)
+        page.wait_for_function(
+            "() => { const gd = document.querySelector('#live-lattice .js-plotly-plot');"
+            " return gd && gd.data && gd.data.some(t => t.mode && t.mode.includes('markers') && t.x && t.x.length); }",
+            timeout=60_000)
+        page.wait_for_function("() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')",
+                               timeout=60_000)
+        page.get_by_role("tab", name="Debugger").click()
+        page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
+        title = "() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.title.text"
+        last = page.evaluate(title)
+        page.locator("#dbg-prev").click()
+        page.wait_for_function(f"() => ({title})() !== {last!r}", timeout=30_000)
+        assert re.search(r"Round (\d+)", page.evaluate(title)).group(1) != re.search(r"Round (\d+)", last).group(1)
+        page.screenshot(path=str(tmp_path / "debugger.png"), full_page=True)
+        browser.close()
+    assert (tmp_path / "debugger.png").stat().st_size > 10_000

@@ -1,0 +1,251 @@
+"""The trace viewers: replay, lattice figure, HTML panels and charts, on real tiny-model traces."""
+
+import dataclasses
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_model, tiny_tokenizer
+from dex_core import DexDecoder, ar_generate
+from visualize import (STATUS_COLORS, ead_figure, fsm_html, lattice_figure, lattice_size, node_status, race_figure,
+                       replay, round_table_html, speedup_figure, stats_html, tokens_html)
+
+EDGE_TRACES = ("depth edges", "position edges")
+
+
+@pytest.fixture(scope="module")
+def greedy(llama):
+    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4], 16).trace
+
+
+@pytest.fixture(scope="module")
+def sampled(llama):
+    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer())
+    return decoder.generate([1, 2, 3, 4], 16, temperature=0.8, seed=1).trace
+
+
+@pytest.fixture(scope="module")
+def deep():
+    decoder = DexDecoder(tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer())
+    return decoder.generate([1, 2, 3, 4], 2).trace
+
+
+@pytest.fixture(params=["greedy", "sampled"])
+def trace(request):
+    return request.getfixturevalue(request.param)
+
+
+def node_markers(fig) -> dict[str, int]:
+    return {t.name: len(t.x) for t in fig.data if t.name not in EDGE_TRACES}
+
+
+def first_commit_with(views, predicate):
+    return next(v for v in views if v.commit and predicate(v))
+
+
+def test_replay_rebuilds_the_committed_tokens_of_the_end_event(trace):
+    views = replay(trace)
+    end = trace[-1]
+    assert len(views) == end["stats"]["rounds"]
+    assert views[-1].tokens == end["tokens"]
+    assert views[-1].matched == end["stats"]["matched_stages"]
+    assert [v.index for v in views] == list(range(len(views)))
+
+
+def test_replay_holds_the_lattice_before_collapse(trace):
+    for view in replay(trace):
+        expected = (len(view.committed_ids) + len(view.kept) + len(view.dropped) if view.commit
+                    else 2 ** view.state_after - 1)
+        assert lattice_size(view) == expected
+        assert set(view.new) <= set(view.nodes)
+        assert sorted(i for batch in view.batches for i in batch) == sorted(view.new)
+
+
+def test_commit_position_is_prompt_length_plus_tokens_committed_before(greedy):
+    for view in replay(greedy):
+        before = len(view.tokens) - (1 if view.commit else 0)
+        assert view.commit_position == len(greedy[0]["prompt"]) + before
+        if view.commit:
+            assert view.commit["position"] == view.commit_position
+
+
+def test_anchor_chains_carry_each_stage_candidate_and_its_text(greedy):
+    view = replay(greedy)[-1]
+    assert len(view.anchor_chains) == len(view.tokens)
+    for chain, token, stage in zip(view.anchor_chains, view.tokens, view.matched):
+        assert len(chain) == 4 and chain[-1][0] == token and chain[stage][0] == token
+        assert all(text == f"w{cand - 7}" for cand, text in chain if cand >= 7)
+
+
+def test_replay_of_a_long_trace_is_fast(greedy):
+    start = time.perf_counter()
+    for _ in range(10):
+        replay(greedy)
+    assert (time.perf_counter() - start) / 10 < 0.05
+
+
+def test_lattice_figure_draws_one_marker_per_node_in_one_trace_per_status(trace):
+    for view in replay(trace):
+        fig = lattice_figure(view)
+        markers = node_markers(fig)
+        assert sorted(markers) == sorted(STATUS_COLORS)
+        assert sum(markers.values()) == lattice_size(view)
+        assert {t.name for t in fig.data} >= set(EDGE_TRACES)
+        assert fig.layout.uirevision == "lattice"
+
+
+def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
+    views = replay(trace)
+    view = first_commit_with(views, lambda v: v.commit["matched_stage"] < 3 and v.dropped)
+    final, matched = view.commit["anchor_nodes"][-1], view.commit["anchor_nodes"][view.commit["matched_stage"]]
+    assert node_status(view, final) == "final"
+    assert node_status(view, matched) == "accepted"
+    assert all(node_status(view, i) == "accepted" for i in view.kept)
+    assert all(node_status(view, i) == "discarded" for i in view.dropped)
+    fig = lattice_figure(view)
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name["final"].x) == 1 and len(by_name["discarded"].x) == len(view.dropped)
+    assert by_name["discarded"].opacity == pytest.approx(0.25)
+    assert by_name["accepted"].opacity == 1
+    for status, color in STATUS_COLORS.items():
+        assert by_name[status].marker.color == color
+    assert f"matched at stage {view.commit['matched_stage']}" in fig.layout.title.text
+
+
+def test_pending_rounds_mark_the_anchor_slot_and_pending_nodes(greedy):
+    view = next(v for v in replay(greedy) if not v.commit and v.state_after == 3)
+    statuses = {i: node_status(view, i) for i in view.nodes}
+    assert sorted(i for i, s in statuses.items() if s == "anchor") == sorted(
+        i for i, n in view.nodes.items() if n["position"] == view.commit_position)
+    assert list(statuses.values()).count("anchor") == 3 and list(statuses.values()).count("pending") == 4
+
+
+def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
+    view = replay(greedy)[5]
+    fig = lattice_figure(view)
+    depths = greedy[0]["depths"]
+    assert list(fig.layout.xaxis.ticktext)[:2] == ["+0", "+1"]
+    assert list(fig.layout.yaxis.ticktext) == [f"E{k} · d={d}" for k, d in enumerate(depths)]
+    anchor = [t for t in fig.data if t.name == "anchor"][0]
+    assert all(-0.5 < x < 0.5 for x in anchor.x)
+
+
+def test_lattice_figure_builds_within_100ms_median_for_k4(greedy):
+    views = replay(greedy)
+    lattice_figure(views[0])
+    times = []
+    for view in views[3:40:3]:
+        start = time.perf_counter()
+        lattice_figure(view)
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.1
+
+
+def test_k8_lattice_of_255_nodes_renders_every_node(deep):
+    views = replay(deep)
+    assert views[-1].tokens == deep[-1]["tokens"]
+    full = max(views, key=lattice_size)
+    assert lattice_size(full) == 255
+    fig = lattice_figure(full)
+    assert sum(node_markers(fig).values()) == 255
+    assert len(fig.layout.yaxis.ticktext) == 8
+    cells = {}
+    for t in fig.data:
+        if t.name not in EDGE_TRACES:
+            cells.update({(round(x, 6), round(y, 6)): 1 for x, y in zip(t.x, t.y)})
+    assert len(cells) == 255
+
+
+def test_tokens_html_has_one_span_per_token_and_escapes_markup(greedy):
+    view = replay(greedy)[-1]
+    html = tokens_html(replay(greedy))
+    assert html.count('class="dex-tok"') == len(view.tokens)
+    assert "white-space: pre-wrap" in html
+    assert "matched at stage 0 (depth 2)" in html
+    chain = view.anchor_chains[0]
+    assert f"E0 &#x27;{chain[0][1]}&#x27; · E1" in html and f"final &#x27;{chain[3][1]}&#x27;" in html
+    evil = dataclasses.replace(view, texts=["<script>"] + view.texts[1:])
+    out = tokens_html(evil)
+    assert "<script>" not in out and "&lt;script&gt;" in out
+
+
+def test_fsm_html_shows_states_and_kv_entries_per_explorer(greedy):
+    view = first_commit_with(replay(greedy), lambda v: True)
+    html = fsm_html(view)
+    assert f"q={view.state_before}</b> → <b>q={view.state_after}" in html
+    committed = len(greedy[0]["prompt"]) - 1 + len(view.tokens) - 1
+    for k, d in enumerate(greedy[0]["depths"]):
+        lattice = sum(1 for n in view.nodes.values() if n["stage"] == k)
+        assert f"E{k} · d={d}" in html
+        assert f"committed <b>{committed}</b> (+1 after commit) · lattice <b>{lattice}</b>" in html
+    assert f"lattice {lattice_size(view)} nodes" in html
+
+
+def test_stats_html_matches_the_end_event_numbers(greedy):
+    end = greedy[-1]
+    stats = end["stats"]
+    html = stats_html(replay(greedy)[-1], end)
+    assert f"<b>{stats['tokens']}</b>" in html and f"<b>{stats['rounds']}</b>" in html
+    assert f"<b>{stats['rounds_per_token']:.2f}</b>" in html
+    assert f"<b>{stats['depth_speedup']:.2f}×</b>" in html
+    assert f"<b>{stats['tokens_per_second']:.1f}</b>" in html
+    for k in range(4):
+        assert f"stage {k} (d={greedy[0]['depths'][k]})" in html
+    assert "tokens/s" not in stats_html(replay(greedy)[-1])
+
+
+def test_round_table_lists_each_batch_and_the_commit_decision(greedy):
+    views = replay(greedy)
+    view = first_commit_with(views, lambda v: v.kept)
+    html = round_table_html(view)
+    for k, batch in enumerate(view.batches):
+        assert f"<b>E{k}</b> · d={greedy[0]['depths'][k]} · batch of {len(batch)}" in html
+        for i in batch:
+            assert re.search(rf">{i}</td><td[^>]*>{view.nodes[i]['kind']}</td>", html)
+    assert f"matched at stage {view.commit['matched_stage']}" in html
+    assert f"kept ({len(view.kept)}): {', '.join(map(str, view.kept))}" in html
+    assert f"dropped ({len(view.dropped)})" in html
+    assert "no commit this round" in round_table_html(views[0])
+
+
+def test_race_figure_draws_one_line_per_series():
+    fig = race_figure([{"name": "DEX", "times": [0.1, 0.15, 0.3]}, {"name": "AR", "times": [0.2, 0.4], "dash": True}])
+    assert [t.name for t in fig.data] == ["DEX", "AR"]
+    assert list(fig.data[0].y) == [0, 1, 2, 3] and list(fig.data[0].x) == [0.0, 0.1, 0.15, 0.3]
+    assert fig.data[1].line.dash == "dash" and fig.data[0].line.dash == "solid"
+    assert fig.layout.uirevision == "race"
+
+
+def test_ead_and_speedup_figures_plot_histograms_and_the_oracle_line():
+    analysis = {"num_layers": 6, "ead": [1, 2, 2, 6], "ead_stable": [2, 2, 3, 6],
+                "predicted": [{"explorers": 3, "depths": [2, 4, 6], "speedup": 1.4},
+                              {"explorers": 2, "depths": [3, 6], "speedup": 1.2}], "oracle": 1.8}
+    ead = ead_figure(analysis)
+    assert [t.name for t in ead.data] == ["stable EAD", "EAD"]
+    assert list(ead.data[0].x) == [1, 2, 3, 4, 5, 6]
+    assert list(ead.data[0].y) == [0, 2, 1, 0, 0, 1] and list(ead.data[1].y) == [1, 2, 0, 0, 0, 1]
+    speed = speedup_figure(analysis)
+    assert list(speed.data[0].x) == [2, 3] and list(speed.data[0].y) == [1.2, 1.4]
+    assert speed.data[1].name == "oracle S_EAD" and list(speed.data[1].y) == [1.8, 1.8]
+    assert speed.data[1].line.dash == "dash"
+
+
+def test_replay_of_an_ar_trace_has_no_rounds(llama):
+    trace = ar_generate(llama, [1, 2, 3, 4], 3).trace
+    assert replay(trace) == []
+    assert "no tokens yet" in tokens_html(replay(trace))
+
+
+def test_replay_rejects_a_trace_without_its_start_event(greedy):
+    with pytest.raises(ValueError, match="must begin with its start event"):
+        replay(greedy[1:])
+
+
+def test_visualize_imports_no_model_code():
+    code = "import sys, visualize; bad = {'torch', 'transformers', 'dex_core'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

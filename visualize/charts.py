@@ -1,0 +1,59 @@
+"""Summary charts: the token race between decoders, the early-arrival-depth (EAD) histogram and the
+predicted depth-side speedup against the number of explorers."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+_LAYOUT = dict(plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2))
+
+
+def race_figure(series: list[dict]) -> go.Figure:
+    """Tokens against seconds, one step line per series ``{"name", "times", "dash"?}``, where
+    ``times[i]`` is when token i became available."""
+    traces = [go.Scatter(x=[0.0] + list(s["times"]), y=list(range(len(s["times"]) + 1)), mode="lines",
+                         name=s["name"], line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid"))
+              for s in series]
+    fig = go.Figure(data=traces)
+    fig.update_layout(title=dict(text="Tokens over time"), uirevision="race",
+                      xaxis=dict(title=dict(text="seconds"), rangemode="tozero", gridcolor="#eaecee"),
+                      yaxis=dict(title=dict(text="tokens"), rangemode="tozero", gridcolor="#eaecee"), **_LAYOUT)
+    return fig
+
+
+def _counts(values: list[int], num_layers: int) -> list[int]:
+    counts = [0] * num_layers
+    for v in values:
+        counts[v - 1] += 1
+    return counts
+
+
+def ead_figure(analysis: dict) -> go.Figure:
+    """Histogram over layers 1..L of the stable EAD (bars) with the plain EAD overlaid."""
+    L = analysis["num_layers"]
+    layers = list(range(1, L + 1))
+    fig = go.Figure(data=[
+        go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=dict(color="#5dade2")),
+        go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=dict(color="#f5b041"), opacity=0.6),
+    ])
+    fig.update_layout(title=dict(text="Earliest arrival depth per token"), barmode="overlay",
+                      xaxis=dict(title=dict(text="layer"), range=[0.5, L + 0.5]),
+                      yaxis=dict(title=dict(text="tokens"), gridcolor="#eaecee"), **_LAYOUT)
+    return fig
+
+
+def speedup_figure(analysis: dict) -> go.Figure:
+    """Predicted depth-side speedup against K, with the oracle S_EAD as a dashed horizontal line."""
+    predicted = sorted(analysis["predicted"], key=lambda p: p["explorers"])
+    ks = [p["explorers"] for p in predicted]
+    fig = go.Figure(data=[
+        go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="predicted",
+                   text=[f"depths {p['depths']}" for p in predicted],
+                   hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#2e86c1")),
+        go.Scatter(x=[min(ks, default=1), max(ks, default=1)], y=[analysis["oracle"]] * 2, mode="lines",
+                   name="oracle S_EAD", line=dict(color="#c0392b", dash="dash")),
+    ])
+    fig.update_layout(title=dict(text="Predicted depth-side speedup"),
+                      xaxis=dict(title=dict(text="explorers K"), tickvals=ks, gridcolor="#eaecee"),
+                      yaxis=dict(title=dict(text="speedup ×"), rangemode="tozero", gridcolor="#eaecee"), **_LAYOUT)
+    return fig
