@@ -131,7 +131,7 @@ def debug_frame(events, index):
     view = views[i]
     return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
             gr.Slider(minimum=0, maximum=max(1, len(views) - 1), value=i, step=1,
-                      label=f"Round (1..{len(views)})"))
+                      label=f"Round index (0..{len(views) - 1}; round {view.round} shown)"))
 
 
 def step(events, index, delta):

@@ -60,7 +60,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                     explorers = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
                     depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
                     decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
-                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="live-new")
                 sampling = _sampling_controls()
             gr.Examples(EXAMPLES, inputs=prompt)
             text = gr.HTML(label="Output", elem_id="live-text")
@@ -80,7 +80,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
                 with gr.Column(scale=1):
                     race_k = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
-                    race_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                    race_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="race-new")
                     race_go = gr.Button("Race", variant="primary", elem_id="race-go")
             race_summary = gr.HTML(elem_id="race-summary")
             with gr.Row():
@@ -97,7 +97,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 next_b = gr.Button("Next ▶", elem_id="dbg-next")
                 play_b = gr.Button("Play", elem_id="dbg-play")
                 pause_b = gr.Button("Pause", elem_id="dbg-pause")
-            slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round")
+            slider = gr.Slider(0, 1, value=0, step=1, label="Round index", elem_id="dbg-round")
             timer = gr.Timer(0.6, active=False)
             with gr.Row():
                 dbg_lattice = gr.Plot(label="Lattice at this round", elem_id="dbg-lattice", scale=3)
@@ -146,8 +146,8 @@ def main(argv=None) -> None:
     parser.add_argument("--model", help="model spec (default: $DEX_MODEL or 'default')")
     parser.add_argument("--explorers", type=int, help="default K (default: $DEX_EXPLORERS or 4)")
     parser.add_argument("--backend", choices=("sequential", "distributed"), help="default: $DEX_BACKEND")
-    parser.add_argument("--port", type=int, default=7860)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT or 7860")
+    parser.add_argument("--host", help="default: $GRADIO_SERVER_NAME or 127.0.0.1 (0.0.0.0 to serve a network)")
     args = parser.parse_args(argv)
     settings = AppSettings()
     for name in ("model", "explorers", "backend"):

@@ -1,4 +1,4 @@
-"""Summary charts: the token race between decoders, the early-arrival-depth (EAD) histogram and the
+"""Summary charts: the token race between decoders, the earliest-available-depth (EAD) histogram and the
 predicted depth-side speedup against the number of explorers."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def ead_figure(analysis: dict) -> go.Figure:
         go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=dict(color="#5dade2")),
         go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=dict(color="#f5b041"), opacity=0.6),
     ])
-    fig.update_layout(title=dict(text="Earliest arrival depth per token"), barmode="overlay",
+    fig.update_layout(title=dict(text="Earliest available depth per token"), barmode="overlay",
                       xaxis=dict(title=dict(text="layer"), range=[0.5, L + 0.5]),
                       yaxis=dict(title=dict(text="tokens"), gridcolor="#eaecee"), **_LAYOUT)
     return fig

@@ -1,0 +1,80 @@
+"""Screenshots of the app's four tabs on a real model, for README.md (docs/screenshots/*.png).
+
+    python scripts/app_screenshots.py --model default --out docs/screenshots
+
+Starts the app in-process, drives it with Playwright in Debian's Chromium (/usr/bin/chromium; no
+browser download) and saves live.png, race.png, debugger.png and analysis.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from app.main import build_demo
+from app.runtime import AppSettings
+
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--explorers", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--out", default="docs/screenshots")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    demo = build_demo(AppSettings(model=args.model, explorers=args.explorers))
+    demo.runtime.model()  # load before the browser starts waiting
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
+            page.locator("text=Exploration and sampling").click()
+            page.locator("#live-new input[type=number]").fill(str(args.tokens))
+            page.locator("#live-generate").click()
+            page.wait_for_function("() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')",
+                                   timeout=600_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(out / "live.png"), full_page=True)
+
+            page.get_by_role("tab", name="Debugger").click()
+            page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
+            for _ in range(3):
+                page.locator("#dbg-prev").click()
+                page.wait_for_timeout(700)
+            page.screenshot(path=str(out / "debugger.png"), full_page=True)
+
+            page.get_by_role("tab", name="Race").click()
+            page.locator("#race-new input[type=number]").fill(str(args.tokens))
+            page.locator("#race-go").click()
+            page.wait_for_function("() => document.querySelector('#race-badge')?.innerText.includes('output')",
+                                   timeout=600_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(out / "race.png"), full_page=True)
+
+            page.get_by_role("tab", name="Analysis").click()
+            page.locator("#an-go").click()
+            page.wait_for_function("() => document.querySelector('#an-table')?.innerText.includes('oracle')",
+                                   timeout=600_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(out / "analysis.png"), full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+
+
+if __name__ == "__main__":
+    main()
