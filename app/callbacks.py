@@ -34,6 +34,8 @@ def live_frames(runtime: Runtime, prompt, chat, explorers, depths, decs, sample,
             progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
         ids = runtime.encode(prompt, chat)
         decoder = runtime.decoder(config.depths, config.explorers, config.decs)
+        if notice := runtime.device_notice(decoder.K):
+            gr.Warning(notice)
         stream = decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k, config.top_p,
                                 config.seed)
         events = [next(stream)]

@@ -51,6 +51,16 @@ class Runtime:
         _, tokenizer = self.model()
         return encode_prompt(tokenizer, prompt, chat)
 
+    def device_notice(self, count: int) -> str | None:
+        """Why a distributed run uses CPU explorers on a machine with too few GPUs (None when it does not)."""
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if self.settings.backend == "distributed" and 0 < gpus < count:
+            return (f"{count} explorers need {count} GPUs (one per explorer) but {gpus} are visible: "
+                    f"the explorers run on CPU. Choose K ≤ {gpus} to use the GPUs.")
+        return None
+
     def decoder(self, depths, explorers: int | None, decs: bool) -> DexDecoder:
         """A decoder for this exploration set; distributed groups are kept and reused across requests."""
         model, tokenizer = self.model()

@@ -33,3 +33,23 @@ def test_default_model_is_a_30_layer_llama_with_a_chat_template(default_model):
     model, tokenizer = default_model
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
     assert tokenizer.chat_template and model.config.tie_word_embeddings
+
+
+def test_figures_of_a_default_model_trace_build_within_100_ms(default_model):
+    import statistics
+    import time
+
+    import visualize as viz
+
+    model, tokenizer = default_model
+    prompt = tokenizer("def fibonacci(n):")["input_ids"]
+    trace = DexDecoder(model, explorers=4, tokenizer=tokenizer).generate(prompt, 24).trace
+    views = viz.replay(trace)
+    viz.lattice_figure(views[0])  # first call imports and warms plotly
+    seconds = []
+    for view in views:
+        tic = time.perf_counter()
+        viz.lattice_figure(view), viz.tokens_html(view), viz.fsm_html(view), viz.round_table_html(view)
+        seconds.append(time.perf_counter() - tic)
+    assert statistics.median(seconds) < 0.1
+    assert all(viz.lattice_size(v) <= 2 ** 4 - 1 for v in views)
