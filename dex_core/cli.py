@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import typing
@@ -15,9 +16,9 @@ _RUN_FLAGS = ("model", "depths", "explorers", "decs", "max_new_tokens", "tempera
 _GENERATE_FLAGS = _RUN_FLAGS + ("backend", "devices")
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, names) -> None:
-    hints = typing.get_type_hints(DexConfig)
-    for f in DexConfig.options():
+def _add_config_flags(parser: argparse.ArgumentParser, names, cls=DexConfig) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
         if f.name not in names:
             continue
         flag = "--" + f.name.replace("_", "-")
@@ -52,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and prints each answer and its stats.")
     serve.add_argument("--prompt", action="append", help="a prompt (repeatable); default: lines of stdin")
     _add_config_flags(serve, _RUN_FLAGS)
+    from .train import TrainConfig
+
+    train = sub.add_parser("train-adapters", help="train inducing adapters by self-distillation on ShareGPT",
+                           description="Train inducing adapters for a model (frozen) by full-vocabulary KL "
+                                       "self-distillation on ShareGPT's training split; save them as one "
+                                       "safetensors file usable with DexDecoder(adapters=FILE).")
+    train.add_argument("--model", default=DexConfig.model, help="model spec (default: default)")
+    train.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
+    train.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
+    _add_config_flags(train, [f.name for f in dataclasses.fields(TrainConfig)], TrainConfig)
     return parser
 
 
@@ -188,6 +199,17 @@ def _serve(args) -> None:
     dist.destroy_process_group()
 
 
+def _train(args) -> None:
+    from .models import load_model
+    from .train import TrainConfig, train_adapters
+
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    model, tokenizer = load_model(args.model)
+    facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
+    print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
+          f"{facts['steps']} steps, {facts['seconds']:.0f} s, final KL {facts['final_kl']:.4f}")
+
+
 def serve_main(argv=None) -> int:
     return main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
@@ -201,6 +223,8 @@ def main(argv=None) -> int:
             _generate(args)
         elif args.command == "serve":
             _serve(args)
+        elif args.command == "train-adapters":
+            _train(args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)
         return 2

@@ -9,35 +9,36 @@ class DexError(ValueError):
     """Bad input: the message says what was wrong and what to do. The CLI exits with code 2."""
 
 
-def _opt(default, help: str, **extra):
+def option(default, help: str, **extra):
+    """A dataclass field with the help text its command-line flag and UI control show."""
     return field(default=default, metadata={"help": help, **extra})
 
 
 @dataclass
 class DexConfig:
-    model: str = _opt("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
+    model: str = option("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
                                  ".gguf file or a Hugging Face hub id")
-    depths: tuple[int, ...] | None = _opt(None, "exploration set, e.g. 8,15,23,30 (must end at the "
+    depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the "
                                                 "model's layer count); overrides --explorers")
-    explorers: int = _opt(4, "number of depth explorers K for a uniform split of the layers")
-    decs: bool = _opt(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
+    explorers: int = option(4, "number of depth explorers K for a uniform split of the layers")
+    decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
                             "stages of the same slot already proposed")
-    max_new_tokens: int = _opt(128, "number of tokens to generate (stops earlier at EOS)")
-    temperature: float = _opt(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
-    top_k: int | None = _opt(None, "sample only among the k most likely tokens")
-    top_p: float | None = _opt(None, "sample only within the top-p probability nucleus")
-    seed: int = _opt(0, "sampling seed; noise is keyed by (seed, position)")
-    chat: bool = _opt(True, "apply the tokenizer's chat template to the prompt")
-    dtype: str = _opt("float32", "model dtype: float32, float64, bfloat16 or float16")
-    trace_top: int = _opt(5, "top candidates (with probabilities) recorded per lattice node")
-    backend: str = _opt("sequential", "sequential (all explorers in one process) or distributed "
+    max_new_tokens: int = option(128, "number of tokens to generate (stops earlier at EOS)")
+    temperature: float = option(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
+    top_k: int | None = option(None, "sample only among the k most likely tokens")
+    top_p: float | None = option(None, "sample only within the top-p probability nucleus")
+    seed: int = option(0, "sampling seed; noise is keyed by (seed, position)")
+    chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
+    dtype: str = option("float32", "model dtype: float32, float64, bfloat16 or float16")
+    trace_top: int = option(5, "top candidates (with probabilities) recorded per lattice node")
+    backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
-    devices: tuple[str, ...] | None = _opt(None, "distributed: one device per explorer, e.g. "
+    devices: tuple[str, ...] | None = option(None, "distributed: one device per explorer, e.g. "
                                                  "cuda:0,cuda:1; default cuda:0..K-1 if K GPUs, else cpu")
-    threads: int | None = _opt(None, "distributed on CPU: torch threads per explorer "
+    threads: int | None = option(None, "distributed on CPU: torch threads per explorer "
                                      "(default: cores // K, at least 1)")
-    op_timeout: float = _opt(60.0, "distributed: seconds any one exchange may wait for a peer")
-    start_timeout: float = _opt(120.0, "distributed: seconds the explorer processes may take to start")
+    op_timeout: float = option(60.0, "distributed: seconds any one exchange may wait for a peer")
+    start_timeout: float = option(120.0, "distributed: seconds the explorer processes may take to start")
 
     def __post_init__(self):
         if self.depths is not None:

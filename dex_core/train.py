@@ -1,0 +1,142 @@
+"""Training inducing adapters by self-distillation from the frozen model (paper App. C.2).
+
+For packed token windows of ShareGPT's training split (first user/assistant exchange, chat template),
+the frozen model's final logits z_L are the teacher; each adapter's depth gives student logits
+z_l = LM head(norm(adapter_l(h_l))). Loss: mean over depths of full-vocabulary KL(softmax(z_L / tau) ||
+softmax(z_l / tau)) tau^2, tau = 1. AdamW on the adapters only, warmup then linear decay, gradient
+accumulation, bf16 autocast for the matrix work (softmax and KL stay in float32), checkpoint and resume.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .adapters import new_adapters, save_adapters
+from .config import DexError, option, parse_depths
+from .data import sharegpt_split
+
+
+@dataclass
+class TrainConfig:
+    depths: tuple[int, ...] = option((8, 15, 23), "non-final depths to train adapters for, e.g. 8,15,23")
+    tokens: int = option(200_000, "training tokens (steps = tokens / (batch x seq-len x accum))")
+    seq_len: int = option(192, "tokens per packed training window")
+    batch: int = option(4, "windows per micro-batch")
+    accum: int = option(1, "micro-batches per optimizer step (gradient accumulation)")
+    lr: float = option(5e-4, "AdamW peak learning rate")
+    warmup: float = option(0.06, "share of steps with linear warmup (then linear decay to 0)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    bottleneck: int | None = option(None, "adapter bottleneck m (default 2 x hidden size)")
+    bf16: bool = option(True, "bf16 autocast for the matrix work (softmax and KL stay float32)")
+    seed: int = option(0, "data order and initialisation seed")
+    checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
+
+    def __post_init__(self):
+        self.depths = parse_depths(self.depths)
+        if self.tokens <= 0 or self.seq_len < 8 or self.batch < 1 or self.accum < 1 or not self.lr > 0:
+            raise DexError("tokens, seq_len (>= 8), batch, accum and lr must be positive")
+
+    @property
+    def steps(self) -> int:
+        return max(1, math.ceil(self.tokens / (self.batch * self.seq_len * self.accum)))
+
+
+def token_windows(tokenizer, seq_len: int, seed: int):
+    """Endless (seq_len,) windows of the chat-formatted training split, packed back to back."""
+    rows = sharegpt_split("train")
+    rng = random.Random(seed)
+    buffer: list[int] = []
+    while True:
+        rng.shuffle(rows)
+        for row in rows:
+            messages = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["answer"]}]
+            if getattr(tokenizer, "chat_template", None):
+                ids = tokenizer.apply_chat_template(messages, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            else:
+                ids = tokenizer(row["prompt"] + "\n" + row["answer"])["input_ids"]
+            buffer.extend(ids[: 4 * seq_len])
+            while len(buffer) >= seq_len:
+                yield torch.tensor(buffer[:seq_len])
+                buffer = buffer[seq_len:]
+
+
+def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """Mean over adapters of KL(teacher || student) per token, full vocabulary, tau = 1."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = model(x, output_hidden_states=True)
+    teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
+    p_teacher = teacher.exp()
+    loss = 0.0
+    for depth, adapter in adapters.items():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model.lm_head(model.model.norm(adapter(out.hidden_states[depth].float())))
+        student = torch.log_softmax(logits.float(), dim=-1)
+        loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
+    return loss / len(adapters)
+
+
+def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoint: str | Path | None = None,
+                   progress: bool = True, windows=None) -> dict:
+    """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
+
+    ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
+    """
+    from tqdm.auto import tqdm
+
+    L = model.config.num_hidden_layers
+    if any(not 1 <= d < L for d in cfg.depths):
+        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(cfg.depths)}")
+    torch.manual_seed(cfg.seed)
+    model.eval().requires_grad_(False)
+    adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
+    params = [p for a in adapters.values() for p in a.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
+    step, seconds, losses = 0, 0.0, []
+    if checkpoint and Path(checkpoint).is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise DexError(f"checkpoint {checkpoint} was made with other training options; remove it or match them")
+        for d, a in adapters.items():
+            a.load_state_dict(state["adapters"][d])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step, seconds, losses = state["step"], state["seconds"], state["losses"]
+    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + step)
+    bar = tqdm(total=cfg.steps, initial=step, desc="adapters", unit="step", disable=not progress)
+    while step < cfg.steps:
+        tic = time.perf_counter()
+        total = 0.0
+        for _ in range(cfg.accum):
+            x = torch.stack([next(windows) for _ in range(cfg.batch)])
+            loss = distill_loss(model, adapters, x, cfg.bf16) / cfg.accum
+            loss.backward()
+            total += loss.detach().item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        seconds += time.perf_counter() - tic
+        losses.append(total)
+        bar.update(1)
+        bar.set_postfix(kl=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
+        if checkpoint and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            torch.save({"config": asdict(cfg), "step": step, "seconds": seconds, "losses": losses,
+                        "adapters": {d: a.state_dict() for d, a in adapters.items()},
+                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, checkpoint)
+    bar.close()
+    facts = {"data": "ShareGPT V3 train split (first exchange, chat template), packed", "steps": step,
+             "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
+             "final_kl": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), **asdict(cfg)}
+    save_adapters(out, adapters, model, facts)
+    return facts

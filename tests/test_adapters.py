@@ -1,0 +1,69 @@
+"""Inducing adapters: file round trip with model identity, use in DEX, and training."""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from dex_core import DexDecoder, DexError, ar_generate
+from dex_core.adapters import InducingAdapter, load_adapters, new_adapters, read_metadata, save_adapters
+from dex_core.train import TrainConfig, distill_loss, train_adapters
+
+
+def test_a_fresh_adapter_starts_near_identity_with_the_paper_parameter_count():
+    adapter = InducingAdapter(48, 96)
+    h = torch.randn(5, 48)
+    assert torch.allclose(adapter(h), h, atol=1e-2)
+    assert sum(p.numel() for p in adapter.parameters()) == 4 * 48 ** 2 + 4 * 48 + 1  # App. C.2, m = 2h
+
+
+def test_adapter_files_round_trip_and_refuse_other_models(tmp_path):
+    model = tiny_model("llama")
+    adapters = new_adapters(model, [2, 4])
+    for a in adapters.values():
+        torch.nn.init.normal_(a.down.weight, std=0.5)
+        a.alpha.data.fill_(0.7)
+    path = tmp_path / "a.safetensors"
+    save_adapters(path, adapters, model, {"tokens": 123})
+    meta = read_metadata(path)
+    assert meta["depths"] == [2, 4] and meta["training"] == {"tokens": 123} and meta["bottleneck"] == 96
+    loaded = load_adapters(path, model)
+    h = torch.randn(3, 48, dtype=torch.float64)
+    assert torch.allclose(loaded[2](h), adapters[2].double()(h), atol=1e-2)
+    with pytest.raises(DexError, match="8 layers"):
+        load_adapters(path, tiny_model("llama", layers=8))
+    with pytest.raises(DexError, match="different weights"):
+        load_adapters(path, tiny_model("llama", seed=1))
+    with pytest.raises(DexError, match="no adapter file"):
+        DexDecoder(model, explorers=3, adapters=tmp_path / "missing.safetensors")
+
+
+def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(tmp_path):
+    model = tiny_model("llama")
+    adapters = new_adapters(model, [2, 4])
+    for a in adapters.values():
+        torch.nn.init.normal_(a.down.weight, std=2.0)
+        a.alpha.data.fill_(1.0)
+    path = tmp_path / "a.safetensors"
+    save_adapters(path, adapters, model, {})
+    prompt = [4, 9, 16, 25]
+    decoder = DexDecoder(model, depths=(2, 3, 6), adapters=path)
+    assert sorted(decoder.adapters) == [2]  # depth 4 is not explored here; depth 3 has none
+    result = decoder.generate(prompt, 40)
+    assert result.tokens == ar_generate(model, prompt, 40).tokens
+
+
+def test_training_lowers_the_distillation_loss(tmp_path):
+    model = tiny_model("llama").float()
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, 96, (32,), generator=gen) for _ in range(8)]
+    cfg = TrainConfig(depths=(2, 4), tokens=32 * 4 * 30, seq_len=32, batch=4, lr=1e-2, bf16=False)
+    x = torch.stack(data[:4])
+    before = float(distill_loss(model, new_adapters(model, [2, 4]), x, False))
+    out = tmp_path / "trained.safetensors"
+    facts = train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
+    trained = load_adapters(out, model)
+    after = float(distill_loss(model, {d: a.float() for d, a in trained.items()}, x, False))
+    assert facts["steps"] == 30 and after < 0.8 * before
+
