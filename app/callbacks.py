@@ -10,6 +10,7 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ar_stream, load_trace, save_trace
+from dex_core.adapters import load_adapters
 from dex_core.ead import readiness
 
 from .runtime import Runtime, options
@@ -23,8 +24,8 @@ def _end(events):
     return events[-1] if events and events[-1]["event"] == "end" else None
 
 
-def live_frames(runtime: Runtime, prompt, chat, explorers, depths, decs, sample, temperature, top_k, top_p,
-                seed, max_new_tokens, progress=gr.Progress()):
+def live_frames(runtime: Runtime, prompt, chat, explorers, depths, adapters, decs, sample, temperature, top_k,
+                top_p, seed, max_new_tokens, progress=gr.Progress()):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace) once per explorer round."""
     try:
         config = options(explorers, depths, decs, sample, temperature, top_k, top_p, seed, max_new_tokens)
@@ -33,7 +34,7 @@ def live_frames(runtime: Runtime, prompt, chat, explorers, depths, decs, sample,
         if not runtime.loaded:
             progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
         ids = runtime.encode(prompt, chat)
-        decoder = runtime.decoder(config.depths, config.explorers, config.decs)
+        decoder = runtime.decoder(config.depths, config.explorers, config.decs, adapters)
         if notice := runtime.device_notice(decoder.K):
             gr.Warning(notice)
         stream = decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k, config.top_p,
@@ -53,7 +54,7 @@ def live_frames(runtime: Runtime, prompt, chat, explorers, depths, decs, sample,
            viz.stats_html(view, end=_end(events)), events)
 
 
-def race_frames(runtime: Runtime, prompt, chat, explorers, max_new_tokens):
+def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tokens):
     """AR and DEX on one prompt, each advanced while its own clock is behind the other's.
 
     Clocks are each method's own compute time, so the two panes fill at their measured speeds even
@@ -65,7 +66,7 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, max_new_tokens):
             raise DexError("the prompt is empty; type something to continue")
         ids = runtime.encode(prompt, chat)
         model, tokenizer = runtime.model()
-        decoder = runtime.decoder(None, config.explorers, True)
+        decoder = runtime.decoder(None, config.explorers, True, adapters)
         ar = ar_stream(model, ids, config.max_new_tokens, tokenizer=tokenizer)
         dex = decoder.stream(ids, config.max_new_tokens)
         next(ar), next(dex)
@@ -168,7 +169,7 @@ def load(file):
     return events, meta, 0
 
 
-def analyse(runtime: Runtime, prompt, chat, max_new_tokens):
+def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):
     """EAD of each token of the greedy answer, and the speedups it predicts for K = 2..8."""
     try:
         config = options(4, "", True, False, 1.0, None, None, 0, max_new_tokens)
@@ -177,7 +178,8 @@ def analyse(runtime: Runtime, prompt, chat, max_new_tokens):
         ids = runtime.encode(prompt, chat)
         model, _ = runtime.model()
         *_, end = ar_stream(model, ids, config.max_new_tokens)
-        result = readiness(model, ids, end["tokens"])
+        chosen = load_adapters("default", model) if adapters and runtime.shipped_adapters else None
+        result = readiness(model, ids, end["tokens"], chosen)
     except DexError as err:
         raise _error(err) from None
     rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
@@ -186,5 +188,6 @@ def analyse(runtime: Runtime, prompt, chat, max_new_tokens):
     table = ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
              "<th>K / rounds per token (DEX, no DECS)</th></tr>" + rows + "</table>"
              f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
-             "Plain logit lens: no inducing adapters.</p>")
+             + (f"Inducing adapters at depths {sorted(chosen)}; plain logit lens elsewhere.</p>" if chosen
+                else "Plain logit lens: no inducing adapters.</p>"))
     return viz.ead_figure(result), viz.speedup_figure(result), table

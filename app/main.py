@@ -59,6 +59,10 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                     chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
                     explorers = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
                     depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
+                    adapters = gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters,
+                                           interactive=runtime.shipped_adapters,
+                                           info="shipped for the default model" if runtime.shipped_adapters
+                                           else "none shipped for this model")
                     decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
                     max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="live-new")
                 sampling = _sampling_controls()
@@ -70,7 +74,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                     fsm = gr.HTML(elem_id="live-fsm")
                     numbers = gr.HTML(elem_id="live-stats")
             run = generate.click(bind(cb.live_frames, runtime),
-                                 [prompt, chat, explorers, depths, decs, *sampling, max_new],
+                                 [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new],
                                  [text, lattice, fsm, numbers, trace], api_name="generate",
                                  concurrency_id="model", concurrency_limit=1)
             stop.click(None, cancels=[run], **QUIET)
@@ -87,7 +91,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
                 dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
             race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-            race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, race_new],
+            race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, adapters, race_new],
                           [ar_text, dex_text, race_plot, race_summary], api_name="race",
                           concurrency_id="model", concurrency_limit=1)
 
@@ -133,7 +137,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
                 speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
             an_table = gr.HTML(elem_id="an-table")
-            an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, an_new], [ead_plot, speed_plot, an_table],
+            an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, adapters, an_new], [ead_plot, speed_plot, an_table],
                         api_name="analyse", concurrency_id="model", concurrency_limit=1)
     return demo
 

@@ -61,17 +61,26 @@ class Runtime:
                     f"the explorers run on CPU. Choose K ≤ {gpus} to use the GPUs.")
         return None
 
-    def decoder(self, depths, explorers: int | None, decs: bool) -> DexDecoder:
+    @property
+    def shipped_adapters(self) -> bool:
+        """Whether the default adapters apply: the default model and the shipped file."""
+        from dex_core.adapters import DEFAULT_ADAPTERS
+
+        return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
+
+    def decoder(self, depths, explorers: int | None, decs: bool, adapters: bool = False) -> DexDecoder:
         """A decoder for this exploration set; distributed groups are kept and reused across requests."""
         model, tokenizer = self.model()
         backend = self.settings.backend
+        chosen = "default" if adapters and self.shipped_adapters else None
         if backend == "sequential":
-            return DexDecoder(model, depths=depths, explorers=explorers, decs=decs, tokenizer=tokenizer)
-        key = (tuple(depths) if depths else None, explorers, decs)
+            return DexDecoder(model, depths=depths, explorers=explorers, decs=decs, adapters=chosen,
+                              tokenizer=tokenizer)
+        key = (tuple(depths) if depths else None, explorers, decs, chosen)
         with self._lock:
             if key not in self._groups:
                 self._groups[key] = DexDecoder(model, depths=depths, explorers=explorers, decs=decs,
-                                               tokenizer=tokenizer, backend=backend)
+                                               adapters=chosen, tokenizer=tokenizer, backend=backend)
             return self._groups[key]
 
     def close(self) -> None:

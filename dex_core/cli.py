@@ -11,8 +11,8 @@ from dataclasses import MISSING
 
 from .config import DexConfig, DexError
 
-_RUN_FLAGS = ("model", "depths", "explorers", "decs", "max_new_tokens", "temperature", "top_k", "top_p",
-              "seed", "chat", "dtype", "threads", "op_timeout", "start_timeout")
+_RUN_FLAGS = ("model", "depths", "explorers", "adapters", "decs", "max_new_tokens", "temperature", "top_k",
+              "top_p", "seed", "chat", "dtype", "threads", "op_timeout", "start_timeout")
 _GENERATE_FLAGS = _RUN_FLAGS + ("backend", "devices")
 
 
@@ -28,10 +28,11 @@ def _add_config_flags(parser: argparse.ArgumentParser, names, cls=DexConfig) -> 
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_)
             continue
-        kind = {int: int, float: float}.get(hints[f.name], None)
-        if kind is None:
-            args = typing.get_args(hints[f.name])
-            kind = int if int in args else float if float in args else str
+        args = typing.get_args(hints[f.name])
+        if typing.get_origin(hints[f.name]) is tuple or any(typing.get_origin(a) is tuple for a in args):
+            kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
+        else:
+            kind = {int: int, float: float}.get(hints[f.name]) or (int if int in args else float if float in args else str)
         parser.add_argument(flag, dest=f.name, type=kind, default=default,
                             help=f"{help_} (default: {default})")
 
@@ -124,9 +125,9 @@ def _generate(args) -> None:
     model, tokenizer = load_model(config.model, dtype=config.dtype)
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     decoder = DexDecoder(model, depths=config.depths, explorers=config.explorers, decs=config.decs,
-                         tokenizer=tokenizer, trace_top=config.trace_top, backend=config.backend,
-                         devices=config.devices, threads=config.threads, op_timeout=config.op_timeout,
-                         start_timeout=config.start_timeout)
+                         adapters=config.adapters, tokenizer=tokenizer, trace_top=config.trace_top,
+                         backend=config.backend, devices=config.devices, threads=config.threads,
+                         op_timeout=config.op_timeout, start_timeout=config.start_timeout)
     stream = TextStream(tokenizer)
     events = []
     try:
@@ -168,7 +169,12 @@ def _serve(args) -> None:
                        f"torchrun started {world}")
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    payload = stage_payload(model, depths, rank)
+    adapters = {}
+    if config.adapters:
+        from .adapters import load_adapters
+
+        adapters = load_adapters(config.adapters, model)
+    payload = stage_payload(model, depths, rank, adapters.get(depths[rank]) if rank < world - 1 else None)
     del model
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = f"cuda:{local}" if local < gpus else "cpu"

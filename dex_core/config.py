@@ -21,6 +21,8 @@ class DexConfig:
     depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the "
                                                 "model's layer count); overrides --explorers")
     explorers: int = option(4, "number of depth explorers K for a uniform split of the layers")
+    adapters: str | None = option(None, "inducing adapters: 'default' (the set shipped for the default "
+                                        "model), a .safetensors file from dex train-adapters, or none")
     decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
                             "stages of the same slot already proposed")
     max_new_tokens: int = option(128, "number of tokens to generate (stops earlier at EOS)")

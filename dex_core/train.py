@@ -135,8 +135,8 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
                         "adapters": {d: a.state_dict() for d, a in adapters.items()},
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, checkpoint)
     bar.close()
-    facts = {"data": "ShareGPT V3 train split (first exchange, chat template), packed", "steps": step,
-             "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
-             "final_kl": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), **asdict(cfg)}
+    facts = {**asdict(cfg), "data": "ShareGPT V3 train split (first exchange, chat template), packed",
+             "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
+             "final_kl": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
     save_adapters(out, adapters, model, facts)
     return facts

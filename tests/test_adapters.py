@@ -65,5 +65,6 @@ def test_training_lowers_the_distillation_loss(tmp_path):
     facts = train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
     trained = load_adapters(out, model)
     after = float(distill_loss(model, {d: a.float() for d, a in trained.items()}, x, False))
-    assert facts["steps"] == 30 and after < 0.8 * before
+    assert facts["steps"] == 30 and facts["tokens"] == 30 * 4 * 32 and after < 0.8 * before
+    assert read_metadata(out)["training"]["tokens"] == 30 * 4 * 32
 

@@ -43,7 +43,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     from transformers import AutoModelForCausalLM
 
     client = Client(app_url, verbose=False)
-    job = client.submit(PROMPT, False, 3, "", True, False, 1.0, 0, 1.0, 0, 16, api_name="/generate")
+    job = client.submit(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 16, api_name="/generate")
     updates = list(job)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     ids = encode_prompt(tiny_tokenizer(), PROMPT, chat=False)
@@ -58,7 +58,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
 def test_race_endpoint_reports_identical_output(app_url):
     from gradio_client import Client
 
-    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(PROMPT, False, 3, 12, api_name="/race")
+    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(PROMPT, False, 3, False, 12, api_name="/race")
     assert ar_text == dex_text and "identical output" in summary
 
 
@@ -67,7 +67,7 @@ def test_bad_input_is_shown_as_an_error(app_url):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="must end at the model's 6 layers"):
-        Client(app_url, verbose=False).predict(PROMPT, False, 3, "2,4", True, False, 1.0, 0, 1.0, 0, 8,
+        Client(app_url, verbose=False).predict(PROMPT, False, 3, "2,4", False, True, False, 1.0, 0, 1.0, 0, 8,
                                               api_name="/generate")
 
 

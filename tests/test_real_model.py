@@ -53,3 +53,14 @@ def test_figures_of_a_default_model_trace_build_within_100_ms(default_model):
         seconds.append(time.perf_counter() - tic)
     assert statistics.median(seconds) < 0.1
     assert all(viz.lattice_size(v) <= 2 ** 4 - 1 for v in views)
+
+
+def test_shipped_adapters_load_for_the_default_model_and_keep_dex_exact(default_model):
+    model, tokenizer = default_model
+    decoder = DexDecoder(model, explorers=4, adapters="default")
+    assert sorted(decoder.adapters) == [8, 15, 23]
+    prompt = tokenizer(humaneval_prompts(3)[2]["prompt"])["input_ids"]
+    ids = torch.tensor([prompt])
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=32)[0, len(prompt):].tolist()
+    assert decoder.generate(prompt, 32).tokens == ref
