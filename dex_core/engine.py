@@ -1,4 +1,4 @@
-"""The DEX round loop (sequential schedule) and the autoregressive reference with the same sampler.
+"""The DEX round loop (shared by every schedule), DexDecoder, and the AR reference (same sampler).
 
 Each round: the lattice plans the nodes to compute, every explorer expands its batch (stage forward,
 candidate proposal, token choice), the lattice records the candidates, and once the anchor has all K
