@@ -18,14 +18,20 @@ def test_a_fresh_adapter_starts_near_identity_with_the_paper_parameter_count():
     assert sum(p.numel() for p in adapter.parameters()) == 4 * 48 ** 2 + 4 * 48 + 1  # App. C.2, m = 2h
 
 
-def test_adapter_files_round_trip_and_refuse_other_models(tmp_path):
-    model = tiny_model("llama")
+def saved_adapters(model, path, std: float, alpha: float, training=None):
+    """Adapters at depths 2 and 4 with a visible effect (random W2, open gate), saved to ``path``."""
     adapters = new_adapters(model, [2, 4])
     for a in adapters.values():
-        torch.nn.init.normal_(a.down.weight, std=0.5)
-        a.alpha.data.fill_(0.7)
+        torch.nn.init.normal_(a.down.weight, std=std)
+        a.alpha.data.fill_(alpha)
+    save_adapters(path, adapters, model, training or {})
+    return adapters
+
+
+def test_adapter_files_round_trip_and_refuse_other_models(tmp_path):
+    model = tiny_model("llama")
     path = tmp_path / "a.safetensors"
-    save_adapters(path, adapters, model, {"tokens": 123})
+    adapters = saved_adapters(model, path, std=0.5, alpha=0.7, training={"tokens": 123})
     meta = read_metadata(path)
     assert meta["depths"] == [2, 4] and meta["training"] == {"tokens": 123} and meta["bottleneck"] == 96
     loaded = load_adapters(path, model)
@@ -41,12 +47,8 @@ def test_adapter_files_round_trip_and_refuse_other_models(tmp_path):
 
 def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(tmp_path):
     model = tiny_model("llama")
-    adapters = new_adapters(model, [2, 4])
-    for a in adapters.values():
-        torch.nn.init.normal_(a.down.weight, std=2.0)
-        a.alpha.data.fill_(1.0)
     path = tmp_path / "a.safetensors"
-    save_adapters(path, adapters, model, {})
+    saved_adapters(model, path, std=2.0, alpha=1.0)
     prompt = [4, 9, 16, 25]
     decoder = DexDecoder(model, depths=(2, 3, 6), adapters=path)
     assert sorted(decoder.adapters) == [2]  # depth 4 is not explored here; depth 3 has none
