@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 
 class DexError(ValueError):
@@ -62,11 +62,6 @@ class DexConfig:
                            f"start_timeout={self.start_timeout!r}")
         if not isinstance(self.trace_top, int) or self.trace_top < 0:
             raise DexError(f"trace_top must be a non-negative integer; got {self.trace_top!r}")
-
-    @classmethod
-    def options(cls):
-        """The dataclass fields, for deriving command-line flags and UI controls."""
-        return fields(cls)
 
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")

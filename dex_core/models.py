@@ -124,7 +124,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
         source = Path(spec)
         if not (source / "config.json").is_file():
             raise DexError(f"{spec} is a directory without config.json; point --model at a saved model")
-    elif spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1):
+    elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path, not an 'org/name' hub id
         raise DexError(f"no such model directory or file: {spec}")
     else:
         source = spec

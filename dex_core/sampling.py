@@ -80,7 +80,6 @@ class Sampler:
 
     def scores(self, logits: torch.Tensor, final: bool) -> torch.Tensor:
         """Logits -> the scores whose argmax (plus noise when sampling) is the token."""
-        logits = logits[..., : self.vocab]
         if self.greedy:
             return logits
         scores = logits / self.temperature
