@@ -64,6 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
     train.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
     _add_config_flags(train, [f.name for f in dataclasses.fields(TrainConfig)], TrainConfig)
+    ead = sub.add_parser("ead", help="token readiness: EAD, predicted speedups, best exploration sets (JSON)",
+                         description="Greedy AR answers to prompt sets, then per token the earliest available "
+                                     "depth (plain and stable), the stage DEX matches at (DECS-aware), the "
+                                     "predicted depth-side speedup of the uniform split for each K, the oracle "
+                                     "S_EAD, and the best exploration set per K under rounds x longest stage.")
+    ead.add_argument("--model", default=DexConfig.model, help="model spec (default: default)")
+    ead.add_argument("--adapters", default="default", help="adapter file, 'default' or 'none' (default: default)")
+    ead.add_argument("--sets", default="humaneval,chat", help="prompt sets: humaneval, chat, builtin")
+    ead.add_argument("--prompts", type=int, default=20, help="prompts per set, eval split (default: 20)")
+    ead.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: 128)")
+    ead.add_argument("--explorers", default="2,3,4,5,6,7,8", help="values of K (default: 2..8)")
+    ead.add_argument("--decs", action=argparse.BooleanOptionalAction, default=True,
+                     help="predict with depth-coupled sampling (default: on)")
+    ead.add_argument("--best", action=argparse.BooleanOptionalAction, default=True,
+                     help="search the best exploration set per K (default: on)")
+    ead.add_argument("--out", help="write the JSON report here (default: print it)")
+    from .bench import BenchConfig
+
+    bench = sub.add_parser("bench", help="DEX vs AR vs depth-selection baselines, exactness checked",
+                           description="Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally "
+                                       "distributed), self-speculation (tuned on a separate split) and HF "
+                                       "assistant_early_exit over prompt sets; report exactness, tokens/s and "
+                                       "critical-path layer forwards per token as JSON, markdown and a chart.")
+    _add_config_flags(bench, [f.name for f in dataclasses.fields(BenchConfig)], BenchConfig)
+    bench.add_argument("--out", help="JSON report (with a 'results' list)")
+    bench.add_argument("--markdown", help="markdown tables (default: printed)")
+    bench.add_argument("--html", help="plotly chart (HTML)")
     return parser
 
 
@@ -216,6 +243,71 @@ def _train(args) -> None:
           f"{facts['steps']} steps, {facts['seconds']:.0f} s, final KL {facts['final_kl']:.4f}")
 
 
+def _ead(args) -> None:
+    import json
+
+    import torch
+
+    from .adapters import load_adapters
+    from .bench import _ints
+    from .data import prompt_set
+    from .ead import analyse, layer_candidates
+    from .models import load_model
+
+    ks = _ints(args.explorers, "explorers")
+    sets = [s for s in args.sets.replace(" ", "").split(",") if s]
+    prompts = {name: prompt_set(name, args.prompts) for name in sets}
+    if args.max_new_tokens < 1:
+        raise DexError("max_new_tokens must be positive")
+    model, tokenizer = load_model(args.model)
+    if max(ks) > model.config.num_hidden_layers:
+        raise DexError(f"K = {max(ks)} exceeds the model's {model.config.num_hidden_layers} layers")
+    adapters = {} if args.adapters == "none" else load_adapters(args.adapters, model)
+    report = {"model": args.model, "adapters": args.adapters, "adapter_depths": sorted(adapters),
+              "max_new_tokens": args.max_new_tokens, "decs": args.decs, "sets": {}}
+    pooled = []
+    for name, items in prompts.items():
+        cands, toks, lengths = [], [], []
+        for i, item in enumerate(items):
+            ids = encode_prompt(tokenizer, item["prompt"], item["chat"])
+            x = torch.tensor([ids])
+            out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                 max_new_tokens=args.max_new_tokens)[0, len(ids):].tolist()
+            cands.append(layer_candidates(model, ids, out, adapters))
+            toks += out
+            lengths.append(len(out))
+            print(f"[dex] {name} {i + 1}/{len(items)}: {len(out)} tokens", file=sys.stderr, flush=True)
+        report["sets"][name] = analyse(torch.cat(cands), toks, ks, args.decs, args.best, lengths)
+        pooled += [cands, toks, lengths]
+    report["all"] = analyse(torch.cat(sum(pooled[0::3], [])), sum(pooled[1::3], []), ks, args.decs, args.best,
+                            sum(pooled[2::3], []))
+    for name, result in {**report["sets"], "all": report["all"]}.items():
+        print(f"{name}: {result['tokens']} tokens, oracle S_EAD {result['oracle']:.3f}x", file=sys.stderr)
+        for p in result["predicted"]:
+            line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
+                    f"(no DECS {p['rounds_speedup']:.3f}x), S_X {p['speedup']:.3f}x")
+            if "best" in p:
+                line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs uniform "
+                         f"{p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
+            print(line, file=sys.stderr)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+        print(f"report written to {args.out}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def _bench(args) -> None:
+    from .bench import BenchConfig, markdown, run_bench, write_outputs
+
+    cfg = BenchConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig)})
+    report = run_bench(cfg, log=lambda msg: print(f"[dex] {msg}", file=sys.stderr, flush=True))
+    write_outputs(report, args.out, args.markdown, args.html)
+    print(markdown(report))
+
+
 def serve_main(argv=None) -> int:
     return main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
@@ -231,6 +323,10 @@ def main(argv=None) -> int:
             _serve(args)
         elif args.command == "train-adapters":
             _train(args)
+        elif args.command == "ead":
+            _ead(args)
+        elif args.command == "bench":
+            _bench(args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)
         return 2

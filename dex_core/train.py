@@ -1,7 +1,9 @@
 """Training inducing adapters by self-distillation from the frozen model (paper App. C.2).
 
-For packed token windows of ShareGPT's training split (first user/assistant exchange, chat template),
-the frozen model's final logits z_L are the teacher; each adapter's depth gives student logits
+For packed token windows of ShareGPT's training split (first user/assistant exchange, chat template) —
+either with ShareGPT's own answers (``data="sharegpt"``) or with the model's own greedy answers to the
+same prompts (``data="onpolicy"``, the text DEX will actually decode) — the frozen model's final logits
+z_L are the teacher; each adapter's depth gives student logits
 z_l = LM head(norm(adapter_l(h_l))). Loss: mean over depths of full-vocabulary KL(softmax(z_L / tau) ||
 softmax(z_l / tau)) tau^2, tau = 1. AdamW on the adapters only, warmup then linear decay, gradient
 accumulation, bf16 autocast for the matrix work (softmax and KL stay in float32), checkpoint and resume.
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import new_adapters, save_adapters
+from .adapters import load_adapters, new_adapters, save_adapters
 from .config import DexError, option, parse_depths
 from .data import sharegpt_split
 
@@ -33,6 +35,9 @@ class TrainConfig:
     warmup: float = option(0.06, "share of steps with linear warmup (then linear decay to 0)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     bottleneck: int | None = option(None, "adapter bottleneck m (default 2 x hidden size)")
+    data: str = option("sharegpt", "training text: sharegpt (human answers) or onpolicy (the model's own "
+                       "greedy answers to the same prompts)")
+    init: str | None = option(None, "start from this adapter file (same depths) instead of fresh adapters")
     bf16: bool = option(True, "bf16 autocast for the matrix work (softmax and KL stay float32)")
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
@@ -41,30 +46,72 @@ class TrainConfig:
         self.depths = parse_depths(self.depths)
         if self.tokens <= 0 or self.seq_len < 8 or self.batch < 1 or self.accum < 1 or not self.lr > 0:
             raise DexError("tokens, seq_len (>= 8), batch, accum and lr must be positive")
+        if self.data not in DATA_SOURCES:
+            raise DexError(f"data must be one of {', '.join(DATA_SOURCES)}; got {self.data!r}")
 
     @property
     def steps(self) -> int:
         return max(1, math.ceil(self.tokens / (self.batch * self.seq_len * self.accum)))
 
 
-def token_windows(tokenizer, seq_len: int, seed: int):
-    """Endless (seq_len,) windows of the chat-formatted training split, packed back to back."""
+DATA_SOURCES = ("sharegpt", "onpolicy")
+ONPOLICY_PROMPT_CHARS = 600  # user text kept per on-policy prompt: the answer is what is trained on
+ONPOLICY_BATCH = 64  # prompts answered per batched greedy generate call
+
+
+def _template(tokenizer, messages: list[dict], generation_prompt: bool = False) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer("\n".join(m["content"] for m in messages) + ("\n" if generation_prompt else ""))["input_ids"]
+
+
+def _pack(sequences, seq_len: int):
+    buffer: list[int] = []
+    for ids in sequences:
+        buffer.extend(ids[: 4 * seq_len])
+        while len(buffer) >= seq_len:
+            yield torch.tensor(buffer[:seq_len])
+            buffer = buffer[seq_len:]
+
+
+def _shuffled_rows(seed: int):
     rows = sharegpt_split("train")
     rng = random.Random(seed)
-    buffer: list[int] = []
     while True:
         rng.shuffle(rows)
-        for row in rows:
-            messages = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["answer"]}]
-            if getattr(tokenizer, "chat_template", None):
-                ids = tokenizer.apply_chat_template(messages, tokenize=True)
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            else:
-                ids = tokenizer(row["prompt"] + "\n" + row["answer"])["input_ids"]
-            buffer.extend(ids[: 4 * seq_len])
-            while len(buffer) >= seq_len:
-                yield torch.tensor(buffer[:seq_len])
-                buffer = buffer[seq_len:]
+        yield from rows
+
+
+def token_windows(tokenizer, seq_len: int, seed: int, model=None, data: str = "sharegpt"):
+    """Endless (seq_len,) windows of the chat-formatted training split, packed back to back.
+
+    ``data="onpolicy"`` replaces each human answer by the model's own greedy answer (float32, batched
+    generate with left padding, up to ``seq_len`` new tokens) to the prompt's first 600 characters.
+    """
+    rows = _shuffled_rows(seed)
+    if data == "sharegpt":
+        return _pack((_template(tokenizer, [{"role": "user", "content": r["prompt"]},
+                                            {"role": "assistant", "content": r["answer"]}]) for r in rows), seq_len)
+    return _pack(_onpolicy_sequences(model, tokenizer, rows, seq_len), seq_len)
+
+
+@torch.no_grad()
+def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
+    eos = model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    while True:
+        prompts = [_template(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
+                             generation_prompt=True) for _ in range(ONPOLICY_BATCH)]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad)
+        for prompt, row in zip(prompts, out[:, width:].tolist()):
+            answer = row[: row.index(eos) + 1] if eos in row else row
+            yield prompt + answer
 
 
 def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool) -> torch.Tensor:
@@ -96,6 +143,12 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
     torch.manual_seed(cfg.seed)
     model.eval().requires_grad_(False)
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
+    if cfg.init:
+        start = load_adapters(cfg.init, model)
+        if sorted(start) != sorted(adapters):
+            raise DexError(f"--init {cfg.init} has adapters at {sorted(start)}, not at {sorted(adapters)}")
+        for d, a in adapters.items():
+            a.load_state_dict({k: v.float() for k, v in start[d].state_dict().items()})
     params = [p for a in adapters.values() for p in a.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, int(cfg.warmup * cfg.steps))
@@ -111,7 +164,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         step, seconds, losses = state["step"], state["seconds"], state["losses"]
-    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + step)
+    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + step, model, cfg.data)
     bar = tqdm(total=cfg.steps, initial=step, desc="adapters", unit="step", disable=not progress)
     while step < cfg.steps:
         tic = time.perf_counter()
@@ -135,7 +188,9 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
                         "adapters": {d: a.state_dict() for d, a in adapters.items()},
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, checkpoint)
     bar.close()
-    facts = {**asdict(cfg), "data": "ShareGPT V3 train split (first exchange, chat template), packed",
+    text = {"sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
+            "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed"}
+    facts = {**asdict(cfg), "data_text": text[cfg.data],
              "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
              "final_kl": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
     save_adapters(out, adapters, model, facts)

@@ -1,30 +1,79 @@
-"""EAD analysis: definitions on scripted matches, and agreement with real DEX runs."""
+"""EAD analysis: definitions on scripted rankings, agreement with real DEX runs, the best-set search."""
 
+import itertools
+
+import pytest
 import torch
 
 from conftest import tiny_model
 from dex_core import DexDecoder
-from dex_core.ead import analyse, layer_matches
+from dex_core.adapters import new_adapters
+from dex_core.ead import analyse, best_depths, layer_candidates, layer_matches, matched_stages, set_cost
+
+
+def scripted(omega, tokens, others=None):
+    """Rankings (T, L, 2) whose top candidate matches exactly where ``omega`` says."""
+    omega = torch.tensor(omega, dtype=torch.bool)
+    tokens = torch.tensor(tokens)
+    wrong = tokens[:, None] + 100 if others is None else torch.tensor(others)
+    top = torch.where(omega, tokens[:, None], wrong.expand_as(omega))
+    second = torch.where(omega, tokens[:, None] + 200, tokens[:, None])  # the token is always 2nd when missed
+    return torch.stack([top, second], dim=2), tokens
 
 
 def test_ead_and_stable_ead_follow_their_definitions():
-    omega = torch.tensor([[0, 0, 0, 1, 1, 1],   # ready at 4
-                          [1, 0, 1, 1, 0, 1],   # first match 1, stable only at 6
-                          [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    out = analyse(omega, explorers=[2, 3, 6])
+    cands, tokens = scripted([[0, 0, 0, 1, 1, 1],   # ready at 4
+                              [1, 0, 1, 1, 0, 1],   # first match 1, stable only at 6
+                              [1, 1, 1, 1, 1, 1]], [5, 6, 7])
+    out = analyse(cands, tokens, explorers=[2, 3, 6], decs=False)
     assert out["ead"] == [4, 1, 1] and out["ead_stable"] == [4, 6, 1]
     assert out["oracle"] == 6 * 3 / (4 + 6 + 1)
     by_k = {p["explorers"]: p for p in out["predicted"]}
     assert by_k[2]["depths"] == [3, 6] and by_k[2]["speedup"] == 18 / (6 + 6 + 3)
     assert by_k[6]["speedup"] == out["oracle"]
-    assert by_k[3]["rounds_speedup"] == 3 * 3 / (2 + 2 + 1)  # stages [2, 4, 6]: first matches 1, 1, 0
+    # stages [2, 4, 6]: first matches 1, 1, 0; the first token takes K = 3 rounds, then 1 + previous match
+    assert by_k[3]["rounds_speedup"] == pytest.approx(3 * 3 / (3 + 2 + 2))
 
 
-def test_dex_without_decs_matches_at_the_shallowest_layer_match():
+def test_decs_lets_a_deeper_stage_match_the_runner_up():
+    # both non-final stages rank the same wrong token first and the right one second
+    cands, tokens = scripted([[0, 0, 1]], [5], others=[[9, 9, 9]])
+    assert matched_stages(cands, tokens, (1, 2, 3), decs=False).tolist() == [2]
+    assert matched_stages(cands, tokens, (1, 2, 3), decs=True).tolist() == [1]  # stage 1 skips 9, proposes 5
+
+
+def test_dex_matches_at_the_predicted_stage_with_and_without_decs():
     model = tiny_model("llama", layers=6, seed=5)
+    adapters = new_adapters(model, [2, 4])
+    for a in adapters.values():
+        a.alpha.data.fill_(0.5)
+        a.double().eval()
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    for depths in [(2, 4, 6), (1, 2, 3, 4, 5, 6), (3, 6)]:
-        result = DexDecoder(model, depths=depths, decs=False).generate(prompt, 40)
-        omega = layer_matches(model, prompt, result.tokens)
-        first = omega[:, [d - 1 for d in depths]].float().argmax(dim=1).tolist()
-        assert result.stats.matched_stages == first
+    for depths, decs in itertools.product([(2, 4, 6), (1, 2, 3, 4, 5, 6), (3, 6)], [False, True]):
+        chosen = {d: a for d, a in adapters.items() if d in depths[:-1]}
+        result = DexDecoder(model, depths=depths, decs=decs, adapters=chosen).generate(prompt, 40)
+        cands = layer_candidates(model, prompt, result.tokens, chosen)
+        assert result.stats.matched_stages == matched_stages(cands, result.tokens, depths, decs).tolist()
+        predicted = set_cost(cands, result.tokens, depths, decs)
+        assert predicted["rounds_per_token"] * len(result.tokens) == pytest.approx(result.stats.rounds)
+        if not decs:
+            omega = layer_matches(model, prompt, result.tokens, chosen)
+            assert result.stats.matched_stages == omega[:, [d - 1 for d in depths]].float().argmax(1).tolist()
+
+
+def test_best_exploration_set_is_the_cheapest_under_rounds_times_longest_stage():
+    gen = torch.Generator().manual_seed(0)
+    T, L = 60, 6
+    tokens = torch.randint(0, 50, (T,), generator=gen)
+    cands = torch.randint(0, 50, (T, L, 4), generator=gen)
+    ready = torch.randint(1, L + 1, (T,), generator=gen)  # layers >= ready rank the token first
+    for layer in range(L):
+        cands[:, layer, 0] = torch.where(layer + 1 >= ready, tokens, cands[:, layer, 0])
+    for K in (2, 3):
+        best = best_depths(cands, tokens, K)
+        every = [set_cost(cands, tokens, c + (L,))["layer_times_per_token"]
+                 for c in itertools.combinations(range(1, L), K - 1)]
+        assert best["layer_times_per_token"] == min(every)
+        assert best["depths"][-1] == L and len(best["depths"]) == K
+    out = analyse(cands, tokens, explorers=[2, 3], best=True)
+    assert all(p["best_gain"] >= 1.0 for p in out["predicted"])

@@ -1,5 +1,5 @@
-"""Summary charts: the token race between decoders, the earliest-available-depth (EAD) histogram and the
-predicted depth-side speedup against the number of explorers."""
+"""Summary charts: the token race between decoders, the earliest-available-depth (EAD) histogram, the
+predicted depth-side speedup against the number of explorers, and the ``dex bench`` comparison."""
 
 from __future__ import annotations
 
@@ -46,10 +46,20 @@ def speedup_figure(analysis: dict) -> go.Figure:
     """Predicted depth-side speedup against K, with the oracle S_EAD as a dashed horizontal line."""
     predicted = sorted(analysis["predicted"], key=lambda p: p["explorers"])
     ks = [p["explorers"] for p in predicted]
-    fig = go.Figure(data=[
-        go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="predicted",
+    traces = [
+        go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="S_X (stable EAD)",
                    text=[f"depths {p['depths']}" for p in predicted],
                    hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#2e86c1")),
+        go.Scatter(x=ks, y=[p["uniform"]["depth_speedup"] for p in predicted], mode="markers+lines",
+                   name="DEX K / rounds per token" + (" (DECS)" if predicted and predicted[0]["decs"] else ""),
+                   hovertemplate="K=%{x}: %{y:.2f}×<extra></extra>", line=dict(color="#27ae60")),
+    ]
+    if predicted and "best" in predicted[0]:
+        traces.append(go.Scatter(
+            x=ks, y=[p["best"]["pipeline_speedup"] for p in predicted], mode="markers+lines",
+            name="best set: L / (rounds × longest stage)", text=[f"depths {p['best']['depths']}" for p in predicted],
+            hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#8e44ad", dash="dot")))
+    fig = go.Figure(data=traces + [
         go.Scatter(x=[min(ks, default=1), max(ks, default=1)], y=[analysis["oracle"]] * 2, mode="lines",
                    name="oracle S_EAD", line=dict(color="#c0392b", dash="dash")),
     ])
@@ -57,3 +67,38 @@ def speedup_figure(analysis: dict) -> go.Figure:
                       xaxis=dict(title=dict(text="explorers K"), tickvals=ks, gridcolor="#eaecee"),
                       yaxis=dict(title=dict(text="speedup ×"), rangemode="tozero", gridcolor="#eaecee"), **_LAYOUT)
     return fig
+
+
+def bench_figure(report: dict) -> go.Figure:
+    """``dex bench``: per method, the critical-path speedup over AR (L / layer forwards per token) and
+    the measured tokens/s ratio over HF generate, one bar group per prompt set; the EAD oracle dashed."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("critical path: L / layer forwards per token (hardware-neutral)",
+                                        "measured tokens/s over HF generate (this machine)"))
+    palette = ["#2e86c1", "#f5b041", "#27ae60", "#8e44ad"]
+    for i, set_name in enumerate(report["oracle"]):
+        rows = [r for r in report["results"] if r["set"] == set_name]
+        labels = [_bench_label(r) for r in rows]
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Bar(x=labels, y=[r["layer_speedup"] for r in rows], name=set_name, marker_color=color,
+                             legendgroup=set_name), row=1, col=1)
+        fig.add_trace(go.Bar(x=labels, y=[r["speedup_vs_ar"] for r in rows], name=set_name, marker_color=color,
+                             legendgroup=set_name, showlegend=False), row=2, col=1)
+        fig.add_trace(go.Scatter(x=[labels[0], labels[-1]], y=[report["oracle"][set_name]["speedup"]] * 2,
+                                 mode="lines", name=f"EAD oracle ({set_name})",
+                                 line=dict(color=color, dash="dash")), row=1, col=1)
+    fig.update_layout(title=dict(text=f"dex bench: {report['model']}"), barmode="group", height=720, **_LAYOUT)
+    fig.update_yaxes(title_text="× AR", rangemode="tozero", gridcolor="#eaecee")
+    return fig
+
+
+def _bench_label(row: dict) -> str:
+    if row["method"].startswith("dex"):
+        extra = "" if row["adapters"] and row["decs"] else \
+            f" ({'adapters' if row['adapters'] else 'no adapters'}, DECS {'on' if row['decs'] else 'off'})"
+        return f"{row['method']} K={row['explorers']}{extra}"
+    if "exit" in row:
+        return f"{row['method']} E={row['exit']} n={row['draft']}"
+    return row["method"]

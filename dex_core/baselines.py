@@ -1,0 +1,122 @@
+"""Depth-selection baselines DEX is compared with: LayerSkip-style self-speculation on our stage runner,
+and Hugging Face's built-in ``assistant_early_exit``.
+
+Self-speculation with exit E and draft length n (paper App. D; LayerSkip): each step drafts n tokens
+one by one through layers [0, E) (and the inducing adapter at E, when given) and the LM head, then
+verifies them in one batched pass that sends the n + 1 inputs through layers [E, L) — the first E
+layers of the drafted inputs are reused, as LayerSkip shares their KV cache. The longest verified
+prefix of the drafts plus the verifier's next token is committed, so the output is exactly AR's.
+Sampling is exact too: draft and verifier draw with the same Gumbel row per position (sampling.py),
+and a draft is kept only where it equals the verifier's token.
+
+Critical path of one step: n * E layer forwards of drafting plus E + (L - E) = L for the verification
+(its last input's first E layers and the upper L - E), i.e. n * E + L, as the benchmark counts it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import DexError
+from .engine import GenerationStats, _check_request, _eos_ids, _prompt_ids
+from .explorer import Explorer
+from .models import model_view
+from .sampling import Sampler
+
+
+@torch.no_grad()
+def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int, adapter=None,
+                       temperature: float = 0.0, top_k=None, top_p=None, seed: int = 0, eos_token_id=None) -> dict:
+    """Self-speculative decoding; returns ``{"tokens", "steps", "accepted", "layer_forwards", "seconds",
+    "stats"}`` where ``layer_forwards`` is the critical path n * E + L summed over steps."""
+    view = model_view(model)
+    L = view.num_layers
+    if not 1 <= exit_layer < L:
+        raise DexError(f"the exit layer must lie in 1..{L - 1}; got {exit_layer}")
+    if draft < 1:
+        raise DexError(f"the draft length must be at least 1; got {draft}")
+    prompt = _prompt_ids(input_ids, view.vocab)
+    _check_request(view, prompt, max_new_tokens, temperature, top_k, top_p)
+    eos = _eos_ids(model, eos_token_id)
+    sampler = Sampler(view.vocab, temperature, top_k, top_p, seed)
+    lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
+    upper = Explorer(view, 1, 2, exit_layer, L)
+    tic = time.perf_counter()
+    if len(prompt) > 1:
+        upper.prefill(lower.prefill(view.embed(torch.tensor(prompt[:-1], device=view.device))))
+    tokens: list[int] = []
+    steps = accepted = 0
+    last = prompt[-1]
+    while len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):
+        position = len(prompt) + len(tokens)  # position of the first token this step decides
+        inputs, hidden, drafts = [last], [], []
+        for i in range(draft + 1):  # n drafts, then the E layers of the last draft for verification
+            path = tuple(range(i + 1))
+            h = lower.expand(view.embed(torch.tensor([inputs[-1]], device=view.device)), [i], [position - 1 + i],
+                             [path])
+            hidden.append(h)
+            if i < draft:
+                drafts.append(int(sampler.choose(lower.propose(h), [position + i], final=False)[0]))
+                inputs.append(drafts[-1])
+        paths = [tuple(range(i + 1)) for i in range(draft + 1)]
+        out = upper.expand(torch.cat(hidden), list(range(draft + 1)),
+                           [position - 1 + i for i in range(draft + 1)], paths)
+        verified = sampler.choose(upper.propose(out), [position + i for i in range(draft + 1)], final=True).tolist()
+        keep = 0
+        while keep < draft and drafts[keep] == verified[keep]:
+            keep += 1
+        new = verified[: keep + 1]
+        for stage in (lower, upper):  # the inputs of the committed tokens stay; the rest of the chain goes
+            stage.cache.keep(list(range(stage.cache.committed + keep + 1)), stage.cache.committed + keep + 1)
+        before = len(tokens)
+        for t in new:
+            if len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):
+                tokens.append(t)
+        sampler.forget_before(position + keep + 1)
+        last = new[-1]
+        steps += 1
+        accepted += len(tokens) - before - 1  # drafts kept (past max_new_tokens or EOS they do not count)
+    seconds = time.perf_counter() - tic
+    stats = GenerationStats(2, [exit_layer, L], tokens=len(tokens), rounds=steps,
+                            rounds_per_token=steps / max(1, len(tokens)), wall_seconds=seconds,
+                            tokens_per_second=len(tokens) / seconds if seconds else 0.0,
+                            stop="eos" if tokens and tokens[-1] in eos else "length")
+    return {"tokens": tokens, "steps": steps, "accepted": accepted,
+            "layer_forwards": steps * (draft * exit_layer + L), "seconds": seconds, "stats": stats}
+
+
+def self_spec_layer_forwards(omega_exit: torch.Tensor, draft: int, exit_layer: int, num_layers: int) -> tuple[int, int]:
+    """(steps, critical-path layer forwards) that greedy self-speculation needs for a generation whose
+    exit-layer matches along the committed tokens are ``omega_exit`` (T,) — exact for greedy decoding,
+    since every kept draft sits on the committed prefix. Used to grid-search (E, n) cheaply."""
+    hits = omega_exit.tolist()
+    t = steps = 0
+    while t < len(hits):
+        keep = 0
+        while keep < draft and t + keep < len(hits) and hits[t + keep]:
+            keep += 1
+        t += keep + 1
+        steps += 1
+    return steps, steps * (draft * exit_layer + num_layers)
+
+
+@torch.no_grad()
+def hf_early_exit_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int) -> list[int]:
+    """Greedy ``model.generate(assistant_early_exit=E)`` with ``draft`` assistant tokens per step and no
+    confidence threshold (both read from ``model.generation_config``); returns the new tokens."""
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    config = model.generation_config
+    saved = {k: getattr(config, k, None) for k in ("num_assistant_tokens", "assistant_confidence_threshold",
+                                                   "num_assistant_tokens_schedule")}
+    try:
+        config.num_assistant_tokens = draft
+        config.assistant_confidence_threshold = 0.0
+        config.num_assistant_tokens_schedule = "constant"
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, assistant_early_exit=exit_layer)
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+    return out[0, ids.shape[1]:].tolist()

@@ -1,0 +1,362 @@
+"""``dex bench``: DEX against autoregressive decoding and depth-selection baselines, side by side.
+
+Methods (every output compared token by token with HF ``generate``, greedy):
+
+- ``ar-hf``: HF ``generate``; ``ar-stages``: AR through our own stage runner (DEX with K = 1), which
+  isolates implementation overhead;
+- ``dex``: the sequential schedule for each K (adapters / DECS as chosen), with rounds per token, the
+  depth-side speedup next to ``dex ead``'s prediction, measured one-device tokens/s and the projected
+  K-device tokens/s; ``dex-distributed``: the distributed schedule's measured wall clock;
+- ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
+  depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
+- ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way.
+
+Metrics: ``exact``; tokens/s after one warm-up per method (new tokens / total time; ``measured`` or
+``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
+DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
+counts once, explorers working in the same round count once); self-speculation: n * E + L per
+draft-verify step over the tokens committed. The EAD oracle (mean stable EAD) is a reference line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .config import DexError, option
+from .data import PROMPT_SETS, prompt_set
+
+METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit")
+DRAFTS = (1, 2, 3, 4, 6, 8)
+QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3)}
+
+
+def _ints(value, name: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    try:
+        out = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise DexError(f"{name} must be comma-separated integers; got {value!r}") from None
+    if not out or min(out) < 1:
+        raise DexError(f"{name} must be positive integers; got {value!r}")
+    return out
+
+
+@dataclass
+class BenchConfig:
+    model: str = option("default", "model spec, as for dex generate")
+    sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: humaneval, chat (ShareGPT held-out), "
+                                                          "builtin")
+    prompts: int = option(20, "prompts per set, from the set's eval split")
+    tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
+    max_new_tokens: int = option(128, "new tokens per prompt (greedy)")
+    explorers: tuple[int, ...] = option((2, 3, 4), "values of K for DEX (uniform splits)")
+    adapters: str = option("default", "inducing adapters for DEX and self-speculation: 'default', a file, or 'none'")
+    variants: str = option("shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters "
+                                      "on/off x DECS on/off)")
+    methods: tuple[str, ...] = option(("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"),
+                                      "methods to run: " + ", ".join(METHODS))
+    drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
+    threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
+    quick: bool = option(False, "a tiny random float64 model and 3 short synthetic prompts (seconds; for tests)")
+
+    def __post_init__(self):
+        if isinstance(self.sets, str):
+            self.sets = tuple(s for s in self.sets.replace(" ", "").split(",") if s)
+        if isinstance(self.methods, str):
+            self.methods = tuple(s for s in self.methods.replace(" ", "").split(",") if s)
+        self.explorers, self.drafts = _ints(self.explorers, "explorers"), _ints(self.drafts, "drafts")
+        if self.quick:
+            for key, value in QUICK.items():
+                setattr(self, key, value)
+        bad = [s for s in self.sets if s not in PROMPT_SETS + ("synthetic",)]
+        if bad or not self.sets:
+            raise DexError(f"unknown prompt set(s) {bad}; choose from {', '.join(PROMPT_SETS)}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or "ar-hf" not in self.methods:
+            raise DexError(f"methods must include ar-hf (the reference) and come from {', '.join(METHODS)}; "
+                           f"got {list(self.methods)}")
+        if self.variants not in ("shipped", "all"):
+            raise DexError(f"variants must be 'shipped' or 'all'; got {self.variants!r}")
+        if self.prompts < 1 or self.tune_prompts < 1 or self.max_new_tokens < 1:
+            raise DexError("prompts, tune_prompts and max_new_tokens must be positive")
+
+
+def _quick_setup():
+    from .adapters import new_adapters
+    from .models import tiny_model, tiny_tokenizer
+
+    model, tokenizer = tiny_model("llama", layers=6, seed=5), tiny_tokenizer()
+    adapters = new_adapters(model, range(1, 6), bottleneck=32)
+    for a in adapters.values():
+        a.alpha.data.fill_(0.5)
+        a.double().eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    prompts = {split: [{"id": f"synthetic-{split}-{i}", "prompt": " ".join(
+        f"w{int(v)}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen)), "chat": False}
+        for i in range(3)] for split in ("eval", "tune")}
+    return model, tokenizer, adapters, prompts
+
+
+def _encode(tokenizer, item) -> list[int]:
+    from .cli import encode_prompt
+
+    return encode_prompt(tokenizer, item["prompt"], item["chat"])
+
+
+class _Timer:
+    def __init__(self):
+        self.seconds, self.tokens = 0.0, 0
+
+    def __enter__(self):
+        self.tic = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self.tic
+
+
+def tune_self_spec(model, prompts: list[list[int]], adapters: dict, max_new_tokens: int, drafts) -> dict:
+    """Grid search (exit E over every layer 1..L-1, n over ``drafts``) of greedy self-speculation by its
+    critical path on ``prompts``; the acceptance rule is replayed exactly on each layer's matches."""
+    from .baselines import self_spec_layer_forwards
+    from .ead import layer_matches
+
+    L = model.config.num_hidden_layers
+    omegas = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens)[0, len(prompt):].tolist()
+        omegas.append(layer_matches(model, prompt, out, adapters))
+    grid = []
+    for exit_layer in range(1, L):
+        for n in drafts:
+            forwards = sum(self_spec_layer_forwards(om[:, exit_layer - 1], n, exit_layer, L)[1] for om in omegas)
+            grid.append({"exit": exit_layer, "draft": n,
+                         "layer_forwards_per_token": forwards / sum(len(om) for om in omegas)})
+    best = min(grid, key=lambda g: (g["layer_forwards_per_token"], g["exit"], g["draft"]))
+    return {"exit": best["exit"], "draft": best["draft"], "tune_layer_forwards_per_token":
+            best["layer_forwards_per_token"], "adapters": sorted(adapters), "grid": grid}
+
+
+def run_bench(cfg: BenchConfig, log=print) -> dict:
+    """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
+    from .adapters import load_adapters
+    from .baselines import hf_early_exit_generate, self_spec_generate, self_spec_layer_forwards
+    from .ead import layer_candidates, longest_stage, matches, set_cost
+    from .engine import DexDecoder
+    from .models import load_model
+    from .config import resolve_depths
+
+    if cfg.quick:
+        model, tokenizer, adapters, synthetic = _quick_setup()
+    else:
+        model, tokenizer = load_model(cfg.model)
+        adapters = {} if cfg.adapters == "none" else load_adapters(cfg.adapters, model)
+        synthetic = None
+    L = model.config.num_hidden_layers
+    too_many = [K for K in cfg.explorers if K > L]
+    if too_many:
+        raise DexError(f"K = {too_many} exceeds the model's {L} layers")
+
+    def items(name, count, split):
+        return synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)
+
+    sets = {name: [_encode(tokenizer, it) for it in items(name, cfg.prompts, "eval")] for name in cfg.sets}
+    tune = [_encode(tokenizer, it) for name in cfg.sets for it in items(name, cfg.tune_prompts, "tune")]
+    report = {"config": asdict(cfg), "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
+              "num_layers": L, "adapter_depths": sorted(adapters), "torch_threads": torch.get_num_threads(),
+              "results": [], "oracle": {}, "tuning": {}}
+
+    if "self-spec" in cfg.methods:
+        log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{L - 1} x draft {list(cfg.drafts)})")
+        report["tuning"]["self-spec"] = tune_self_spec(model, tune, adapters, cfg.max_new_tokens, cfg.drafts)
+    if "hf-early-exit" in cfg.methods:
+        report["tuning"]["hf-early-exit"] = tune_self_spec(model, tune, {}, cfg.max_new_tokens, cfg.drafts)
+    for name in ("self-spec", "hf-early-exit"):
+        if name in report["tuning"]:
+            t = report["tuning"][name]
+            log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_layer_forwards_per_token']:.2f} "
+                f"layer forwards/token on the tune split)")
+
+    variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
+        [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
+    decoders = {}
+    for K in cfg.explorers:
+        depths = resolve_depths(L, explorers=K)
+        for use, decs in variants:
+            chosen = {d: a for d, a in adapters.items() if d in depths[:-1]} if use else {}
+            decoders[("dex", K, use, decs)] = DexDecoder(model, depths=depths, decs=decs, adapters=chosen,
+                                                         trace_top=0)
+        if "dex-distributed" in cfg.methods:
+            chosen = {d: a for d, a in adapters.items() if d in depths[:-1]}
+            decoders[("dex-distributed", K)] = DexDecoder(model, depths=depths, adapters=chosen, trace_top=0,
+                                                          backend="distributed", threads=cfg.threads)
+    stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
+    ss, hf = report["tuning"].get("self-spec"), report["tuning"].get("hf-early-exit")
+
+    def hf_generate(prompt, n):
+        ids = torch.tensor([prompt])
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=n)[0, len(prompt):].tolist()
+
+    runners = {"ar-hf": lambda p, n: (hf_generate(p, n), {}),
+               "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
+    for key, decoder in decoders.items():
+        runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))
+    if ss:
+        runners["self-spec"] = lambda p, n: (lambda r: (r["tokens"], r))(self_spec_generate(
+            model, p, n, ss["exit"], ss["draft"], adapters.get(ss["exit"])))
+    if hf:
+        runners["hf-early-exit"] = lambda p, n: (hf_early_exit_generate(model, p, n, hf["exit"], hf["draft"]), {})
+    runners = {k: v for k, v in runners.items() if (k if isinstance(k, str) else k[0]) in cfg.methods}
+
+    warm = next(iter(sets.values()))[0]
+    log(f"warm-up: {len(runners)} methods")
+    for run in runners.values():
+        run(warm, min(8, cfg.max_new_tokens))
+
+    try:
+        for set_name, prompts in sets.items():
+            log(f"{set_name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
+            refs, timers, outs = [], {k: _Timer() for k in runners}, {k: [] for k in runners}
+            for i, prompt in enumerate(prompts):
+                for key, run in runners.items():
+                    with timers[key]:
+                        tokens, extra = run(prompt, cfg.max_new_tokens)
+                    outs[key].append((tokens, extra))
+                refs.append(outs["ar-hf"][-1][0])
+                log(f"  {set_name} {i + 1}/{len(prompts)}: {len(refs[-1])} tokens")
+            cands = {use: torch.cat([layer_candidates(model, p, r, adapters if use else {}) for p, r in zip(prompts, refs)])
+                     for use in {False, bool(adapters)}}
+            flat = torch.tensor([t for r in refs for t in r])
+            T = len(flat)
+            omega = matches(cands[bool(adapters)], flat)
+            stable = torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1
+            report["oracle"][set_name] = {"layer_forwards_per_token": float(stable.double().mean()),
+                                          "speedup": L / float(stable.double().mean())}
+            ar_seconds = timers["ar-hf"].seconds
+            for key in runners:
+                got = [o[0] for o in outs[key]]
+                exact = sum(g == r for g, r in zip(got, refs))
+                row = {"set": set_name, "method": key if isinstance(key, str) else key[0], "prompts": len(prompts),
+                       "tokens": T, "exact": exact == len(prompts), "exact_prompts": exact,
+                       "seconds": timers[key].seconds, "tokens_per_second": T / timers[key].seconds,
+                       "tokens_per_second_kind": "measured", "layer_forwards_per_token": float(L)}
+                if isinstance(key, tuple) and key[0] == "dex":
+                    _, K, use, decs = key
+                    decoder = decoders[key]
+                    stats = [o[1] for o in outs[key]]
+                    rounds = sum(s.rounds for s in stats)
+                    pred = set_cost(cands[use], flat, decoder.depths, decs, [len(r) for r in refs])
+                    row.update(explorers=K, depths=list(decoder.depths), adapters=use, decs=decs,
+                               schedule="sequential (one device)", rounds_per_token=rounds / T,
+                               depth_speedup=K * T / rounds, predicted_depth_speedup=pred["depth_speedup"],
+                               layer_forwards_per_token=rounds * longest_stage(decoder.depths) / T,
+                               projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
+                elif isinstance(key, tuple):
+                    _, K = key
+                    stats = [o[1] for o in outs[key]]
+                    rounds = sum(s.rounds for s in stats)
+                    row.update(explorers=K, depths=list(decoders[key].depths), adapters=bool(adapters), decs=True,
+                               schedule=f"distributed ({K} processes)", rounds_per_token=rounds / T,
+                               depth_speedup=K * T / rounds,
+                               layer_forwards_per_token=rounds * longest_stage(decoders[key].depths) / T)
+                elif key == "self-spec":
+                    steps = sum(o[1]["steps"] for o in outs[key])
+                    row.update(exit=ss["exit"], draft=ss["draft"], adapters=ss["exit"] in adapters,
+                               steps_per_token=steps / T,
+                               layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs[key]) / T)
+                elif key == "hf-early-exit":
+                    om = matches(cands[False], flat)[:, hf["exit"] - 1]
+                    offsets = [0] + list(torch.cumsum(torch.tensor([len(r) for r in refs]), 0).tolist())
+                    forwards = sum(self_spec_layer_forwards(om[a:b], hf["draft"], hf["exit"], L)[1]
+                                   for a, b in zip(offsets, offsets[1:]))
+                    row.update(exit=hf["exit"], draft=hf["draft"], adapters=False,
+                               layer_forwards_per_token=forwards / T,
+                               layer_forwards_note="counted by replaying the acceptance rule on the plain lens")
+                row["speedup_vs_ar"] = ar_seconds / timers[key].seconds
+                row["layer_speedup"] = L / row["layer_forwards_per_token"]
+                report["results"].append(row)
+    finally:
+        for decoder in decoders.values():
+            decoder.close()
+    report["headline"] = headline(report)
+    return report
+
+
+def headline(report: dict) -> list[dict]:
+    """Per set: the best DEX row (shipped variant) against the best-tuned self-speculation, by layer forwards."""
+    out = []
+    for set_name in report["oracle"]:
+        rows = [r for r in report["results"] if r["set"] == set_name]
+        dex = [r for r in rows if r["method"] == "dex" and r.get("decs", True) and r.get("adapters") ==
+               bool(report["adapter_depths"])]
+        ss = [r for r in rows if r["method"] == "self-spec"]
+        if dex and ss:
+            best = min(dex, key=lambda r: r["layer_forwards_per_token"])
+            out.append({"set": set_name, "dex_explorers": best["explorers"],
+                        "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
+                        "self_spec_layer_forwards_per_token": ss[0]["layer_forwards_per_token"],
+                        "dex_over_self_spec": ss[0]["layer_forwards_per_token"] / best["layer_forwards_per_token"]})
+    return out
+
+
+def _config_text(row: dict) -> str:
+    if row["method"].startswith("dex"):
+        return (f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
+                f"DECS {'on' if row['decs'] else 'off'}")
+    if "exit" in row:
+        return f"exit {row['exit']}, draft {row['draft']}" + (", adapter" if row.get("adapters") else "")
+    return ""
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown tables, one per prompt set."""
+    L = report["num_layers"]
+    lines = [f"Model: {report['model']} ({L} layers); adapters at {report['adapter_depths'] or 'none'}; "
+             f"{report['config']['max_new_tokens']} new tokens per prompt, greedy.", ""]
+    for set_name, oracle in report["oracle"].items():
+        rows = [r for r in report["results"] if r["set"] == set_name]
+        lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", "",
+                  "| method | configuration | exact | tokens/s (measured) | vs AR | projected tokens/s "
+                  "| layer fwd/token | vs AR | rounds/token | depth speedup (measured / predicted) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            cells = [r["method"], _config_text(r), f"{r['exact_prompts']}/{r['prompts']}",
+                     f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_ar']:.3f}",
+                     _fmt(r.get("projected_tokens_per_second"), 2), f"{r['layer_forwards_per_token']:.2f}",
+                     f"{r['layer_speedup']:.3f}", _fmt(r.get("rounds_per_token"), 3),
+                     " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += [f"| EAD oracle | every depth, stable EAD | | | | | {oracle['layer_forwards_per_token']:.2f} | "
+                  f"{oracle['speedup']:.3f} | | |", ""]
+    for h in report.get("headline", []):
+        lines.append(f"- {h['set']}: DEX K={h['dex_explorers']} needs {h['dex_layer_forwards_per_token']:.2f} layer "
+                     f"forwards per token on the critical path, best-tuned self-speculation "
+                     f"{h['self_spec_layer_forwards_per_token']:.2f}: **{h['dex_over_self_spec']:.3f}x**.")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict, out: str | None, md: str | None, html: str | None) -> None:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1))
+    if md:
+        Path(md).parent.mkdir(parents=True, exist_ok=True)
+        Path(md).write_text(markdown(report))
+    if html:
+        from visualize.charts import bench_figure
+
+        Path(html).parent.mkdir(parents=True, exist_ok=True)
+        bench_figure(report).write_html(html, include_plotlyjs=True)
+
+
+def _fmt(x, digits: int) -> str:
+    return "" if x is None else f"{x:.{digits}f}"

@@ -1,0 +1,104 @@
+"""dex bench and its baselines: exactness of self-speculation, its cost replay, the quick benchmark, dex ead."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from dex_core.baselines import hf_early_exit_generate, self_spec_generate, self_spec_layer_forwards
+from dex_core.ead import layer_matches
+from dex_core.engine import ar_generate
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_self_speculation_is_exact_and_its_cost_replay_is_exact(family):
+    extra = {"sliding_window": 12} if family == "mistral" else {}
+    model = tiny_model(family, layers=6, seed=7, **extra)
+    ref = ar_generate(model, PROMPT, 40).tokens
+    for exit_layer in (1, 3, 5):
+        omega = layer_matches(model, PROMPT, ref)[:, exit_layer - 1]
+        for draft in (1, 3, 6):
+            out = self_spec_generate(model, PROMPT, 40, exit_layer, draft)
+            assert out["tokens"] == ref
+            assert (out["steps"], out["layer_forwards"]) == self_spec_layer_forwards(omega, draft, exit_layer, 6)
+            assert out["accepted"] == len(ref) - out["steps"]
+
+
+def test_self_speculation_sampling_equals_ar_with_the_same_seed():
+    model = tiny_model("llama", layers=6, seed=7)
+    for seed, (t, k, p) in [(0, (1.0, None, None)), (3, (0.8, 20, None)), (5, (1.2, None, 0.9))]:
+        ref = ar_generate(model, PROMPT, 30, temperature=t, top_k=k, top_p=p, seed=seed).tokens
+        out = self_spec_generate(model, PROMPT, 30, 2, 3, temperature=t, top_k=k, top_p=p, seed=seed)
+        assert out["tokens"] == ref
+
+
+def test_hf_early_exit_baseline_matches_ar():
+    model = tiny_model("llama", layers=6, seed=7)
+    before = model.generation_config.num_assistant_tokens
+    assert hf_early_exit_generate(model, PROMPT, 24, 2, 3) == ar_generate(model, PROMPT, 24).tokens
+    assert model.generation_config.num_assistant_tokens == before  # the knobs are put back
+
+
+def test_self_speculation_rejects_bad_settings():
+    from dex_core.config import DexError
+
+    model = tiny_model("llama", layers=6)
+    with pytest.raises(DexError, match="exit layer"):
+        self_spec_generate(model, PROMPT, 8, 6, 2)
+    with pytest.raises(DexError, match="draft length"):
+        self_spec_generate(model, PROMPT, 8, 2, 0)
+
+
+def test_dex_bench_quick_every_row_exact(tmp_path):
+    out, md, html = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--out", str(out),
+                           "--markdown", str(md), "--html", str(html)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    methods = {r["method"] for r in report["results"]}
+    assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"}
+    assert report["results"] and all(r["exact"] is True for r in report["results"])
+    for r in report["results"]:
+        assert r["tokens"] == 48 and r["layer_forwards_per_token"] > 0 and r["tokens_per_second"] > 0
+        if r["method"] == "dex":  # the prediction of dex ead is exact on float64 models
+            assert r["predicted_depth_speedup"] == pytest.approx(r["depth_speedup"])
+            assert r["layer_forwards_per_token"] == pytest.approx(
+                r["rounds_per_token"] * max(b - a for a, b in zip([0] + r["depths"], r["depths"])))
+        if r["method"].startswith("ar"):
+            assert r["layer_forwards_per_token"] == 6
+    tuned = report["tuning"]["self-spec"]
+    assert tuned["tune_layer_forwards_per_token"] == min(g["layer_forwards_per_token"] for g in tuned["grid"])
+    assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text() and "| dex |" in proc.stdout
+    assert "plotly" in html.read_text()[:5000].lower()
+
+
+def test_dex_bench_rejects_bad_input():
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--methods", "dex"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "ar-hf" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--sets", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown prompt set" in proc.stderr
+
+
+def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
+    out = tmp_path / "ead.json"
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "ead", "--model", str(tiny_dir), "--adapters",
+                           "none", "--sets", "builtin", "--prompts", "2", "--max-new-tokens", "12",
+                           "--explorers", "2,3,6", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    result = report["sets"]["builtin"]
+    assert result["tokens"] == 24 and report["all"]["tokens"] == 24
+    by_k = {p["explorers"]: p for p in result["predicted"]}
+    assert set(by_k) == {2, 3, 6}
+    for p in by_k.values():
+        assert p["best"]["layer_times_per_token"] <= p["uniform"]["layer_times_per_token"] + 1e-9
+        assert len(p["best"]["depths"]) == p["explorers"] and p["best_gain"] >= 1.0
+    assert by_k[6]["best"]["depths"] == [1, 2, 3, 4, 5, 6]
+    assert "K=3 uniform" in proc.stderr
