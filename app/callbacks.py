@@ -179,15 +179,22 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):
         model, _ = runtime.model()
         *_, end = ar_stream(model, ids, config.max_new_tokens)
         chosen = load_adapters("default", model) if adapters and runtime.shipped_adapters else None
-        result = readiness(model, ids, end["tokens"], chosen)
+        result = readiness(model, ids, end["tokens"], chosen, best=True)
     except DexError as err:
         raise _error(err) from None
     rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
-                   f"<td>{p['speedup']:.3f}×</td><td>{p['rounds_speedup']:.3f}×</td></tr>"
+                   f"<td>{p['speedup']:.3f}×</td><td>{p['uniform']['depth_speedup']:.3f}×</td>"
+                   f"<td>{p['uniform']['pipeline_speedup']:.3f}×</td>"
+                   f"<td>{', '.join(map(str, p['best']['depths']))}</td><td>{p['best']['pipeline_speedup']:.3f}×</td>"
+                   f"<td>{p['best_gain']:.3f}×</td></tr>"
                    for p in result["predicted"])
     table = ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
-             "<th>K / rounds per token (DEX, no DECS)</th></tr>" + rows + "</table>"
+             "<th>DEX K / rounds per token (DECS)</th><th>uniform: L / (rounds × longest stage)</th>"
+             "<th>best exploration set</th><th>best: L / (rounds × longest stage)</th><th>best vs uniform</th></tr>"
+             + rows + "</table>"
              f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
+             "The best set minimises expected rounds per token × the longest stage — the time per token of a "
+             "pipeline, where non-uniform sets make every round as slow as their longest stage. "
              + (f"Inducing adapters at depths {sorted(chosen)}; plain logit lens elsewhere.</p>" if chosen
                 else "Plain logit lens: no inducing adapters.</p>"))
     return viz.ead_figure(result), viz.speedup_figure(result), table

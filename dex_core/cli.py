@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "predicted depth-side speedup of the uniform split for each K, the oracle "
                                      "S_EAD, and the best exploration set per K under rounds x longest stage.")
     ead.add_argument("--model", default=DexConfig.model, help="model spec (default: default)")
-    ead.add_argument("--adapters", default="default", help="adapter file, 'default' or 'none' (default: default)")
+    ead.add_argument("--adapters", default="default",
+                     help="adapter file, 'default' or 'none'; comma-separate several to compare them on the same "
+                          "answers (default: default)")
     ead.add_argument("--sets", default="humaneval,chat", help="prompt sets: humaneval, chat, builtin")
     ead.add_argument("--prompts", type=int, default=20, help="prompts per set, eval split (default: 20)")
     ead.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: 128)")
@@ -262,34 +264,41 @@ def _ead(args) -> None:
     model, tokenizer = load_model(args.model)
     if max(ks) > model.config.num_hidden_layers:
         raise DexError(f"K = {max(ks)} exceeds the model's {model.config.num_hidden_layers} layers")
-    adapters = {} if args.adapters == "none" else load_adapters(args.adapters, model)
-    report = {"model": args.model, "adapters": args.adapters, "adapter_depths": sorted(adapters),
-              "max_new_tokens": args.max_new_tokens, "decs": args.decs, "sets": {}}
-    pooled = []
+    names = [a for a in args.adapters.split(",") if a]
+    chosen = {name: {} if name == "none" else load_adapters(name, model) for name in names}
+    answers = {}  # greedy AR answers, generated once and analysed under every adapter set
     for name, items in prompts.items():
-        cands, toks, lengths = [], [], []
+        answers[name] = []
         for i, item in enumerate(items):
             ids = encode_prompt(tokenizer, item["prompt"], item["chat"])
             x = torch.tensor([ids])
             out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                  max_new_tokens=args.max_new_tokens)[0, len(ids):].tolist()
-            cands.append(layer_candidates(model, ids, out, adapters))
-            toks += out
-            lengths.append(len(out))
+            answers[name].append((ids, out))
             print(f"[dex] {name} {i + 1}/{len(items)}: {len(out)} tokens", file=sys.stderr, flush=True)
-        report["sets"][name] = analyse(torch.cat(cands), toks, ks, args.decs, args.best, lengths)
-        pooled += [cands, toks, lengths]
-    report["all"] = analyse(torch.cat(sum(pooled[0::3], [])), sum(pooled[1::3], []), ks, args.decs, args.best,
-                            sum(pooled[2::3], []))
-    for name, result in {**report["sets"], "all": report["all"]}.items():
-        print(f"{name}: {result['tokens']} tokens, oracle S_EAD {result['oracle']:.3f}x", file=sys.stderr)
-        for p in result["predicted"]:
-            line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
-                    f"(no DECS {p['rounds_speedup']:.3f}x), S_X {p['speedup']:.3f}x")
-            if "best" in p:
-                line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs uniform "
-                         f"{p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
-            print(line, file=sys.stderr)
+    report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "decs": args.decs, "runs": []}
+    for adapter_name, adapters in chosen.items():
+        run = {"adapters": adapter_name, "adapter_depths": sorted(adapters), "sets": {}}
+        pooled = ([], [], [])
+        for name, pairs in answers.items():
+            cands = [layer_candidates(model, ids, out, adapters) for ids, out in pairs]
+            toks = [t for _, out in pairs for t in out]
+            lengths = [len(out) for _, out in pairs]
+            run["sets"][name] = analyse(torch.cat(cands), toks, ks, args.decs, args.best, lengths)
+            for acc, part in zip(pooled, (cands, toks, lengths)):
+                acc.extend(part)
+        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], ks, args.decs, args.best, pooled[2])
+        report["runs"].append(run)
+        for name, result in {**run["sets"], "all": run["all"]}.items():
+            print(f"adapters {adapter_name} / {name}: {result['tokens']} tokens, oracle S_EAD "
+                  f"{result['oracle']:.3f}x", file=sys.stderr)
+            for p in result["predicted"]:
+                line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
+                        f"(no DECS {p['rounds_speedup']:.3f}x), S_X {p['speedup']:.3f}x")
+                if "best" in p:
+                    line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
+                             f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
+                print(line, file=sys.stderr)
     text = json.dumps(report, indent=1)
     if args.out:
         with open(args.out, "w") as fh:

@@ -100,7 +100,7 @@ def token_windows(tokenizer, seq_len: int, seed: int, model=None, data: str = "s
 def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = next((t for t in (tokenizer.pad_token_id, eos) if t is not None), 0)
     while True:
         prompts = [_template(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
                              generation_prompt=True) for _ in range(ONPOLICY_BATCH)]

@@ -70,3 +70,36 @@ def test_training_lowers_the_distillation_loss(tmp_path):
     assert facts["steps"] == 30 and facts["tokens"] == 30 * 4 * 32 and after < 0.8 * before
     assert read_metadata(out)["training"]["tokens"] == 30 * 4 * 32
 
+
+
+def test_onpolicy_data_is_the_models_own_greedy_answers():
+    from conftest import tiny_tokenizer
+    from dex_core.train import _onpolicy_sequences, _template
+
+    model, tokenizer = tiny_model("llama", layers=3, seed=2), tiny_tokenizer()
+    texts = ["hello world w5 w7", "the prime number w12 w3 w40 w41 w9 a", "w1"]
+    rows = itertools.cycle([{"prompt": t} for t in texts])
+    sequences = _onpolicy_sequences(model, tokenizer, rows, 10)
+    for text in texts:  # batched with left padding, each equals its own greedy AR answer
+        prompt = _template(tokenizer, [{"role": "user", "content": text}], generation_prompt=True)
+        got = next(sequences)
+        assert got[: len(prompt)] == prompt and got[len(prompt):] == ar_generate(model, prompt, 10).tokens
+
+
+def test_training_can_start_from_an_adapter_file(tmp_path):
+    model = tiny_model("llama").float()
+    start = new_adapters(model, [2, 4])
+    for a in start.values():
+        a.alpha.data.fill_(0.25)
+    path = tmp_path / "start.safetensors"
+    save_adapters(path, start, model, {"tokens": 0})
+    data = [torch.randint(0, 96, (16,)) for _ in range(2)]
+    cfg = TrainConfig(depths=(2, 4), tokens=16, seq_len=16, batch=1, lr=1e-9, bf16=False, init=str(path))
+    out = tmp_path / "out.safetensors"
+    train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
+    assert all(abs(float(a.alpha) - 0.25) < 1e-3 for a in load_adapters(out, model).values())
+    with pytest.raises(DexError, match="has adapters at"):
+        train_adapters(model, None, TrainConfig(depths=(2, 3), tokens=16, seq_len=16, batch=1, init=str(path)),
+                       out, progress=False, windows=itertools.cycle(data))
+    with pytest.raises(DexError, match="data must be one of"):
+        TrainConfig(data="web")

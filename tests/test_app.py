@@ -62,6 +62,15 @@ def test_race_endpoint_reports_identical_output(app_url):
     assert ar_text == dex_text and "identical output" in summary
 
 
+def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_url):
+    from gradio_client import Client
+
+    _, _, table = Client(app_url, verbose=False).predict(PROMPT, False, False, 16, api_name="/analyse")
+    assert "best exploration set" in table and "oracle S_EAD" in table
+    rows = re.findall(r"<tr><td>(\d)</td>", table)
+    assert rows == ["2", "3", "4", "5", "6"]  # K up to the tiny model's 6 layers; 7 and 8 need more
+
+
 def test_bad_input_is_shown_as_an_error(app_url):
     from gradio_client import Client
     from gradio_client.exceptions import AppError

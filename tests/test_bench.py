@@ -93,8 +93,9 @@ def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
                            "--explorers", "2,3,6", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    result = report["sets"]["builtin"]
-    assert result["tokens"] == 24 and report["all"]["tokens"] == 24
+    (run,) = report["runs"]
+    result = run["sets"]["builtin"]
+    assert run["adapters"] == "none" and result["tokens"] == 24 and run["all"]["tokens"] == 24
     by_k = {p["explorers"]: p for p in result["predicted"]}
     assert set(by_k) == {2, 3, 6}
     for p in by_k.values():

@@ -222,17 +222,26 @@ def test_race_figure_draws_one_line_per_series():
 
 
 def test_ead_and_speedup_figures_plot_histograms_and_the_oracle_line():
-    analysis = {"num_layers": 6, "ead": [1, 2, 2, 6], "ead_stable": [2, 2, 3, 6],
-                "predicted": [{"explorers": 3, "depths": [2, 4, 6], "speedup": 1.4},
-                              {"explorers": 2, "depths": [3, 6], "speedup": 1.2}], "oracle": 1.8}
+    import torch
+
+    from dex_core.ead import analyse
+
+    tokens = torch.tensor([5, 6, 7, 8])
+    ready = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]]).bool()
+    cands = torch.stack([torch.where(ready, tokens[:, None], tokens[:, None] + 50),
+                         torch.full((4, 6), 99)], dim=2)
+    analysis = analyse(cands, tokens, explorers=[3, 2], best=True)
     ead = ead_figure(analysis)
     assert [t.name for t in ead.data] == ["stable EAD", "EAD"]
     assert list(ead.data[0].x) == [1, 2, 3, 4, 5, 6]
-    assert list(ead.data[0].y) == [0, 2, 1, 0, 0, 1] and list(ead.data[1].y) == [1, 2, 0, 0, 0, 1]
+    assert list(ead.data[0].y) == [0, 2, 1, 0, 0, 1] and list(ead.data[1].y) == [0, 2, 1, 0, 0, 1]
     speed = speedup_figure(analysis)
-    assert list(speed.data[0].x) == [2, 3] and list(speed.data[0].y) == [1.2, 1.4]
-    assert speed.data[1].name == "oracle S_EAD" and list(speed.data[1].y) == [1.8, 1.8]
-    assert speed.data[1].line.dash == "dash"
+    by_k = {p["explorers"]: p for p in analysis["predicted"]}
+    assert list(speed.data[0].x) == [2, 3] and list(speed.data[0].y) == [by_k[2]["speedup"], by_k[3]["speedup"]]
+    assert list(speed.data[1].y) == [by_k[2]["uniform"]["depth_speedup"], by_k[3]["uniform"]["depth_speedup"]]
+    assert list(speed.data[2].text) == [f"depths {by_k[2]['best']['depths']}", f"depths {by_k[3]['best']['depths']}"]
+    assert speed.data[-1].name == "oracle S_EAD" and list(speed.data[-1].y) == [analysis["oracle"]] * 2
+    assert speed.data[-1].line.dash == "dash"
 
 
 def test_replay_of_an_ar_trace_has_no_rounds(llama):
