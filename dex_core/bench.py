@@ -56,6 +56,7 @@ class BenchConfig:
     tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
     max_new_tokens: int = option(128, "new tokens per prompt (greedy)")
     explorers: tuple[int, ...] = option((2, 3, 4), "values of K for DEX (uniform splits)")
+    depth_sets: str | None = option(None, "further DEX exploration sets, ';'-separated, e.g. '3,8,13,18,23,28,30'")
     adapters: str = option("default", "inducing adapters for DEX and self-speculation: 'default', a file, or 'none'")
     variants: str = option("shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters "
                                       "on/off x DECS on/off)")
@@ -121,19 +122,15 @@ class _Timer:
         self.seconds += time.perf_counter() - self.tic
 
 
-def tune_self_spec(model, prompts: list[list[int]], adapters: dict, max_new_tokens: int, drafts) -> dict:
+def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts) -> dict:
     """Grid search (exit E over every layer 1..L-1, n over ``drafts``) of greedy self-speculation by its
-    critical path on ``prompts``; the acceptance rule is replayed exactly on each layer's matches."""
+    critical path on (prompt, greedy answer) pairs; the acceptance rule is replayed exactly on each
+    layer's matches (``baselines.self_spec_layer_forwards``)."""
     from .baselines import self_spec_layer_forwards
     from .ead import layer_matches
 
     L = model.config.num_hidden_layers
-    omegas = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens)[0, len(prompt):].tolist()
-        omegas.append(layer_matches(model, prompt, out, adapters))
+    omegas = [layer_matches(model, prompt, out, adapters) for prompt, out in answers]
     grid = []
     for exit_layer in range(1, L):
         for n in drafts:
@@ -145,14 +142,29 @@ def tune_self_spec(model, prompts: list[list[int]], adapters: dict, max_new_toke
             best["layer_forwards_per_token"], "adapters": sorted(adapters), "grid": grid}
 
 
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=n)[0, len(prompt):].tolist()
+
+
+def _explorations(cfg: BenchConfig, L: int) -> list[tuple[int, ...]]:
+    from .config import parse_depths, resolve_depths
+
+    sets = [resolve_depths(L, explorers=K) for K in cfg.explorers]
+    for text in (cfg.depth_sets or "").split(";"):
+        if text.strip():
+            sets.append(resolve_depths(L, parse_depths(text)))
+    return list(dict.fromkeys(sets))
+
+
 def run_bench(cfg: BenchConfig, log=print) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
     from .adapters import load_adapters
-    from .baselines import hf_early_exit_generate, self_spec_generate, self_spec_layer_forwards
-    from .ead import layer_candidates, longest_stage, matches, set_cost
+    from .baselines import hf_early_exit_generate, self_spec_generate
+    from .ead import layer_candidates, matches
     from .engine import DexDecoder
     from .models import load_model
-    from .config import resolve_depths
 
     if cfg.quick:
         model, tokenizer, adapters, synthetic = _quick_setup()
@@ -164,6 +176,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     too_many = [K for K in cfg.explorers if K > L]
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {L} layers")
+    explorations = _explorations(cfg, L)
 
     def items(name, count, split):
         return synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)
@@ -174,39 +187,31 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
               "num_layers": L, "adapter_depths": sorted(adapters), "torch_threads": torch.get_num_threads(),
               "results": [], "oracle": {}, "tuning": {}}
 
-    if "self-spec" in cfg.methods:
+    tuned = {"self-spec": adapters, "hf-early-exit": {}}  # HF's early exit reads the plain lens
+    if any(m in cfg.methods for m in tuned):
         log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{L - 1} x draft {list(cfg.drafts)})")
-        report["tuning"]["self-spec"] = tune_self_spec(model, tune, adapters, cfg.max_new_tokens, cfg.drafts)
-    if "hf-early-exit" in cfg.methods:
-        report["tuning"]["hf-early-exit"] = tune_self_spec(model, tune, {}, cfg.max_new_tokens, cfg.drafts)
-    for name in ("self-spec", "hf-early-exit"):
-        if name in report["tuning"]:
-            t = report["tuning"][name]
+        answers = [(p, _greedy(model, p, cfg.max_new_tokens)) for p in tune]
+    for name, lens in tuned.items():
+        if name in cfg.methods:
+            t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts)
             log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_layer_forwards_per_token']:.2f} "
                 f"layer forwards/token on the tune split)")
+    ss, hf = report["tuning"].get("self-spec"), report["tuning"].get("hf-early-exit")
 
     variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
         [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
     decoders = {}
-    for K in cfg.explorers:
-        depths = resolve_depths(L, explorers=K)
+    for depths in explorations:
+        covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         for use, decs in variants:
-            chosen = {d: a for d, a in adapters.items() if d in depths[:-1]} if use else {}
-            decoders[("dex", K, use, decs)] = DexDecoder(model, depths=depths, decs=decs, adapters=chosen,
-                                                         trace_top=0)
+            decoders[("dex", depths, use, decs)] = DexDecoder(model, depths=depths, decs=decs,
+                                                              adapters=covered if use else {}, trace_top=0)
         if "dex-distributed" in cfg.methods:
-            chosen = {d: a for d, a in adapters.items() if d in depths[:-1]}
-            decoders[("dex-distributed", K)] = DexDecoder(model, depths=depths, adapters=chosen, trace_top=0,
-                                                          backend="distributed", threads=cfg.threads)
+            decoders[("dex-distributed", depths, bool(adapters), True)] = DexDecoder(
+                model, depths=depths, adapters=covered, trace_top=0, backend="distributed", threads=cfg.threads)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
-    ss, hf = report["tuning"].get("self-spec"), report["tuning"].get("hf-early-exit")
 
-    def hf_generate(prompt, n):
-        ids = torch.tensor([prompt])
-        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=n)[0, len(prompt):].tolist()
-
-    runners = {"ar-hf": lambda p, n: (hf_generate(p, n), {}),
+    runners = {"ar-hf": lambda p, n: (_greedy(model, p, n), {}),
                "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
     for key, decoder in decoders.items():
         runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))
@@ -225,70 +230,72 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     try:
         for set_name, prompts in sets.items():
             log(f"{set_name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
-            refs, timers, outs = [], {k: _Timer() for k in runners}, {k: [] for k in runners}
-            for i, prompt in enumerate(prompts):
+            timers, outs = {k: _Timer() for k in runners}, {k: [] for k in runners}
+            for i, prompt in enumerate(prompts):  # methods interleaved prompt by prompt
                 for key, run in runners.items():
                     with timers[key]:
-                        tokens, extra = run(prompt, cfg.max_new_tokens)
-                    outs[key].append((tokens, extra))
-                refs.append(outs["ar-hf"][-1][0])
-                log(f"  {set_name} {i + 1}/{len(prompts)}: {len(refs[-1])} tokens")
-            cands = {use: torch.cat([layer_candidates(model, p, r, adapters if use else {}) for p, r in zip(prompts, refs)])
-                     for use in {False, bool(adapters)}}
-            flat = torch.tensor([t for r in refs for t in r])
-            T = len(flat)
-            omega = matches(cands[bool(adapters)], flat)
-            stable = torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1
-            report["oracle"][set_name] = {"layer_forwards_per_token": float(stable.double().mean()),
-                                          "speedup": L / float(stable.double().mean())}
-            ar_seconds = timers["ar-hf"].seconds
+                        outs[key].append(run(prompt, cfg.max_new_tokens))
+                log(f"  {set_name} {i + 1}/{len(prompts)}: {len(outs['ar-hf'][-1][0])} tokens")
+            refs = [o[0] for o in outs["ar-hf"]]
+            lens = {use: [layer_candidates(model, p, r, adapters if use else {}) for p, r in zip(prompts, refs)]
+                    for use in {False, bool(adapters)}}
+            ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r]), "L": L, "ss": ss, "hf": hf,
+                   "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters}
+            omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
+            stable = float((torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1).double().mean())
+            report["oracle"][set_name] = {"layer_forwards_per_token": stable, "speedup": L / stable}
             for key in runners:
-                got = [o[0] for o in outs[key]]
-                exact = sum(g == r for g, r in zip(got, refs))
-                row = {"set": set_name, "method": key if isinstance(key, str) else key[0], "prompts": len(prompts),
-                       "tokens": T, "exact": exact == len(prompts), "exact_prompts": exact,
-                       "seconds": timers[key].seconds, "tokens_per_second": T / timers[key].seconds,
-                       "tokens_per_second_kind": "measured", "layer_forwards_per_token": float(L)}
-                if isinstance(key, tuple) and key[0] == "dex":
-                    _, K, use, decs = key
-                    decoder = decoders[key]
-                    stats = [o[1] for o in outs[key]]
-                    rounds = sum(s.rounds for s in stats)
-                    pred = set_cost(cands[use], flat, decoder.depths, decs, [len(r) for r in refs])
-                    row.update(explorers=K, depths=list(decoder.depths), adapters=use, decs=decs,
-                               schedule="sequential (one device)", rounds_per_token=rounds / T,
-                               depth_speedup=K * T / rounds, predicted_depth_speedup=pred["depth_speedup"],
-                               layer_forwards_per_token=rounds * longest_stage(decoder.depths) / T,
-                               projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
-                elif isinstance(key, tuple):
-                    _, K = key
-                    stats = [o[1] for o in outs[key]]
-                    rounds = sum(s.rounds for s in stats)
-                    row.update(explorers=K, depths=list(decoders[key].depths), adapters=bool(adapters), decs=True,
-                               schedule=f"distributed ({K} processes)", rounds_per_token=rounds / T,
-                               depth_speedup=K * T / rounds,
-                               layer_forwards_per_token=rounds * longest_stage(decoders[key].depths) / T)
-                elif key == "self-spec":
-                    steps = sum(o[1]["steps"] for o in outs[key])
-                    row.update(exit=ss["exit"], draft=ss["draft"], adapters=ss["exit"] in adapters,
-                               steps_per_token=steps / T,
-                               layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs[key]) / T)
-                elif key == "hf-early-exit":
-                    om = matches(cands[False], flat)[:, hf["exit"] - 1]
-                    offsets = [0] + list(torch.cumsum(torch.tensor([len(r) for r in refs]), 0).tolist())
-                    forwards = sum(self_spec_layer_forwards(om[a:b], hf["draft"], hf["exit"], L)[1]
-                                   for a, b in zip(offsets, offsets[1:]))
-                    row.update(exit=hf["exit"], draft=hf["draft"], adapters=False,
-                               layer_forwards_per_token=forwards / T,
-                               layer_forwards_note="counted by replaying the acceptance rule on the plain lens")
-                row["speedup_vs_ar"] = ar_seconds / timers[key].seconds
-                row["layer_speedup"] = L / row["layer_forwards_per_token"]
+                row = _row(key, outs[key], ctx)
+                row.update(set=set_name, seconds=timers[key].seconds,
+                           tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
+                           speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
+                           layer_speedup=L / row["layer_forwards_per_token"])
                 report["results"].append(row)
     finally:
         for decoder in decoders.values():
             decoder.close()
     report["headline"] = headline(report)
     return report
+
+
+def _row(key, outs: list, ctx: dict) -> dict:
+    """One results row (without timings) for a method's outputs over a prompt set."""
+    from .baselines import self_spec_layer_forwards
+    from .ead import longest_stage, matches, set_cost
+
+    refs, flat, L = ctx["refs"], ctx["flat"], ctx["L"]
+    T = len(flat)
+    exact = sum(o[0] == r for o, r in zip(outs, refs))
+    method = key if isinstance(key, str) else key[0]
+    row = {"method": method, "prompts": len(refs), "tokens": T, "exact": exact == len(refs), "exact_prompts": exact,
+           "layer_forwards_per_token": float(L)}
+    if method in ("dex", "dex-distributed"):
+        _, depths, use, decs = key
+        stats = [o[1] for o in outs]
+        rounds = sum(s.rounds for s in stats)
+        row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, rounds_per_token=rounds / T,
+                   depth_speedup=len(depths) * T / rounds,
+                   layer_forwards_per_token=rounds * longest_stage(depths) / T)
+        if method == "dex":
+            predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
+            row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
+                       projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
+        else:
+            row["schedule"] = f"distributed ({len(depths)} processes)"
+    elif method == "self-spec":
+        ss = ctx["ss"]
+        row.update(exit=ss["exit"], draft=ss["draft"], adapters=ss["exit"] in ctx["adapters"],
+                   steps_per_token=sum(o[1]["steps"] for o in outs) / T,
+                   layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T)
+    elif method == "hf-early-exit":
+        hf = ctx["hf"]
+        hits = matches(ctx["cands"][False], flat)[:, hf["exit"] - 1]
+        bounds = torch.cumsum(torch.tensor([0] + [len(r) for r in refs]), 0).tolist()
+        forwards = sum(self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], L)[1]
+                       for a, b in zip(bounds, bounds[1:]))
+        row.update(exit=hf["exit"], draft=hf["draft"], adapters=False, layer_forwards_per_token=forwards / T,
+                   layer_forwards_note="counted by replaying the acceptance rule on the plain lens")
+    return row
 
 
 def headline(report: dict) -> list[dict]:
@@ -301,7 +308,7 @@ def headline(report: dict) -> list[dict]:
         ss = [r for r in rows if r["method"] == "self-spec"]
         if dex and ss:
             best = min(dex, key=lambda r: r["layer_forwards_per_token"])
-            out.append({"set": set_name, "dex_explorers": best["explorers"],
+            out.append({"set": set_name, "dex_explorers": best["explorers"], "dex_depths": best["depths"],
                         "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
                         "self_spec_layer_forwards_per_token": ss[0]["layer_forwards_per_token"],
                         "dex_over_self_spec": ss[0]["layer_forwards_per_token"] / best["layer_forwards_per_token"]})
@@ -338,7 +345,7 @@ def markdown(report: dict) -> str:
         lines += [f"| EAD oracle | every depth, stable EAD | | | | | {oracle['layer_forwards_per_token']:.2f} | "
                   f"{oracle['speedup']:.3f} | | |", ""]
     for h in report.get("headline", []):
-        lines.append(f"- {h['set']}: DEX K={h['dex_explorers']} needs {h['dex_layer_forwards_per_token']:.2f} layer "
+        lines.append(f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} needs {h['dex_layer_forwards_per_token']:.2f} layer "
                      f"forwards per token on the critical path, best-tuned self-speculation "
                      f"{h['self_spec_layer_forwards_per_token']:.2f}: **{h['dex_over_self_spec']:.3f}x**.")
     return "\n".join(lines) + "\n"

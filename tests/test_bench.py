@@ -56,7 +56,7 @@ def test_self_speculation_rejects_bad_settings():
 
 def test_dex_bench_quick_every_row_exact(tmp_path):
     out, md, html = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.html"
-    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--depth-sets", "1,3,6", "--out", str(out),
                            "--markdown", str(md), "--html", str(html)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
@@ -71,6 +71,7 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
                 r["rounds_per_token"] * max(b - a for a, b in zip([0] + r["depths"], r["depths"])))
         if r["method"].startswith("ar"):
             assert r["layer_forwards_per_token"] == 6
+    assert sorted(r["depths"] for r in report["results"] if r["method"] == "dex") == [[1, 3, 6], [2, 4, 6], [3, 6]]
     tuned = report["tuning"]["self-spec"]
     assert tuned["tune_layer_forwards_per_token"] == min(g["layer_forwards_per_token"] for g in tuned["grid"])
     assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text() and "| dex |" in proc.stdout
