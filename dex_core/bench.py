@@ -112,7 +112,7 @@ def _encode(tokenizer, item) -> list[int]:
 
 class _Timer:
     def __init__(self):
-        self.seconds, self.tokens = 0.0, 0
+        self.seconds = 0.0
 
     def __enter__(self):
         self.tic = time.perf_counter()
