@@ -104,7 +104,7 @@ def _quick_setup():
     return model, tokenizer, adapters, prompts
 
 
-def _encode(tokenizer, item) -> list[int]:
+def encode_item(tokenizer, item) -> list[int]:
     from .cli import encode_prompt
 
     return encode_prompt(tokenizer, item["prompt"], item["chat"])
@@ -142,7 +142,8 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
             best["layer_forwards_per_token"], "adapters": sorted(adapters), "grid": grid}
 
 
-def _greedy(model, prompt: list[int], n: int) -> list[int]:
+def greedy_answer(model, prompt: list[int], n: int) -> list[int]:
+    """HF ``generate``, greedy: the reference answer every method is compared with."""
     ids = torch.tensor([prompt])
     return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                           max_new_tokens=n)[0, len(prompt):].tolist()
@@ -181,8 +182,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     def items(name, count, split):
         return synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)
 
-    sets = {name: [_encode(tokenizer, it) for it in items(name, cfg.prompts, "eval")] for name in cfg.sets}
-    tune = [_encode(tokenizer, it) for name in cfg.sets for it in items(name, cfg.tune_prompts, "tune")]
+    sets = {name: [encode_item(tokenizer, it) for it in items(name, cfg.prompts, "eval")] for name in cfg.sets}
+    tune = [encode_item(tokenizer, it) for name in cfg.sets for it in items(name, cfg.tune_prompts, "tune")]
     report = {"config": asdict(cfg), "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
               "num_layers": L, "adapter_depths": sorted(adapters), "torch_threads": torch.get_num_threads(),
               "results": [], "oracle": {}, "tuning": {}}
@@ -190,7 +191,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     tuned = {"self-spec": adapters, "hf-early-exit": {}}  # HF's early exit reads the plain lens
     if any(m in cfg.methods for m in tuned):
         log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{L - 1} x draft {list(cfg.drafts)})")
-        answers = [(p, _greedy(model, p, cfg.max_new_tokens)) for p in tune]
+        answers = [(p, greedy_answer(model, p, cfg.max_new_tokens)) for p in tune]
     for name, lens in tuned.items():
         if name in cfg.methods:
             t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts)
@@ -211,7 +212,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                 model, depths=depths, adapters=covered, trace_top=0, backend="distributed", threads=cfg.threads)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
 
-    runners = {"ar-hf": lambda p, n: (_greedy(model, p, n), {}),
+    runners = {"ar-hf": lambda p, n: (greedy_answer(model, p, n), {}),
                "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
     for key, decoder in decoders.items():
         runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))

@@ -251,7 +251,7 @@ def _ead(args) -> None:
     import torch
 
     from .adapters import load_adapters
-    from .bench import _ints
+    from .bench import _ints, encode_item, greedy_answer
     from .data import prompt_set
     from .ead import analyse, layer_candidates
     from .models import load_model
@@ -270,10 +270,8 @@ def _ead(args) -> None:
     for name, items in prompts.items():
         answers[name] = []
         for i, item in enumerate(items):
-            ids = encode_prompt(tokenizer, item["prompt"], item["chat"])
-            x = torch.tensor([ids])
-            out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                 max_new_tokens=args.max_new_tokens)[0, len(ids):].tolist()
+            ids = encode_item(tokenizer, item)
+            out = greedy_answer(model, ids, args.max_new_tokens)
             answers[name].append((ids, out))
             print(f"[dex] {name} {i + 1}/{len(items)}: {len(out)} tokens", file=sys.stderr, flush=True)
     report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "decs": args.decs, "runs": []}
