@@ -242,7 +242,7 @@ def _train(args) -> None:
     model, tokenizer = load_model(args.model)
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
-          f"{facts['steps']} steps, {facts['seconds']:.0f} s, final KL {facts['final_kl']:.4f}")
+          f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}")
 
 
 def _ead(args) -> None:

@@ -5,8 +5,10 @@ either with ShareGPT's own answers (``data="sharegpt"``) or with the model's own
 same prompts (``data="onpolicy"``, the text DEX will actually decode) — the frozen model's final logits
 z_L are the teacher; each adapter's depth gives student logits
 z_l = LM head(norm(adapter_l(h_l))). Loss: mean over depths of full-vocabulary KL(softmax(z_L / tau) ||
-softmax(z_l / tau)) tau^2, tau = 1. AdamW on the adapters only, warmup then linear decay, gradient
-accumulation, bf16 autocast for the matrix work (softmax and KL stay in float32), checkpoint and resume.
+softmax(z_l / tau)) tau^2, tau = 1, plus ``top1`` x the student's cross-entropy on the teacher's top
+token (0 by default; DEX matches top candidates, so this term weights what a match needs). AdamW on the
+adapters only, warmup then linear decay, gradient accumulation, bf16 autocast for the matrix work
+(softmax and KL stay in float32), checkpoint and resume.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ class TrainConfig:
     depths: tuple[int, ...] = option((8, 15, 23), "non-final depths to train adapters for, e.g. 8,15,23")
     tokens: int = option(200_000, "training tokens (steps = tokens / (batch x seq-len x accum))")
     seq_len: int = option(192, "tokens per packed training window")
-    batch: int = option(4, "windows per micro-batch")
+    batch: int = option(1, "windows per micro-batch (small batches: more optimizer steps per token, which is "
+                        "what the adapters need; docs/BENCHMARKS.md)")
     accum: int = option(1, "micro-batches per optimizer step (gradient accumulation)")
-    lr: float = option(5e-4, "AdamW peak learning rate")
+    lr: float = option(3e-3, "AdamW peak learning rate")
     warmup: float = option(0.06, "share of steps with linear warmup (then linear decay to 0)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     bottleneck: int | None = option(None, "adapter bottleneck m (default 2 x hidden size)")
+    top1: float = option(0.0, "weight of an extra cross-entropy term on the teacher's top token (DEX matches "
+                         "top candidates; 0 = KL only, as in the paper)")
     data: str = option("sharegpt", "training text: sharegpt (human answers) or onpolicy (the model's own "
                        "greedy answers to the same prompts)")
     init: str | None = option(None, "start from this adapter file (same depths) instead of fresh adapters")
@@ -114,18 +119,22 @@ def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
             yield prompt + answer
 
 
-def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """Mean over adapters of KL(teacher || student) per token, full vocabulary, tau = 1."""
+def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float = 0.0) -> torch.Tensor:
+    """Mean over adapters of KL(teacher || student) per token, full vocabulary, tau = 1, plus ``top1`` x the
+    cross-entropy of the student on the teacher's top token."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = model(x, output_hidden_states=True)
     teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
     p_teacher = teacher.exp()
+    best = teacher.argmax(-1, keepdim=True)
     loss = 0.0
     for depth, adapter in adapters.items():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model.lm_head(model.model.norm(adapter(out.hidden_states[depth].float())))
         student = torch.log_softmax(logits.float(), dim=-1)
         loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
+        if top1:
+            loss = loss - top1 * student.gather(-1, best).mean()
     return loss / len(adapters)
 
 
@@ -171,7 +180,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         total = 0.0
         for _ in range(cfg.accum):
             x = torch.stack([next(windows) for _ in range(cfg.batch)])
-            loss = distill_loss(model, adapters, x, cfg.bf16) / cfg.accum
+            loss = distill_loss(model, adapters, x, cfg.bf16, cfg.top1) / cfg.accum
             loss.backward()
             total += loss.detach().item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -182,7 +191,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         seconds += time.perf_counter() - tic
         losses.append(total)
         bar.update(1)
-        bar.set_postfix(kl=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
+        bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
         if checkpoint and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             torch.save({"config": asdict(cfg), "step": step, "seconds": seconds, "losses": losses,
                         "adapters": {d: a.state_dict() for d, a in adapters.items()},
@@ -192,6 +201,6 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
             "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed"}
     facts = {**asdict(cfg), "data_text": text[cfg.data],
              "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
-             "final_kl": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
+             "final_loss": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
     save_adapters(out, adapters, model, facts)
     return facts

@@ -71,6 +71,20 @@ def test_training_lowers_the_distillation_loss(tmp_path):
     assert read_metadata(out)["training"]["tokens"] == 30 * 4 * 32
 
 
+def test_the_top1_term_adds_the_cross_entropy_on_the_teachers_top_token():
+    model = tiny_model("llama").float()
+    x = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    adapters = new_adapters(model, [3])
+    torch.nn.init.normal_(adapters[3].down.weight, std=0.5)
+    adapters[3].alpha.data.fill_(0.7)
+    with torch.no_grad():
+        out = model(x, output_hidden_states=True)
+        student = torch.log_softmax(model.lm_head(model.model.norm(adapters[3](out.hidden_states[3]))), -1)
+        ce = -student.gather(-1, out.logits.argmax(-1, keepdim=True)).mean()
+        kl = distill_loss(model, adapters, x, False)
+        assert torch.allclose(distill_loss(model, adapters, x, False, top1=0.5), kl + 0.5 * ce, atol=1e-5)
+    assert ce > 0 and kl > 0
+
 
 def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
