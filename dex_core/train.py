@@ -126,7 +126,7 @@ def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float
         out = model(x, output_hidden_states=True)
     teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
     p_teacher = teacher.exp()
-    best = teacher.argmax(-1, keepdim=True)
+    best = teacher.argmax(-1, keepdim=True) if top1 else None
     loss = 0.0
     for depth, adapter in adapters.items():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
