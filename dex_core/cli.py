@@ -292,7 +292,7 @@ def _ead(args) -> None:
                   f"{result['oracle']:.3f}x", file=sys.stderr)
             for p in result["predicted"]:
                 line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
-                        f"(no DECS {p['rounds_speedup']:.3f}x), S_X {p['speedup']:.3f}x")
+                        f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x")
                 if "best" in p:
                     line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
                              f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")

@@ -165,9 +165,9 @@ def analyse(candidates: torch.Tensor, tokens, explorers=range(2, 9), decs: bool 
         depths = resolve_depths(L, explorers=K)
         ceil = torch.tensor(depths)[torch.searchsorted(torch.tensor(depths), ead_stable)]
         uniform = set_cost(candidates, tokens, depths, decs, lengths)
+        no_decs = set_cost(candidates, tokens, depths, False, lengths)
         row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
-               "rounds_speedup": K / set_cost(candidates, tokens, depths, False, lengths)["rounds_per_token"],
-               "decs": decs, "uniform": uniform}
+               "rounds_speedup_no_decs": K / no_decs["rounds_per_token"], "decs": decs, "uniform": uniform}
         if best:
             row["best"] = best_depths(candidates, tokens, K, decs, lengths)
             row["best_gain"] = uniform["layer_times_per_token"] / row["best"]["layer_times_per_token"]

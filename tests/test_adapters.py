@@ -62,11 +62,11 @@ def test_training_lowers_the_distillation_loss(tmp_path):
     data = [torch.randint(0, 96, (32,), generator=gen) for _ in range(8)]
     cfg = TrainConfig(depths=(2, 4), tokens=32 * 4 * 30, seq_len=32, batch=4, lr=1e-2, bf16=False)
     x = torch.stack(data[:4])
-    before = float(distill_loss(model, new_adapters(model, [2, 4]), x, False))
+    before = float(distill_loss(model, new_adapters(model, [2, 4]), x, False).detach())
     out = tmp_path / "trained.safetensors"
     facts = train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
     trained = load_adapters(out, model)
-    after = float(distill_loss(model, {d: a.float() for d, a in trained.items()}, x, False))
+    after = float(distill_loss(model, {d: a.float() for d, a in trained.items()}, x, False).detach())
     assert facts["steps"] == 30 and facts["tokens"] == 30 * 4 * 32 and after < 0.8 * before
     assert read_metadata(out)["training"]["tokens"] == 30 * 4 * 32
 
