@@ -165,7 +165,7 @@ def analyse(candidates: torch.Tensor, tokens, explorers=range(2, 9), decs: bool 
         depths = resolve_depths(L, explorers=K)
         ceil = torch.tensor(depths)[torch.searchsorted(torch.tensor(depths), ead_stable)]
         uniform = set_cost(candidates, tokens, depths, decs, lengths)
-        no_decs = set_cost(candidates, tokens, depths, False, lengths)
+        no_decs = set_cost(candidates, tokens, depths, False, lengths) if decs else uniform
         row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
                "rounds_speedup_no_decs": K / no_decs["rounds_per_token"], "decs": decs, "uniform": uniform}
         if best:
