@@ -10,10 +10,10 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ar_stream, load_trace, save_trace
-from dex_core.adapters import load_adapters
+from dex_core.adapters import resolve_adapters
 from dex_core.ead import readiness
 
-from .runtime import Runtime, options
+from .runtime import Runtime, ui_config
 
 
 def _error(err: Exception):
@@ -28,17 +28,18 @@ def live_frames(runtime: Runtime, prompt, chat, explorers, depths, adapters, dec
                 top_p, seed, max_new_tokens, progress=gr.Progress()):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace) once per explorer round."""
     try:
-        config = options(explorers, depths, decs, sample, temperature, top_k, top_p, seed, max_new_tokens)
+        config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           max_new_tokens=max_new_tokens)
         if not (prompt or "").strip():
             raise DexError("the prompt is empty; type something to continue")
         if not runtime.loaded:
             progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
-        ids = runtime.encode(prompt, chat)
-        decoder = runtime.decoder(config.depths, config.explorers, config.decs, adapters)
+        ids = runtime.encode(prompt, config.chat)
+        decoder = runtime.decoder(config)
         if notice := runtime.device_notice(decoder.K):
             gr.Warning(notice)
-        stream = decoder.stream(ids, config.max_new_tokens, config.temperature, config.top_k, config.top_p,
-                                config.seed)
+        stream = decoder.stream(ids, options=config.generation())
         events = [next(stream)]
     except DexError as err:
         raise _error(err) from None
@@ -61,14 +62,14 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
     though they share this process. DEX's projected K-device clock is drawn next to its measured one.
     """
     try:
-        config = options(explorers, "", True, False, 1.0, None, None, 0, max_new_tokens)
+        config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens)
         if not (prompt or "").strip():
             raise DexError("the prompt is empty; type something to continue")
-        ids = runtime.encode(prompt, chat)
+        ids = runtime.encode(prompt, config.chat)
         model, tokenizer = runtime.model()
-        decoder = runtime.decoder(None, config.explorers, True, adapters)
-        ar = ar_stream(model, ids, config.max_new_tokens, tokenizer=tokenizer)
-        dex = decoder.stream(ids, config.max_new_tokens)
+        decoder = runtime.decoder(config)
+        ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
+        dex = decoder.stream(ids, options=config.generation())
         next(ar), next(dex)
     except DexError as err:
         raise _error(err) from None
@@ -89,8 +90,7 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
         else:
             t = event["timings"]
             clocks["dex"] += t["prefill"] + t["round"]
-            clocks["proj"] += t["prefill"] + max(t["expand"]) + t["masks"] + t["plan"] + t["commit"] \
-                + t["collapse"] + t["decode"]
+            clocks["proj"] += t["projected"]
             if event["commit"]:
                 tokens["dex"].append(event["commit"]["token"])
                 times["dex"].append(clocks["dex"])
@@ -102,24 +102,10 @@ def _race_view(tokenizer, tokens, times, ends, distributed, K):
     series = [{"name": "AR (measured)", "times": times["ar"]},
               {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
                "times": times["dex"]}]
-    if not distributed:
-        series.append({"name": f"DEX projected on {K} devices", "times": times["proj"], "dash": True})
-    done = len(ends) == 2
-    style = "padding:6px 10px;border-radius:6px;display:inline-block;margin:4px 0;background:"
-    if done and tokens["ar"] == tokens["dex"]:
-        badge = f"<div id='race-badge' style='{style}#d9f7d9'>✓ identical output: DEX emitted exactly AR's tokens</div>"
-    elif done:
-        badge = f"<div id='race-badge' style='{style}#fbdada'>✗ outputs differ</div>"
-    else:
-        badge = f"<div id='race-badge' style='{style}#eeeeff'>racing…</div>"
-    lines = []
-    for key, label in (("ar", "AR"), ("dex", "DEX")):
-        n, t = len(tokens[key]), (times[key][-1] if times[key] else 0.0)
-        lines.append(f"{label}: {n} tokens in {t:.2f} s ({n / t if t else 0:.1f} tokens/s)")
-    if not distributed and times["proj"]:
-        n, t = len(tokens["dex"]), times["proj"][-1]
-        lines.append(f"DEX projected on {K} devices: {t:.2f} s ({n / t if t else 0:.1f} tokens/s) — a projection")
-    summary = badge + "<div>" + "<br>".join(lines) + "</div>"
+    projected = None if distributed else f"DEX projected on {K} devices"
+    if projected:
+        series.append({"name": projected, "times": times["proj"], "dash": True})
+    summary = viz.race_summary_html(tokens, times, len(ends) == 2, projected and projected + " — a projection")
     return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
             tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
 
@@ -159,6 +145,14 @@ def save(events, meta):
     return str(path)
 
 
+def export_lattice(events):
+    """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
+    if not events:
+        raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
+    path = Path(tempfile.mkdtemp(prefix="dex-graph-")) / "dex-lattice.graphml"
+    return str(viz.export_graph(events, path))
+
+
 def load(file):
     if file is None:
         raise gr.Error("choose a trace file (JSON saved by DEX) first", print_exception=False)
@@ -172,29 +166,14 @@ def load(file):
 def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):
     """EAD of each token of the greedy answer, and the speedups it predicts for K = 2..8."""
     try:
-        config = options(4, "", True, False, 1.0, None, None, 0, max_new_tokens)
+        config = ui_config(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
         if not (prompt or "").strip():
             raise DexError("the prompt is empty; type something to analyse")
-        ids = runtime.encode(prompt, chat)
+        ids = runtime.encode(prompt, config.chat)
         model, _ = runtime.model()
-        *_, end = ar_stream(model, ids, config.max_new_tokens)
-        chosen = load_adapters("default", model) if adapters and runtime.shipped_adapters else None
+        *_, end = ar_stream(model, ids, options=config.generation())
+        chosen = resolve_adapters(config.adapters, model)
         result = readiness(model, ids, end["tokens"], chosen, best=True)
     except DexError as err:
         raise _error(err) from None
-    rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
-                   f"<td>{p['speedup']:.3f}×</td><td>{p['uniform']['depth_speedup']:.3f}×</td>"
-                   f"<td>{p['uniform']['pipeline_speedup']:.3f}×</td>"
-                   f"<td>{', '.join(map(str, p['best']['depths']))}</td><td>{p['best']['pipeline_speedup']:.3f}×</td>"
-                   f"<td>{p['best_gain']:.3f}×</td></tr>"
-                   for p in result["predicted"])
-    table = ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
-             "<th>DEX K / rounds per token (DECS)</th><th>uniform: L / (rounds × longest stage)</th>"
-             "<th>best exploration set</th><th>best: L / (rounds × longest stage)</th><th>best vs uniform</th></tr>"
-             + rows + "</table>"
-             f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
-             "The best set minimises expected rounds per token × the longest stage — the time per token of a "
-             "pipeline, where non-uniform sets make every round as slow as their longest stage. "
-             + (f"Inducing adapters at depths {sorted(chosen)}; plain logit lens elsewhere.</p>" if chosen
-                else "Plain logit lens: no inducing adapters.</p>"))
-    return viz.ead_figure(result), viz.speedup_figure(result), table
+    return viz.ead_figure(result), viz.speedup_figure(result), viz.readiness_table_html(result, chosen)

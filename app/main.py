@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+from dataclasses import asdict
 
 import gradio as gr
 
 from app import callbacks as cb
 from app.runtime import AppSettings, Runtime
-from dex_core import DexConfig
+from dex_core import DecoderOptions, DexConfig, GenerationOptions
+from dex_core.config import add_flags, control, from_args
 
 EXAMPLES = [
     "Write a Python function that checks whether a number is prime.",
@@ -32,6 +34,16 @@ def _sampling_controls():
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
         seed = gr.Number(value=DexConfig.seed, precision=0, label="Seed")
     return sample, temperature, top_k, top_p, seed
+
+
+def _explorers(runtime: Runtime) -> gr.Slider:
+    c = control(DecoderOptions, "explorers")
+    return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K")
+
+
+def _max_new(label: str, elem_id: str) -> gr.Slider:
+    c = control(GenerationOptions, "max_new_tokens")
+    return gr.Slider(c["minimum"], c["maximum"], value=c["value"], step=1, label=label, elem_id=elem_id)
 
 
 QUIET = {"api_visibility": "undocumented"}  # UI plumbing, not part of the documented API
@@ -57,14 +69,14 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             with gr.Accordion("Exploration and sampling", open=False):
                 with gr.Row():
                     chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                    explorers = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
+                    explorers = _explorers(runtime)
                     depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
                     adapters = gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters,
                                            interactive=runtime.shipped_adapters,
                                            info="shipped for the default model" if runtime.shipped_adapters
                                            else "none shipped for this model")
                     decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
-                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="live-new")
+                    max_new = _max_new("Max new tokens", "live-new")
                 sampling = _sampling_controls()
             gr.Examples(EXAMPLES, inputs=prompt)
             text = gr.HTML(label="Output", elem_id="live-text")
@@ -83,8 +95,8 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             with gr.Row():
                 race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
                 with gr.Column(scale=1):
-                    race_k = gr.Slider(1, 8, value=runtime.settings.explorers, step=1, label="Explorers K")
-                    race_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="race-new")
+                    race_k = _explorers(runtime)
+                    race_new = _max_new("Max new tokens", "race-new")
                     race_go = gr.Button("Race", variant="primary", elem_id="race-go")
             race_summary = gr.HTML(elem_id="race-summary")
             with gr.Row():
@@ -112,18 +124,21 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 save_b = gr.Button("Save trace as JSON")
                 saved = gr.File(label="Saved trace", interactive=False)
                 loaded = gr.File(label="Load a trace (JSON)", file_types=[".json"])
+            with gr.Row():
+                graph_b = gr.Button("Export the run's lattice graph (GraphML)", elem_id="dbg-graph")
+                graph_file = gr.File(label="Lattice graph", interactive=False)
             frame = [dbg_lattice, dbg_table, dbg_fsm, dbg_text, slider]
             show = cb.debug_frame
             slider.release(show, [trace, slider], frame, **QUIET)
-            prev_b.click(lambda t, i: cb.step(t, i, -1), [trace, slider], slider, **QUIET).then(
-                show, [trace, slider], frame, **QUIET)
-            next_b.click(lambda t, i: cb.step(t, i, +1), [trace, slider], slider, **QUIET).then(
-                show, [trace, slider], frame, **QUIET)
+            for button, delta in ((prev_b, -1), (next_b, +1)):
+                button.click(bind(cb.step, delta=delta), [trace, slider], slider, **QUIET).then(
+                    show, [trace, slider], frame, **QUIET)
             play_b.click(lambda: gr.Timer(active=True), None, timer, **QUIET)
             pause_b.click(lambda: gr.Timer(active=False), None, timer, **QUIET)
             timer.tick(cb.play_tick, [trace, slider], [slider, timer], **QUIET).then(
                 show, [trace, slider], frame, **QUIET)
             save_b.click(cb.save, [trace, meta], saved, **QUIET)
+            graph_b.click(cb.export_lattice, trace, graph_file, **QUIET)
             loaded.upload(cb.load, loaded, [trace, meta, slider], **QUIET).then(show, [trace, slider], frame, **QUIET)
             run.then(lambda t: show(t, len(t)), trace, frame, **QUIET)  # open the debugger at the last round
 
@@ -131,7 +146,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             with gr.Row():
                 an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
                 with gr.Column(scale=1):
-                    an_new = gr.Slider(8, 256, value=64, step=1, label="Tokens to analyse")
+                    an_new = _max_new("Tokens to analyse", "an-new")
                     an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
             with gr.Row():
                 ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
@@ -147,18 +162,12 @@ demo = build_demo()
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="DEX visual debugger (Gradio app)")
-    parser.add_argument("--model", help="model spec (default: $DEX_MODEL or 'default')")
-    parser.add_argument("--explorers", type=int, help="default K (default: $DEX_EXPLORERS or 4)")
-    parser.add_argument("--backend", choices=("sequential", "distributed"), help="default: $DEX_BACKEND")
-    parser.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT or 7860")
-    parser.add_argument("--host", help="default: $GRADIO_SERVER_NAME or 127.0.0.1 (0.0.0.0 to serve a network)")
-    args = parser.parse_args(argv)
-    settings = AppSettings()
-    for name in ("model", "explorers", "backend"):
-        if getattr(args, name) is not None:
-            setattr(settings, name, getattr(args, name))
+    add_flags(parser, AppSettings)
+    parser.set_defaults(**asdict(AppSettings.from_env()))
+    settings = from_args(AppSettings, parser.parse_args(argv))
     app = build_demo(settings)
-    app.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, show_error=True)
+    app.queue(default_concurrency_limit=4).launch(server_name=settings.host, server_port=settings.port,
+                                                  show_error=True)
 
 
 if __name__ == "__main__":

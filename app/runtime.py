@@ -1,4 +1,5 @@
-"""The app's server-side state: one shared, read-only model per process, loaded on first use.
+"""The app's server-side state and option handling: server settings, UI values to a validated config, and
+one shared, read-only model per process, loaded on first use.
 
 Sessions keep only plain trace records (in ``gr.State``); the model, its tokenizer and distributed
 explorer groups live here. Model work is serialized by the app's event concurrency settings.
@@ -6,28 +7,79 @@ explorer groups live here. Model work is serialized by the app's event concurren
 
 from __future__ import annotations
 
+import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 
-from dex_core import DexConfig, DexDecoder, DexError, load_model
-from dex_core.cli import encode_prompt
+from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, encode_prompt, load_model, resolve_depths
+from dex_core.config import option
 
 
 @dataclass
 class AppSettings:
-    """Server settings: command-line flags, else DEX_MODEL / DEX_EXPLORERS / DEX_BACKEND, else defaults."""
+    """Server settings: command-line flags, else the environment (``env``), else the defaults."""
 
-    model: str = field(default_factory=lambda: os.environ.get("DEX_MODEL", DexConfig.model))
-    explorers: int = field(default_factory=lambda: int(os.environ.get("DEX_EXPLORERS", DexConfig.explorers)))
-    backend: str = field(default_factory=lambda: os.environ.get("DEX_BACKEND", DexConfig.backend))
-    dtype: str = DexConfig.dtype
+    model: str = option(DexConfig.model, "model spec (as for dex generate)", env="DEX_MODEL")
+    explorers: int = option(DecoderOptions.explorers, "K the controls start at", env="DEX_EXPLORERS")
+    backend: str = option(DecoderOptions.backend, "sequential or distributed", env="DEX_BACKEND")
+    dtype: str = option(DexConfig.dtype, "model dtype", env="DEX_DTYPE")
+    host: str | None = option(None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; "
+                                    "0.0.0.0 serves a network)")
+    port: int | None = option(None, "port (default: $GRADIO_SERVER_PORT or 7860)")
+
+    def __post_init__(self):
+        DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype)
+
+    @classmethod
+    def from_env(cls, environ=None) -> AppSettings:
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata.get("env") or "")
+            if raw:
+                try:
+                    values[f.name] = int(raw) if "int" in str(f.type) else raw
+                except ValueError:
+                    raise DexError(f"{f.metadata['env']} must be an integer; got {raw!r}") from None
+        return cls(**values)
+
+
+def _whole(value, name: str) -> int:
+    """A UI number that must be a whole number (sliders and number boxes send floats)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise DexError(f"{name} must be a whole number; got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        raise DexError(f"{name} must be a whole number; got {value!r}")
+    return int(value)
+
+
+def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapters=True, decs=True,
+              sample=False, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+              max_new_tokens=DexConfig.max_new_tokens) -> DexConfig:
+    """The app's control values -> a validated DexConfig (DexError on bad input).
+
+    Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
+    empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none'.
+    """
+    top_k = _whole(top_k, "top_k") if sample else 0
+    top_p = float(top_p) if sample else 1.0
+    return DexConfig(
+        chat=bool(chat), explorers=_whole(explorers, "explorers"),
+        depths=depths.strip() or None if isinstance(depths, str) else depths,
+        adapters="auto" if adapters else "none", decs=bool(decs),
+        temperature=float(temperature) if sample else 0.0, top_k=top_k or None,
+        top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens"))
 
 
 class Runtime:
     def __init__(self, settings: AppSettings | None = None):
-        self.settings = settings or AppSettings()
-        DexConfig(model=self.settings.model, explorers=self.settings.explorers, backend=self.settings.backend)
+        self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
         self._model = self._tokenizer = None
         self._groups: dict[tuple, DexDecoder] = {}
@@ -42,10 +94,6 @@ class Runtime:
             if self._model is None:
                 self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype)
             return self._model, self._tokenizer
-
-    @property
-    def num_layers(self) -> int | None:
-        return None if self._model is None else self._model.config.num_hidden_layers
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         _, tokenizer = self.model()
@@ -63,42 +111,25 @@ class Runtime:
 
     @property
     def shipped_adapters(self) -> bool:
-        """Whether the default adapters apply: the default model and the shipped file."""
+        """Whether the adapters box can do anything: the default model, and the shipped file is there."""
         from dex_core.adapters import DEFAULT_ADAPTERS
 
         return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
 
-    def decoder(self, depths, explorers: int | None, decs: bool, adapters: bool = False) -> DexDecoder:
-        """A decoder for this exploration set; distributed groups are kept and reused across requests."""
+    def decoder(self, config: DexConfig) -> DexDecoder:
+        """A decoder for the config's exploration; distributed groups are kept, keyed by the resolved depths."""
         model, tokenizer = self.model()
-        backend = self.settings.backend
-        chosen = "default" if adapters and self.shipped_adapters else None
-        if backend == "sequential":
-            return DexDecoder(model, depths=depths, explorers=explorers, decs=decs, adapters=chosen,
-                              tokenizer=tokenizer)
-        key = (tuple(depths) if depths else None, explorers, decs, chosen)
+        options = replace(config.decoder(), backend=self.settings.backend)
+        if options.backend == "sequential":
+            return DexDecoder(model, options, tokenizer=tokenizer)
+        depths = resolve_depths(model.config.num_hidden_layers, options.depths, options.explorers)
+        key = (depths, options.decs, options.adapters)
         with self._lock:
             if key not in self._groups:
-                self._groups[key] = DexDecoder(model, depths=depths, explorers=explorers, decs=decs,
-                                               adapters=chosen, tokenizer=tokenizer, backend=backend)
+                self._groups[key] = DexDecoder(model, options, tokenizer=tokenizer, depths=depths)
             return self._groups[key]
 
     def close(self) -> None:
         for decoder in self._groups.values():
             decoder.close()
         self._groups.clear()
-
-
-def options(explorers, depths_text: str, decs: bool, sample: bool, temperature, top_k, top_p, seed,
-            max_new_tokens) -> DexConfig:
-    """UI control values -> a validated DexConfig (DexError on bad input)."""
-    return DexConfig(
-        depths=depths_text.strip() or None if isinstance(depths_text, str) else None,
-        explorers=int(explorers), decs=bool(decs), max_new_tokens=int(max_new_tokens),
-        temperature=float(temperature) if sample else 0.0,
-        top_k=int(top_k) if sample and top_k else None,
-        top_p=float(top_p) if sample and top_p and float(top_p) < 1.0 else None,
-        seed=int(seed))
-
-
-__all__ = ["AppSettings", "DexError", "Runtime", "options"]

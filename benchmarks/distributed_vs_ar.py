@@ -3,10 +3,11 @@
     python benchmarks/distributed_vs_ar.py --explorers 2 --prompts 8 --max-new-tokens 128 --out dist.json
 
 Methods, interleaved prompt by prompt after one warm-up each, same prompts, greedy:
-- AR (2 threads): HF ``generate`` with torch using 2 threads;
+- AR (2 threads): HF ``generate`` (``dex_core.hf_greedy``) with torch using 2 threads;
 - AR (1 thread):  the same with 1 thread;
 - DEX (K explorers): ``DexDecoder(backend="distributed")``, one process and ``--threads-per-explorer``
-  threads per explorer (gloo on CPU; cuda:k per explorer when K GPUs are visible).
+  threads per explorer (gloo on CPU; cuda:k per explorer when K GPUs are visible), with ``--adapters``
+  (default 'auto': the shipped set on the default model).
 Tokens/s = new tokens / end-to-end time. Every DEX output is compared token by token with AR's.
 The profile splits DEX's round time the paper's way (Table 1) from rank 0's view: expansion (its stage
 forward + LM head + masks), communication (waiting on peers), collapse (commit + cache compaction),
@@ -22,23 +23,23 @@ import time
 
 import torch
 
-from dex_core import DexDecoder, load_model
-from dex_core.cli import encode_prompt
+from dex_core import DecoderOptions, DexDecoder, encode_prompt, hf_greedy, load_model
+from dex_core.config import ADAPTER_HELP
 from dex_core.data import humaneval_prompts
 
 
 def ar(model, prompt, new, threads):
     torch.set_num_threads(threads)
-    ids = torch.tensor([prompt])
     tic = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
-    return out[0, len(prompt):].tolist(), time.perf_counter() - tic
+    tokens = hf_greedy(model, prompt, new)
+    return tokens, time.perf_counter() - tic
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
     parser.add_argument("--explorers", type=int, default=2)
+    parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
     parser.add_argument("--threads-per-explorer", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
 
     model, tokenizer = load_model(args.model)
     prompts = [encode_prompt(tokenizer, p["prompt"], args.chat) for p in humaneval_prompts(args.prompts)]
-    decoder = DexDecoder(model, explorers=args.explorers, backend="distributed",
+    decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, backend="distributed",
                          threads=args.threads_per_explorer, trace_top=0)
     try:
         ar(model, prompts[0], 8, 2), ar(model, prompts[0], 8, 1), decoder.generate(prompts[0], 8)  # warm-up
@@ -85,7 +86,8 @@ def main(argv=None) -> int:
     summary = {
         "model": args.model, "explorers": args.explorers, "depths": list(decoder.depths),
         "threads_per_explorer": args.threads_per_explorer, "devices": decoder.group.devices,
-        "adapters": None, "prompts": len(prompts), "tokens": tokens, "exact_prompts": exact,
+        "adapters": args.adapters, "adapter_depths": sorted(decoder.adapters), "prompts": len(prompts),
+        "tokens": tokens, "exact_prompts": exact,
         "rounds_per_token": rounds / tokens, "depth_speedup": args.explorers * tokens / rounds,
         "tokens_per_second": tps, "dex_over_ar2": tps["dex"] / tps["ar2"], "dex_over_ar1": tps["dex"] / tps["ar1"],
         "profile_shares": {k: v / whole for k, v in profile.items()}, "torch": torch.__version__,

@@ -2,11 +2,12 @@
 
     python benchmarks/real_model_exactness.py --prompts 10 --max-new-tokens 128 --explorers 4
 
-For each HumanEval prompt (raw completion, no chat template) it runs HF `generate(do_sample=False)`
-and DEX (sequential schedule) in the same dtype and compares the tokens. A mismatch is explained:
-the AR logit gap between the two tokens at the first differing position, and whether the float64
-model agrees with DEX there. It reports rounds/token, the depth-side speedup and the share of round
-time per component (bookkeeping = plan + masks + commit + collapse), and writes JSON with --out.
+For each HumanEval prompt (raw completion, no chat template) it runs HF greedy `generate`
+(`dex_core.hf_greedy`) and DEX (sequential schedule, `--adapters`, default 'auto') in the same dtype
+and compares the tokens. A mismatch is explained: the AR logit gap between the two tokens at the
+first differing position, and whether the float64 model agrees with DEX there. It reports rounds/token,
+the depth-side speedup and the share of round time per component (bookkeeping = plan + masks + commit
++ collapse), and writes JSON with --out.
 """
 
 from __future__ import annotations
@@ -18,21 +19,23 @@ import time
 
 import torch
 
-from dex_core import DexDecoder, load_model
+from dex_core import DecoderOptions, DexConfig, DexDecoder, hf_greedy, load_model
+from dex_core.config import ADAPTER_HELP
 from dex_core.data import humaneval_prompts
 
+# round timings that are totals of other entries, not components of the round
+DERIVED_TIMINGS = ("round", "bookkeeping", "projected")
 
-def explain_mismatch(model, depths, prompt, ref, got, index):
+
+def explain_mismatch(model, depths, adapters, prompt, ref, got, index):
     """Logit gap of the AR model between its token and DEX's at the first differing position."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + ref[:index]])).logits[0, -1].double()
     gap = float(logits[ref[index]] - logits[got[index]])
     model64 = model.to(torch.float64)
     try:
-        ids = torch.tensor([prompt])
-        hf64 = model64.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=len(ref))[0, len(prompt):].tolist()
-        dex64 = DexDecoder(model64, depths=depths).generate(prompt, len(ref)).tokens
+        hf64 = hf_greedy(model64, prompt, len(ref))
+        dex64 = DexDecoder(model64, depths=depths, adapters=adapters).generate(prompt, len(ref)).tokens
     finally:
         model.to(torch.float32)
     return {"index": index, "ar_token": ref[index], "dex_token": got[index], "logit_gap": gap,
@@ -45,19 +48,18 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--explorers", type=int, default=4)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
+    parser.add_argument("--dtype", default=DexConfig.dtype)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
-    decoder = DexDecoder(model, explorers=args.explorers, trace_top=0)
+    decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, trace_top=0)
     rows, totals = [], {}
     for item in humaneval_prompts(args.prompts):
         prompt = tokenizer(item["prompt"])["input_ids"]
-        ids = torch.tensor([prompt])
         tic = time.perf_counter()
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=args.max_new_tokens)[0, len(prompt):].tolist()
+        ref = hf_greedy(model, prompt, args.max_new_tokens)
         hf_seconds = time.perf_counter() - tic
         result = decoder.generate(prompt, args.max_new_tokens)
         row = {"id": item["id"], "prompt_tokens": len(prompt), "tokens": len(ref),
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
                "dex_seconds": result.stats.wall_seconds, "projected_seconds": result.stats.projected_seconds}
         if not row["exact"]:
             first = next(i for i, (a, b) in enumerate(zip(ref, result.tokens)) if a != b)
-            row["mismatch"] = explain_mismatch(model, decoder.depths, prompt, ref, result.tokens, first)
+            row["mismatch"] = explain_mismatch(model, decoder.depths, args.adapters, prompt, ref, result.tokens,
+                                               first)
         for event in result.trace:
             if event["event"] == "round":
                 for key, value in event["timings"].items():
@@ -78,10 +81,11 @@ def main(argv=None) -> int:
 
     tokens = sum(r["tokens"] for r in rows)
     rounds = sum(r["rounds"] for r in rows)
-    shares = {k: v / totals["round"] for k, v in totals.items() if k != "round"}
-    bookkeeping = sum(shares[k] for k in ("plan", "masks", "commit", "collapse"))
+    shares = {k: v / totals["round"] for k, v in totals.items() if k not in DERIVED_TIMINGS}
+    bookkeeping = totals["bookkeeping"] / totals["round"]
     summary = {"model": args.model, "dtype": args.dtype, "explorers": args.explorers,
-               "depths": list(decoder.depths), "prompts": len(rows), "tokens": tokens,
+               "depths": list(decoder.depths), "adapters": args.adapters,
+               "adapter_depths": sorted(decoder.adapters), "prompts": len(rows), "tokens": tokens,
                "exact_prompts": sum(r["exact"] for r in rows), "rounds_per_token": rounds / tokens,
                "depth_speedup": args.explorers * tokens / rounds, "bookkeeping_share": bookkeeping,
                "round_time_shares": shares, "torch": torch.__version__, "threads": torch.get_num_threads()}

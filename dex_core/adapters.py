@@ -12,6 +12,7 @@ another model is a clear error.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -86,6 +87,45 @@ def read_metadata(path) -> dict:
             "training": json.loads(meta["training"])}
 
 
+def _mismatch(want: dict, have: dict, name: str) -> str | None:
+    """Why adapters trained for model identity ``want`` do not fit a model of identity ``have`` (or None)."""
+    for key in ("model_type", "num_layers", "hidden_size", "vocab_size"):
+        if want[key] != have[key]:
+            return (f"adapters in {name} were trained for a {want['model_type']} model with "
+                    f"{want['num_layers']} layers, hidden size {want['hidden_size']} and vocabulary "
+                    f"{want['vocab_size']}; this model has {have['num_layers']} layers, hidden size "
+                    f"{have['hidden_size']}, vocabulary {have['vocab_size']}")
+    if abs(want["fingerprint"] - have["fingerprint"]) > 1e-2 * max(1.0, abs(want["fingerprint"])):
+        return (f"adapters in {name} were trained for different weights (embedding fingerprint "
+                f"{want['fingerprint']:.4f}, this model {have['fingerprint']:.4f})")
+    return None
+
+
+def shipped_adapters_fit(model) -> bool:
+    """Whether the shipped adapter file exists and was trained for ``model`` (the default model)."""
+    return DEFAULT_ADAPTERS.is_file() and _mismatch(read_metadata(DEFAULT_ADAPTERS)["identity"],
+                                                    model_identity(model), DEFAULT_ADAPTERS.name) is None
+
+
+def resolve_adapters(spec, model, depths=None) -> dict:
+    """The one resolver of an adapter choice: 'auto' (the shipped set when it fits ``model``, else none),
+    'none', 'default' (the shipped set), a file, or a mapping {depth: module}. Only the non-final
+    depths of exploration set ``depths`` are kept; a mapping with others is an error."""
+    if isinstance(spec, Mapping):
+        adapters = {int(d): a for d, a in spec.items()}
+        if depths is not None:
+            extra = sorted(set(adapters) - set(depths[:-1]))
+            if extra:
+                raise DexError(f"adapters given for depths {extra}; only the non-final explored depths "
+                               f"{list(depths[:-1])} take adapters")
+        return adapters
+    spec = "none" if spec is None else str(spec).strip()
+    if spec == "none" or (spec == "auto" and not shipped_adapters_fit(model)):
+        return {}
+    adapters = load_adapters("default" if spec == "auto" else spec, model)
+    return {d: a for d, a in adapters.items() if depths is None or d in depths[:-1]}
+
+
 def load_adapters(path, model) -> dict[int, InducingAdapter]:
     """Adapters from ``path`` ('default' = the shipped set for the default model) for ``model``."""
     from safetensors.torch import load_file
@@ -94,18 +134,11 @@ def load_adapters(path, model) -> dict[int, InducingAdapter]:
         path = DEFAULT_ADAPTERS
     path = Path(path)
     if not path.is_file():
-        raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters' or pass adapters=None")
+        raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters', or use 'none'")
     meta = read_metadata(path)
-    want, have = meta["identity"], model_identity(model)
-    for key in ("model_type", "num_layers", "hidden_size", "vocab_size"):
-        if want[key] != have[key]:
-            raise DexError(f"adapters in {path.name} were trained for a {want['model_type']} model with "
-                           f"{want['num_layers']} layers, hidden size {want['hidden_size']} and vocabulary "
-                           f"{want['vocab_size']}; this model has {have['num_layers']} layers, hidden size "
-                           f"{have['hidden_size']}, vocabulary {have['vocab_size']}")
-    if abs(want["fingerprint"] - have["fingerprint"]) > 1e-2 * max(1.0, abs(want["fingerprint"])):
-        raise DexError(f"adapters in {path.name} were trained for different weights (embedding fingerprint "
-                       f"{want['fingerprint']:.4f}, this model {have['fingerprint']:.4f})")
+    reason = _mismatch(meta["identity"], model_identity(model), path.name)
+    if reason:
+        raise DexError(reason)
     tensors = load_file(str(path))
     cfg = model.config
     dtype = model.model.norm.weight.dtype

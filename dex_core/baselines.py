@@ -19,28 +19,30 @@ import time
 
 import torch
 
-from .config import DexError
-from .engine import GenerationStats, _check_request, _eos_ids, _prompt_ids
+from .config import DexError, GenerationOptions
 from .explorer import Explorer
 from .models import model_view
+from .request import make_request
+from .results import GenerationStats
 from .sampling import Sampler
 
 
 @torch.no_grad()
-def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int, adapter=None,
-                       temperature: float = 0.0, top_k=None, top_p=None, seed: int = 0, eos_token_id=None) -> dict:
+def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int, adapter=None, *,
+                       options: GenerationOptions | None = None, **overrides) -> dict:
     """Self-speculative decoding; returns ``{"tokens", "steps", "accepted", "layer_forwards", "seconds",
-    "stats"}`` where ``layer_forwards`` is the critical path n * E + L summed over steps."""
+    "stats"}`` where ``layer_forwards`` is the critical path n * E + L summed over steps. ``overrides``
+    are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, eos_token_id)."""
     view = model_view(model)
     L = view.num_layers
     if not 1 <= exit_layer < L:
         raise DexError(f"the exit layer must lie in 1..{L - 1}; got {exit_layer}")
     if draft < 1:
         raise DexError(f"the draft length must be at least 1; got {draft}")
-    prompt = _prompt_ids(input_ids, view.vocab)
-    _check_request(view, prompt, max_new_tokens, temperature, top_k, top_p)
-    eos = _eos_ids(model, eos_token_id)
-    sampler = Sampler(view.vocab, temperature, top_k, top_p, seed)
+    request = make_request(view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens,
+                                                                    **overrides))
+    prompt, eos, o = list(request.prompt), request.eos, request.options
+    sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
     upper = Explorer(view, 1, 2, exit_layer, L)
     tic = time.perf_counter()

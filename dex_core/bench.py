@@ -20,31 +20,20 @@ draft-verify step over the tokens committed. The EAD oracle (mean stable EAD) is
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
-from .config import DexError, option
+from .bench_report import headline
+from .config import DexError, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths
 from .data import PROMPT_SETS, prompt_set
+from .reference import hf_greedy
+from .request import encode_item
 
 METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit")
 DRAFTS = (1, 2, 3, 4, 6, 8)
 QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3)}
-
-
-def _ints(value, name: str) -> tuple[int, ...]:
-    if isinstance(value, str):
-        value = [v for v in value.replace(" ", "").split(",") if v]
-    try:
-        out = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise DexError(f"{name} must be comma-separated integers; got {value!r}") from None
-    if not out or min(out) < 1:
-        raise DexError(f"{name} must be positive integers; got {value!r}")
-    return out
 
 
 @dataclass
@@ -54,24 +43,22 @@ class BenchConfig:
                                                           "builtin")
     prompts: int = option(20, "prompts per set, from the set's eval split")
     tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
-    max_new_tokens: int = option(128, "new tokens per prompt (greedy)")
+    max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
     explorers: tuple[int, ...] = option((2, 3, 4), "values of K for DEX (uniform splits)")
     depth_sets: str | None = option(None, "further DEX exploration sets, ';'-separated, e.g. '3,8,13,18,23,28,30'")
-    adapters: str = option("default", "inducing adapters for DEX and self-speculation: 'default', a file, or 'none'")
+    adapters: str = option("auto", "inducing adapters for DEX and self-speculation: auto, default, none or a file")
     variants: str = option("shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters "
                                       "on/off x DECS on/off)")
     methods: tuple[str, ...] = option(("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"),
                                       "methods to run: " + ", ".join(METHODS))
     drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
     threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
-    quick: bool = option(False, "a tiny random float64 model and 3 short synthetic prompts (seconds; for tests)")
+    quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
+                                "synthetic prompts (seconds; for tests)")
 
     def __post_init__(self):
-        if isinstance(self.sets, str):
-            self.sets = tuple(s for s in self.sets.replace(" ", "").split(",") if s)
-        if isinstance(self.methods, str):
-            self.methods = tuple(s for s in self.methods.replace(" ", "").split(",") if s)
-        self.explorers, self.drafts = _ints(self.explorers, "explorers"), _ints(self.drafts, "drafts")
+        self.sets, self.methods = parse_list(self.sets, "sets"), parse_list(self.methods, "methods")
+        self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
         if self.quick:
             for key, value in QUICK.items():
                 setattr(self, key, value)
@@ -102,12 +89,6 @@ def _quick_setup():
         f"w{int(v)}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen)), "chat": False}
         for i in range(3)] for split in ("eval", "tune")}
     return model, tokenizer, adapters, prompts
-
-
-def encode_item(tokenizer, item) -> list[int]:
-    from .cli import encode_prompt
-
-    return encode_prompt(tokenizer, item["prompt"], item["chat"])
 
 
 class _Timer:
@@ -142,16 +123,7 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
             best["layer_forwards_per_token"], "adapters": sorted(adapters), "grid": grid}
 
 
-def greedy_answer(model, prompt: list[int], n: int) -> list[int]:
-    """HF ``generate``, greedy: the reference answer every method is compared with."""
-    ids = torch.tensor([prompt])
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=n)[0, len(prompt):].tolist()
-
-
 def _explorations(cfg: BenchConfig, L: int) -> list[tuple[int, ...]]:
-    from .config import parse_depths, resolve_depths
-
     sets = [resolve_depths(L, explorers=K) for K in cfg.explorers]
     for text in (cfg.depth_sets or "").split(";"):
         if text.strip():
@@ -161,17 +133,18 @@ def _explorations(cfg: BenchConfig, L: int) -> list[tuple[int, ...]]:
 
 def run_bench(cfg: BenchConfig, log=print) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
-    from .adapters import load_adapters
+    from .adapters import resolve_adapters
     from .baselines import hf_early_exit_generate, self_spec_generate
     from .ead import layer_candidates, matches
-    from .engine import DexDecoder
+    from .decoder import DexDecoder
     from .models import load_model
 
     if cfg.quick:
         model, tokenizer, adapters, synthetic = _quick_setup()
+        adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
     else:
         model, tokenizer = load_model(cfg.model)
-        adapters = {} if cfg.adapters == "none" else load_adapters(cfg.adapters, model)
+        adapters = resolve_adapters(cfg.adapters, model)
         synthetic = None
     L = model.config.num_hidden_layers
     too_many = [K for K in cfg.explorers if K > L]
@@ -191,7 +164,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     tuned = {"self-spec": adapters, "hf-early-exit": {}}  # HF's early exit reads the plain lens
     if any(m in cfg.methods for m in tuned):
         log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{L - 1} x draft {list(cfg.drafts)})")
-        answers = [(p, greedy_answer(model, p, cfg.max_new_tokens)) for p in tune]
+        answers = [(p, hf_greedy(model, p, cfg.max_new_tokens)) for p in tune]
     for name, lens in tuned.items():
         if name in cfg.methods:
             t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts)
@@ -212,7 +185,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                 model, depths=depths, adapters=covered, trace_top=0, backend="distributed", threads=cfg.threads)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
 
-    runners = {"ar-hf": lambda p, n: (greedy_answer(model, p, n), {}),
+    runners = {"ar-hf": lambda p, n: (hf_greedy(model, p, n), {}),
                "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
     for key, decoder in decoders.items():
         runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))
@@ -299,72 +272,3 @@ def _row(key, outs: list, ctx: dict) -> dict:
     return row
 
 
-def headline(report: dict) -> list[dict]:
-    """Per set: the best DEX row (shipped variant) against the best-tuned self-speculation, by layer forwards."""
-    out = []
-    for set_name in report["oracle"]:
-        rows = [r for r in report["results"] if r["set"] == set_name]
-        dex = [r for r in rows if r["method"] == "dex" and r.get("decs", True) and r.get("adapters") ==
-               bool(report["adapter_depths"])]
-        ss = [r for r in rows if r["method"] == "self-spec"]
-        if dex and ss:
-            best = min(dex, key=lambda r: r["layer_forwards_per_token"])
-            out.append({"set": set_name, "dex_explorers": best["explorers"], "dex_depths": best["depths"],
-                        "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
-                        "self_spec_layer_forwards_per_token": ss[0]["layer_forwards_per_token"],
-                        "dex_over_self_spec": ss[0]["layer_forwards_per_token"] / best["layer_forwards_per_token"]})
-    return out
-
-
-def _config_text(row: dict) -> str:
-    if row["method"].startswith("dex"):
-        return (f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
-                f"DECS {'on' if row['decs'] else 'off'}")
-    if "exit" in row:
-        return f"exit {row['exit']}, draft {row['draft']}" + (", adapter" if row.get("adapters") else "")
-    return ""
-
-
-def markdown(report: dict) -> str:
-    """The report as markdown tables, one per prompt set."""
-    L = report["num_layers"]
-    lines = [f"Model: {report['model']} ({L} layers); adapters at {report['adapter_depths'] or 'none'}; "
-             f"{report['config']['max_new_tokens']} new tokens per prompt, greedy.", ""]
-    for set_name, oracle in report["oracle"].items():
-        rows = [r for r in report["results"] if r["set"] == set_name]
-        lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", "",
-                  "| method | configuration | exact | tokens/s (measured) | vs AR | projected tokens/s "
-                  "| layer fwd/token | vs AR | rounds/token | depth speedup (measured / predicted) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            cells = [r["method"], _config_text(r), f"{r['exact_prompts']}/{r['prompts']}",
-                     f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_ar']:.3f}",
-                     _fmt(r.get("projected_tokens_per_second"), 2), f"{r['layer_forwards_per_token']:.2f}",
-                     f"{r['layer_speedup']:.3f}", _fmt(r.get("rounds_per_token"), 3),
-                     " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r)]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += [f"| EAD oracle | every depth, stable EAD | | | | | {oracle['layer_forwards_per_token']:.2f} | "
-                  f"{oracle['speedup']:.3f} | | |", ""]
-    for h in report.get("headline", []):
-        lines.append(f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} needs {h['dex_layer_forwards_per_token']:.2f} layer "
-                     f"forwards per token on the critical path, best-tuned self-speculation "
-                     f"{h['self_spec_layer_forwards_per_token']:.2f}: **{h['dex_over_self_spec']:.3f}x**.")
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(report: dict, out: str | None, md: str | None, html: str | None) -> None:
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=1))
-    if md:
-        Path(md).parent.mkdir(parents=True, exist_ok=True)
-        Path(md).write_text(markdown(report))
-    if html:
-        from visualize.charts import bench_figure
-
-        Path(html).parent.mkdir(parents=True, exist_ok=True)
-        bench_figure(report).write_html(html, include_plotlyjs=True)
-
-
-def _fmt(x, digits: int) -> str:
-    return "" if x is None else f"{x:.{digits}f}"

@@ -1,8 +1,23 @@
-"""The one options dataclass of DEX; the CLI (and later the app and benchmarks) derive from it."""
+"""Every option of DEX with its default, validated once; the library, CLI, app and explorers derive from it.
+
+- ``GenerationOptions``: what one request asks for (length, sampling, seed, EOS).
+- ``DecoderOptions``: how a ``DexDecoder`` explores (depths or K, adapters, DECS, backend, devices).
+- ``DexConfig``: both, plus what a command or the app needs to get a model (spec, dtype, chat template).
+
+A field's metadata holds its help text (CLI flags and UI labels) and, for numbers, the range the app's
+controls offer (``ui_min``/``ui_max``). ``add_flags`` turns fields into argparse flags.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
+import os
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class DexError(ValueError):
@@ -11,27 +26,74 @@ class DexError(ValueError):
 
 def option(default, help: str, **extra):
     """A dataclass field with the help text its command-line flag and UI control show."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple default")
     return field(default=default, metadata={"help": help, **extra})
 
 
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+BACKENDS = ("sequential", "distributed")
+ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
+ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default model when the model is that "
+                "model, else none), 'default' (the shipped set), 'none', or a .safetensors file from "
+                "dex train-adapters")
+
+
+def _int(value, name: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        low = "" if minimum is None else f" >= {minimum}"
+        raise DexError(f"{name} must be an integer{low}; got {value!r}")
+    return value
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DexError(f"{name} must be a finite number; got {value!r}")
+    return float(value)
+
+
 @dataclass
-class DexConfig:
-    model: str = option("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
-                                 ".gguf file or a Hugging Face hub id")
-    depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the "
-                                                "model's layer count); overrides --explorers")
-    explorers: int = option(4, "number of depth explorers K for a uniform split of the layers")
-    adapters: str | None = option(None, "inducing adapters: 'default' (the set shipped for the default "
-                                        "model), a .safetensors file from dex train-adapters, or none")
-    decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
-                            "stages of the same slot already proposed")
-    max_new_tokens: int = option(128, "number of tokens to generate (stops earlier at EOS)")
+class GenerationOptions:
+    max_new_tokens: int = option(128, "number of tokens to generate (stops earlier at EOS)", ui_min=1, ui_max=512)
     temperature: float = option(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
     top_k: int | None = option(None, "sample only among the k most likely tokens")
     top_p: float | None = option(None, "sample only within the top-p probability nucleus")
     seed: int = option(0, "sampling seed; noise is keyed by (seed, position)")
-    chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
-    dtype: str = option("float32", "model dtype: float32, float64, bfloat16 or float16")
+    eos_token_id: int | tuple[int, ...] | None = option(None, "stop after this token id (default: the model's "
+                                                              "generation config)")
+
+    def __post_init__(self):
+        _int(self.max_new_tokens, "max_new_tokens", 1)
+        if _number(self.temperature, "temperature") < 0:
+            raise DexError(f"temperature must be >= 0 (0 is greedy); got {self.temperature!r}")
+        if self.top_k is not None:
+            _int(self.top_k, "top_k", 1)
+        if self.top_p is not None and not 0.0 < _number(self.top_p, "top_p") <= 1.0:
+            raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        _int(self.seed, "seed")
+        if isinstance(self.eos_token_id, str):
+            self.eos_token_id = parse_ints(self.eos_token_id, "eos_token_id", 0)
+        elif self.eos_token_id is not None:
+            ids = (self.eos_token_id,) if isinstance(self.eos_token_id, int) else self.eos_token_id
+            try:
+                self.eos_token_id = tuple(_int(t, "eos_token_id", 0) for t in ids)
+            except TypeError:
+                raise DexError(f"eos_token_id must be a token id or a list of them; got {ids!r}") from None
+
+    @classmethod
+    def build(cls, base: GenerationOptions | None = None, **overrides) -> GenerationOptions:
+        """``base`` (or the defaults) with ``overrides`` (field names; None leaves a field as it is)."""
+        return pick(cls, base or cls(), **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass
+class DecoderOptions:
+    depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the model's "
+                                                "layer count); overrides --explorers")
+    explorers: int = option(4, "number of depth explorers K for a uniform split of the layers", ui_min=1, ui_max=8)
+    adapters: str | Mapping | None = option("auto", ADAPTER_HELP)
+    decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
+                            "stages of the same slot already proposed")
     trace_top: int = option(5, "top candidates (with probabilities) recorded per lattice node")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
@@ -45,60 +107,86 @@ class DexConfig:
     def __post_init__(self):
         if self.depths is not None:
             self.depths = parse_depths(self.depths)
-        if not isinstance(self.explorers, int) or self.explorers < 1:
-            raise DexError(f"explorers must be a positive integer; got {self.explorers!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise DexError(f"max_new_tokens must be a positive integer; got {self.max_new_tokens!r}")
-        check_sampling(self.temperature, self.top_k, self.top_p)
-        if self.dtype not in DTYPES:
-            raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        check_backend(self.backend)
-        if isinstance(self.devices, str):
-            self.devices = tuple(d.strip() for d in self.devices.split(",") if d.strip())
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise DexError(f"threads must be a positive integer; got {self.threads!r}")
-        if not self.op_timeout > 0 or not self.start_timeout > 0:
+        _int(self.explorers, "explorers", 1)
+        if self.adapters is None or (isinstance(self.adapters, str) and not self.adapters.strip()):
+            self.adapters = "none"
+        elif isinstance(self.adapters, Path):
+            self.adapters = str(self.adapters)
+        elif not isinstance(self.adapters, (str, Mapping)):
+            raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
+        self.decs = bool(self.decs)
+        _int(self.trace_top, "trace_top", 0)
+        if self.backend not in BACKENDS:
+            raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        if self.devices is not None:
+            self.devices = parse_list(self.devices, "devices")
+        if self.threads is not None:
+            _int(self.threads, "threads", 1)
+        if not _number(self.op_timeout, "op_timeout") > 0 or not _number(self.start_timeout, "start_timeout") > 0:
             raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
                            f"start_timeout={self.start_timeout!r}")
-        if not isinstance(self.trace_top, int) or self.trace_top < 0:
-            raise DexError(f"trace_top must be a non-negative integer; got {self.trace_top!r}")
 
 
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+@dataclass
+class DexConfig(DecoderOptions, GenerationOptions):
+    model: str = option("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
+                                 ".gguf file or a Hugging Face hub id")
+    chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
+    dtype: str = option("float32", "model dtype: " + ", ".join(DTYPES))
+
+    def __post_init__(self):
+        GenerationOptions.__post_init__(self)
+        DecoderOptions.__post_init__(self)
+        if self.dtype not in DTYPES:
+            raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+
+    def decoder(self) -> DecoderOptions:
+        return pick(DecoderOptions, self)
+
+    def generation(self) -> GenerationOptions:
+        return pick(GenerationOptions, self)
 
 
-BACKENDS = ("sequential", "distributed")
+def pick(cls, source, **overrides):
+    """An instance of dataclass ``cls`` from the same-named attributes of ``source``, then ``overrides``."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise DexError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+    return cls(**{**{n: getattr(source, n) for n in names if hasattr(source, n)}, **overrides})
 
 
-def check_backend(backend) -> None:
-    if backend not in BACKENDS:
-        raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+def default_threads(count: int) -> int:
+    """Torch threads per explorer process when ``count`` of them share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, count))
 
 
-def check_sampling(temperature, top_k, top_p) -> None:
-    """Validate sampling options (shared by the config and the generate calls)."""
-    if not isinstance(temperature, (int, float)) or not temperature >= 0.0:
-        raise DexError(f"temperature must be >= 0 (0 is greedy); got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise DexError(f"top_k must be a positive integer or None; got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0):
-        raise DexError(f"top_p must be in (0, 1]; got {top_p!r}")
+def parse_list(value, name: str) -> tuple[str, ...]:
+    """'a,b' or a sequence -> a tuple of non-empty stripped strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        return tuple(s for s in (str(v).strip() for v in items) if s)
+    except TypeError:
+        raise DexError(f"{name} must be a comma-separated list; got {value!r}") from None
+
+
+def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
+    """'2,3,4' or a sequence -> a non-empty tuple of integers >= ``minimum``."""
+    try:
+        out = tuple(int(v) for v in parse_list(value, name))
+    except ValueError:
+        raise DexError(f"{name} must be comma-separated integers like 2,3,4; got {value!r}") from None
+    if not out or min(out) < minimum:
+        raise DexError(f"{name} must be integers >= {minimum}; got {value!r}")
+    return out
 
 
 def parse_depths(depths) -> tuple[int, ...]:
     """'8,15,23,30' or a sequence -> a strictly increasing tuple of positive ints."""
-    if isinstance(depths, str):
-        try:
-            depths = [int(d) for d in depths.replace(" ", "").split(",") if d]
-        except ValueError:
-            raise DexError(f"depths must be comma-separated integers like 8,15,23,30; got {depths!r}") from None
-    try:
-        out = tuple(int(d) for d in depths)
-    except (TypeError, ValueError):
-        raise DexError(f"depths must be a sequence of integers; got {depths!r}") from None
-    if not out:
+    if not parse_list(depths, "depths"):
         raise DexError("depths is empty; give at least the model's layer count, e.g. 30")
-    if any(d < 1 for d in out) or any(b <= a for a, b in zip(out, out[1:])):
+    out = parse_ints(depths, "depths")
+    if any(b <= a for a, b in zip(out, out[1:])):
         raise DexError(f"depths must be strictly increasing positive layer counts; got {list(out)}")
     return out
 
@@ -113,7 +201,45 @@ def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -
         if out[-1] != num_layers:
             raise DexError(f"exploration depths must end at the model's {num_layers} layers; got {list(out)}")
         return out
-    k = DexConfig.explorers if explorers is None else explorers
-    if not isinstance(k, int) or not 1 <= k <= num_layers:
+    k = DecoderOptions.explorers if explorers is None else explorers
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_layers:
         raise DexError(f"explorers must be between 1 and the model's {num_layers} layers; got {k!r}")
     return tuple(-(-(i + 1) * num_layers // k) for i in range(k))
+
+
+def stage_bounds(depths, stage: int) -> tuple[int, int]:
+    """Layers [start, stop) of stage ``stage`` of exploration set ``depths``."""
+    return (0 if stage == 0 else depths[stage - 1]), depths[stage]
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
+    """Command-line flags for the fields of dataclass ``cls`` (all, or those in ``names``)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if (names is not None and f.name not in names) or f.metadata.get("cli") is False:
+            continue
+        flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
+        if hint is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=f.metadata["help"])
+            continue
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args):
+            kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
+        else:
+            kind = next((t for t in (int, float) if hint is t or t in args), str)
+        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
+                            help=f"{f.metadata['help']} (default: {shown})")
+
+
+def from_args(cls, args: argparse.Namespace, **extra):
+    """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults)."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra)
+
+
+def control(cls, name: str) -> dict:
+    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
+    f = cls.__dataclass_fields__[name]
+    return {"value": f.default, "info": f.metadata["help"], "minimum": f.metadata.get("ui_min"),
+            "maximum": f.metadata.get("ui_max")}

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .config import DexError, resolve_depths
+from .config import ANALYSED_KS, DexError, GenerationOptions, option, parse_ints, parse_list, resolve_depths
+from .data import PROMPT_SETS, prompt_set
 from .models import model_view
 
 TOP = 8  # ranked candidates kept per layer: DECS at stage k needs at most k + 1 of them (K <= 8)
@@ -148,7 +150,7 @@ def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = T
     return best
 
 
-def analyse(candidates: torch.Tensor, tokens, explorers=range(2, 9), decs: bool = True,
+def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool = True,
             best: bool = False, lengths=None) -> dict:
     """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
     token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
@@ -176,7 +178,84 @@ def analyse(candidates: torch.Tensor, tokens, explorers=range(2, 9), decs: bool 
             "predicted": predicted, "oracle": L * T / int(ead_stable.sum())}
 
 
-def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=range(2, 9),
+def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=ANALYSED_KS,
               decs: bool = True, best: bool = False) -> dict:
     """``analyse(layer_candidates(...))``: the JSON-ready EAD analysis of one generation."""
     return analyse(layer_candidates(model, prompt, tokens, adapters), tokens, explorers, decs, best)
+
+
+@dataclass
+class EadConfig:
+    """``dex ead``: readiness of greedy answers to prompt sets, under one or more adapter choices."""
+
+    model: str = option("default", "model spec, as for dex generate")
+    adapters: tuple[str, ...] = option(("auto",), "adapter choices to compare on the same answers, "
+                                                  "comma-separated: auto, default, none or files")
+    sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: " + ", ".join(PROMPT_SETS))
+    prompts: int = option(20, "prompts per set, from its eval split")
+    max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
+    explorers: tuple[int, ...] = option(ANALYSED_KS, "values of K")
+    decs: bool = option(True, "predict with depth-coupled sampling")
+    best: bool = option(True, "search the best exploration set per K")
+
+    def __post_init__(self):
+        self.adapters = parse_list(self.adapters, "adapters") or ("none",)
+        self.sets = parse_list(self.sets, "sets")
+        bad = [s for s in self.sets if s not in PROMPT_SETS]
+        if bad or not self.sets:
+            raise DexError(f"unknown prompt set(s) {bad}; choose from {', '.join(PROMPT_SETS)}")
+        self.explorers = parse_ints(self.explorers, "explorers")
+        if self.prompts < 1 or self.max_new_tokens < 1:
+            raise DexError("prompts and max_new_tokens must be positive")
+
+
+def run_ead(cfg: EadConfig, log=print) -> dict:
+    """Greedy answers, generated once, analysed under every adapter choice, per set and pooled."""
+    from .adapters import resolve_adapters
+    from .models import load_model
+    from .reference import hf_greedy
+    from .request import encode_item
+
+    prompts = {name: prompt_set(name, cfg.prompts) for name in cfg.sets}
+    model, tokenizer = load_model(cfg.model)
+    if max(cfg.explorers) > model.config.num_hidden_layers:
+        raise DexError(f"K = {max(cfg.explorers)} exceeds the model's {model.config.num_hidden_layers} layers")
+    chosen = {name: resolve_adapters(name, model) for name in cfg.adapters}
+    answers = {}
+    for name, items in prompts.items():
+        answers[name] = []
+        for i, item in enumerate(items):
+            ids = encode_item(tokenizer, item)
+            answers[name].append((ids, hf_greedy(model, ids, cfg.max_new_tokens)))
+            log(f"{name} {i + 1}/{len(items)}: {len(answers[name][-1][1])} tokens")
+    report = {"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "decs": cfg.decs, "runs": []}
+    for adapter_name, adapters in chosen.items():
+        run = {"adapters": adapter_name, "adapter_depths": sorted(adapters), "sets": {}}
+        pooled = ([], [], [])
+        for name, pairs in answers.items():
+            cands = [layer_candidates(model, ids, out, adapters) for ids, out in pairs]
+            toks = [t for _, out in pairs for t in out]
+            lengths = [len(out) for _, out in pairs]
+            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths)
+            for acc, part in zip(pooled, (cands, toks, lengths)):
+                acc.extend(part)
+        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2])
+        report["runs"].append(run)
+    return report
+
+
+def ead_summary(report: dict) -> list[str]:
+    """A few lines per adapter choice and set: oracle, K/rounds per K, best set against uniform."""
+    lines = []
+    for run in report["runs"]:
+        for name, result in {**run["sets"], "all": run["all"]}.items():
+            lines.append(f"adapters {run['adapters']} / {name}: {result['tokens']} tokens, oracle S_EAD "
+                         f"{result['oracle']:.3f}x")
+            for p in result["predicted"]:
+                line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
+                        f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x")
+                if "best" in p:
+                    line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
+                             f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
+                lines.append(line)
+    return lines

@@ -3,8 +3,9 @@
 A trace is a list of plain JSON-serializable events, in order. Schema version 1:
 
 ``{"event": "start", "version", "method", "explorers", "depths", "num_layers", "prompt",
-   "max_new_tokens", "sampling": {"temperature", "top_k", "top_p", "seed"}, "decs"}``
-    ``method`` is "dex" or "ar"; ``prompt`` the prompt token ids.
+   "max_new_tokens", "sampling": {"temperature", "top_k", "top_p", "seed"}, "decs", "adapter_depths"}``
+    ``method`` is "dex" or "ar"; ``prompt`` the prompt token ids; ``adapter_depths`` the depths whose
+    candidates went through an inducing adapter (absent in traces made before it was recorded).
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -17,12 +18,15 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
     ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
     ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode", "masks", "plan",
-    "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round"}``.
+    "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round",
+    "bookkeeping" (masks + plan + commit + collapse), "projected"}``. ``projected`` is the round's time
+    on K devices: prefill + the slowest explorer's expansion + bookkeeping + decode (a projection from
+    the sequential schedule's measurements; it leaves communication out).
 
 ``{"event": "token", "index", "position", "token", "text", "seconds"}`` — one per token (AR only).
 
-``{"event": "end", "tokens", "stop" ("eos" | "length"), "stats"}`` — ``stats`` as in
-    ``GenerationStats.to_dict()``.
+``{"event": "end", "tokens", "stop" ("eos" | "length" | "cancelled"), "stats"}`` — ``stats`` as in
+    ``GenerationStats.to_dict()``; "cancelled" when the caller stopped a distributed stream early.
 """
 
 from __future__ import annotations
@@ -51,6 +55,40 @@ def load_trace(path: str | Path) -> tuple[list[dict], dict]:
     if doc.get("version", 0) > TRACE_VERSION:
         raise ValueError(f"{path} has trace version {doc['version']}; this DEX reads up to {TRACE_VERSION}")
     return doc["events"], doc.get("meta", {})
+
+
+def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=()) -> dict:
+    """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
+    o = request.options
+    return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
+            "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt),
+            "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
+            "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed}}
+
+
+def round_timings(expand: list[float], **seconds) -> dict:
+    """A round's ``timings`` with its bookkeeping total and its projected K-device time."""
+    t = {"expand": list(expand), **seconds}
+    t["bookkeeping"] = t["masks"] + t["plan"] + t["commit"] + t["collapse"]
+    t["projected"] = t["prefill"] + max(t["expand"]) + t["bookkeeping"] + t["decode"]
+    return t
+
+
+def round_event(plan, lattice, records: list[dict], commit: dict | None, collapse: dict | None,
+                timings: dict) -> dict:
+    return {"event": "round", "round": plan.round, "state_before": plan.state_before,
+            "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
+            "nodes": records, "commit": commit, "collapse": collapse, "alive": sorted(lattice.nodes),
+            "timings": timings}
+
+
+def token_event(index: int, position: int, token: int, text: str | None, seconds: float) -> dict:
+    return {"event": "token", "index": index, "position": position, "token": token, "text": text,
+            "seconds": seconds}
+
+
+def end_event(tokens: list[int], stats) -> dict:
+    return {"event": "end", "tokens": list(tokens), "stop": stats.stop, "stats": stats.to_dict()}
 
 
 def node_record(node, text: str | None, top: list, masked: list[int]) -> dict:

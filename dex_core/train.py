@@ -24,6 +24,7 @@ import torch
 from .adapters import load_adapters, new_adapters, save_adapters
 from .config import DexError, option, parse_depths
 from .data import sharegpt_split
+from .request import chat_ids, eos_ids
 
 
 @dataclass
@@ -64,13 +65,6 @@ ONPOLICY_PROMPT_CHARS = 600  # user text kept per on-policy prompt: the answer i
 ONPOLICY_BATCH = 64  # prompts answered per batched greedy generate call
 
 
-def _template(tokenizer, messages: list[dict], generation_prompt: bool = False) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return tokenizer("\n".join(m["content"] for m in messages) + ("\n" if generation_prompt else ""))["input_ids"]
-
-
 def _pack(sequences, seq_len: int):
     buffer: list[int] = []
     for ids in sequences:
@@ -96,19 +90,18 @@ def token_windows(tokenizer, seq_len: int, seed: int, model=None, data: str = "s
     """
     rows = _shuffled_rows(seed)
     if data == "sharegpt":
-        return _pack((_template(tokenizer, [{"role": "user", "content": r["prompt"]},
-                                            {"role": "assistant", "content": r["answer"]}]) for r in rows), seq_len)
+        return _pack((chat_ids(tokenizer, [{"role": "user", "content": r["prompt"]},
+                                           {"role": "assistant", "content": r["answer"]}]) for r in rows), seq_len)
     return _pack(_onpolicy_sequences(model, tokenizer, rows, seq_len), seq_len)
 
 
 @torch.no_grad()
 def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
-    eos = model.generation_config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
+    eos = next(iter(eos_ids(model)), None)
     pad = next((t for t in (tokenizer.pad_token_id, eos) if t is not None), 0)
     while True:
-        prompts = [_template(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
-                             generation_prompt=True) for _ in range(ONPOLICY_BATCH)]
+        prompts = [chat_ids(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
+                            generation_prompt=True) for _ in range(ONPOLICY_BATCH)]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -165,7 +158,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
     step, seconds, losses = 0, 0.0, []
     if checkpoint and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=True)
         if state["config"] != asdict(cfg):
             raise DexError(f"checkpoint {checkpoint} was made with other training options; remove it or match them")
         for d, a in adapters.items():

@@ -7,7 +7,8 @@ import torch
 
 from conftest import tiny_model
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.adapters import InducingAdapter, load_adapters, new_adapters, read_metadata, save_adapters
+from dex_core.adapters import (InducingAdapter, load_adapters, new_adapters, read_metadata, resolve_adapters,
+                               save_adapters)
 from dex_core.train import TrainConfig, distill_loss, train_adapters
 
 
@@ -56,6 +57,14 @@ def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(tmp_path)
     assert result.tokens == ar_generate(model, prompt, 40).tokens
 
 
+def test_auto_adapters_are_the_shipped_set_only_for_the_default_model():
+    model = tiny_model("llama")
+    assert resolve_adapters("auto", model) == {} and resolve_adapters("none", model) == {}
+    assert DexDecoder(model, explorers=3).adapters == {}  # 'auto' is the default
+    with pytest.raises(DexError, match="were trained for a llama model with 30 layers"):
+        resolve_adapters("default", model)
+
+
 def test_training_lowers_the_distillation_loss(tmp_path):
     model = tiny_model("llama").float()
     gen = torch.Generator().manual_seed(0)
@@ -88,14 +97,15 @@ def test_the_top1_term_adds_the_cross_entropy_on_the_teachers_top_token():
 
 def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
-    from dex_core.train import _onpolicy_sequences, _template
+    from dex_core.request import chat_ids
+    from dex_core.train import _onpolicy_sequences
 
     model, tokenizer = tiny_model("llama", layers=3, seed=2), tiny_tokenizer()
     texts = ["hello world w5 w7", "the prime number w12 w3 w40 w41 w9 a", "w1"]
     rows = itertools.cycle([{"prompt": t} for t in texts])
     sequences = _onpolicy_sequences(model, tokenizer, rows, 10)
     for text in texts:  # batched with left padding, each equals its own greedy AR answer
-        prompt = _template(tokenizer, [{"role": "user", "content": text}], generation_prompt=True)
+        prompt = chat_ids(tokenizer, [{"role": "user", "content": text}], generation_prompt=True)
         got = next(sequences)
         assert got[: len(prompt)] == prompt and got[len(prompt):] == ar_generate(model, prompt, 10).tokens
 

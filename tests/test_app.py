@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
-from dex_core.cli import encode_prompt
+from dex_core import encode_prompt
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PROMPT = "hello world the prime number"
@@ -111,3 +111,43 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
         page.screenshot(path=str(tmp_path / "debugger.png"), full_page=True)
         browser.close()
     assert (tmp_path / "debugger.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("controls,message", [
+    ({"explorers": 2.7}, "explorers must be a whole number"),
+    ({"explorers": float("nan")}, "explorers must be a whole number"),
+    ({"max_new_tokens": float("inf")}, "max_new_tokens must be a whole number"),
+    ({"sample": True, "top_p": float("nan")}, "top_p must be a finite number"),
+    ({"sample": True, "top_k": 1.5}, "top_k must be a whole number"),
+    ({"seed": "abc"}, "seed must be a whole number"),
+    ({"depths": "4,2,6"}, "strictly increasing"),
+])
+def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
+    from app.runtime import ui_config
+    from dex_core import DexError
+
+    with pytest.raises(DexError, match=re.escape(message)):
+        ui_config(**controls)
+
+
+def test_ui_off_values_map_to_the_library_defaults():
+    from app.runtime import ui_config
+    from dex_core import DexConfig
+
+    greedy = ui_config(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5)  # sampling controls ignored
+    assert (greedy.explorers, greedy.temperature, greedy.top_k, greedy.top_p) == (3, 0.0, None, None)
+    sampled = ui_config(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False)
+    assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.adapters) == (0.7, None, None, "none")
+    assert ui_config().max_new_tokens == DexConfig.max_new_tokens and ui_config().adapters == "auto"
+
+
+def test_app_settings_come_from_the_environment_and_are_validated():
+    from app.runtime import AppSettings
+    from dex_core import DexError
+
+    s = AppSettings.from_env({"DEX_MODEL": "m", "DEX_EXPLORERS": "3", "DEX_BACKEND": "distributed"})
+    assert (s.model, s.explorers, s.backend) == ("m", 3, "distributed")
+    with pytest.raises(DexError, match="DEX_EXPLORERS must be an integer"):
+        AppSettings.from_env({"DEX_EXPLORERS": "many"})
+    with pytest.raises(DexError, match="backend must be one of"):
+        AppSettings.from_env({"DEX_BACKEND": "gpu"})

@@ -34,7 +34,7 @@ def test_generate_streams_text_and_prints_depth_stats(tiny_dir, tmp_path, capsys
     (["generate", "hello", "--depths", "4,2,6"], "strictly increasing"),
     (["generate", "hello", "--depths", "a,b"], "comma-separated integers"),
     (["generate", "hello", "--explorers", "9"], "between 1 and the model's 6 layers"),
-    (["generate", "hello", "--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
+    (["generate", "hello", "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1; got 0"),
     (["generate", "hello", "--max-new-tokens", "300"], "exceeds the model's context window of 256"),
     (["generate", "hello", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "hello", "--top-p", "1.5"], "top_p must be in (0, 1]"),
@@ -71,3 +71,25 @@ def test_console_script_reports_errors_without_traceback(tiny_dir):
     assert proc.returncode == 2
     assert "exploration depths must end at the model's 6 layers" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_adapters_none_means_no_adapters_in_generate_ead_and_bench(tiny_dir, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "generate", "hello world", "--model", str(tiny_dir), "--no-chat",
+                             "--max-new-tokens", "4", "--adapters", "none")
+    assert code == 0, err
+    assert "adapters at none" in out
+    ead, bench = tmp_path / "ead.json", tmp_path / "bench.json"
+    assert run_cli(capsys, "ead", "--model", str(tiny_dir), "--adapters", "none", "--sets", "builtin", "--prompts",
+                   "1", "--max-new-tokens", "4", "--explorers", "2", "--no-best", "--out", str(ead))[0] == 0
+    assert json.loads(ead.read_text())["runs"][0]["adapter_depths"] == []
+    assert run_cli(capsys, "bench", "--quick", "--adapters", "none", "--methods", "ar-hf,dex", "--out", str(bench))[0] == 0
+    report = json.loads(bench.read_text())
+    assert report["adapter_depths"] == [] and all(not r["adapters"] for r in report["results"] if r["method"] == "dex")
+    assert run_cli(capsys, "bench", "--quick", "--methods", "ar-hf,dex", "--out", str(bench))[0] == 0
+    assert json.loads(bench.read_text())["adapter_depths"] == [1, 2, 3, 4, 5]  # the quick model's own adapters
+
+
+def test_missing_output_folders_are_refused_before_any_work(tiny_dir, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "generate", "hello", "--model", str(tiny_dir), "--no-chat",
+                           "--trace", str(tmp_path / "no" / "t.json"))
+    assert code == 2 and "its folder does not exist" in err

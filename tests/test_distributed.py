@@ -8,7 +8,7 @@ import pytest
 
 from conftest import tiny_model
 from dex_core import DexDecoder, ar_generate
-from dex_core.serve import ExplorerError
+from dex_core.group import ExplorerError
 from faults import RaiseOnce
 
 
@@ -23,7 +23,7 @@ def model():
 
 @pytest.mark.parametrize("K", [2, 3])
 def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K):
-    prompts = [[5, 17, 3, 88, 40, 2, 61], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+    prompts = [[5, 17, 3, 88, 40, 2, 61], [9], list(range(1, 22))]
     with DexDecoder(model, explorers=K, backend="distributed", threads=1) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
@@ -33,7 +33,8 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K):
             assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
             assert without_timings(distributed.trace) == without_timings(sequential.trace)
             sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
-            assert sampled.tokens == ar_generate(model, prompt, 32, 0.9, 30, 0.95, seed=i).tokens
+            reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
+            assert sampled.tokens == reference.tokens
         assert dist_decoder.group.pids() == pids  # the same processes served every call
         timings = distributed.trace[1]["timings"]
         assert len(timings["expand"]) == K and timings["communication"] >= 0

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dex_core import DexDecoder, ar_generate
+from dex_core import DexDecoder, ar_generate, hf_greedy
 
 FAMILIES = {
     "llama": {},
@@ -15,13 +15,6 @@ FAMILIES = {
 NEW = 64
 
 
-def hf_greedy(model, prompt, new=NEW):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                         min_new_tokens=new)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_model(request):
     return tiny_model(request.param, **FAMILIES[request.param])
@@ -30,7 +23,7 @@ def family_model(request):
 @pytest.mark.parametrize("prompt_len", [1, 5, 23])
 def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_len):
     prompt = torch.randint(0, 96, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
-    reference = hf_greedy(family_model, prompt)
+    reference = hf_greedy(family_model, prompt, NEW)
     L = family_model.config.num_hidden_layers
     for K in (1, 2, 3, 4, L):
         result = DexDecoder(family_model, explorers=K).generate(prompt, NEW)
@@ -44,7 +37,7 @@ def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_
 @pytest.mark.parametrize("decs", [True, False])
 def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths, decs):
     prompt = [5, 17, 3, 88, 40, 2, 61, 9, 33, 70, 12]
-    reference = hf_greedy(family_model, prompt)
+    reference = hf_greedy(family_model, prompt, NEW)
     result = DexDecoder(family_model, depths=depths, decs=decs).generate(prompt, NEW)
     assert result.tokens == reference
 
@@ -54,20 +47,22 @@ def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths
                                                      (1.3, None, 0.9), (0.9, 10, 0.8)])
 def test_seeded_sampling_dex_equals_ar_generate(family_model, seed, temperature, top_k, top_p):
     prompt = [3, 14, 15, 92, 65, 35]
-    reference = ar_generate(family_model, prompt, NEW, temperature, top_k, top_p, seed)
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    reference = ar_generate(family_model, prompt, NEW, **sampling)
     for K in (2, 4):
-        result = DexDecoder(family_model, explorers=K).generate(prompt, NEW, temperature, top_k, top_p, seed)
+        result = DexDecoder(family_model, explorers=K).generate(prompt, NEW, **sampling)
         assert result.tokens == reference.tokens, f"K={K}"
 
 
 def test_ar_generate_greedy_equals_hf_generate(family_model):
     prompt = [1, 2, 3, 4, 5, 6, 7]
-    assert ar_generate(family_model, prompt, NEW).tokens == hf_greedy(family_model, prompt)
+    assert ar_generate(family_model, prompt, NEW).tokens == hf_greedy(family_model, prompt, NEW)
 
 
 def test_different_seeds_give_different_samples(llama):
     prompt = [3, 14, 15, 92]
-    outs = {tuple(DexDecoder(llama, explorers=3).generate(prompt, 16, 1.0, seed=s).tokens) for s in range(4)}
+    decoder = DexDecoder(llama, explorers=3)
+    outs = {tuple(decoder.generate(prompt, 16, temperature=1.0, seed=s).tokens) for s in range(4)}
     assert len(outs) == 4
 
 
@@ -90,7 +85,7 @@ def test_one_decoder_serves_several_calls(llama):
     b = decoder.generate([9, 8, 7, 6, 5], 20, temperature=1.0, seed=3)
     c = decoder.generate([1, 2, 3], 20)
     assert a.tokens == c.tokens == hf_greedy(llama, [1, 2, 3], 20)
-    assert b.tokens == ar_generate(llama, [9, 8, 7, 6, 5], 20, 1.0, seed=3).tokens
+    assert b.tokens == ar_generate(llama, [9, 8, 7, 6, 5], 20, temperature=1.0, seed=3).tokens
 
 
 def test_sampled_first_tokens_follow_the_model_softmax():

@@ -14,7 +14,7 @@ def test_uniform_split(L, K, expected):
 
 
 @pytest.mark.parametrize("depths,message", [((8, 15, 23), "must end at the model's 30 layers"),
-                                            ((0, 30), "strictly increasing positive"),
+                                            ((0, 30), r"depths must be integers >= 1; got \(0, 30\)"),
                                             ((15, 8, 30), "strictly increasing"), ((), "empty")])
 def test_invalid_depths_are_refused_with_a_reason(depths, message):
     with pytest.raises(DexError, match=message):

@@ -2,18 +2,17 @@
 
 import dataclasses
 import re
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
-from visualize import (STATUS_COLORS, ead_figure, fsm_html, lattice_figure, lattice_size, node_status, race_figure,
-                       replay, round_table_html, speedup_figure, stats_html, tokens_html)
+from visualize import (STATUS_COLORS, ead_figure, export_graph, fsm_html, lattice_figure, lattice_graph, lattice_size,
+                       node_status, race_figure, race_summary_html, replay, round_table_html, speedup_figure,
+                       stats_html, tokens_html)
 
 EDGE_TRACES = ("depth edges", "position edges")
 
@@ -82,13 +81,6 @@ def test_anchor_chains_carry_each_stage_candidate_and_its_text(greedy):
         assert all(text == f"w{cand - 7}" for cand, text in chain if cand >= 7)
 
 
-def test_replay_of_a_long_trace_is_fast(greedy):
-    start = time.perf_counter()
-    for _ in range(10):
-        replay(greedy)
-    assert (time.perf_counter() - start) / 10 < 0.05
-
-
 def test_lattice_figure_draws_one_marker_per_node_in_one_trace_per_status(trace):
     for view in replay(trace):
         fig = lattice_figure(view)
@@ -133,17 +125,6 @@ def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
     assert list(fig.layout.yaxis.ticktext) == [f"E{k} · d={d}" for k, d in enumerate(depths)]
     anchor = [t for t in fig.data if t.name == "anchor"][0]
     assert all(-0.5 < x < 0.5 for x in anchor.x)
-
-
-def test_lattice_figure_builds_within_100ms_median_for_k4(greedy):
-    views = replay(greedy)
-    lattice_figure(views[0])
-    times = []
-    for view in views[3:40:3]:
-        start = time.perf_counter()
-        lattice_figure(view)
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.1
 
 
 def test_k8_lattice_of_255_nodes_renders_every_node(deep):
@@ -258,3 +239,65 @@ def test_replay_rejects_a_trace_without_its_start_event(greedy):
 def test_visualize_imports_no_model_code():
     code = "import sys, visualize; bad = {'torch', 'transformers', 'dex_core'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_lattice_graph_holds_every_node_of_the_run_as_a_dag_with_each_nodes_fate(trace):
+    import networkx as nx
+
+    graph = lattice_graph(trace)
+    rounds = [e for e in trace if e["event"] == "round"]
+    assert graph.number_of_nodes() == sum(len(e["nodes"]) for e in rounds)
+    assert nx.is_directed_acyclic_graph(graph)
+    fates = [d["fate"] for _, d in graph.nodes(data=True)]
+    tokens, K = trace[-1]["tokens"], trace[0]["explorers"]
+    assert fates.count("matched") == len(tokens)  # one matched anchor node per committed token
+    assert fates.count("matched") + fates.count("final") + fates.count("committed") == K * len(tokens)
+    dropped = {i for e in rounds if e["collapse"] for i in e["collapse"]["dropped"]}
+    assert {i for i, d in graph.nodes(data=True) if d["fate"] == "discarded"} == dropped
+    assert {i for i, d in graph.nodes(data=True) if d["fate"] == "pending"} == set(rounds[-1]["alive"])
+    for parent, child, kind in graph.edges(data="kind"):
+        p, c = graph.nodes[parent], graph.nodes[child]
+        assert (c["stage"], c["position"]) == ((p["stage"] + 1, p["position"]) if kind == "depth"
+                                               else (0, p["position"] + 1))
+
+
+def test_lattice_graph_exports_as_graphml_and_node_link_json(greedy, tmp_path):
+    import json
+
+    import networkx as nx
+
+    back = nx.read_graphml(export_graph(greedy, tmp_path / "g.graphml"))
+    assert back.number_of_nodes() == lattice_graph(greedy).number_of_nodes()
+    doc = json.loads(export_graph(greedy, tmp_path / "g.json").read_text())
+    assert len(doc["nodes"]) == back.number_of_nodes() and doc["directed"]
+    with pytest.raises(ValueError, match="graphml or .json"):
+        export_graph(greedy, tmp_path / "g.png")
+    proc = subprocess.run([sys.executable, "-m", "visualize.graph", str(tmp_path / "missing.json"),
+                           str(tmp_path / "o.graphml")], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_race_summary_says_identical_only_when_both_finished_with_the_same_tokens():
+    times = {"ar": [0.1, 0.2], "dex": [0.3, 0.5], "proj": [0.1, 0.15]}
+    same = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, "DEX projected on 4 devices")
+    assert "identical output" in same and "projected on 4 devices: 2 tokens in 0.15 s" in same
+    assert "outputs differ" in race_summary_html({"ar": [1, 2], "dex": [1, 3]}, times, True, None)
+    assert "racing" in race_summary_html({"ar": [1], "dex": []}, times, False, None)
+
+
+def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
+    import json
+
+    report = {"model": "m", "oracle": {"s": {"speedup": 1.2}}, "results": [
+        {"set": "s", "method": "ar-hf", "layer_speedup": 1.0, "speedup_vs_ar": 1.0},
+        {"set": "s", "method": "dex", "explorers": 2, "adapters": True, "decs": True, "layer_speedup": 1.1,
+         "speedup_vs_ar": 0.7}]}
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    root = Path(__file__).parents[1]
+    proc = subprocess.run([sys.executable, "-m", "visualize.report", str(tmp_path / "r.json"), str(tmp_path / "r.html")],
+                          capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert "plotly" in (tmp_path / "r.html").read_text()[:5000].lower()
+    bad = subprocess.run([sys.executable, "-m", "visualize.report", str(tmp_path / "nope.json"), str(tmp_path / "x.html")],
+                         capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and "not a readable dex bench report" in bad.stderr

@@ -1,0 +1,45 @@
+"""Terminal output shared by ``dex generate`` and the torchrun entry point: streamed text and the run report."""
+
+from __future__ import annotations
+
+import sys
+
+from .results import matched_histogram
+
+
+class TextStream:
+    """Prints the decoded text of a growing token list, holding back incomplete characters."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out, self.tokens, self.shown = tokenizer, out or sys.stdout, [], ""
+
+    def push(self, token: int) -> None:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[len(self.shown):] if text.startswith(self.shown) else "\n" + text)
+        self.out.flush()
+        self.shown = text
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr (stdout stays for results)."""
+    print(f"[dex] {msg}", file=sys.stderr, flush=True)
+
+
+def print_report(stats: dict, depths, decs: bool, elapsed: float, schedule: str, adapters=()) -> None:
+    """Rounds/token, depth-side speedup, matched-stage histogram and tokens/s of one run."""
+    hist = matched_histogram(stats["matched_stages"], len(depths))
+    print("\n")
+    print(f"depths {list(depths)} (K={len(depths)}), decs={'on' if decs else 'off'}, adapters at "
+          f"{sorted(adapters) or 'none'}, {stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
+    print(f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
+          f"{stats['depth_speedup']:.3f}x")
+    print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))
+    if schedule == "sequential":
+        print(f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
+              f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s")
+    else:
+        print(f"distributed schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured end to end "
+              f"({elapsed:.2f} s; communication {stats['communication_seconds']:.2f} s on rank 0)")

@@ -1,0 +1,102 @@
+"""``DexDecoder``: the library's entry point. Options in, trace events or a ``GenerationResult`` out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .adapters import resolve_adapters
+from .config import DecoderOptions, GenerationOptions, pick, resolve_depths, stage_bounds
+from .engine import run_rounds
+from .explorer import Explorer
+from .models import model_view
+from .request import make_request
+from .results import GenerationResult
+from .trace import start_event
+from .transport import LocalLink
+
+
+class DexDecoder:
+    """Depth Exploration Decoding over a Hugging Face causal LM.
+
+    Options are the fields of ``DecoderOptions`` (pass ``options=``, keywords, or both: keywords win):
+    ``depths`` is the exploration set (strictly increasing, ending at the model's layer count), or
+    ``explorers`` = K asks for a uniform split. ``adapters`` — 'auto' (the shipped set when the model
+    is the default model), 'default', 'none', an adapter file, or a mapping from non-final depths to
+    modules — are applied to a depth's hidden state before the LM head; they change only which branch
+    survives, never the committed tokens. ``tokenizer`` (optional) adds token text to traces.
+
+    ``backend="sequential"`` runs every explorer in this process, one after another each round.
+    ``backend="distributed"`` starts K explorer processes on torch.distributed (one per device in
+    ``devices``: default ``cuda:0..K-1`` when K GPUs are visible, else CPU with ``threads`` threads
+    each); they stay up across calls until ``close()`` (or the end of a ``with`` block). Same API,
+    same tokens, same trace events.
+    """
+
+    def __init__(self, model, options: DecoderOptions | None = None, *, tokenizer=None, **overrides):
+        self.options = pick(DecoderOptions, options or DecoderOptions(), **overrides)
+        self.model = model
+        self.view = model_view(model)
+        self.depths = resolve_depths(self.view.num_layers, self.options.depths, self.options.explorers)
+        self.decs = self.options.decs
+        self.tokenizer = tokenizer
+        self.trace_top = self.options.trace_top
+        self.adapters = resolve_adapters(self.options.adapters, model, self.depths)
+        self.backend = self.options.backend
+        self.group = None
+        self.explorers: list[Explorer] = []
+        if self.backend == "distributed":
+            from .group import ExplorerGroup
+
+            self.group = ExplorerGroup(model, self.depths, self.adapters, self.options)
+        else:
+            self.explorers = [Explorer(self.view, k, self.K, *stage_bounds(self.depths, k),
+                                       self.adapters.get(self.depths[k])) for k in range(self.K)]
+
+    @property
+    def K(self) -> int:
+        return len(self.depths)
+
+    def _text(self, token: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+    def generate(self, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
+                 **overrides) -> GenerationResult:
+        """Run to the end; ``overrides`` are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, …)."""
+        return GenerationResult.from_trace(list(self.stream(input_ids, max_new_tokens, options=options, **overrides)))
+
+    @torch.no_grad()
+    def stream(self, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
+               **overrides) -> Iterator[dict]:
+        """Yield trace events: a start event, one event per round, and an end event with the stats."""
+        opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+        request = make_request(self.view, input_ids, opts)
+        yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters)
+        if self.group is not None:
+            for event in self.group.run(request):
+                yield self._add_text(event)
+            return
+        yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
+                              self.trace_top, self._text)
+
+    def _add_text(self, event: dict) -> dict:
+        """Token text for events made by explorer processes (which hold no tokenizer)."""
+        if self.tokenizer is not None and event["event"] == "round":
+            for node in event["nodes"]:
+                node["text"] = self._text(node["token"])
+            if event["commit"]:
+                event["commit"]["text"] = self._text(event["commit"]["token"])
+        return event
+
+    def close(self) -> None:
+        """End the explorer processes of the distributed backend (a no-op for the sequential one)."""
+        if self.group is not None:
+            self.group.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

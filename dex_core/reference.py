@@ -1,0 +1,77 @@
+"""The references DEX must equal: the AR sampler (the model's own forward with a KV cache and DEX's sampler)
+and Hugging Face ``generate`` (greedy)."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator
+
+import torch
+
+from .config import GenerationOptions
+from .models import model_view
+from .request import make_request
+from .results import GenerationResult, GenerationStats
+from .sampling import Sampler
+from .trace import end_event, start_event, token_event
+
+
+def ar_generate(model, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
+                tokenizer=None, **overrides) -> GenerationResult:
+    """Autoregressive reference: the model's own forward with a KV cache, DEX's sampler on its logits."""
+    return GenerationResult.from_trace(list(ar_stream(model, input_ids, max_new_tokens, options=options,
+                                                      tokenizer=tokenizer, **overrides)))
+
+
+def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
+              tokenizer=None, **overrides) -> Iterator[dict]:
+    """``ar_generate`` as events: start, one ``token`` event per token, end.
+
+    A token event's ``seconds`` is the generator's own compute time so far (time spent by the
+    consumer between events is not counted), so AR can be raced against DEX in one process.
+    """
+    from transformers import DynamicCache
+
+    view = model_view(model)
+    request = make_request(view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens,
+                                                                    **overrides))
+    o, prompt = request.options, list(request.prompt)
+    sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
+    stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
+    yield start_event("ar", [view.num_layers], view.num_layers, request, False)
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:
+        cache = DynamicCache()
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    busy = 0.0
+    ids = torch.tensor([prompt], device=view.device)
+    tokens: list[int] = []
+    while len(tokens) < o.max_new_tokens and stats.stop != "eos":
+        tic = time.perf_counter()
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=True, **{cache_kwarg: cache}).logits[0, -1:]
+        position = len(prompt) + len(tokens)
+        token = int(sampler.choose(logits, [position], final=True)[0])
+        sampler.forget_before(position)
+        tokens.append(token)
+        if token in request.eos:
+            stats.stop = "eos"
+        ids = torch.tensor([[token]], device=view.device)
+        busy += time.perf_counter() - tic
+        yield token_event(len(tokens) - 1, position, token, None if tokenizer is None else tokenizer.decode([token]),
+                          busy)
+    stats.round_seconds = stats.compute_seconds[0] = stats.projected_seconds = busy
+    stats.rounds = len(tokens)
+    stats.matched_stages = [0] * len(tokens)
+    stats.finish(len(tokens), busy)
+    yield end_event(tokens, stats)
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Hugging Face ``generate``, greedy: the reference answer every method is compared with."""
+    ids = torch.tensor([list(prompt)], device=model.device)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=max_new_tokens)[0, ids.shape[1]:].tolist()

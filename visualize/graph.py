@@ -1,0 +1,88 @@
+"""The whole run's lattice as one networkx DAG, and its export (GraphML or node-link JSON).
+
+Every exploration token of the run is a node (``id`` as in the trace) with its stage, absolute
+position, the round that computed it, its candidate and text, and its fate:
+
+- ``matched``: the shallowest anchor node whose candidate equalled the committed token;
+- ``final``: the anchor's final-stage node, whose token was committed (``matched`` wins when a token
+  is matched at the last stage);
+- ``committed``: the other anchor nodes of a committed token;
+- ``discarded``: dropped by a collapse (``cut_round`` says which);
+- ``pending``: still in the lattice when the run ended.
+
+Edges go from a node to its depth child (``kind`` "depth") and to the first node of the slot its
+candidate started (``kind`` "position"). ``python -m visualize.graph TRACE.json OUT.graphml`` (or
+``OUT.json``) exports a saved trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import networkx as nx
+
+FATES = ("matched", "final", "committed", "discarded", "pending")
+
+
+def lattice_graph(events: list[dict]) -> nx.DiGraph:
+    """The DAG of every node of a DEX trace (an AR trace gives an empty graph)."""
+    start = events[0] if events and events[0].get("event") == "start" else {}
+    graph = nx.DiGraph(depths=json.dumps(start.get("depths", [])), explorers=int(start.get("explorers", 0)))
+    for event in events:
+        if event.get("event") != "round":
+            continue
+        for n in event["nodes"]:
+            graph.add_node(int(n["id"]), stage=int(n["stage"]), position=int(n["position"]),
+                           round=int(event["round"]), kind=str(n["kind"]), token=int(n["token"]),
+                           text="" if n.get("text") is None else str(n["text"]), fate="pending", cut_round=-1)
+            if n.get("parent") is not None:
+                graph.add_edge(int(n["parent"]), int(n["id"]), kind=str(n["kind"]))
+        commit, collapse = event.get("commit"), event.get("collapse")
+        if commit:
+            anchors = [int(i) for i in commit["anchor_nodes"]]
+            for i in anchors:
+                graph.nodes[i]["fate"] = "committed"
+            graph.nodes[anchors[-1]]["fate"] = "final"
+            graph.nodes[anchors[int(commit["matched_stage"])]]["fate"] = "matched"
+        for i in (collapse or {}).get("dropped", []):
+            if int(i) in graph:
+                graph.nodes[int(i)].update(fate="discarded", cut_round=int(event["round"]))
+    return graph
+
+
+def export_graph(events: list[dict], path: str | Path) -> Path:
+    """Write the run's lattice graph as GraphML (``.graphml``) or node-link JSON (``.json``)."""
+    path = Path(path)
+    graph = lattice_graph(events)
+    if path.suffix == ".graphml":
+        nx.write_graphml(graph, path)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(nx.node_link_data(graph, edges="edges")))
+    else:
+        raise ValueError(f"export to .graphml or .json; got {path.name}")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m visualize.graph",
+                                     description="Export a saved DEX trace's lattice as a graph.")
+    parser.add_argument("trace", help="a trace saved by dex generate --trace or the app")
+    parser.add_argument("out", help="output file: .graphml or .json (node-link)")
+    args = parser.parse_args(argv)
+    try:
+        doc = json.loads(Path(args.trace).read_text())
+        if not isinstance(doc, dict) or doc.get("format") != "dex-trace":
+            raise ValueError("not a DEX trace (no 'format': 'dex-trace')")
+        out = export_graph(doc["events"], args.out)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        print(f"visualize.graph: error: {err}", file=sys.stderr)
+        return 2
+    print(f"lattice graph written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""HTML for whole-run summaries: the race between AR and DEX, and the readiness (EAD) table."""
+
+from __future__ import annotations
+
+from html import escape
+
+_BADGE = "padding:6px 10px;border-radius:6px;display:inline-block;margin:4px 0;background:"
+
+
+def race_summary_html(tokens: dict, times: dict, done: bool, projected_label: str | None) -> str:
+    """The identical-output badge and one line per clock. ``tokens``/``times``: ``{"ar", "dex"}`` (and
+    ``times["proj"]``, DEX's projected clock, labelled ``projected_label``) per committed token."""
+    if done and tokens["ar"] == tokens["dex"]:
+        badge = f"<div id='race-badge' style='{_BADGE}#d9f7d9'>✓ identical output: DEX emitted exactly AR's tokens</div>"
+    elif done:
+        badge = f"<div id='race-badge' style='{_BADGE}#fbdada'>✗ outputs differ</div>"
+    else:
+        badge = f"<div id='race-badge' style='{_BADGE}#eeeeff'>racing…</div>"
+    clocks = [("AR", tokens["ar"], times["ar"]), ("DEX", tokens["dex"], times["dex"])]
+    if projected_label and times.get("proj"):
+        clocks.append((projected_label, tokens["dex"], times["proj"]))
+    lines = []
+    for label, toks, ts in clocks:
+        n, t = len(toks), (ts[-1] if ts else 0.0)
+        lines.append(f"{escape(label)}: {n} tokens in {t:.2f} s ({n / t if t else 0:.1f} tokens/s)")
+    return badge + "<div>" + "<br>".join(lines) + "</div>"
+
+
+def readiness_table_html(result: dict, adapter_depths) -> str:
+    """Per K: uniform depths, S_X, DEX's K / rounds per token, the pipeline speedups of the uniform and
+    the best exploration set (``dex_core.ead.readiness`` with ``best=True``)."""
+    rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
+                   f"<td>{p['speedup']:.3f}×</td><td>{p['uniform']['depth_speedup']:.3f}×</td>"
+                   f"<td>{p['uniform']['pipeline_speedup']:.3f}×</td>"
+                   f"<td>{', '.join(map(str, p['best']['depths']))}</td><td>{p['best']['pipeline_speedup']:.3f}×</td>"
+                   f"<td>{p['best_gain']:.3f}×</td></tr>"
+                   for p in result["predicted"])
+    lens = (f"Inducing adapters at depths {sorted(adapter_depths)}; plain logit lens elsewhere." if adapter_depths
+            else "Plain logit lens: no inducing adapters.")
+    return ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
+            "<th>DEX K / rounds per token (DECS)</th><th>uniform: L / (rounds × longest stage)</th>"
+            "<th>best exploration set</th><th>best: L / (rounds × longest stage)</th><th>best vs uniform</th></tr>"
+            + rows + "</table>"
+            f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
+            "The best set minimises expected rounds per token × the longest stage — the time per token of a "
+            f"pipeline, where non-uniform sets make every round as slow as their longest stage. {lens}</p>")
