@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
+import html
+import sys
 
 import gradio as gr
 
 import visualize as viz
-from dex_core import DexError, ar_stream, load_trace, save_trace
+from dex_core import DexError, ExplorerError, ar_stream, load_trace, save_trace
 from dex_core.adapters import resolve_adapters
 from dex_core.ead import readiness
+from dex_core.request import check_text
 
 from .runtime import Runtime, ui_config
 
 
 def _error(err: Exception):
     return gr.Error(str(err), print_exception=False)
+
+
+def _guarded(stream):
+    """Yield from a decoder's stream; an explorer failure becomes a short message naming the rank (the
+    cause and its traceback go to the server log only) and the next request starts fresh explorers."""
+    try:
+        yield from stream
+    except ExplorerError as err:
+        print(f"[dex] {err}", file=sys.stderr, flush=True)
+        line = str(err).splitlines()[0]
+        if " failed: " in line:
+            line = line.split(" failed: ")[0] + " failed (the cause is in the server log)"
+        raise gr.Error(f"{line}; the next request starts fresh explorers", print_exception=False) from None
 
 
 def _end(events):
@@ -31,15 +44,14 @@ def live_frames(runtime: Runtime, prompt, chat, explorers, depths, adapters, dec
         config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            max_new_tokens=max_new_tokens)
-        if not (prompt or "").strip():
-            raise DexError("the prompt is empty; type something to continue")
+        check_text(prompt)
         if not runtime.loaded:
             progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
         if notice := runtime.device_notice(decoder.K):
             gr.Warning(notice)
-        stream = decoder.stream(ids, options=config.generation())
+        stream = _guarded(decoder.stream(ids, options=config.generation()))
         events = [next(stream)]
     except DexError as err:
         raise _error(err) from None
@@ -63,13 +75,12 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
     """
     try:
         config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens)
-        if not (prompt or "").strip():
-            raise DexError("the prompt is empty; type something to continue")
+        check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
         model, tokenizer = runtime.model()
         decoder = runtime.decoder(config)
         ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
-        dex = decoder.stream(ids, options=config.generation())
+        dex = _guarded(decoder.stream(ids, options=config.generation()))
         next(ar), next(dex)
     except DexError as err:
         raise _error(err) from None
@@ -110,13 +121,29 @@ def _race_view(tokenizer, tokens, times, ends, distributed, K):
             tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
 
 
+# Prev/Next/slider/Play reuse one replay per trace; small, since an entry keeps its trace alive (a trace
+# at the limits is a few hundred MB in memory) and re-indexing one costs tens of milliseconds
+_REPLAYS = viz.ReplayCache(size=2)
+
+
+def _views(events) -> viz.Replay | list:
+    return _REPLAYS(events) if events else []
+
+
+def _index(index) -> int:
+    try:
+        return int(float(index or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 def debug_frame(events, index):
     """Lattice, round table, FSM and text of round ``index`` of a recorded trace."""
-    views = viz.replay(events or [])
+    views = _views(events)
     if not views:
         empty = "<p>No trace yet: generate in the Live tab or load a saved trace.</p>"
         return None, empty, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1)
-    i = max(0, min(int(index or 0), len(views) - 1))
+    i = max(0, min(_index(index), len(views) - 1))
     view = views[i]
     return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
             gr.Slider(minimum=0, maximum=max(1, len(views) - 1), value=i, step=1,
@@ -124,42 +151,44 @@ def debug_frame(events, index):
 
 
 def step(events, index, delta):
-    n = len(viz.replay(events or []))
-    return max(0, min(int(index or 0) + delta, max(0, n - 1)))
+    n = len(_views(events))
+    return max(0, min(_index(index) + delta, max(0, n - 1)))
 
 
 def play_tick(events, index):
     """One Play step; stops the timer at the last round."""
-    n = len(viz.replay(events or []))
-    nxt = int(index or 0) + 1
+    n = len(_views(events))
+    nxt = _index(index) + 1
     if nxt >= n:
         return max(0, n - 1), gr.Timer(active=False)
     return nxt, gr.Timer(active=True)
 
 
-def save(events, meta):
+def save(runtime: Runtime, events, meta):
+    """The trace as a JSON file (in the server's file folder, removed after the session time-to-live)."""
     if not events:
         raise gr.Error("no trace to save yet: generate in the Live tab first", print_exception=False)
-    path = Path(tempfile.mkdtemp(prefix="dex-trace-")) / "dex-trace.json"
+    path = runtime.file("dex-trace.json")
     save_trace(path, events, meta or {})
     return str(path)
 
 
-def export_lattice(events):
+def export_lattice(runtime: Runtime, events):
     """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
     if not events:
         raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
-    path = Path(tempfile.mkdtemp(prefix="dex-graph-")) / "dex-lattice.graphml"
-    return str(viz.export_graph(events, path))
+    return str(viz.export_graph(events, runtime.file("dex-lattice.graphml")))
 
 
 def load(file):
+    """A saved trace, validated (``dex_core.trace_schema``). A rejected file raises ``gr.Error`` with what
+    is wrong and changes nothing: the session keeps the trace it had."""
     if file is None:
         raise gr.Error("choose a trace file (JSON saved by DEX) first", print_exception=False)
     try:
         events, meta = load_trace(file if isinstance(file, str) else file.name)
-    except (ValueError, OSError, json.JSONDecodeError) as err:
-        raise gr.Error(str(err), print_exception=False) from None
+    except DexError as err:
+        raise gr.Error(html.escape(f"this trace was not loaded: {err}"), print_exception=False) from None
     return events, meta, 0
 
 
@@ -167,8 +196,7 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):
     """EAD of each token of the greedy answer, and the speedups it predicts for K = 2..8."""
     try:
         config = ui_config(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
-        if not (prompt or "").strip():
-            raise DexError("the prompt is empty; type something to analyse")
+        check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
         model, _ = runtime.model()
         *_, end = ar_stream(model, ids, options=config.generation())

@@ -4,6 +4,11 @@ Four tabs: Live (stream a generation round by round: coloured text, the depth ×
 FSM panel, live numbers), Race (AR vs DEX side by side), Debugger (step through a recorded or loaded
 trace) and Analysis (token readiness: EAD and the speedups it predicts). Building ``demo`` is cheap;
 the model loads on first use. Model work runs one request at a time (queue); traces are per session.
+
+Uploaded traces are untrusted: ``main()`` launches with ``max_file_size=UPLOAD_LIMIT``
+(``TraceLimits.max_file_bytes``, 64 MB, in ``dex_core.trace_schema``), so Gradio refuses larger files,
+and the Debugger validates every file it loads against the trace schema and its limits. The
+development mode ``gradio app/main.py`` launches ``demo`` itself, without that upload limit.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from app import callbacks as cb
 from app.runtime import AppSettings, Runtime
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 from dex_core.config import add_flags, control, from_args
+from dex_core.trace_schema import TRACE_LIMITS
 
 EXAMPLES = [
     "Write a Python function that checks whether a number is prime.",
@@ -46,16 +52,18 @@ def _max_new(label: str, elem_id: str) -> gr.Slider:
     return gr.Slider(c["minimum"], c["maximum"], value=c["value"], step=1, label=label, elem_id=elem_id)
 
 
+UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
 QUIET = {"api_visibility": "undocumented"}  # UI plumbing, not part of the documented API
 
 
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
     runtime = Runtime(settings)
     bind = functools.partial
-    with gr.Blocks(title="DEX — Depth Exploration Decoding") as demo:
+    ttl = runtime.settings.session_ttl
+    with gr.Blocks(title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
         demo.runtime = runtime
-        trace = gr.State([])
-        meta = gr.State({})
+        trace = gr.State([], time_to_live=ttl)  # a session's traces go ttl seconds after it closes
+        meta = gr.State({}, time_to_live=ttl)
         gr.Markdown("# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
                     "several depths propose tokens, the final layer commits exactly AR's token, and the "
                     f"lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
@@ -123,7 +131,8 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             with gr.Row():
                 save_b = gr.Button("Save trace as JSON")
                 saved = gr.File(label="Saved trace", interactive=False)
-                loaded = gr.File(label="Load a trace (JSON)", file_types=[".json"])
+                loaded = gr.File(label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)", file_types=[".json"],
+                                 elem_id="dbg-load")
             with gr.Row():
                 graph_b = gr.Button("Export the run's lattice graph (GraphML)", elem_id="dbg-graph")
                 graph_file = gr.File(label="Lattice graph", interactive=False)
@@ -137,9 +146,10 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             pause_b.click(lambda: gr.Timer(active=False), None, timer, **QUIET)
             timer.tick(cb.play_tick, [trace, slider], [slider, timer], **QUIET).then(
                 show, [trace, slider], frame, **QUIET)
-            save_b.click(cb.save, [trace, meta], saved, **QUIET)
-            graph_b.click(cb.export_lattice, trace, graph_file, **QUIET)
-            loaded.upload(cb.load, loaded, [trace, meta, slider], **QUIET).then(show, [trace, slider], frame, **QUIET)
+            save_b.click(bind(cb.save, runtime), [trace, meta], saved, **QUIET)
+            graph_b.click(bind(cb.export_lattice, runtime), trace, graph_file, **QUIET)
+            # a rejected file raises before any output changes: the session keeps its trace
+            loaded.upload(cb.load, loaded, [trace, meta, slider], **QUIET).success(show, [trace, slider], frame, **QUIET)
             run.then(lambda t: show(t, len(t)), trace, frame, **QUIET)  # open the debugger at the last round
 
         with gr.Tab("Analysis", id="analysis"):
@@ -154,7 +164,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
             an_table = gr.HTML(elem_id="an-table")
             an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, adapters, an_new], [ead_plot, speed_plot, an_table],
                         api_name="analyse", concurrency_id="model", concurrency_limit=1)
-    return demo
+    return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 
 demo = build_demo()
@@ -166,8 +176,7 @@ def main(argv=None) -> None:
     parser.set_defaults(**asdict(AppSettings.from_env()))
     settings = from_args(AppSettings, parser.parse_args(argv))
     app = build_demo(settings)
-    app.queue(default_concurrency_limit=4).launch(server_name=settings.host, server_port=settings.port,
-                                                  show_error=True)
+    app.launch(server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT)
 
 
 if __name__ == "__main__":

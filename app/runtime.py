@@ -7,13 +7,20 @@ explorer groups live here. Model work is serialized by the app's event concurren
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
+import tempfile
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
-from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, encode_prompt, load_model, resolve_depths
-from dex_core.config import option
+from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model,
+                      resolve_depths)
+from dex_core.config import control, flag, option
 
 
 @dataclass
@@ -27,9 +34,18 @@ class AppSettings:
     host: str | None = option(None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; "
                                     "0.0.0.0 serves a network)")
     port: int | None = option(None, "port (default: $GRADIO_SERVER_PORT or 7860)")
+    max_groups: int = option(1, "distributed: explorer groups kept alive at once (least recently used closed first)",
+                             env="DEX_MAX_GROUPS")
+    queue_size: int = option(16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE")
+    session_ttl: int = option(3600, "seconds a browser session's traces are kept after it closes",
+                              env="DEX_SESSION_TTL")
 
     def __post_init__(self):
         DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype)
+        for name in ("max_groups", "queue_size", "session_ttl"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise DexError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
 
     @classmethod
     def from_env(cls, environ=None) -> AppSettings:
@@ -45,17 +61,37 @@ class AppSettings:
         return cls(**values)
 
 
-def _whole(value, name: str) -> int:
-    """A UI number that must be a whole number (sliders and number boxes send floats)."""
+def _real(value, name: str, kind: str = "a finite number") -> float:
+    """A UI number: sliders and number boxes send floats, API clients may send text; finite, or DexError."""
+    number = value
     if isinstance(value, str):
         try:
-            value = float(value)
+            number = float(value)
         except ValueError:
-            raise DexError(f"{name} must be a whole number; got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value):
-        raise DexError(f"{name} must be a whole number; got {value!r}")
-    return int(value)
+            number = None
+    try:
+        finite = not isinstance(number, bool) and isinstance(number, (int, float)) and math.isfinite(number)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise DexError(f"{name} must be {kind}; got {value!r:.80}")
+    return float(number)
+
+
+def _whole(value, name: str, cls=None) -> int:
+    """A UI number that must be a whole number, within its control's range when ``cls`` declares one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        number = _real(value, name, "a whole number")
+        if number != int(number):
+            raise DexError(f"{name} must be a whole number; got {value!r:.80}")
+        number = int(number)
+    offered = control(cls, name) if cls else {}
+    low, high = offered.get("minimum"), offered.get("maximum")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise DexError(f"{name} must be between {low} and {high} in this app; got {value!r:.40}")
+    return number
 
 
 def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapters=True, decs=True,
@@ -65,16 +101,18 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
 
     Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
     empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none'.
+    Explorers and max_new_tokens must lie in the range their sliders offer (``ui_min``/``ui_max``).
     """
+    sample = flag(sample, "sample")
     top_k = _whole(top_k, "top_k") if sample else 0
-    top_p = float(top_p) if sample else 1.0
+    top_p = _real(top_p, "top_p") if sample else 1.0
     return DexConfig(
-        chat=bool(chat), explorers=_whole(explorers, "explorers"),
+        chat=chat, explorers=_whole(explorers, "explorers", DecoderOptions),
         depths=depths.strip() or None if isinstance(depths, str) else depths,
-        adapters="auto" if adapters else "none", decs=bool(decs),
-        temperature=float(temperature) if sample else 0.0, top_k=top_k or None,
+        adapters="auto" if flag(adapters, "adapters") else "none", decs=decs,
+        temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
         top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
-        max_new_tokens=_whole(max_new_tokens, "max_new_tokens"))
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions))
 
 
 class Runtime:
@@ -82,7 +120,8 @@ class Runtime:
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
         self._model = self._tokenizer = None
-        self._groups: dict[tuple, DexDecoder] = {}
+        self._groups: OrderedDict[tuple, DexDecoder] = OrderedDict()  # least recently used first
+        self._files: Path | None = None  # saved traces and graphs handed to browsers, pruned by age
 
     @property
     def loaded(self) -> bool:
@@ -117,7 +156,8 @@ class Runtime:
         return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
 
     def decoder(self, config: DexConfig) -> DexDecoder:
-        """A decoder for the config's exploration; distributed groups are kept, keyed by the resolved depths."""
+        """A decoder for the config's exploration. Distributed groups are kept, keyed by the resolved depths,
+        DECS and adapters, at most ``max_groups`` at once: the least recently used one is closed first."""
         model, tokenizer = self.model()
         options = replace(config.decoder(), backend=self.settings.backend)
         if options.backend == "sequential":
@@ -125,11 +165,28 @@ class Runtime:
         depths = resolve_depths(model.config.num_hidden_layers, options.depths, options.explorers)
         key = (depths, options.decs, options.adapters)
         with self._lock:
-            if key not in self._groups:
-                self._groups[key] = DexDecoder(model, options, tokenizer=tokenizer, depths=depths)
+            if key in self._groups:
+                self._groups.move_to_end(key)
+                return self._groups[key]
+            while len(self._groups) >= self.settings.max_groups:
+                self._groups.popitem(last=False)[1].close()
+            self._groups[key] = DexDecoder(model, options, tokenizer=tokenizer, depths=depths)
             return self._groups[key]
 
+    def file(self, name: str) -> Path:
+        """A fresh path for a file handed to a browser (the folder keeps files for ``session_ttl`` seconds)."""
+        with self._lock:
+            if self._files is None:
+                self._files = Path(tempfile.mkdtemp(prefix="dex-app-"))
+                atexit.register(shutil.rmtree, self._files, True)
+        now = time.time()
+        for old in self._files.glob("*/*"):
+            if now - old.stat().st_mtime > self.settings.session_ttl:
+                shutil.rmtree(old.parent, ignore_errors=True)
+        return Path(tempfile.mkdtemp(dir=self._files)) / name
+
     def close(self) -> None:
-        for decoder in self._groups.values():
-            decoder.close()
-        self._groups.clear()
+        with self._lock:
+            for decoder in self._groups.values():
+                decoder.close()
+            self._groups.clear()

@@ -6,19 +6,22 @@ The adapted hidden state goes through the model's own final norm and LM head to 
 Adapters change only which branch survives a commit, never the committed token. A set of adapters is
 saved as one safetensors file whose metadata records the model it belongs to (layer count, hidden and
 vocabulary size, an embedding fingerprint), the depths, and how it was trained; loading it for
-another model is a clear error.
+another model is a clear error. So is a file that is not a complete DEX adapter file (corrupt, truncated,
+another program's safetensors, tensors missing or of the wrong shape): every check reads only the
+file's header, before any tensor is loaded or any module built.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .config import DexError
+from .config import DexError, adapter_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "adapters"
 DEFAULT_ADAPTERS = ASSETS / "smollm2-135m-instruct.safetensors"
@@ -75,16 +78,101 @@ def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: d
     save_file(tensors, str(path), metadata=meta)
 
 
-def read_metadata(path) -> dict:
-    from safetensors import safe_open
+def adapter_shapes(hidden: int, bottleneck: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of one adapter and their shapes, as ``save_adapters`` writes them under '{depth}.'."""
+    return {"norm_weight": (hidden,), "up.weight": (bottleneck, hidden), "up.bias": (bottleneck,),
+            "down.weight": (hidden, bottleneck), "down.bias": (hidden,), "alpha": ()}
 
-    with safe_open(str(path), "pt") as fh:
-        meta = fh.metadata() or {}
+
+def _header(path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """(metadata, {tensor name: shape}) of a safetensors file, from its header alone."""
+    from safetensors import SafetensorError, safe_open
+
+    path = adapter_file(path)
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return fh.metadata() or {}, {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except (SafetensorError, OSError) as err:
+        raise DexError(f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: "
+                       f"save it again with 'dex train-adapters', or use 'none'") from None
+
+
+def _typed(value, kind, what: str = "the value"):
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{what} is {type(value).__name__}, not {getattr(kind, '__name__', 'a number')}")
+    return value
+
+
+def _identity(text: str) -> dict:
+    identity = _typed(json.loads(text), dict)
+    for key, kind in (("model_type", str), ("num_layers", int), ("hidden_size", int), ("vocab_size", int),
+                      ("fingerprint", (int, float))):
+        _typed(identity.get(key), kind, repr(key))
+    if not math.isfinite(identity["fingerprint"]):
+        raise ValueError("the fingerprint is not finite")
+    return identity
+
+
+def _depths(text: str) -> list[int]:
+    depths = [_typed(d, int, "a depth") for d in _typed(json.loads(text), list)]
+    if not depths or depths[0] < 1 or any(b <= a for a, b in zip(depths, depths[1:])):
+        raise ValueError(f"expected increasing positive layer counts, got {depths}")
+    return depths
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def _activation(name: str) -> str:
+    from transformers.activations import ACT2FN
+
+    if name not in ACT2FN:
+        raise ValueError(f"unknown activation {name!r}")
+    return name
+
+
+METADATA = {"identity": _identity, "depths": _depths, "bottleneck": _positive(int), "activation": _activation,
+            "eps": _positive(float), "training": lambda text: _typed(json.loads(text), dict)}
+
+
+def read_metadata(path) -> dict:
+    """The checked DEX metadata of an adapter file; DexError says what is wrong with the file."""
+    meta, _ = _header(path)
     if meta.get("format") != "dex-adapters":
         raise DexError(f"{path} is not a DEX adapter file (no 'format: dex-adapters' metadata)")
-    return {"identity": json.loads(meta["identity"]), "depths": json.loads(meta["depths"]),
-            "bottleneck": int(meta["bottleneck"]), "activation": meta["activation"], "eps": float(meta["eps"]),
-            "training": json.loads(meta["training"])}
+    out = {}
+    for key, parse in METADATA.items():
+        if key not in meta:
+            raise DexError(f"{path} is not a complete DEX adapter file: its metadata lacks {key!r}; "
+                           f"save it again with 'dex train-adapters'")
+        try:
+            out[key] = parse(meta[key])
+        except (TypeError, ValueError, OverflowError) as err:  # json.JSONDecodeError is a ValueError
+            raise DexError(f"{path} has invalid DEX adapter metadata {key!r} ({str(err)[:120]}); "
+                           f"save it again with 'dex train-adapters'") from None
+    if out["depths"][-1] >= out["identity"]["num_layers"]:
+        raise DexError(f"{path} has adapters at depths {out['depths']}, but its model has only "
+                       f"{out['identity']['num_layers']} layers (adapters go below the last one)")
+    return out
+
+
+def _check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    """DexError unless ``path`` holds every tensor its metadata promises, with the right shape."""
+    hidden = meta["identity"]["hidden_size"]
+    want = {f"{d}.{k}": shape for d in meta["depths"]
+            for k, shape in adapter_shapes(hidden, meta["bottleneck"]).items()}
+    problems = [f"tensor {k} is missing" if k not in shapes else f"tensor {k} has shape {list(shapes[k])}, "
+                f"not {list(shape)}" for k, shape in want.items() if shapes.get(k) != shape]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise DexError(f"{path} does not hold the adapters its metadata describes: {'; '.join(problems[:3])}"
+                       f"{more}; save it again with 'dex train-adapters'")
 
 
 def _mismatch(want: dict, have: dict, name: str) -> str | None:
@@ -112,7 +200,11 @@ def resolve_adapters(spec, model, depths=None) -> dict:
     'none', 'default' (the shipped set), a file, or a mapping {depth: module}. Only the non-final
     depths of exploration set ``depths`` are kept; a mapping with others is an error."""
     if isinstance(spec, Mapping):
-        adapters = {int(d): a for d, a in spec.items()}
+        bad = [d for d, a in spec.items() if isinstance(d, bool) or not isinstance(d, int) or not callable(a)]
+        if bad:
+            raise DexError(f"an adapter mapping takes layer depths (ints) to modules; got {bad[0]!r:.40}: "
+                           f"{spec[bad[0]]!r:.40}")
+        adapters = dict(spec)
         if depths is not None:
             extra = sorted(set(adapters) - set(depths[:-1]))
             if extra:
@@ -128,24 +220,24 @@ def resolve_adapters(spec, model, depths=None) -> dict:
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:
     """Adapters from ``path`` ('default' = the shipped set for the default model) for ``model``."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if str(path) == "default":
-        path = DEFAULT_ADAPTERS
-    path = Path(path)
-    if not path.is_file():
-        raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters', or use 'none'")
+    path = adapter_file(DEFAULT_ADAPTERS if str(path) == "default" else path)
     meta = read_metadata(path)
     reason = _mismatch(meta["identity"], model_identity(model), path.name)
     if reason:
         raise DexError(reason)
-    tensors = load_file(str(path))
-    cfg = model.config
+    _check_tensors(path, meta, _header(path)[1])
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise DexError(f"{path} could not be read ({err}); save it again with 'dex train-adapters'") from None
     dtype = model.model.norm.weight.dtype
     adapters = {}
     for d in meta["depths"]:
-        adapter = InducingAdapter(cfg.hidden_size, meta["bottleneck"], meta["activation"], meta["eps"])
-        adapter.load_state_dict({k.split(".", 1)[1]: v.float() for k, v in tensors.items()
-                                 if k.split(".", 1)[0] == str(d)})
-        adapters[int(d)] = adapter.to(dtype).eval().requires_grad_(False)
+        adapter = InducingAdapter(meta["identity"]["hidden_size"], meta["bottleneck"], meta["activation"],
+                                  meta["eps"])
+        adapter.load_state_dict({k: tensors[f"{d}.{k}"].float() for k in adapter.state_dict()})
+        adapters[d] = adapter.to(dtype).eval().requires_grad_(False)
     return adapters

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .bench_report import headline
-from .config import DexError, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths
+from .cost import ModelCost
+from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths
 from .data import PROMPT_SETS, prompt_set
 from .reference import hf_greedy
 from .request import encode_item
@@ -58,6 +59,8 @@ class BenchConfig:
 
     def __post_init__(self):
         self.sets, self.methods = parse_list(self.sets, "sets"), parse_list(self.methods, "methods")
+        if self.adapters not in ADAPTER_CHOICES:
+            adapter_file(self.adapters)  # a missing file fails before the model loads
         self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
         if self.quick:
             for key, value in QUICK.items():
@@ -103,24 +106,32 @@ class _Timer:
         self.seconds += time.perf_counter() - self.tic
 
 
-def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts) -> dict:
-    """Grid search (exit E over every layer 1..L-1, n over ``drafts``) of greedy self-speculation by its
-    critical path on (prompt, greedy answer) pairs; the acceptance rule is replayed exactly on each
-    layer's matches (``baselines.self_spec_layer_forwards``)."""
+def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts,
+                   allow_ar: bool = True) -> dict:
+    """Grid search of greedy self-speculation on (prompt, greedy answer) pairs under the cost model
+    (memory-bound layer-equivalents, heads and adapters included): exit E over every layer 1..L-1 and n
+    over ``drafts``, plus (``allow_ar``) "no speculation" (plain AR, exit None). The acceptance rule is replayed exactly
+    on each layer's matches (``baselines.self_spec_layer_forwards``)."""
     from .baselines import self_spec_layer_forwards
     from .ead import layer_matches
 
     L = model.config.num_hidden_layers
+    cost = ModelCost.of(model, adapters)
     omegas = [layer_matches(model, prompt, out, adapters) for prompt, out in answers]
-    grid = []
+    T = sum(len(om) for om in omegas)
+    grid = [{"exit": None, "draft": 0, "layer_forwards_per_token": float(L), "cost_per_token": cost.ar()}][:allow_ar]
     for exit_layer in range(1, L):
         for n in drafts:
-            forwards = sum(self_spec_layer_forwards(om[:, exit_layer - 1], n, exit_layer, L)[1] for om in omegas)
-            grid.append({"exit": exit_layer, "draft": n,
-                         "layer_forwards_per_token": forwards / sum(len(om) for om in omegas)})
-    best = min(grid, key=lambda g: (g["layer_forwards_per_token"], g["exit"], g["draft"]))
-    return {"exit": best["exit"], "draft": best["draft"], "tune_layer_forwards_per_token":
-            best["layer_forwards_per_token"], "adapters": sorted(adapters), "grid": grid}
+            steps = forwards = 0
+            for om in omegas:
+                s, f = self_spec_layer_forwards(om[:, exit_layer - 1], n, exit_layer, L)
+                steps, forwards = steps + s, forwards + f
+            step_cost = cost.self_spec_step(exit_layer, n, "memory", exit_layer in adapters)
+            grid.append({"exit": exit_layer, "draft": n, "layer_forwards_per_token": forwards / T,
+                         "cost_per_token": steps * step_cost / T})
+    best = min(grid, key=lambda g: (g["cost_per_token"], g["exit"] or 0, g["draft"]))
+    return {"exit": best["exit"], "draft": best["draft"], "tune_cost_per_token": best["cost_per_token"],
+            "adapters": sorted(adapters), "grid": grid}
 
 
 def _explorations(cfg: BenchConfig, L: int) -> list[tuple[int, ...]]:
@@ -167,9 +178,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         answers = [(p, hf_greedy(model, p, cfg.max_new_tokens)) for p in tune]
     for name, lens in tuned.items():
         if name in cfg.methods:
-            t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts)
-            log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_layer_forwards_per_token']:.2f} "
-                f"layer forwards/token on the tune split)")
+            t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts, name == "self-spec")
+            log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
+                f"layer-equivalents/token on the tune split, heads included)")
     ss, hf = report["tuning"].get("self-spec"), report["tuning"].get("hf-early-exit")
 
     variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
@@ -190,8 +201,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     for key, decoder in decoders.items():
         runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))
     if ss:
-        runners["self-spec"] = lambda p, n: (lambda r: (r["tokens"], r))(self_spec_generate(
-            model, p, n, ss["exit"], ss["draft"], adapters.get(ss["exit"])))
+        runners["self-spec"] = (lambda p, n: (lambda r: (r["tokens"], r))(self_spec_generate(
+            model, p, n, ss["exit"], ss["draft"], adapters.get(ss["exit"])))) if ss["exit"] else \
+            (lambda p, n: (lambda t: (t, {"steps": len(t), "layer_forwards": L * len(t)}))(stage_ar.generate(p, n).tokens))
     if hf:
         runners["hf-early-exit"] = lambda p, n: (hf_early_exit_generate(model, p, n, hf["exit"], hf["draft"]), {})
     runners = {k: v for k, v in runners.items() if (k if isinstance(k, str) else k[0]) in cfg.methods}
@@ -214,6 +226,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             lens = {use: [layer_candidates(model, p, r, adapters if use else {}) for p, r in zip(prompts, refs)]
                     for use in {False, bool(adapters)}}
             ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r]), "L": L, "ss": ss, "hf": hf,
+                   "cost": ModelCost.of(model, adapters),
                    "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters}
             omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
             stable = float((torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1).double().mean())
@@ -223,7 +236,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                 row.update(set=set_name, seconds=timers[key].seconds,
                            tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
                            speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
-                           layer_speedup=L / row["layer_forwards_per_token"])
+                           layer_speedup=L / row["layer_forwards_per_token"],
+                           cost_vs_ar=ctx["cost"].ar() / row["cost_per_token"])
                 report["results"].append(row)
     finally:
         for decoder in decoders.values():
@@ -241,15 +255,21 @@ def _row(key, outs: list, ctx: dict) -> dict:
     T = len(flat)
     exact = sum(o[0] == r for o, r in zip(outs, refs))
     method = key if isinstance(key, str) else key[0]
+    cost = ctx["cost"]
     row = {"method": method, "prompts": len(refs), "tokens": T, "exact": exact == len(refs), "exact_prompts": exact,
-           "layer_forwards_per_token": float(L)}
+           "layer_forwards_per_token": float(L), "devices": 1, "cost_per_token": cost.ar(),
+           "cost_per_token_rows": cost.ar()}
     if method in ("dex", "dex-distributed"):
         _, depths, use, decs = key
         stats = [o[1] for o in outs]
         rounds = sum(s.rounds for s in stats)
+        covered = [d for d in ctx["adapters"] if use and d in depths[:-1]]
+        batches = [b for s in stats for b in s.batch_sizes]
         row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, rounds_per_token=rounds / T,
-                   depth_speedup=len(depths) * T / rounds,
-                   layer_forwards_per_token=rounds * longest_stage(depths) / T)
+                   depth_speedup=len(depths) * T / rounds, devices=len(depths),
+                   layer_forwards_per_token=rounds * longest_stage(depths) / T,
+                   cost_per_token=cost.dex(depths, batches, T, "memory", covered),
+                   cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
         if method == "dex":
             predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
             row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
@@ -258,17 +278,23 @@ def _row(key, outs: list, ctx: dict) -> dict:
             row["schedule"] = f"distributed ({len(depths)} processes)"
     elif method == "self-spec":
         ss = ctx["ss"]
-        row.update(exit=ss["exit"], draft=ss["draft"], adapters=ss["exit"] in ctx["adapters"],
-                   steps_per_token=sum(o[1]["steps"] for o in outs) / T,
+        steps, E, n = sum(o[1]["steps"] for o in outs), ss["exit"], ss["draft"]
+        row.update(exit=E, draft=n, adapters=E in ctx["adapters"], steps_per_token=steps / T,
                    layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T)
+        if E:
+            row.update({f"cost_per_token{suffix}": steps * cost.self_spec_step(E, n, view, E in ctx["adapters"]) / T
+                        for suffix, view in (("", "memory"), ("_rows", "rows"))})
     elif method == "hf-early-exit":
         hf = ctx["hf"]
         hits = matches(ctx["cands"][False], flat)[:, hf["exit"] - 1]
         bounds = torch.cumsum(torch.tensor([0] + [len(r) for r in refs]), 0).tolist()
-        forwards = sum(self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], L)[1]
-                       for a, b in zip(bounds, bounds[1:]))
+        replays = [self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], L) for a, b in zip(bounds, bounds[1:])]
+        steps, forwards = sum(r[0] for r in replays), sum(r[1] for r in replays)
+        plain = ModelCost(L, cost.head, 0.0)
         row.update(exit=hf["exit"], draft=hf["draft"], adapters=False, layer_forwards_per_token=forwards / T,
-                   layer_forwards_note="counted by replaying the acceptance rule on the plain lens")
+                   layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
+                   **{f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
+                      for suffix, view in (("", "memory"), ("_rows", "rows"))})
     return row
 
 

@@ -20,8 +20,15 @@ from .train import TrainConfig
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are DexErrors too: one ``dex: error:`` line and exit code 2, like every other bad input."""
+
+    def error(self, message):
+        raise DexError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dex", description="Depth Exploration Decoding (DEX): "
+    parser = _Parser(prog="dex", description="Depth Exploration Decoding (DEX): "
                                      "lossless, depth-parallel decoding of Hugging Face causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with DEX and print depth statistics",
@@ -64,21 +71,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _writable(path: str | None) -> None:
     """Fail before the work starts when an output file cannot be written."""
-    if path and not Path(path).resolve().parent.is_dir():
+    if not path:
+        return
+    if not Path(path).resolve().parent.is_dir():
         raise DexError(f"cannot write {path}: its folder does not exist")
+    existed = Path(path).exists()
+    try:
+        open(path, "a").close()
+    except OSError as err:
+        raise DexError(f"cannot write {path}: {err.strerror or err}") from None
+    if not existed:
+        Path(path).unlink()
 
 
 def _generate(args) -> None:
     from .console import TextStream, print_report
     from .decoder import DexDecoder
     from .models import load_model
-    from .request import encode_prompt
+    from .request import check_text, encode_prompt
     from .trace import save_trace
 
     config = from_args(DexConfig, args)
     _writable(args.trace)
-    if not args.prompt.strip():
-        raise DexError("the prompt is empty; give some text to continue")
+    check_text(args.prompt)
     model, tokenizer = load_model(config.model, dtype=config.dtype)
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     decoder = DexDecoder(model, config.decoder(), tokenizer=tokenizer)
@@ -142,8 +157,8 @@ COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train,
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         COMMANDS[args.command](args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)

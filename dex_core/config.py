@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import operator
 import os
 import typing
 from collections.abc import Mapping
@@ -34,22 +35,43 @@ def option(default, help: str, **extra):
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 BACKENDS = ("sequential", "distributed")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
+ADAPTER_CHOICES = ("auto", "default", "none")  # the named adapter choices; any other text is a file
 ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default model when the model is that "
                 "model, else none), 'default' (the shipped set), 'none', or a .safetensors file from "
                 "dex train-adapters")
 
 
+def _integer(value) -> int:
+    """An int (or an int-like scalar such as numpy.int64); TypeError for bools, floats, strings, None."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a count")
+    return operator.index(value)
+
+
 def _int(value, name: str, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        low = "" if minimum is None else f" >= {minimum}"
-        raise DexError(f"{name} must be an integer{low}; got {value!r}")
-    return value
+    try:
+        if minimum is None or _integer(value) >= minimum:
+            return _integer(value)
+    except TypeError:
+        pass
+    low = "" if minimum is None else f" >= {minimum}"
+    raise DexError(f"{name} must be an integer{low}; got {value!r:.80}")
 
 
 def _number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise DexError(f"{name} must be a finite number; got {value!r}")
-    return float(value)
+    try:
+        if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an int too large for a float
+        pass
+    raise DexError(f"{name} must be a finite number; got {value!r:.80}")
+
+
+def flag(value, name: str) -> bool:
+    """A yes/no option: True or False (1 and 0 are accepted); anything else is an error, not a truth test."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise DexError(f"{name} must be True or False; got {value!r:.80}")
 
 
 @dataclass
@@ -63,27 +85,32 @@ class GenerationOptions:
                                                               "generation config)")
 
     def __post_init__(self):
-        _int(self.max_new_tokens, "max_new_tokens", 1)
-        if _number(self.temperature, "temperature") < 0:
+        self.max_new_tokens = _int(self.max_new_tokens, "max_new_tokens", 1)
+        self.temperature = _number(self.temperature, "temperature")
+        if self.temperature < 0:
             raise DexError(f"temperature must be >= 0 (0 is greedy); got {self.temperature!r}")
         if self.top_k is not None:
-            _int(self.top_k, "top_k", 1)
-        if self.top_p is not None and not 0.0 < _number(self.top_p, "top_p") <= 1.0:
-            raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
-        _int(self.seed, "seed")
+            self.top_k = _int(self.top_k, "top_k", 1)
+        if self.top_p is not None:
+            self.top_p = _number(self.top_p, "top_p")
+            if not 0.0 < self.top_p <= 1.0:
+                raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        self.seed = _int(self.seed, "seed")
         if isinstance(self.eos_token_id, str):
             self.eos_token_id = parse_ints(self.eos_token_id, "eos_token_id", 0)
         elif self.eos_token_id is not None:
-            ids = (self.eos_token_id,) if isinstance(self.eos_token_id, int) else self.eos_token_id
-            try:
-                self.eos_token_id = tuple(_int(t, "eos_token_id", 0) for t in ids)
-            except TypeError:
-                raise DexError(f"eos_token_id must be a token id or a list of them; got {ids!r}") from None
+            ids = self.eos_token_id if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
+            self.eos_token_id = tuple(_int(t, "eos_token_id", 0) for t in ids)
 
     @classmethod
     def build(cls, base: GenerationOptions | None = None, **overrides) -> GenerationOptions:
-        """``base`` (or the defaults) with ``overrides`` (field names; None leaves a field as it is)."""
-        return pick(cls, base or cls(), **{k: v for k, v in overrides.items() if v is not None})
+        """``base`` (or the defaults) with ``overrides`` (field names). ``max_new_tokens=None`` keeps the
+        base's length; any other override is taken as given (``top_k=None`` turns top-k off)."""
+        if base is not None and not isinstance(base, GenerationOptions):
+            raise DexError(f"options must be a GenerationOptions (or a DexConfig); got {type(base).__name__}")
+        if overrides.get("max_new_tokens", 0) is None:
+            del overrides["max_new_tokens"]
+        return pick(cls, base or cls(), **overrides)
 
 
 @dataclass
@@ -107,21 +134,23 @@ class DecoderOptions:
     def __post_init__(self):
         if self.depths is not None:
             self.depths = parse_depths(self.depths)
-        _int(self.explorers, "explorers", 1)
+        self.explorers = _int(self.explorers, "explorers", 1)
         if self.adapters is None or (isinstance(self.adapters, str) and not self.adapters.strip()):
             self.adapters = "none"
-        elif isinstance(self.adapters, Path):
-            self.adapters = str(self.adapters)
-        elif not isinstance(self.adapters, (str, Mapping)):
+        elif isinstance(self.adapters, (str, Path)):
+            self.adapters = str(self.adapters).strip()
+            if self.adapters not in ADAPTER_CHOICES:
+                adapter_file(self.adapters)
+        elif not isinstance(self.adapters, Mapping):
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
-        self.decs = bool(self.decs)
-        _int(self.trace_top, "trace_top", 0)
+        self.decs = flag(self.decs, "decs")
+        self.trace_top = _int(self.trace_top, "trace_top", 0)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.devices is not None:
             self.devices = parse_list(self.devices, "devices")
         if self.threads is not None:
-            _int(self.threads, "threads", 1)
+            self.threads = _int(self.threads, "threads", 1)
         if not _number(self.op_timeout, "op_timeout") > 0 or not _number(self.start_timeout, "start_timeout") > 0:
             raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
                            f"start_timeout={self.start_timeout!r}")
@@ -137,6 +166,9 @@ class DexConfig(DecoderOptions, GenerationOptions):
     def __post_init__(self):
         GenerationOptions.__post_init__(self)
         DecoderOptions.__post_init__(self)
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise DexError(f"model must be 'default', a directory, a .gguf file or a hub id; got {self.model!r}")
+        self.chat = flag(self.chat, "chat")
         if self.dtype not in DTYPES:
             raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
 
@@ -161,34 +193,56 @@ def default_threads(count: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, count))
 
 
+def _items(value, name: str) -> list:
+    """'a, ,b' -> ['a', 'b'] (blank entries dropped); a sequence -> a list of its items."""
+    if isinstance(value, str):
+        return [v for v in value.split(",") if v.strip()]
+    try:
+        return list(value)
+    except TypeError:
+        raise DexError(f"{name} must be a comma-separated list; got {value!r:.80}") from None
+
+
 def parse_list(value, name: str) -> tuple[str, ...]:
     """'a,b' or a sequence -> a tuple of non-empty stripped strings."""
-    items = value.split(",") if isinstance(value, str) else value
-    try:
-        return tuple(s for s in (str(v).strip() for v in items) if s)
-    except TypeError:
-        raise DexError(f"{name} must be a comma-separated list; got {value!r}") from None
+    return tuple(s for s in (str(v).strip() for v in _items(value, name)) if s)
 
 
 def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
-    """'2,3,4' or a sequence -> a non-empty tuple of integers >= ``minimum``."""
+    """'2,3,4' or a sequence of ints -> a non-empty tuple of integers >= ``minimum``.
+
+    Text is parsed ('2.5' is an error); a sequence must hold ints (2.5, '2' and True are errors, not 2).
+    """
+    items = _items(value, name)
     try:
-        out = tuple(int(v) for v in parse_list(value, name))
-    except ValueError:
-        raise DexError(f"{name} must be comma-separated integers like 2,3,4; got {value!r}") from None
+        out = tuple(int(v) if isinstance(value, str) else _integer(v) for v in items)
+    except (TypeError, ValueError):
+        raise DexError(f"{name} must be comma-separated integers like 2,3,4 (or a list of ints); "
+                       f"got {value!r:.80}") from None
     if not out or min(out) < minimum:
-        raise DexError(f"{name} must be integers >= {minimum}; got {value!r}")
+        raise DexError(f"{name} must be integers >= {minimum}; got {value!r:.80}")
     return out
 
 
 def parse_depths(depths) -> tuple[int, ...]:
-    """'8,15,23,30' or a sequence -> a strictly increasing tuple of positive ints."""
-    if not parse_list(depths, "depths"):
+    """'8,15,23,30' or a sequence of ints -> a strictly increasing tuple of positive ints."""
+    if not _items(depths, "depths"):
         raise DexError("depths is empty; give at least the model's layer count, e.g. 30")
     out = parse_ints(depths, "depths")
     if any(b <= a for a, b in zip(out, out[1:])):
         raise DexError(f"depths must be strictly increasing positive layer counts; got {list(out)}")
     return out
+
+
+def adapter_file(path) -> Path:
+    """The adapter file ``path`` names, checked to be a file before any work starts."""
+    path = Path(path)
+    if os.path.isdir(path):  # os.path answers False where a name cannot be a file (too long, NUL)
+        raise DexError(f"{path} is a directory, not an adapter file; give a .safetensors file from "
+                       "'dex train-adapters', or use 'none'")
+    if not os.path.isfile(path):
+        raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters', or use 'none'")
+    return path
 
 
 def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -> tuple[int, ...]:

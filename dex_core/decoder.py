@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from .adapters import resolve_adapters
-from .config import DecoderOptions, GenerationOptions, pick, resolve_depths, stage_bounds
+from .config import DecoderOptions, DexError, GenerationOptions, pick, resolve_depths, stage_bounds
 from .engine import run_rounds
 from .explorer import Explorer
 from .models import model_view
@@ -35,6 +35,8 @@ class DexDecoder:
     """
 
     def __init__(self, model, options: DecoderOptions | None = None, *, tokenizer=None, **overrides):
+        if options is not None and not isinstance(options, DecoderOptions):
+            raise DexError(f"options must be a DecoderOptions (or a DexConfig); got {type(options).__name__}")
         self.options = pick(DecoderOptions, options or DecoderOptions(), **overrides)
         self.model = model
         self.view = model_view(model)
@@ -42,6 +44,9 @@ class DexDecoder:
         self.decs = self.options.decs
         self.tokenizer = tokenizer
         self.trace_top = self.options.trace_top
+        if self.trace_top > self.view.vocab:
+            raise DexError(f"trace_top must be at most the model's vocabulary of {self.view.vocab} tokens; "
+                           f"got {self.trace_top}")
         self.adapters = resolve_adapters(self.options.adapters, model, self.depths)
         self.backend = self.options.backend
         self.group = None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ANALYSED_KS, DexError, GenerationOptions, option, parse_ints, parse_list, resolve_depths
+from .config import ADAPTER_CHOICES, ANALYSED_KS, DexError, adapter_file, GenerationOptions, option, parse_ints, parse_list, resolve_depths
 from .data import PROMPT_SETS, prompt_set
 from .models import model_view
 
@@ -200,6 +200,9 @@ class EadConfig:
 
     def __post_init__(self):
         self.adapters = parse_list(self.adapters, "adapters") or ("none",)
+        for name in self.adapters:
+            if name not in ADAPTER_CHOICES:
+                adapter_file(name)  # a missing file fails before the model loads
         self.sets = parse_list(self.sets, "sets")
         bad = [s for s in self.sets if s not in PROMPT_SETS]
         if bad or not self.sets:

@@ -1,38 +1,44 @@
-"""Explorer processes for the distributed schedule: the group a parent spawns, and the per-rank body.
+"""The explorer processes of the distributed schedule, owned by a parent: ``ExplorerGroup``.
 
-``ExplorerGroup`` (behind ``DexDecoder(..., backend="distributed")``): the parent spawns K processes,
-hands each only its stage's weights (stage 0 also the embeddings; every rank the final norm and LM
-head to propose candidates), sends typed ``Request``s on per-rank queues and receives rank 0's trace
-events on a result queue. The processes idle on their queues between calls. ``join_group`` and
-``serve_request`` are the per-rank body, shared with the torchrun entry point (``dex_core.serve``).
+The parent (``DexDecoder(..., backend="distributed")``) starts K rank processes that run
+``dex_core.rank.main`` (fresh interpreters, as torchrun starts its ranks), so they never re-import the caller's
+``__main__``: a plain script without a ``__main__`` guard works. It writes each rank only its stage's
+weights (a safetensors file in a private folder), talks to each over an authenticated local
+connection, sends typed ``Request``s and receives rank 0's trace events. The processes idle between
+calls and end with ``close()``, at interpreter exit, or by themselves within a second of the parent's
+death (idle or busy).
 
-Faults: a rank that raises reports ``(rank, cause)`` to the parent and exits at once, which closes
-its sockets, so its peers fail within about a second; the parent also watches exit codes. Either
-way the parent ends every process and raises ``ExplorerError``; the next call starts a fresh group.
+Faults end the call with an ``ExplorerError`` that names the rank at fault, in this order: a rank that
+died without reporting (its exit code or signal), a rank whose process is stopped, a rank that raised
+(its cause and traceback), a rank that fell silent behind its peers (each rank reports the round it
+starts to wait on its peers). With every rank silent, the parent gives up after ``op_timeout``. Every
+process is then ended; the next call starts a fresh group.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
-import queue
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
-import traceback
-from datetime import timedelta
+import weakref
+from multiprocessing.connection import Client, wait
+from pathlib import Path
 
 import torch
 
-from .config import DecoderOptions, DexError, default_threads, stage_bounds
-from .engine import run_rounds
-from .explorer import Explorer
-from .models import model_view
+from .config import DecoderOptions, DexError, default_threads
+from .rank import KEY_ENV, stage_payload, write_payload
 from .request import Request
-from .transport import DistLink
 
 _PEER_LOSS = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out", "Timeout",
               "NCCL communicator was aborted")
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 class ExplorerError(RuntimeError):
@@ -47,7 +53,10 @@ def resolve_devices(devices, count: int) -> list[str]:
     devices = [str(d) for d in devices]
     if len(devices) != count:
         raise DexError(f"devices lists {len(devices)} devices for {count} explorers; give one per explorer")
-    kinds = {torch.device(d).type for d in devices}
+    try:
+        kinds = {torch.device(d).type for d in devices}
+    except RuntimeError:
+        raise DexError(f"devices must be cpu or cuda:N; got {devices}") from None
     if not kinds <= {"cpu", "cuda"} or len(kinds) > 1:
         raise DexError(f"devices must be all cpu or all cuda:N; got {devices}")
     for d in devices:
@@ -58,83 +67,17 @@ def resolve_devices(devices, count: int) -> list[str]:
     return devices
 
 
-def stage_payload(model, depths, rank: int, adapter=None) -> dict:
-    """The config and the tensors explorer ``rank`` needs (its layers, norm, LM head; rank 0 embeddings)."""
-    start, stop = stage_bounds(depths, rank)
-    prefixes = tuple(f"model.layers.{i}." for i in range(start, stop)) + ("model.norm.", "lm_head.")
-    if rank == 0:
-        prefixes += ("model.embed_tokens.",)
-    state = model.state_dict()
-    tensors = {k: v for k, v in state.items() if k.startswith(prefixes)}
-    if "lm_head.weight" not in tensors:  # tied embeddings saved once
-        tensors["lm_head.weight"] = state["model.embed_tokens.weight"]
-    return {"config": model.config, "tensors": tensors, "depths": list(depths), "rank": rank, "adapter": adapter}
-
-
-def build_stage_model(payload: dict, device: str):
-    """A model skeleton on the meta device holding real tensors only for this stage."""
-    from transformers import AutoModelForCausalLM
-
-    config = payload["config"]
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    tensors = {k: v.to(device) for k, v in payload["tensors"].items()}
-    model.load_state_dict(tensors, strict=False, assign=True)
-    with torch.device(device):  # the rotary buffers are computed, not loaded
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    adapter = payload["adapter"]
-    return model.eval(), (adapter.to(device) if adapter is not None else None)
-
-
-def join_group(payload: dict, device: str, init_method: str | None, count: int, trace_top: int,
-               op_timeout: float, start_timeout: float, cancel=None):
-    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link)."""
-    import torch.distributed as dist
-
-    rank = payload["rank"]
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=count,
-                                timeout=timedelta(seconds=start_timeout))
-    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
-    model, adapter = build_stage_model(payload, device)
-    view = model_view(model)
-    start, stop = stage_bounds(payload["depths"], rank)
-    explorer = Explorer(view, rank, count, start, stop, adapter)
-    link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel)
-    return view, explorer, link
-
-
-def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int):
-    """Run one generation request on this rank; yields the trace events (identical on every rank)."""
-    with torch.no_grad():
-        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top)
-
-
-def _worker(payload, opts, requests, results, cancel) -> None:
-    """Body of a spawned explorer process."""
-    rank = payload["rank"]
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, a debugger): its state in /proc (Linux; False elsewhere)."""
     try:
-        torch.set_num_threads(opts["threads"])
-        view, explorer, link = join_group(payload, opts["device"], opts["init_method"], opts["count"],
-                                          opts["trace_top"], opts["op_timeout"], opts["start_timeout"], cancel)
-        del payload
-        results.put(("ready", rank, None))
-        while (request := requests.get()) is not None:
-            for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"]):
-                if rank == 0:
-                    results.put(("event", request.id, event))
-    except BaseException as err:  # report, flush, and leave at once so the peers notice
-        cause = f"{type(err).__name__}: {err}".strip()
-        results.put(("error", rank, (cause, traceback.format_exc())))
-        results.close()
-        results.join_thread()
-        os._exit(1)
-    import torch.distributed as dist
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
-    dist.destroy_process_group()
+
+def _close_all() -> None:
+    for group in list(_LIVE):
+        group.close()
 
 
 class ExplorerGroup:
@@ -147,7 +90,7 @@ class ExplorerGroup:
         self.threads = options.threads or default_threads(self.count)
         self.decs, self.trace_top = options.decs, options.trace_top
         self.op_timeout, self.start_timeout = options.op_timeout, options.start_timeout
-        self._procs: list | None = None
+        self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
         self.start()
 
@@ -159,74 +102,121 @@ class ExplorerGroup:
         return [p.pid for p in self._procs or []]
 
     def start(self) -> None:
-        ctx = torch.multiprocessing.get_context("spawn")
-        self._tmp = tempfile.mkdtemp(prefix="dex-group-")
-        self._requests = [ctx.Queue() for _ in range(self.count)]
-        self._results = ctx.Queue()
-        self._cancel = ctx.Event()
-        self._procs = []
-        for rank in range(self.count):
-            opts = {"device": self.devices[rank], "threads": self.threads, "count": self.count,
-                    "init_method": "file://" + os.path.join(self._tmp, "rendezvous"), "depths": self.depths,
-                    "decs": self.decs, "trace_top": self.trace_top, "op_timeout": self.op_timeout,
-                    "start_timeout": self.start_timeout}
-            payload = stage_payload(self.model, self.depths, rank, self.adapters.get(self.depths[rank]))
-            proc = ctx.Process(target=_worker, name=f"dex-explorer-{rank}", daemon=True,
-                               args=(payload, opts, self._requests[rank], self._results, self._cancel))
-            proc.start()
-            self._procs.append(proc)
-        ready: set[int] = set()
+        if not _LIVE:
+            atexit.register(_close_all)
+        self._tmp = Path(tempfile.mkdtemp(prefix="dex-group-"))
+        key = os.urandom(32)
+        env = dict(os.environ, **{KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        entry = "from dex_core.rank import main; main()"  # a module's code, never the caller's __main__
+        self._procs = [subprocess.Popen([sys.executable, "-c", entry, "--rank", str(k), "--folder", str(self._tmp),
+                                         "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL)
+                       for k in range(self.count)]
+        _LIVE.add(self)
+        self._conns: list = [None] * self.count
+        self._progress, self._activity = [0] * self.count, time.monotonic()
         deadline = time.monotonic() + self.start_timeout
+        for k in range(self.count):
+            write_payload(stage_payload(self.model, self.depths, k, self.adapters.get(self.depths[k])), self._tmp)
+        for k in range(self.count):
+            self._conns[k] = self._connect(k, key, deadline)
+            self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,
+                                 "init_method": (self._tmp / "rendezvous").as_uri(), "depths": self.depths,
+                                 "decs": self.decs, "trace_top": self.trace_top, "op_timeout": self.op_timeout,
+                                 "start_timeout": self.start_timeout})
+        ready: set[int] = set()
         while len(ready) < self.count:
             kind, rank, _ = self._get(deadline, "starting")
             if kind == "ready":
                 ready.add(rank)
 
-    def _get(self, deadline: float | None, doing: str):
-        """Next message from the explorers; raises ExplorerError on a report, a death or the deadline."""
+    def _connect(self, rank: int, key: bytes, deadline: float):
+        address = str(self._tmp / f"rank-{rank}.sock")
         while True:
             try:
-                msg = self._results.get(timeout=0.1)
-            except queue.Empty:
-                msg = None
-            if msg is not None:
+                return Client(address, family="AF_UNIX", authkey=key)
+            except (FileNotFoundError, ConnectionRefusedError):
+                self._check(deadline, "starting")
+                time.sleep(0.05)
+
+    def _check(self, deadline: float | None, doing: str) -> None:
+        """Raise for a dead rank, or when the deadline passed (or, with none, every rank fell silent)."""
+        dead = [(k, p.poll()) for k, p in enumerate(self._procs) if p.poll() is not None]
+        if dead:
+            self._fail([], dead)
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            self._fail([], [], f"did not answer within {self.start_timeout:.0f} s while {doing}; raise "
+                               "start_timeout or check the devices")
+        if deadline is None and now - self._activity > self.op_timeout:
+            self._fail([], [], f"sent nothing for {self.op_timeout:.0f} s (op_timeout) while {doing}")
+
+    def _get(self, deadline: float | None, doing: str):
+        """Next message from the explorers (progress reports are noted, not returned)."""
+        while True:
+            for conn in wait([c for c in self._conns if c is not None], timeout=0.1):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # that rank is gone; its exit code says how
+                    self._conns[self._conns.index(conn)] = None
+                    continue
+                self._activity = time.monotonic()
+                if msg[0] == "progress":
+                    self._progress[msg[1]] = msg[2]
+                    continue
                 if msg[0] == "error":
                     self._fail([msg])
                 return msg
-            dead = [(k, p.exitcode) for k, p in enumerate(self._procs) if p.exitcode is not None]
-            if dead:
-                self._fail([], dead)
-            if deadline is not None and time.monotonic() > deadline:
-                self.close()
-                raise ExplorerError(f"explorer processes did not answer within {self.start_timeout:.0f} s "
-                                    f"while {doing}; raise start_timeout or check the devices")
+            self._check(deadline, doing)
 
-    def _fail(self, errors: list, dead=()) -> None:
-        """Collect the reports for a moment, end every process, and raise with the root cause."""
-        settle = time.monotonic() + 1.0
-        while time.monotonic() < settle:
-            try:
-                msg = self._results.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if msg[0] == "error":
-                errors.append(msg)
-        self.close()
-        if errors:
-            root = next((e for e in errors if not any(s in e[2][0] for s in _PEER_LOSS)), errors[0])
+    def _blame(self, errors: list, dead, silent: str | None) -> str:
+        """The message naming the rank at fault (see the module docstring for the order)."""
+        reported = {e[1] for e in errors}
+        for k, code in dead:
+            if k not in reported:
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                return f"explorer rank {k} died ({how}) without reporting an error"
+        stopped = [k for k, pid in enumerate(self.pids()) if _stopped(pid)]
+        if stopped:
+            return f"explorer rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped " \
+                   f"(the process is suspended) and the group could not go on"
+        root = next((e for e in errors if not any(s in e[2][0] for s in _PEER_LOSS)), None)
+        if root:
             _, rank, (cause, tb) = root
-            raise ExplorerError(f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}")
-        rank, code = dead[0]
-        raise ExplorerError(f"explorer rank {rank} died (exit code {code}) without reporting an error")
+            return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
+        behind = [k for k, r in enumerate(self._progress) if r == min(self._progress)]
+        if len(behind) < self.count:
+            return (f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
+                    f"round {min(self._progress) + 1} while the others waited at round {max(self._progress)}")
+        if silent:
+            return f"explorer ranks {', '.join(map(str, range(self.count)))} {silent}"
+        _, rank, (cause, tb) = errors[0]
+        return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
+
+    def _fail(self, errors: list, dead=(), silent: str | None = None) -> None:
+        """Collect the reports for a moment, name the rank at fault, end every process, and raise."""
+        settle = time.monotonic() + (1.0 if errors or dead else 0.0)
+        while time.monotonic() < settle:
+            for conn in wait([c for c in self._conns if c is not None], timeout=0.05):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._conns[self._conns.index(conn)] = None
+                    continue
+                if msg[0] == "error":
+                    errors.append(msg)
+        dead = list(dead) + [(k, p.poll()) for k, p in enumerate(self._procs)
+                             if p.poll() is not None and k not in {d[0] for d in dead}]
+        message = self._blame(errors, dead, silent)
+        self.close()
+        raise ExplorerError(message)
 
     def run(self, request: Request):
         """Send a request to every explorer; yield rank 0's trace events until the end event."""
         if self._procs is None:
             self.start()
         rid, self._next_id = self._next_id, self._next_id + 1
-        self._cancel.clear()
-        for q in self._requests:
-            q.put(dataclasses.replace(request, id=rid))
+        self._activity = time.monotonic()
+        self._send_all(("request", dataclasses.replace(request, id=rid)))
         finished = False
         try:
             while True:
@@ -238,36 +228,39 @@ class ExplorerGroup:
                         return
         finally:
             if not finished and self._procs is not None:  # the caller stopped early: stop the ranks too
-                self._cancel.set()
-                deadline = time.monotonic() + self.op_timeout
+                self._send_all(("cancel", rid))
                 while self._procs is not None:
-                    kind, key, event = self._get(deadline, "stopping")
+                    kind, key, event = self._get(None, "stopping")
                     if kind == "event" and key == rid and event["event"] == "end":
                         break
 
+    def _send_all(self, msg) -> None:
+        for conn in self._conns:
+            try:
+                if conn is not None:
+                    conn.send(msg)
+            except OSError:  # that rank is gone; the next check names it
+                pass
+
     def close(self) -> None:
-        """Ask the explorers to exit, then end any that do not; remove the rendezvous folder."""
+        """Ask the explorers to exit, then end any that do not; remove the private folder."""
         if self._procs is None:
             return
         procs, self._procs = self._procs, None
-        for q in self._requests:
-            try:
-                q.put(None)
-            except (ValueError, OSError):
-                pass
+        _LIVE.discard(self)
+        self._send_all(("close",))
         deadline = time.monotonic() + 5.0
         for p in procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-            if p.is_alive():
+            if _stopped(p.pid):
                 p.kill()
-                p.join(timeout=2.0)
-        for q in self._requests + [self._results]:
-            q.cancel_join_thread()
-            q.close()
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5.0)
+        for conn in self._conns:
+            if conn is not None:
+                conn.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __del__(self):

@@ -86,9 +86,15 @@ def _prepare_default() -> Path:
 
 
 def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
-    """Fail fast with a clear message when a hub id is neither cached nor reachable."""
+    """Fail fast with a clear message when a hub id is malformed, or neither cached nor reachable."""
     from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise DexError(f"model {repo_id!r:.120} is not a local directory or .gguf file, nor a Hugging Face hub "
+                       f"id like 'org/name'") from None
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
@@ -107,6 +113,8 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not isinstance(spec, str) or not spec.strip():
+        raise DexError(f"model must be 'default', a local directory, a .gguf file or a hub id; got {spec!r}")
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
@@ -117,12 +125,12 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
         source = _prepare_default()
     elif spec.endswith(".gguf"):
         path = Path(spec)
-        if not path.is_file():
+        if not os.path.isfile(path):  # os.path: False, not an error, for names that cannot exist
             raise DexError(f"no such GGUF file: {spec}")
         source, kwargs = path.parent, {"gguf_file": path.name}
-    elif Path(spec).is_dir():
+    elif os.path.isdir(spec):
         source = Path(spec)
-        if not (source / "config.json").is_file():
+        if not os.path.isfile(source / "config.json"):
             raise DexError(f"{spec} is a directory without config.json; point --model at a saved model")
     elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path, not an 'org/name' hub id
         raise DexError(f"no such model directory or file: {spec}")
@@ -132,10 +140,11 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DexError(f"could not load model {spec!r}: not a local model and the Hugging Face hub "
-                       f"could not provide it ({reason})") from None
+    except Exception as err:  # model files are untrusted input: any failure to parse them is a bad model
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        where = ("its files are missing, corrupt or inconsistent" if isinstance(source, Path)  # local files
+                 else "not a local model and the Hugging Face hub could not provide it")
+        raise DexError(f"could not load model {spec!r}: {where} ({reason})") from None
     check_supported(model)
     model.eval()
     if device is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,17 @@ class Request:
     id: int = 0
 
 
+def _token(t) -> int:
+    if isinstance(t, bool):
+        raise TypeError("a bool is not a token id")
+    return operator.index(t)
+
+
 def prompt_ids(input_ids, vocab: int) -> list[int]:
     """Token ids from a list, a 1-D tensor or a (1, n) tensor, checked against the vocabulary."""
+    if isinstance(input_ids, (str, bytes)):
+        raise DexError("the prompt must be token ids, not text; encode text first with "
+                       "encode_prompt(tokenizer, text, chat)")
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
@@ -30,9 +40,9 @@ def prompt_ids(input_ids, vocab: int) -> list[int]:
             input_ids = input_ids[0]
         input_ids = input_ids.tolist()
     try:
-        ids = [t if isinstance(t, int) and not isinstance(t, bool) else int(t) for t in input_ids]
-    except (TypeError, ValueError):
-        raise DexError(f"the prompt must be a sequence of token ids; got {input_ids!r:.80}") from None
+        ids = [_token(t) for t in input_ids]
+    except TypeError:
+        raise DexError(f"the prompt must be a sequence of integer token ids; got {input_ids!r:.80}") from None
     if not ids:
         raise DexError("the prompt is empty; give at least one token to continue from")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -69,10 +79,23 @@ def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -
     return tokenizer("\n".join(m["content"] for m in messages) + ("\n" if generation_prompt else ""))["input_ids"]
 
 
+def check_text(prompt) -> str:
+    """``prompt`` if it is non-empty text a tokenizer can encode (UTF-8: no lone surrogates)."""
+    if not isinstance(prompt, str):
+        raise DexError(f"the prompt must be text (a str); got {type(prompt).__name__}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DexError(f"the prompt is not valid Unicode: a lone surrogate {prompt[err.start]!r} at character "
+                       f"{err.start}; remove it or fix the text's encoding") from None
+    if not prompt.strip():
+        raise DexError("the prompt is empty; give some text to continue")
+    return prompt
+
+
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     """Token ids of ``prompt``; through the tokenizer's chat template when it has one and ``chat``."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise DexError("the prompt is empty; give some text to continue")
+    check_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_ids(tokenizer, [{"role": "user", "content": prompt}], generation_prompt=True)
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> None:
 
     from .adapters import resolve_adapters
     from .console import TextStream, print_report
-    from .group import join_group, serve_request, stage_payload
+    from .rank import join_group, serve_request, stage_payload
     from .models import load_model
     from .request import encode_prompt, eos_ids, make_request
 

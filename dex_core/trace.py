@@ -11,8 +11,9 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
     ``batches[k]``: ids of the nodes explorer k computed. ``nodes``: the new exploration tokens,
     each ``{"id", "slot", "parent", "kind" ("root" | "depth" | "position"), "stage", "position"
-    (absolute position of the predicted token), "input_token", "token", "text", "top"
-    ([[token, probability], ...] at this depth, best first), "masked" (DECS-masked ids)}``.
+    (absolute position of the predicted token), "input_token", "token", "text" (null without a
+    tokenizer), "top" ([[token, probability], ...] at this depth, best first; empty when
+    ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
     ``commit`` (or null): ``{"index", "position", "token", "text", "matched_stage",
     "anchor_nodes", "anchor_candidates"}``. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
@@ -27,6 +28,10 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
 
 ``{"event": "end", "tokens", "stop" ("eos" | "length" | "cancelled"), "stats"}`` — ``stats`` as in
     ``GenerationStats.to_dict()``; "cancelled" when the caller stopped a distributed stream early.
+
+A saved trace is ``{"format": "dex-trace", "version", "meta" (strings and numbers, such as the model),
+"events"}``; a trace stopped early has no end event. ``load_trace`` validates what it reads against this schema (``dex_core.trace_schema``
+holds the JSON Schema, the cross-reference checks and the size limits, ``TraceLimits``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TRACE_FORMAT = "dex-trace"
-TRACE_VERSION = 1
+from .config import DexError
+from .trace_schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits, parse_trace
 
 
 def save_trace(path: str | Path, events: list[dict], meta: dict | None = None) -> None:
@@ -44,17 +49,21 @@ def save_trace(path: str | Path, events: list[dict], meta: dict | None = None) -
     Path(path).write_text(json.dumps(doc, separators=(",", ":")))
 
 
-def load_trace(path: str | Path) -> tuple[list[dict], dict]:
-    """Read a saved trace; returns ``(events, meta)``. Raises ValueError for foreign or newer files."""
+def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[list[dict], dict]:
+    """Read and validate a saved trace (``dex_core.trace_schema``); returns ``(events, meta)``.
+
+    A missing, oversized, foreign, newer or malformed file raises ``DexError``; the size is checked
+    before the file is read, and messages name the file only by its base name.
+    """
+    path = Path(path)
     try:
-        doc = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not a DEX trace (invalid JSON: {err})") from None
-    if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path} is not a DEX trace (no 'format': '{TRACE_FORMAT}')")
-    if doc.get("version", 0) > TRACE_VERSION:
-        raise ValueError(f"{path} has trace version {doc['version']}; this DEX reads up to {TRACE_VERSION}")
-    return doc["events"], doc.get("meta", {})
+        if path.stat().st_size > limits.max_file_bytes:
+            raise DexError(f"the trace is larger than {limits.max_file_bytes} bytes (TraceLimits.max_file_bytes)")
+        with path.open("rb") as f:
+            data = f.read(limits.max_file_bytes + 1)
+    except OSError:
+        raise DexError(f"cannot read the trace file {path.name!r}; give the path of a JSON file saved by DEX") from None
+    return parse_trace(data, limits)
 
 
 def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=()) -> dict:

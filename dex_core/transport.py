@@ -65,9 +65,10 @@ class DistLink(LocalLink):
     """Explorer ``rank`` of ``count`` on an initialized torch.distributed world."""
 
     def __init__(self, rank: int, count: int, hidden_size: int, dtype: torch.dtype, device,
-                 ctrl_group, top: int, op_timeout: float, cancel=None):
+                 ctrl_group, top: int, op_timeout: float, cancel=None, progress=None):
         super().__init__(count)
-        self.cancel = cancel  # a multiprocessing Event any rank's parent may set to stop early
+        self.cancel = cancel  # has is_set(): the parent asked to stop early
+        self.progress = progress  # called with the round number as this rank starts to wait on its peers
         self.local = [rank]
         self.rank, self.count = rank, count
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, torch.device(device)
@@ -105,6 +106,8 @@ class DistLink(LocalLink):
     def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
         import torch.distributed as dist
 
+        if self.progress is not None:
+            self.progress(plan.round)
         mine = outputs.get(self.rank)
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
         rows = self._swap(mine.hidden if mine is not None else None, len(prev))

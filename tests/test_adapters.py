@@ -1,6 +1,7 @@
 """Inducing adapters: file round trip with model identity, use in DEX, and training."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -127,3 +128,113 @@ def test_training_can_start_from_an_adapter_file(tmp_path):
                        out, progress=False, windows=itertools.cycle(data))
     with pytest.raises(DexError, match="data must be one of"):
         TrainConfig(data="web")
+
+
+def _file_like(tmp_path, model, name, metadata=None, tensors=None):
+    """A saved adapter file, then ``metadata`` (key: text, None removes it) and ``tensors`` changed."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    good = tmp_path / "good.safetensors"
+    saved_adapters(model, good, std=0.5, alpha=0.7)
+    with safe_open(str(good), "pt") as fh:
+        meta, weights = fh.metadata(), {k: fh.get_tensor(k) for k in fh.keys()}
+    for changes, target in ((metadata or {}, meta), (tensors or {}, weights)):
+        for key, value in changes.items():
+            if value is None:
+                del target[key]
+            else:
+                target[key] = value if target is weights or isinstance(value, str) else json.dumps(value)
+    path = tmp_path / name
+    save_file(weights, str(path), metadata=meta)
+    return path
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("random bytes", "is not a readable safetensors file"),
+    ("cut in half", "is not a readable safetensors file"),
+    ("empty", "is not a readable safetensors file"),
+    ("directory", "is a directory, not an adapter file"),
+])
+def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(tmp_path, kind, message):
+    model = tiny_model("llama")
+    good = tmp_path / "good.safetensors"
+    saved_adapters(model, good, std=0.5, alpha=0.7)
+    path = tmp_path / "bad.safetensors"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        raw = good.read_bytes()
+        path.write_bytes({"random bytes": torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+                          .to(torch.uint8).numpy().tobytes(), "cut in half": raw[: len(raw) // 2], "empty": b""}[kind])
+    for attempt in (lambda: read_metadata(path), lambda: load_adapters(path, model),
+                    lambda: DexDecoder(model, explorers=3, adapters=path)):
+        with pytest.raises(DexError, match=message):
+            attempt()
+
+
+@pytest.mark.parametrize("metadata,message", [
+    ({"format": None}, "not a DEX adapter file"),
+    ({"identity": None}, "metadata lacks 'identity'"),
+    ({"training": None}, "metadata lacks 'training'"),
+    ({"identity": "{not json"}, "invalid DEX adapter metadata 'identity'"),
+    ({"identity": [1, 2]}, "invalid DEX adapter metadata 'identity'"),
+    ({"identity": {"model_type": "llama"}}, "'num_layers' is NoneType"),
+    ({"depths": "[2, oops]"}, "invalid DEX adapter metadata 'depths'"),
+    ({"depths": [4, 2]}, "increasing positive layer counts"),
+    ({"depths": [2.5]}, "a depth is float"),
+    ({"depths": [2, 6]}, "its model has only 6 layers"),
+    ({"bottleneck": "-1"}, "invalid DEX adapter metadata 'bottleneck'"),
+    ({"bottleneck": "1e9"}, "invalid DEX adapter metadata 'bottleneck'"),
+    ({"bottleneck": "1000000000"}, "has shape [96, 48], not [1000000000, 48]"),  # checked before any allocation
+    ({"activation": "nope"}, "unknown activation 'nope'"),
+    ({"eps": "nan"}, "invalid DEX adapter metadata 'eps'"),
+])
+def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(tmp_path, metadata, message):
+    model = tiny_model("llama")
+    path = _file_like(tmp_path, model, "bad.safetensors", metadata=metadata)
+    with pytest.raises(DexError, match=re.escape(message)):
+        load_adapters(path, model)
+
+
+@pytest.mark.parametrize("tensors,message", [
+    ({"2.up.weight": None}, "tensor 2.up.weight is missing"),
+    ({"4.alpha": None, "4.norm_weight": None}, "tensor 4.norm_weight is missing; tensor 4.alpha is missing"),
+    ({"2.up.weight": torch.zeros(3, 3, dtype=torch.float16)}, "tensor 2.up.weight has shape [3, 3], not [96, 48]"),
+    ({"2.alpha": torch.zeros(1, dtype=torch.float16)}, "tensor 2.alpha has shape [1], not []"),
+])
+def test_adapter_files_with_missing_or_misshaped_tensors_are_clear_errors(tmp_path, tensors, message):
+    model = tiny_model("llama")
+    path = _file_like(tmp_path, model, "bad.safetensors", tensors=tensors)
+    assert read_metadata(path)["depths"] == [2, 4]  # the metadata is fine; the tensors are not
+    with pytest.raises(DexError, match=re.escape(message)):
+        DexDecoder(model, depths=(2, 4, 6), adapters=path)
+
+
+def test_foreign_safetensors_files_are_not_taken_for_adapters(tmp_path):
+    from safetensors.torch import save_file
+
+    model = tiny_model("llama")
+    path = tmp_path / "weights.safetensors"
+    save_file({"2.up.weight": torch.zeros(96, 48)}, str(path), metadata={"author": "someone else"})
+    with pytest.raises(DexError, match="not a DEX adapter file"):
+        DexDecoder(model, explorers=3, adapters=path)
+
+
+def test_adapter_paths_are_checked_when_the_options_are_made(tmp_path):
+    from dex_core import DecoderOptions, DexConfig
+
+    with pytest.raises(DexError, match="no adapter file at"):
+        DecoderOptions(adapters=tmp_path / "missing.safetensors")
+    with pytest.raises(DexError, match="is a directory"):
+        DexConfig(adapters=str(tmp_path))
+    assert DecoderOptions(adapters=" none ").adapters == "none"
+
+
+@pytest.mark.parametrize("mapping", [{"2": InducingAdapter(48, 96)}, {2.5: InducingAdapter(48, 96)},
+                                     {True: InducingAdapter(48, 96)}, {2: "not a module"}])
+def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
+    with pytest.raises(DexError, match="takes layer depths"):
+        DexDecoder(tiny_model("llama"), depths=(2, 4, 6), adapters=mapping)

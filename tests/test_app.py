@@ -151,3 +151,18 @@ def test_app_settings_come_from_the_environment_and_are_validated():
         AppSettings.from_env({"DEX_EXPLORERS": "many"})
     with pytest.raises(DexError, match="backend must be one of"):
         AppSettings.from_env({"DEX_BACKEND": "gpu"})
+
+
+def test_files_handed_to_browsers_are_removed_after_the_session_time_to_live(tiny_dir):
+    import os
+    import time
+
+    from app.runtime import AppSettings, Runtime
+
+    runtime = Runtime(AppSettings(model=str(tiny_dir), session_ttl=60))
+    old = runtime.file("dex-trace.json")
+    old.write_text("{}")
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    fresh = runtime.file("dex-lattice.graphml")
+    assert fresh.parent.is_dir() and fresh.parent != old.parent
+    assert not old.exists() and not old.parent.exists()

@@ -72,7 +72,7 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
             assert r["layer_forwards_per_token"] == 6
     assert sorted(r["depths"] for r in report["results"] if r["method"] == "dex") == [[1, 3, 6], [2, 4, 6], [3, 6]]
     tuned = report["tuning"]["self-spec"]
-    assert tuned["tune_layer_forwards_per_token"] == min(g["layer_forwards_per_token"] for g in tuned["grid"])
+    assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
     assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text() and "| dex |" in proc.stdout
 
 

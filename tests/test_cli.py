@@ -93,3 +93,60 @@ def test_missing_output_folders_are_refused_before_any_work(tiny_dir, tmp_path, 
     code, _, err = run_cli(capsys, "generate", "hello", "--model", str(tiny_dir), "--no-chat",
                            "--trace", str(tmp_path / "no" / "t.json"))
     assert code == 2 and "its folder does not exist" in err
+
+
+def test_bad_adapter_files_stop_every_command_before_any_work(tiny_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x07" * 256)
+    code, _, err = run_cli(capsys, "generate", "hello", "--model", str(tmp_path / "no-such-model"),
+                           "--adapters", str(tmp_path / "missing.safetensors"))
+    assert code == 2 and "no adapter file at" in err  # refused with the options, before the model loads
+    code, _, err = run_cli(capsys, "generate", "hello", "--model", str(tiny_dir), "--no-chat", "--adapters", str(bad))
+    assert code == 2 and "is not a readable safetensors file" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "ead", "--model", str(tiny_dir), "--adapters", f"none,{bad}", "--sets", "builtin",
+                           "--prompts", "1", "--max-new-tokens", "4", "--explorers", "2", "--no-best")
+    assert code == 2 and "is not a readable safetensors file" in err and "1/1" not in err  # no answer generated
+    code, _, err = run_cli(capsys, "bench", "--quick", "--adapters", str(tmp_path), "--methods", "ar-hf,dex")
+    assert code == 2 and "is a directory, not an adapter file" in err and "warm-up" not in err
+    assert err.count("dex: error:") == 1
+
+
+
+def broken_model(kind: str, good, tmp_path) -> str:
+    """A --model value: a copy of the model directory ``good`` with one file damaged, or a bad name."""
+    import shutil
+
+    if kind == "not a hub id!":
+        return kind
+    if kind == "a 300-character name":
+        return "x" * 300
+    if kind == "random gguf":
+        (tmp_path / "m.gguf").write_bytes(b"GGUF?" * 50)
+        return str(tmp_path / "m.gguf")
+    dst = shutil.copytree(good, tmp_path / "broken")
+    weights, config = dst / "model.safetensors", dst / "config.json"
+    if kind == "weights cut in half":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif kind == "weights zeroed":
+        weights.write_bytes(bytes(64))
+    elif kind == "config not json":
+        config.write_text("{oops")
+    elif kind == "config disagrees with weights":
+        config.write_text(config.read_text().replace('"hidden_size": 48', '"hidden_size": 64'))
+    return str(dst)
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("weights cut in half", "its files are missing, corrupt or inconsistent"),
+    ("weights zeroed", "its files are missing, corrupt or inconsistent"),
+    ("config not json", "its files are missing, corrupt or inconsistent"),
+    ("config disagrees with weights", "its files are missing, corrupt or inconsistent"),
+    ("random gguf", "its files are missing, corrupt or inconsistent"),
+    ("not a hub id!", "nor a Hugging Face hub id like 'org/name'"),
+    ("a 300-character name", "nor a Hugging Face hub id like 'org/name'"),
+])
+def test_broken_model_files_and_malformed_model_names_exit_2(tiny_dir, tmp_path, capsys, kind, message):
+    model = broken_model(kind, tiny_dir, tmp_path)
+    code, out, err = run_cli(capsys, "generate", "hello", "--model", model, "--no-chat")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("dex: error:") and err.count("dex: error:") == 1

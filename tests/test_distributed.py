@@ -106,3 +106,98 @@ def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
     assert code == 2 and "is not available" in err
     code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "mpi"])
     assert code == 2 and "backend must be one of sequential, distributed" in capsys.readouterr().err
+
+
+PLAIN_SCRIPT = """
+from dex_core import DexDecoder, ar_generate
+from dex_core.models import tiny_model
+
+model = tiny_model("llama")
+dex = DexDecoder(model, explorers=2, backend="distributed", threads=1, start_timeout=300)
+print("exact", dex.generate([3, 1, 4, 1, 5], 12).tokens == ar_generate(model, [3, 1, 4, 1, 5], 12).tokens)
+"""
+
+
+def test_a_plain_script_without_a_main_guard_uses_the_distributed_backend(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_SCRIPT)  # no `if __name__ == "__main__":` guard, as users write
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "exact True"
+
+
+def _fault_after_round(decoder, prompt, at_round, fault):
+    """Stream a long generation, call ``fault(pids)`` after round ``at_round``, and return the error and
+    the seconds from the fault to the error."""
+    stream = decoder.stream(prompt, 200)
+    for event in stream:
+        if event["event"] == "round" and event["round"] == at_round:
+            break
+    tic = time.monotonic()
+    fault(decoder.group.pids())
+    with pytest.raises(ExplorerError) as err:
+        for _ in stream:
+            pass
+    return str(err.value), time.monotonic() - tic
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,rank,message", [
+    ("kill", 1, "explorer rank 1 died (was killed by SIGKILL)"),
+    ("stop", 0, "explorer rank 0 stopped"),
+    ("stop-all", None, "explorer ranks 0, 1 stopped"),
+])
+def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_is_exact(model, fault, rank, message):
+    import os
+    import signal
+
+    op_timeout = 6.0
+    with DexDecoder(model, explorers=2, backend="distributed", threads=1, op_timeout=op_timeout) as decoder:
+        sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+        error, seconds = _fault_after_round(
+            decoder, [3, 1, 4], 3, lambda pids: [os.kill(p, sig) for k, p in enumerate(pids) if rank in (None, k)])
+        assert message in error and seconds < op_timeout + 5, (error, seconds)
+        assert not decoder.group.alive
+        again = decoder.generate([2, 7, 1, 8], 12)  # a fresh group
+        assert again.tokens == ar_generate(model, [2, 7, 1, 8], 12).tokens
+
+
+PARENT_SCRIPT = """
+import sys, time
+from dex_core import DexDecoder
+from dex_core.models import tiny_model
+
+dex = DexDecoder(tiny_model("llama"), explorers=2, backend="distributed", threads=1, start_timeout=300)
+print(*dex.group.pids(), flush=True)
+if sys.argv[1] == "busy":
+    for _ in dex.stream([3, 1, 4], 240):
+        pass
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name,state", [("SIGKILL", "idle"), ("SIGTERM", "busy")])
+def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, state):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), state], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    time.sleep(1.0)
+    os.kill(parent.pid, getattr(signal, signal_name))
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                              for p in pids):
+        time.sleep(0.2)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"explorers {alive} outlived their parent by 10 s"

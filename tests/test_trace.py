@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dex_core import DexDecoder, load_trace, save_trace
+from dex_core import DexDecoder, DexError, load_trace, save_trace
 from dex_core.trace import TRACE_VERSION
 
 
@@ -24,10 +24,10 @@ def test_events_are_plain_json_and_survive_a_round_trip(trace, tmp_path):
 
 def test_foreign_and_newer_files_are_refused(tmp_path):
     (tmp_path / "a.json").write_text('{"x": 1}')
-    with pytest.raises(ValueError, match="not a DEX trace"):
+    with pytest.raises(DexError, match="not a DEX trace"):
         load_trace(tmp_path / "a.json")
     (tmp_path / "b.json").write_text(json.dumps({"format": "dex-trace", "version": TRACE_VERSION + 1}))
-    with pytest.raises(ValueError, match="trace version"):
+    with pytest.raises(DexError, match="newer trace version"):
         load_trace(tmp_path / "b.json")
 
 

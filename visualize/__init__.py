@@ -8,10 +8,10 @@ from .charts import ead_figure, race_figure, speedup_figure
 from .graph import export_graph, lattice_graph
 from .lattice import STATUS_COLORS, lattice_figure, node_status, node_statuses
 from .panels import STAGE_COLORS, fsm_html, round_table_html, stats_html, tokens_html
-from .replay import RoundView, lattice_size, replay
+from .replay import Replay, ReplayCache, RoundView, lattice_size, replay
 from .summary import race_summary_html, readiness_table_html
 
-__all__ = ["RoundView", "replay", "lattice_size", "STATUS_COLORS", "STAGE_COLORS", "node_status",
+__all__ = ["RoundView", "Replay", "ReplayCache", "replay", "lattice_size", "STATUS_COLORS", "STAGE_COLORS", "node_status",
            "node_statuses", "lattice_figure", "tokens_html", "fsm_html", "stats_html", "round_table_html",
            "race_figure", "ead_figure", "speedup_figure", "race_summary_html", "readiness_table_html",
            "lattice_graph", "export_graph"]

@@ -1,9 +1,13 @@
 """Summary charts: the token race between decoders, the earliest-available-depth (EAD) histogram, the
-predicted depth-side speedup against the number of explorers, and the ``dex bench`` comparison."""
+predicted depth-side speedup against the number of explorers, and the ``dex bench`` comparison.
+Plotly renders a subset of HTML in names, labels and hover texts: values from results and reports
+pass ``markup.plot_text``."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
+from .markup import plot_text
 
 _LAYOUT = dict(plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2))
 
@@ -12,7 +16,7 @@ def race_figure(series: list[dict]) -> go.Figure:
     """Tokens against seconds, one step line per series ``{"name", "times", "dash"?}``, where
     ``times[i]`` is when token i became available."""
     traces = [go.Scatter(x=[0.0] + list(s["times"]), y=list(range(len(s["times"]) + 1)), mode="lines",
-                         name=s["name"], line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid"))
+                         name=plot_text(s["name"]), line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid"))
               for s in series]
     fig = go.Figure(data=traces)
     fig.update_layout(title=dict(text="Tokens over time"), uirevision="race",
@@ -48,7 +52,7 @@ def speedup_figure(analysis: dict) -> go.Figure:
     ks = [p["explorers"] for p in predicted]
     traces = [
         go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="S_X (stable EAD)",
-                   text=[f"depths {p['depths']}" for p in predicted],
+                   text=[plot_text(f"depths {p['depths']}") for p in predicted],
                    hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#2e86c1")),
         go.Scatter(x=ks, y=[p["uniform"]["depth_speedup"] for p in predicted], mode="markers+lines",
                    name="DEX K / rounds per token" + (" (DECS)" if predicted and predicted[0]["decs"] else ""),
@@ -57,7 +61,7 @@ def speedup_figure(analysis: dict) -> go.Figure:
     if predicted and "best" in predicted[0]:
         traces.append(go.Scatter(
             x=ks, y=[p["best"]["pipeline_speedup"] for p in predicted], mode="markers+lines",
-            name="best set: L / (rounds × longest stage)", text=[f"depths {p['best']['depths']}" for p in predicted],
+            name="best set: L / (rounds × longest stage)", text=[plot_text(f"depths {p['best']['depths']}") for p in predicted],
             hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#8e44ad", dash="dot")))
     fig = go.Figure(data=traces + [
         go.Scatter(x=[min(ks, default=1), max(ks, default=1)], y=[analysis["oracle"]] * 2, mode="lines",
@@ -78,18 +82,19 @@ def bench_figure(report: dict) -> go.Figure:
                         subplot_titles=("critical path: L / layer forwards per token (hardware-neutral)",
                                         "measured tokens/s over HF generate (this machine)"))
     palette = ["#2e86c1", "#f5b041", "#27ae60", "#8e44ad"]
-    for i, set_name in enumerate(report["oracle"]):
+    for i, (set_name, oracle) in enumerate(report["oracle"].items()):
         rows = [r for r in report["results"] if r["set"] == set_name]
-        labels = [_bench_label(r) for r in rows]
+        labels = [plot_text(_bench_label(r)) for r in rows]
+        set_name = plot_text(set_name)
         color = palette[i % len(palette)]
         fig.add_trace(go.Bar(x=labels, y=[r["layer_speedup"] for r in rows], name=set_name, marker_color=color,
                              legendgroup=set_name), row=1, col=1)
         fig.add_trace(go.Bar(x=labels, y=[r["speedup_vs_ar"] for r in rows], name=set_name, marker_color=color,
                              legendgroup=set_name, showlegend=False), row=2, col=1)
-        fig.add_trace(go.Scatter(x=[labels[0], labels[-1]], y=[report["oracle"][set_name]["speedup"]] * 2,
+        fig.add_trace(go.Scatter(x=[labels[0], labels[-1]], y=[oracle["speedup"]] * 2,
                                  mode="lines", name=f"EAD oracle ({set_name})",
                                  line=dict(color=color, dash="dash")), row=1, col=1)
-    fig.update_layout(title=dict(text=f"dex bench: {report['model']}"), barmode="group", height=720, **_LAYOUT)
+    fig.update_layout(title=dict(text=plot_text(f"dex bench: {report['model']}")), barmode="group", height=720, **_LAYOUT)
     fig.update_yaxes(title_text="× AR", rangemode="tozero", gridcolor="#eaecee")
     return fig
 

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         if not isinstance(doc, dict) or doc.get("format") != "dex-trace":
             raise ValueError("not a DEX trace (no 'format': 'dex-trace')")
         out = export_graph(doc["events"], args.out)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
         print(f"visualize.graph: error: {err}", file=sys.stderr)
         return 2
     print(f"lattice graph written to {out}")

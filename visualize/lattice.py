@@ -3,15 +3,17 @@
 x is the node's position relative to the round's anchor slot (the anchor sits at +0), y its stage
 (stage 0 at the top). Nodes sharing a (position, stage) cell are different branches; they are laid
 out on a small grid inside the cell, in slot order, with marker and label sizes fitted to the cell.
+Plotly renders a subset of HTML in titles, tick labels, marker labels and hover texts, so every trace
+value placed there passes ``markup.plot_text``.
 """
 
 from __future__ import annotations
 
-import html
 import math
 
 import plotly.graph_objects as go
 
+from .markup import plot_text
 from .replay import RoundView
 
 STATUS_COLORS = {
@@ -77,11 +79,12 @@ def _describe(token: int, vocab: dict[int, str | None]) -> str:
 def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None]) -> str:
     top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p in node.get("top") or [])
     masked = ", ".join(_describe(t, vocab) for t in node.get("masked") or []) or "none"
-    lines = [f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
+    head = f"node {node['id']}"
+    lines = [f"({node['kind']}, slot {node['slot']}, parent {node['parent']})",
+             f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
              f"candidate {_describe(node['token'], vocab)} (input {node['input_token']})",
              f"top: {top}", f"DECS-masked: {masked}"]
-    head = f"<b>node {node['id']}</b> ({node['kind']}, slot {node['slot']}, parent {node['parent']})"
-    return "<br>".join([head] + [html.escape(line, quote=False) for line in lines])
+    return f"<b>{plot_text(head)}</b> " + "<br>".join(plot_text(line) for line in lines)
 
 
 def _layout_cells(view: RoundView, window: int, columns: int):
@@ -111,8 +114,8 @@ def _title(view: RoundView) -> str:
     if view.commit:
         text = view.commit.get("text")
         shown = repr(text) if text is not None else str(view.commit["token"])
-        title += f" · commit {html.escape(shown, quote=False)} matched at stage {view.commit['matched_stage']}"
-    return title
+        title += f" · commit {shown} matched at stage {view.commit['matched_stage']}"
+    return plot_text(title)
 
 
 def lattice_figure(view: RoundView, window: int = 12) -> go.Figure:
@@ -140,7 +143,7 @@ def lattice_figure(view: RoundView, window: int = 12) -> go.Figure:
         g["size"].append(size)
         chars = int(size / 6.5)
         label = _label(node.get("text"), node["token"]) if chars >= 2 else ""
-        g["text"].append(html.escape(label if len(label) <= chars else label[:chars - 1] + "…", quote=False))
+        g["text"].append(plot_text(label if len(label) <= chars else label[:chars - 1] + "…"))
         g["font"].append(max(7.0, min(12.0, size * 0.4)))
         g["hover"].append(_hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab))
         parent = node["parent"]
@@ -170,7 +173,7 @@ def lattice_figure(view: RoundView, window: int = 12) -> go.Figure:
         xaxis=dict(title=dict(text="position relative to the anchor"), tickvals=list(range(columns)),
                    ticktext=[f"+{j}" for j in range(columns)], range=[-0.6, columns - 0.4],
                    showgrid=False, zeroline=False),
-        yaxis=dict(tickvals=list(range(K)), ticktext=[f"E{k} · d={d}" for k, d in enumerate(depths)],
+        yaxis=dict(tickvals=list(range(K)), ticktext=[plot_text(f"E{k} · d={d}") for k, d in enumerate(depths)],
                    range=[K - 0.5, -0.5], showgrid=False, zeroline=False),
         shapes=[dict(type="rect", xref="x", yref="paper", x0=-0.5, x1=0.5, y0=0, y1=1,
                      fillcolor="#fdf2e9", line=dict(width=0), layer="below")])

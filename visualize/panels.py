@@ -1,11 +1,11 @@
 """HTML panels drawn from a ``RoundView``: committed text, FSM state and KV caches, live statistics,
-and the per-round debugger table. Plain HTML with inline CSS; every trace string is escaped."""
+and the per-round debugger table. Plain HTML with inline CSS; every value from a trace, strings and
+numbers alike, passes ``markup.esc``/``markup.num`` (a trace file is untrusted input)."""
 
 from __future__ import annotations
 
-from html import escape
-
 from .lattice import STATUS_COLORS, token_texts
+from .markup import esc, join, num
 from .replay import RoundView
 
 STAGE_COLORS = ["#abebc6", "#d4efdf", "#f9e79f", "#fad7a0", "#f5b7b1", "#f1948a",
@@ -16,10 +16,10 @@ _CELL = "border: 1px solid #d5d8dc; padding: 2px 6px; text-align: left; vertical
 
 
 def stage_color(stage: int) -> str:
-    return STAGE_COLORS[stage % len(STAGE_COLORS)]
+    return STAGE_COLORS[int(stage) % len(STAGE_COLORS)]
 
 
-def _last(view_or_views: RoundView | list[RoundView]) -> RoundView | None:
+def _last(view_or_views) -> RoundView | None:
     if isinstance(view_or_views, RoundView):
         return view_or_views
     return view_or_views[-1] if view_or_views else None
@@ -34,12 +34,13 @@ def _stage_name(stage: int, K: int) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
+    """A table of cells that are already HTML (escaped by the caller)."""
     head = "".join(f"<th style='{_CELL} background: #f4f6f7;'>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td style='{_CELL}'>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table style='{_TABLE}'><tr>{head}</tr>{body}</table>"
 
 
-def tokens_html(view_or_views: RoundView | list[RoundView]) -> str:
+def tokens_html(view_or_views) -> str:
     """The committed text, one ``<span class="dex-tok">`` per token coloured by its matched stage;
     hovering a token shows every stage's anchor candidate for its position."""
     view = _last(view_or_views)
@@ -51,10 +52,10 @@ def tokens_html(view_or_views: RoundView | list[RoundView]) -> str:
     for token, text, stage, chain in zip(view.tokens, view.texts, view.matched, view.anchor_chains):
         title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
         shown = text if text is not None else f"⟨{token}⟩"
-        spans.append(f"<span class=\"dex-tok\" title=\"{escape(title)}\" style=\"background: "
-                     f"{stage_color(stage)}; border-radius: 3px;\">{escape(shown)}</span>")
+        spans.append(f"<span class=\"dex-tok\" title=\"{esc(title)}\" style=\"background: "
+                     f"{stage_color(stage)}; border-radius: 3px;\">{esc(shown)}</span>")
     legend = "".join(f"<span class=\"dex-key\" style=\"background: {stage_color(k)}; padding: 0 6px; "
-                     f"margin-right: 6px; border-radius: 3px;\">matched at stage {k} (depth {d})</span>"
+                     f"margin-right: 6px; border-radius: 3px;\">matched at stage {k} (depth {esc(d)})</span>"
                      for k, d in enumerate(depths))
     return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
             f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em;'>{''.join(spans)}</div>"
@@ -65,7 +66,7 @@ def _chip(node_id: int, new: bool) -> str:
     style = ("display: inline-block; min-width: 22px; text-align: center; margin: 1px; padding: 0 3px; "
              "border-radius: 3px; font-size: 11px; ")
     style += "background: #f5b041; font-weight: bold;" if new else "background: #eaecee;"
-    return f"<span style='{style}'>{node_id}</span>"
+    return f"<span style='{style}'>{esc(node_id)}</span>"
 
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
@@ -83,8 +84,8 @@ def fsm_html(view: RoundView) -> str:
     depths = view.start["depths"]
     new = set(view.new)
     after = "commit" if view.commit else "no commit"
-    parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={view.state_before}</b> → "
-             f"<b>q={view.state_after}</b> <span style='color: #7f8c8d;'>({after}; lattice "
+    parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={esc(view.state_before)}</b> → "
+             f"<b>q={esc(view.state_after)}</b> <span style='color: #7f8c8d;'>({after}; lattice "
              f"{len(view.nodes)} nodes)</span></div>"]
     rows = []
     by_stage: list[list[int]] = [[] for _ in depths]
@@ -96,10 +97,11 @@ def fsm_html(view: RoundView) -> str:
                         f"background: {STATUS_COLORS['anchor'] if i in new else STATUS_COLORS['pending']};'>"
                         f"</span>" for i in sorted(ids))
         bar = (f"<span style='display: inline-block; width: 70px; height: 12px; background: #85929e; color: white; "
-               f"font-size: 10px; text-align: center; line-height: 12px; margin-right: 2px;'>{committed}</span>{cells}")
+               f"font-size: 10px; text-align: center; line-height: 12px; margin-right: 2px;'>{esc(committed)}</span>"
+               f"{cells}")
         plus = " (+1 after commit)" if view.commit else ""
-        rows.append([f"E{k} · d={depths[k]}", chips, bar,
-                     f"committed <b>{committed}</b>{plus} · lattice <b>{lattice}</b>"])
+        rows.append([f"E{k} · d={esc(depths[k])}", chips, bar,
+                     f"committed <b>{esc(committed)}</b>{plus} · lattice <b>{esc(lattice)}</b>"])
     parts.append(_table(["explorer", "explore buffer (new in bold)", "KV view", "entries"], rows))
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
@@ -110,8 +112,8 @@ def _histogram(matched: list[int], depths: list[int]) -> str:
     rows = []
     for k, (d, c) in enumerate(zip(depths, counts)):
         width = int(120 * c / top)
-        rows.append(f"<div>stage {k} (d={d}) <span style='display: inline-block; width: {width}px; height: 10px; "
-                    f"background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>")
+        rows.append(f"<div>stage {k} (d={esc(d)}) <span style='display: inline-block; width: {width}px; "
+                    f"height: 10px; background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>")
     return "".join(rows)
 
 
@@ -123,16 +125,17 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     tokens, rounds = len(view.tokens), view.round
     rpt = rounds / tokens if tokens else 0.0
     speedup = K / rpt if tokens else 0.0
-    items = [("tokens", f"{tokens}"), ("rounds", f"{rounds}"), ("rounds/token", f"{rpt:.2f}"),
-             ("depth-side speedup K/(rounds/token)", f"{speedup:.2f}×")]
+    items = [("tokens", esc(tokens)), ("rounds", esc(rounds)), ("rounds/token", num(rpt, ".2f")),
+             ("depth-side speedup K/(rounds/token)", num(speedup, ".2f") + "×")]
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
-            items.append(("tokens/s (measured)", f"{stats['tokens_per_second']:.1f}"))
+            items.append(("tokens/s (measured)", num(stats["tokens_per_second"], ".1f")))
         if stats.get("projected_seconds"):
-            items.append(("tokens/s (projected, K devices)", f"{len(end['tokens']) / stats['projected_seconds']:.1f}"))
+            items.append(("tokens/s (projected, K devices)", num(len(end["tokens"]) / stats["projected_seconds"],
+                                                                 ".1f")))
     cells = "".join(f"<div style='display: inline-block; margin: 0 18px 6px 0;'><div style='font-size: 11px; "
-                    f"color: #7f8c8d;'>{escape(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
+                    f"color: #7f8c8d;'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
                     for name, value in items)
     return (f"<div style='{_BOX}'><div>{cells}</div><div style='font-size: 12px;'>matched stage"
             f"{_histogram(view.matched, depths)}</div></div>")
@@ -140,7 +143,7 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
 
 def _cand(token: int, vocab: dict[int, str | None]) -> str:
     text = vocab.get(token)
-    return escape(f"{token} {text!r}" if text is not None else str(token))
+    return esc(f"{token} {text!r}" if text is not None else token)
 
 
 def round_table_html(view: RoundView) -> str:
@@ -149,28 +152,28 @@ def round_table_html(view: RoundView) -> str:
     depths = view.start["depths"]
     K = len(depths)
     vocab = token_texts(view)
-    parts = [f"<div style='font-size: 15px;'><b>Round {view.round}</b> · state q={view.state_before}→"
-             f"{view.state_after} · anchor position {view.commit_position}</div>"]
+    parts = [f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
+             f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"]
     for k, batch in enumerate(view.batches):
         rows = []
         for i in batch:
             n = view.nodes[i]
-            top = "<br>".join(f"{_cand(t, vocab)} {p:.3f}" for t, p in n.get("top") or [])
+            top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p in n.get("top") or [])
             masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
-            rows.append([str(i), n["kind"], f"{n['position']} (+{n['position'] - view.commit_position})",
+            rows.append([esc(i), esc(n["kind"]), f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})",
                          _cand(n["token"], vocab), top, masked])
-        title = f"<div><b>E{k}</b> · d={depths[k]} · batch of {len(batch)}</div>"
+        title = f"<div><b>E{k}</b> · d={esc(depths[k])} · batch of {len(batch)}</div>"
         parts.append(title + (_table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
                               if rows else "<div style='color: #aab7b8; margin-bottom: 8px;'>idle</div>"))
     if view.commit:
         c = view.commit
-        rows = [[_stage_name(k, K), str(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
+        rows = [[_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
                 for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))]
-        parts.append(f"<div><b>Commit</b> token {_cand(c['token'], vocab)} at position {c['position']}, "
-                     f"matched at stage {c['matched_stage']}</div>")
+        parts.append(f"<div><b>Commit</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
+                     f"matched at stage {esc(c['matched_stage'])}</div>")
         parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
-        parts.append(f"<div><b>Collapse</b> kept ({len(view.kept)}): {', '.join(map(str, view.kept)) or '—'}"
-                     f"<br>dropped ({len(view.dropped)}): {', '.join(map(str, view.dropped)) or '—'}</div>")
+        parts.append(f"<div><b>Collapse</b> kept ({len(view.kept)}): {join(view.kept) or '—'}"
+                     f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</div>")
     else:
         parts.append("<div><b>no commit this round</b></div>")
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"

@@ -1,12 +1,17 @@
 """Replay of a DEX trace into one ``RoundView`` per round: the lattice as it stood during the round.
 
-A round event only lists the nodes it created and the ids alive after it, so the views are rebuilt
-by walking the events in order: the lattice during round r is ``alive`` after round r-1 plus the
-nodes round r created, before round r's collapse. Views share nothing mutable with each other.
+A round event only lists the nodes it created and the ids alive after it: the lattice during round r
+is ``alive`` after round r-1 plus the nodes round r created, before round r's collapse. ``replay``
+indexes the events once and builds each view when asked for it (no per-round copies of the run);
+``ReplayCache`` keeps the replays of the last few traces so that stepping through one is cheap.
+Views share the trace's records (read them, do not change them).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -57,43 +62,96 @@ def _chain(commit: dict, seen: dict[int, dict]) -> list[tuple[int, str | None]]:
     return list(zip(commit["anchor_candidates"], texts))
 
 
-def replay(events: list[dict]) -> list[RoundView]:
-    """One ``RoundView`` per round event of a DEX trace (an AR trace has none and gives [])."""
-    if not events or events[0].get("event") != "start":
-        raise ValueError("a trace must begin with its start event; got "
-                         f"{events[0].get('event') if events else 'an empty list'}")
-    start = events[0]
-    seen: dict[int, dict] = {}
-    alive: list[int] = []
-    tokens: list[int] = []
-    texts: list[str | None] = []
-    matched: list[int] = []
-    chains: list[list[tuple[int, str | None]]] = []
-    views: list[RoundView] = []
-    for event in events:
-        if event.get("event") != "round":
-            continue
-        for node in event["nodes"]:
-            seen[node["id"]] = node
+class Replay(Sequence[RoundView]):
+    """The round views of a DEX trace, built on demand from a one-time index of the events.
+
+    The index holds references, not copies: the round events, every node by id, and per committed
+    token its id, text, matched stage and anchor chain; so memory and the indexing time are linear in
+    the trace, and ``replay[i]`` costs the size of round i's lattice plus its committed tokens.
+    """
+
+    def __init__(self, events: list[dict]):
+        if not events or events[0].get("event") != "start":
+            raise ValueError("a trace must begin with its start event; got "
+                             f"{events[0].get('event') if events else 'an empty list'}")
+        self.start = events[0]
+        self._rounds = [e for e in events if e.get("event") == "round"]
+        self._seen: dict[int, dict] = {}
+        self._before: list[int] = []  # per round: tokens committed before it
+        self._tokens: list[int] = []
+        self._texts: list[str | None] = []
+        self._matched: list[int] = []
+        self._chains: list[list[tuple[int, str | None]]] = []
+        for event in self._rounds:
+            self._seen.update((node["id"], node) for node in event["nodes"])
+            self._before.append(len(self._tokens))
+            if commit := event.get("commit"):
+                self._tokens.append(commit["token"])
+                self._texts.append(commit.get("text"))
+                self._matched.append(commit["matched_stage"])
+                self._chains.append(_chain(commit, self._seen))
+
+    def __len__(self) -> int:
+        return len(self._rounds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"round index {i} out of range for a trace of {len(self)} rounds")
+        return self._view(i % len(self))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, Replay)) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def _view(self, i: int) -> RoundView:
+        event = self._rounds[i]
+        alive = self._rounds[i - 1]["alive"] if i else []
         new = [node["id"] for node in event["nodes"]]
-        present = dict.fromkeys(alive)
-        present.update(dict.fromkeys(new))
-        commit_position = len(start["prompt"]) + len(tokens)
         commit, collapse = event.get("commit"), event.get("collapse")
-        if commit:
-            tokens.append(commit["token"])
-            texts.append(commit.get("text"))
-            matched.append(commit["matched_stage"])
-            chains.append(_chain(commit, seen))
-        views.append(RoundView(
-            index=len(views), round=event["round"], start=start,
-            nodes={i: seen[i] for i in present}, new=new,
+        n = self._before[i] + (1 if commit else 0)
+        return RoundView(
+            index=i, round=event["round"], start=self.start,
+            nodes={j: self._seen[j] for j in dict.fromkeys([*alive, *new])}, new=new,
             dropped=list(collapse["dropped"]) if collapse else [],
             committed_ids=list(collapse["committed"]) if collapse else [],
             kept=list(collapse["kept"]) if collapse else [],
-            commit=commit, tokens=tokens[:], texts=texts[:], matched=matched[:],
-            anchor_chains=chains[:], state_before=event["state_before"],
-            state_after=event["state_after"], commit_position=commit_position,
-            batches=event["batches"], timings=event.get("timings", {})))
-        alive = event["alive"]
-    return views
+            commit=commit, tokens=self._tokens[:n], texts=self._texts[:n], matched=self._matched[:n],
+            anchor_chains=self._chains[:n], state_before=event["state_before"], state_after=event["state_after"],
+            commit_position=len(self.start["prompt"]) + self._before[i], batches=event["batches"],
+            timings=event.get("timings", {}))
+
+
+def replay(events: list[dict]) -> Replay:
+    """The ``RoundView`` of every round event of a DEX trace, as a lazy sequence (``len``, indexing,
+    negative indices, slices, iteration); an AR trace has no rounds and gives an empty one."""
+    return Replay(events)
+
+
+class ReplayCache:
+    """The replays of the last ``size`` traces, keyed by the trace list's identity and length.
+
+    An entry holds its trace, so the list cannot be freed and its id reused while the entry lives; a
+    trace that grew (a live generation) is indexed again. Safe to share between threads.
+    """
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._items: OrderedDict[tuple[int, int], tuple[list[dict], Replay]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, events: list[dict]) -> Replay:
+        key = (id(events), len(events))
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and hit[0] is events:
+                self._items.move_to_end(key)
+                return hit[1]
+        views = replay(events)
+        with self._lock:
+            self._items[key] = (events, views)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return views

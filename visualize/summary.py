@@ -1,8 +1,9 @@
-"""HTML for whole-run summaries: the race between AR and DEX, and the readiness (EAD) table."""
+"""HTML for whole-run summaries: the race between AR and DEX, and the readiness (EAD) table. Every
+value passes ``markup.esc``/``markup.num``."""
 
 from __future__ import annotations
 
-from html import escape
+from .markup import esc, join, num
 
 _BADGE = "padding:6px 10px;border-radius:6px;display:inline-block;margin:4px 0;background:"
 
@@ -22,25 +23,25 @@ def race_summary_html(tokens: dict, times: dict, done: bool, projected_label: st
     lines = []
     for label, toks, ts in clocks:
         n, t = len(toks), (ts[-1] if ts else 0.0)
-        lines.append(f"{escape(label)}: {n} tokens in {t:.2f} s ({n / t if t else 0:.1f} tokens/s)")
+        lines.append(f"{esc(label)}: {esc(n)} tokens in {num(t, '.2f')} s ({num(n / t if t else 0, '.1f')} tokens/s)")
     return badge + "<div>" + "<br>".join(lines) + "</div>"
 
 
 def readiness_table_html(result: dict, adapter_depths) -> str:
     """Per K: uniform depths, S_X, DEX's K / rounds per token, the pipeline speedups of the uniform and
     the best exploration set (``dex_core.ead.readiness`` with ``best=True``)."""
-    rows = "".join(f"<tr><td>{p['explorers']}</td><td>{', '.join(map(str, p['depths']))}</td>"
-                   f"<td>{p['speedup']:.3f}×</td><td>{p['uniform']['depth_speedup']:.3f}×</td>"
-                   f"<td>{p['uniform']['pipeline_speedup']:.3f}×</td>"
-                   f"<td>{', '.join(map(str, p['best']['depths']))}</td><td>{p['best']['pipeline_speedup']:.3f}×</td>"
-                   f"<td>{p['best_gain']:.3f}×</td></tr>"
+    rows = "".join(f"<tr><td>{esc(p['explorers'])}</td><td>{join(p['depths'])}</td>"
+                   f"<td>{num(p['speedup'], '.3f')}×</td><td>{num(p['uniform']['depth_speedup'], '.3f')}×</td>"
+                   f"<td>{num(p['uniform']['pipeline_speedup'], '.3f')}×</td>"
+                   f"<td>{join(p['best']['depths'])}</td><td>{num(p['best']['pipeline_speedup'], '.3f')}×</td>"
+                   f"<td>{num(p['best_gain'], '.3f')}×</td></tr>"
                    for p in result["predicted"])
-    lens = (f"Inducing adapters at depths {sorted(adapter_depths)}; plain logit lens elsewhere." if adapter_depths
-            else "Plain logit lens: no inducing adapters.")
+    lens = (f"Inducing adapters at depths {esc(sorted(adapter_depths))}; plain logit lens elsewhere."
+            if adapter_depths else "Plain logit lens: no inducing adapters.")
     return ("<table><tr><th>K</th><th>uniform depths</th><th>S_X (paper, stable EAD)</th>"
             "<th>DEX K / rounds per token (DECS)</th><th>uniform: L / (rounds × longest stage)</th>"
             "<th>best exploration set</th><th>best: L / (rounds × longest stage)</th><th>best vs uniform</th></tr>"
             + rows + "</table>"
-            f"<p>{result['tokens']} tokens; oracle S_EAD = {result['oracle']:.3f}× (every depth explored). "
+            f"<p>{esc(result['tokens'])} tokens; oracle S_EAD = {num(result['oracle'], '.3f')}× (every depth explored). "
             "The best set minimises expected rounds per token × the longest stage — the time per token of a "
             f"pipeline, where non-uniform sets make every round as slow as their longest stage. {lens}</p>")

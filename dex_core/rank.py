@@ -1,0 +1,189 @@
+"""One explorer rank: its stage's weights, joining the process group, serving requests, and ``main``, the
+body of a rank process that ``ExplorerGroup`` starts in a fresh interpreter (never re-importing the
+caller's ``__main__``).
+
+A started rank listens on a unix socket in the group's private folder, accepts its parent (the
+connection is authenticated with a key the parent passes in the environment), loads its stage from a
+safetensors file the parent wrote (stage 0 also the embeddings; every rank the final norm and LM head),
+joins torch.distributed and then serves typed ``Request``s until told to close. It ends itself within
+a second when its parent dies, idle or busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from .config import stage_bounds
+from .engine import run_rounds
+from .explorer import Explorer
+from .models import model_view
+from .request import Request
+from .transport import DistLink
+
+KEY_ENV = "DEX_GROUP_KEY"
+
+
+def stage_payload(model, depths, rank: int, adapter=None) -> dict:
+    """The config and the tensors explorer ``rank`` needs (its layers, norm, LM head; rank 0 embeddings)."""
+    start, stop = stage_bounds(depths, rank)
+    prefixes = tuple(f"model.layers.{i}." for i in range(start, stop)) + ("model.norm.", "lm_head.")
+    if rank == 0:
+        prefixes += ("model.embed_tokens.",)
+    state = model.state_dict()
+    tensors = {k: v for k, v in state.items() if k.startswith(prefixes)}
+    if "lm_head.weight" not in tensors:  # tied embeddings saved once
+        tensors["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return {"config": model.config, "tensors": tensors, "depths": list(depths), "rank": rank, "adapter": adapter}
+
+
+def write_payload(payload: dict, folder: Path) -> Path:
+    """Save a stage payload for a rank process: tensors as safetensors (mapped, not pickled), the rest pickled."""
+    from safetensors.torch import save_file
+
+    rank = payload["rank"]
+    seen, tensors = {}, {}
+    for k, v in payload["tensors"].items():  # tied weights share storage; safetensors wants them apart
+        ptr = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        tensors[k] = v.detach().clone() if ptr in seen else v.detach().contiguous()
+        seen[ptr] = k
+    save_file(tensors, str(folder / f"stage-{rank}.safetensors"))
+    path = folder / f"stage-{rank}.pkl"
+    path.write_bytes(pickle.dumps({k: v for k, v in payload.items() if k != "tensors"}))
+    return path
+
+
+def read_payload(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    payload = pickle.loads(path.read_bytes())  # written by this rank's own parent into its private folder
+    payload["tensors"] = load_file(str(path.with_suffix(".safetensors")))
+    return payload
+
+
+def build_stage_model(payload: dict, device: str):
+    """A model skeleton on the meta device holding real tensors only for this stage."""
+    from transformers import AutoModelForCausalLM
+
+    config = payload["config"]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tensors = {k: v.to(device) for k, v in payload["tensors"].items()}
+    model.load_state_dict(tensors, strict=False, assign=True)
+    with torch.device(device):  # the rotary buffers are computed, not loaded
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    adapter = payload["adapter"]
+    return model.eval(), (adapter.to(device) if adapter is not None else None)
+
+
+def join_group(payload: dict, device: str, init_method: str | None, count: int, trace_top: int,
+               op_timeout: float, start_timeout: float, cancel=None, progress=None):
+    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link)."""
+    import torch.distributed as dist
+
+    rank = payload["rank"]
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=count,
+                                timeout=timedelta(seconds=start_timeout))
+    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+    model, adapter = build_stage_model(payload, device)
+    view = model_view(model)
+    start, stop = stage_bounds(payload["depths"], rank)
+    explorer = Explorer(view, rank, count, start, stop, adapter)
+    link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel,
+                    progress)
+    return view, explorer, link
+
+
+def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int):
+    """Run one generation request on this rank; yields the trace events (identical on every rank)."""
+    with torch.no_grad():
+        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top)
+
+
+class _Cancel:
+    """Set by the parent for one request id; the link asks ``is_set()`` each round."""
+
+    def __init__(self):
+        self.current, self.ids = None, set()
+
+    def is_set(self) -> bool:
+        return self.current in self.ids
+
+
+def _watch_parent(parent: int) -> None:
+    while True:  # re-parented (the parent died): leave, idle or busy
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(0.5)
+
+
+def _read(conn, inbox: queue.Queue, cancel: _Cancel) -> None:
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "cancel":
+                cancel.ids.add(msg[1])
+            else:
+                inbox.put(msg)
+    except (EOFError, OSError):  # the parent is gone
+        os._exit(0)
+
+
+def main(argv=None) -> None:
+    """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
+    from multiprocessing.connection import Listener
+
+    parser = argparse.ArgumentParser(prog="dex_core.rank")
+    for flag in ("--rank", "--parent"):
+        parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--folder", required=True)
+    args = parser.parse_args(argv)
+    threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
+    folder, rank = Path(args.folder), args.rank
+    key = bytes.fromhex(os.environ.pop(KEY_ENV))
+    with Listener(str(folder / f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
+        conn = listener.accept()
+    lock, inbox, cancel = threading.Lock(), queue.Queue(), _Cancel()
+
+    def send(*msg):
+        with lock:
+            conn.send(msg)
+
+    try:
+        opts = conn.recv()
+        torch.set_num_threads(opts["threads"])
+        threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
+        view, explorer, link = join_group(read_payload(folder / f"stage-{rank}.pkl"), opts["device"],
+                                          opts["init_method"], opts["count"], opts["trace_top"], opts["op_timeout"],
+                                          opts["start_timeout"], cancel, lambda r: send("progress", rank, r))
+        send("ready", rank, None)
+        while (msg := inbox.get())[0] == "request":
+            request = msg[1]
+            cancel.current = request.id
+            for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"]):
+                if rank == 0:
+                    send("event", request.id, event)
+    except BaseException as err:  # report, and leave at once so the peers notice
+        try:
+            send("error", rank, (f"{type(err).__name__}: {err}".strip(), traceback.format_exc()))
+        except OSError:
+            pass
+        print(f"[dex] explorer rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        os._exit(1)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()

@@ -1,0 +1,151 @@
+"""Crafted traces in a real browser (Chromium): markup in every text field renders as text, markup in a
+numeric field is refused with a clear message, no script runs, nothing is injected, and a refused
+upload leaves the session's trace on screen."""
+
+import json
+import re
+import shutil
+import socket
+
+import pytest
+
+from conftest import tiny_tokenizer
+from dex_core import DexDecoder, save_trace
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+PAYLOADS = ['<img src=x onerror="window.__xss=1">', "<img src=x onerror=alert(1)>",
+            '"><svg onload="window.__xss=1">', "<script>window.__xss=1</script>",
+            "<a href=\"javascript:window.__xss=1\">click</a>", "' onmouseover='window.__xss=1' x='"]
+INJECTED = "() => document.querySelectorAll('img[src=\"x\"], svg[onload], [onerror], [onmouseover], " \
+           "a[href^=\"javascript\"]').length"
+TOAST = "[data-testid='toast-text']"  # one per error message (Gradio groups them in one toast)
+pytestmark = pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM),
+                                reason="Debian chromium is not installed (.ci/run installs it)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dir):
+    from app.main import UPLOAD_LIMIT, build_demo
+    from app.runtime import AppSettings
+
+    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3))
+    port = free_port()
+    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True,
+                        max_file_size=UPLOAD_LIMIT)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def traces(llama, tmp_path_factory):
+    """A clean trace, the same trace with markup in every text field, and one file per confirmed
+    numeric XSS vector (markup where a number or a kind belongs)."""
+    folder = tmp_path_factory.mktemp("crafted")
+    events = json.loads(json.dumps(DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer()).generate(
+        [1, 2, 3, 4], 6).trace))
+    save_trace(folder / "clean.json", events, {"model": "tiny"})
+    marked = json.loads(json.dumps(events))
+    n = 0
+    for event in marked:
+        for record in event.get("nodes", []) + [event.get("commit") or {}]:
+            if "text" in record:
+                record["text"], n = PAYLOADS[n % len(PAYLOADS)], n + 1
+    save_trace(folder / "markup.json", marked, {"model": PAYLOADS[0], "prompt": PAYLOADS[3]})
+    commit = next(i for i, e in enumerate(events) if e.get("commit"))
+    vectors = {"depths": (0, "depths", 0), "kind": (1, "nodes", 0, "kind"), "round": (1, "round"),
+               "state_before": (2, "state_before"), "kept": (commit, "collapse", "kept"),
+               "position": (commit, "commit", "position")}
+    numeric = {}
+    for name, path in vectors.items():
+        bad = json.loads(json.dumps(events))
+        target = bad
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = [PAYLOADS[1]] if name == "kept" else PAYLOADS[1]
+        save_trace(folder / f"{name}.json", bad, {})
+        numeric[name] = folder / f"{name}.json"
+    return folder / "clean.json", folder / "markup.json", numeric
+
+
+def upload(page, path):
+    clear = page.locator("#dbg-load button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    page.locator("#dbg-load input[type=file]").set_input_files(str(path))
+
+
+def table_text(page) -> str:
+    return page.evaluate("() => document.querySelector('#dbg-table')?.innerText || ''")
+
+
+def assert_nothing_ran(page, dialogs):
+    assert page.evaluate("() => window.__xss") is None
+    assert page.evaluate(INJECTED) == 0
+    assert dialogs == []
+
+
+def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trace(app_url, traces):
+    from playwright.sync_api import sync_playwright
+
+    clean, markup, numeric = traces
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(app_url, timeout=60_000)
+        page.get_by_role("tab", name="Debugger").click()
+        upload(page, clean)
+        page.wait_for_function("() => document.querySelector('#dbg-table')?.innerText.includes('Round 1')",
+                               timeout=60_000)
+
+        clean_text = table_text(page)
+        upload(page, markup)
+        page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(clean_text)}",
+                               timeout=60_000)
+        page.wait_for_timeout(500)
+        assert_nothing_ran(page, dialogs)
+        assert "onerror" in table_text(page)
+        for _ in range(4):  # through commit rounds: the commit text is in the table, title and text panel
+            before = table_text(page)
+            page.locator("#dbg-next").click()
+            page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(before)}",
+                                   timeout=30_000)
+            point = page.locator("#dbg-lattice .scatterlayer .point").first
+            if point.count():
+                point.hover(force=True)
+        assert_nothing_ran(page, dialogs)
+        assert "<img src=x" in page.evaluate("() => document.querySelector('#dbg-text').innerText")
+        plot = page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent")
+        assert re.search(r"<(scr|img|svg|a h)", plot) and "&quot;" not in plot and "&lt;" not in plot
+        assert_nothing_ran(page, dialogs)
+        shown = table_text(page)
+        assert re.search(r"Round \d+", shown)
+
+        for name, path in numeric.items():
+            before = page.locator(TOAST).count()
+            upload(page, path)
+            page.wait_for_function(f"() => document.querySelectorAll({json.dumps(TOAST)}).length > {before}",
+                                   timeout=30_000)
+            message = page.locator(TOAST).nth(before).inner_text()
+            assert "this trace was not loaded" in message and "not a valid DEX trace" in message, message
+            assert name in message and "/tmp" not in message and "<img" not in message, message
+            assert "&#" not in message and "&quot;" not in message, message  # shown as plain text
+            assert table_text(page) == shown, name
+            assert_nothing_ran(page, dialogs)
+
+        page.locator("#dbg-prev").click()  # the session still holds the markup trace
+        page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(shown)}",
+                               timeout=30_000)
+        assert "onerror" in table_text(page) or "onerror" in page.evaluate(
+            "() => document.querySelector('#dbg-text').innerText")
+        assert_nothing_ran(page, dialogs)
+        browser.close()

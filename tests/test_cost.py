@@ -1,0 +1,48 @@
+"""The cost model: layer-equivalents by parameter count, the two views, and its agreement with the
+layers-only critical path and with a DEX run's own batch sizes."""
+
+import pytest
+
+from conftest import tiny_model
+from dex_core import DexDecoder
+from dex_core.adapters import new_adapters
+from dex_core.cost import ModelCost
+
+
+def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_count():
+    model = tiny_model("llama", layers=6, vocab=96)  # hidden 48, MLP 96, 4 heads / 2 KV heads of 12
+    layer = 48 * 48 * 2 + 48 * 24 * 2 + 3 * 48 * 96 + 2 * 48  # q, o; k, v; MLP; two norms
+    cost = ModelCost.of(model, new_adapters(model, [2], bottleneck=96))
+    assert cost.num_layers == 6
+    assert cost.head == pytest.approx((96 * 48 + 48) / layer)
+    assert cost.adapter == pytest.approx((48 + 48 * 96 + 96 + 96 * 48 + 48 + 1) / layer)
+    assert cost.ar() == pytest.approx(6 + cost.head)
+
+
+def test_layers_only_memory_bound_dex_is_rounds_times_the_longest_stage_and_self_spec_is_nE_plus_L():
+    cost = ModelCost(30, 8.0, 0.4).layers_only()
+    busy = [[1, 1, 1, 1]] * 10
+    assert cost.dex((8, 15, 23, 30), busy, 4, "memory") == pytest.approx(10 * 8 / 4)
+    assert cost.self_spec_step(8, 3, "memory") == 3 * 8 + 30
+
+
+def test_views_differ_only_when_batches_hold_several_rows():
+    cost = ModelCost(30, 8.0, 0.5)
+    depths, adapters = (8, 15, 23, 30), (8, 15, 23)
+    assert cost.stage(depths, 0, 3, "memory", adapters) == 8 + 8 + 0.5
+    assert cost.stage(depths, 0, 3, "rows", adapters) == 3 * (8 + 8 + 0.5)
+    assert cost.stage(depths, 3, 1, "memory", adapters) == 7 + 8  # the final stage takes no adapter
+    assert cost.stage(depths, 2, 0, "memory", adapters) == 0
+    assert cost.dex_round(depths, [2, 1, 0, 1], "memory", adapters) == 16.5  # K devices: the slowest explorer
+    assert cost.dex_round(depths, [2, 1, 0, 1], "memory", adapters, devices="1") == 16.5 + 15.5 + 15
+    assert cost.self_spec_step(8, 1, "rows") == 2 * 8 + 8 + 2 * (22 + 8)
+    with pytest.raises(ValueError, match="view must be one of"):
+        cost.stage(depths, 0, 1, "flops")
+
+
+def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(llama):
+    result = DexDecoder(llama, explorers=3).generate([3, 1, 4, 1, 5], 24)
+    cost = ModelCost.of(llama)
+    exact = cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "memory")
+    assert 0 < exact <= cost.dex_steady((2, 4, 6), result.stats.rounds_per_token) + 1e-9
+    assert cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "rows") >= exact

@@ -1,0 +1,104 @@
+"""The app under concurrent load (bounded: 8 clients, a few requests each, on a tiny model), and the
+distributed backend's bound on live explorer groups."""
+
+import gc
+import threading
+
+import psutil
+import pytest
+
+from conftest import tiny_tokenizer
+from dex_core import ar_generate, encode_prompt
+from test_app import free_port, shown_tokens
+
+PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
+
+
+@pytest.fixture(scope="module")
+def loaded_app(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from app.main import build_demo
+    from app.runtime import AppSettings
+
+    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3, queue_size=64))
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True)
+    yield f"http://127.0.0.1:{port}/", AutoModelForCausalLM.from_pretrained(tiny_dir)
+    demo.close()
+
+
+def _client(url, worker: int, model, results: list, errors: list) -> None:
+    from gradio_client import Client
+
+    tok = tiny_tokenizer()
+    try:
+        client = Client(url, verbose=False)
+        for i in range(3):
+            prompt = PROMPTS[(worker + i) % len(PROMPTS)]
+            ids = encode_prompt(tok, prompt, chat=False)
+            kind = ("generate", "race", "cancel")[(worker + i) % 3]
+            if kind == "generate":
+                k, n = 2 + (worker % 3), 10 + worker
+                *_, last = client.submit(prompt, False, k, "", False, True, False, 1.0, 0, 1.0, 0, n,
+                                         api_name="/generate")
+                ar = ar_generate(model, ids, n).tokens
+                results.append(shown_tokens(last[0]) == "".join(tok.decode([t]) for t in ar))
+            elif kind == "race":
+                ar_text, dex_text, _, summary = client.predict(prompt, False, 3, False, 12, api_name="/race")
+                results.append(ar_text == dex_text and "identical output" in summary)
+            else:
+                job = client.submit(prompt, False, 4, "", False, True, False, 1.0, 0, 1.0, 0, 200, api_name="/generate")
+                for _ in job:
+                    break
+                job.cancel()
+                results.append(True)
+    except Exception as err:  # reported by the test, with the worker's number
+        errors.append(f"worker {worker}: {type(err).__name__}: {err}")
+
+
+@pytest.mark.slow
+def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_baseline(loaded_app):
+    url, model = loaded_app
+    me = psutil.Process()
+    _client(url, 0, model, [], [])  # warm-up: model loaded, code paths compiled
+    gc.collect()
+    baseline = me.memory_info().rss
+    results, errors = [], []
+    threads = [threading.Thread(target=_client, args=(url, w, model, results, errors)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a client did not finish within 600 s"
+    assert not errors, errors
+    assert len(results) == 24 and all(results), results
+    gc.collect()
+    grown = (me.memory_info().rss - baseline) / 2 ** 20
+    assert grown < 150, f"RSS grew by {grown:.0f} MB under load"
+    assert me.children(recursive=True) == []  # the sequential backend starts no process
+
+
+@pytest.mark.slow
+def test_distributed_app_keeps_at_most_one_explorer_group(tiny_dir):
+    from app.runtime import AppSettings, Runtime, ui_config
+
+    runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
+    me = psutil.Process()
+    try:
+        settings = [dict(explorers=2), dict(explorers=2, decs=False), dict(explorers=3), dict(depths="3,6"),
+                    dict(explorers=2)]  # depths 3,6 are K=2's uniform set: the same group as the first
+        groups = []
+        for controls in settings:
+            config = ui_config(max_new_tokens=6, **controls)
+            decoder = runtime.decoder(config)
+            groups.append(decoder.group.pids())
+            ids = encode_prompt(tiny_tokenizer(), "hello world", chat=False)
+            assert decoder.generate(ids, options=config.generation()).tokens == \
+                ar_generate(runtime.model()[0], ids, 6).tokens
+            alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+            assert len(alive) == decoder.K, (controls, alive)
+        assert groups[4] == groups[3] and len({tuple(g) for g in groups}) == 4
+    finally:
+        runtime.close()
+    assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []
