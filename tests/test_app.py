@@ -2,34 +2,22 @@
 
 import html
 import re
-import shutil
-import socket
 
 import pytest
 
-from conftest import tiny_tokenizer
+from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
 from dex_core import encode_prompt
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PROMPT = "hello world the prime number"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def app_url(tiny_dir):
-    from app.main import build_demo
     from app.runtime import AppSettings
 
-    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3))
-    port = free_port()
-    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True)
-    yield f"http://127.0.0.1:{port}/"
+    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3))
+    yield url
     demo.close()
 
 
@@ -80,15 +68,12 @@ def test_bad_input_is_shown_as_an_error(app_url):
                                               api_name="/generate")
 
 
-@pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM),
-                    reason="Debian chromium is not installed (.ci/run installs it)")
+@needs_chromium
 def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_url, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(app_url, timeout=60_000)
         page.locator("#live-prompt textarea").fill(PROMPT)

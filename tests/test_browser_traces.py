@@ -4,43 +4,28 @@ upload leaves the session's trace on screen."""
 
 import json
 import re
-import shutil
-import socket
 
 import pytest
 
-from conftest import tiny_tokenizer
+from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
 from dex_core import DexDecoder, save_trace
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
 PAYLOADS = ['<img src=x onerror="window.__xss=1">', "<img src=x onerror=alert(1)>",
             '"><svg onload="window.__xss=1">', "<script>window.__xss=1</script>",
             "<a href=\"javascript:window.__xss=1\">click</a>", "' onmouseover='window.__xss=1' x='"]
 INJECTED = "() => document.querySelectorAll('img[src=\"x\"], svg[onload], [onerror], [onmouseover], " \
            "a[href^=\"javascript\"]').length"
 TOAST = "[data-testid='toast-text']"  # one per error message (Gradio groups them in one toast)
-pytestmark = pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM),
-                                reason="Debian chromium is not installed (.ci/run installs it)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def app_url(tiny_dir):
-    from app.main import UPLOAD_LIMIT, build_demo
+    from app.main import UPLOAD_LIMIT
     from app.runtime import AppSettings
 
-    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3))
-    port = free_port()
-    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True,
-                        max_file_size=UPLOAD_LIMIT)
-    yield f"http://127.0.0.1:{port}/"
+    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3), max_file_size=UPLOAD_LIMIT)
+    yield url
     demo.close()
 
 
@@ -97,7 +82,7 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
 
     clean, markup, numeric = traces
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         dialogs = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -119,9 +104,9 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
             page.locator("#dbg-next").click()
             page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(before)}",
                                    timeout=30_000)
-            point = page.locator("#dbg-lattice .scatterlayer .point").first
-            if point.count():
-                point.hover(force=True)
+            box = page.locator("#dbg-lattice .scatterlayer .point").first.bounding_box(timeout=10_000)
+            if box:  # hover a node so Plotly draws its hover label (None while the plot redraws)
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         assert_nothing_ran(page, dialogs)
         assert "<img src=x" in page.evaluate("() => document.querySelector('#dbg-text').innerText")
         plot = page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent")
@@ -130,12 +115,12 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
         shown = table_text(page)
         assert re.search(r"Round \d+", shown)
 
-        for name, path in numeric.items():
-            before = page.locator(TOAST).count()
+        for name, path in numeric.items():  # each refusal names its field; older toasts may come and go
             upload(page, path)
-            page.wait_for_function(f"() => document.querySelectorAll({json.dumps(TOAST)}).length > {before}",
-                                   timeout=30_000)
-            message = page.locator(TOAST).nth(before).inner_text()
+            find = (f"() => [...document.querySelectorAll({json.dumps(TOAST)})].map(t => t.innerText)"
+                    f".find(t => t.includes('not loaded') && t.includes({json.dumps(name)}))")
+            page.wait_for_function(find, timeout=30_000)
+            message = page.evaluate(find)
             assert "this trace was not loaded" in message and "not a valid DEX trace" in message, message
             assert name in message and "/tmp" not in message and "<img" not in message, message
             assert "&#" not in message and "&quot;" not in message, message  # shown as plain text

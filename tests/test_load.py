@@ -7,9 +7,9 @@ import threading
 import psutil
 import pytest
 
-from conftest import tiny_tokenizer
+from conftest import launch_app, tiny_tokenizer
 from dex_core import ar_generate, encode_prompt
-from test_app import free_port, shown_tokens
+from test_app import shown_tokens
 
 PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
 
@@ -18,13 +18,10 @@ PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 
 def loaded_app(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from app.main import build_demo
     from app.runtime import AppSettings
 
-    demo = build_demo(AppSettings(model=str(tiny_dir), explorers=3, queue_size=64))
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True)
-    yield f"http://127.0.0.1:{port}/", AutoModelForCausalLM.from_pretrained(tiny_dir)
+    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3, queue_size=64))
+    yield url, AutoModelForCausalLM.from_pretrained(tiny_dir)
     demo.close()
 
 
@@ -80,14 +77,15 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
 
 
 @pytest.mark.slow
-def test_distributed_app_keeps_at_most_one_explorer_group(tiny_dir):
+def test_eight_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
     from app.runtime import AppSettings, Runtime, ui_config
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     me = psutil.Process()
     try:
-        settings = [dict(explorers=2), dict(explorers=2, decs=False), dict(explorers=3), dict(depths="3,6"),
-                    dict(explorers=2)]  # depths 3,6 are K=2's uniform set: the same group as the first
+        settings = [dict(explorers=2), dict(explorers=2, decs=False), dict(explorers=3), dict(depths="2,6"),
+                    dict(explorers=2, adapters=False), dict(explorers=3, decs=False), dict(depths="3,6"),
+                    dict(explorers=2)]  # depths 3,6 are K=2's uniform set: the same group as the one before
         groups = []
         for controls in settings:
             config = ui_config(max_new_tokens=6, **controls)
@@ -98,7 +96,7 @@ def test_distributed_app_keeps_at_most_one_explorer_group(tiny_dir):
                 ar_generate(runtime.model()[0], ids, 6).tokens
             alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
             assert len(alive) == decoder.K, (controls, alive)
-        assert groups[4] == groups[3] and len({tuple(g) for g in groups}) == 4
+        assert groups[7] == groups[6] and len({tuple(g) for g in groups}) == 7
     finally:
         runtime.close()
     assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []
