@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model,
                       resolve_depths)
-from dex_core.config import control, flag, option
+from dex_core.config import control, flag, integer, option
 
 
 @dataclass
@@ -43,9 +43,7 @@ class AppSettings:
     def __post_init__(self):
         DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype)
         for name in ("max_groups", "queue_size", "session_ttl"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
-                    or getattr(self, name) < 1:
-                raise DexError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
+            integer(getattr(self, name), name, 1)
 
     @classmethod
     def from_env(cls, environ=None) -> AppSettings:

@@ -48,7 +48,8 @@ def _integer(value) -> int:
     return operator.index(value)
 
 
-def _int(value, name: str, minimum: int | None = None) -> int:
+def integer(value, name: str, minimum: int | None = None) -> int:
+    """``value`` as an int (not a bool, float or text) of at least ``minimum``, else DexError."""
     try:
         if minimum is None or _integer(value) >= minimum:
             return _integer(value)
@@ -85,22 +86,22 @@ class GenerationOptions:
                                                               "generation config)")
 
     def __post_init__(self):
-        self.max_new_tokens = _int(self.max_new_tokens, "max_new_tokens", 1)
+        self.max_new_tokens = integer(self.max_new_tokens, "max_new_tokens", 1)
         self.temperature = _number(self.temperature, "temperature")
         if self.temperature < 0:
             raise DexError(f"temperature must be >= 0 (0 is greedy); got {self.temperature!r}")
         if self.top_k is not None:
-            self.top_k = _int(self.top_k, "top_k", 1)
+            self.top_k = integer(self.top_k, "top_k", 1)
         if self.top_p is not None:
             self.top_p = _number(self.top_p, "top_p")
             if not 0.0 < self.top_p <= 1.0:
                 raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
-        self.seed = _int(self.seed, "seed")
+        self.seed = integer(self.seed, "seed")
         if isinstance(self.eos_token_id, str):
             self.eos_token_id = parse_ints(self.eos_token_id, "eos_token_id", 0)
         elif self.eos_token_id is not None:
             ids = self.eos_token_id if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
-            self.eos_token_id = tuple(_int(t, "eos_token_id", 0) for t in ids)
+            self.eos_token_id = tuple(integer(t, "eos_token_id", 0) for t in ids)
 
     @classmethod
     def build(cls, base: GenerationOptions | None = None, **overrides) -> GenerationOptions:
@@ -134,7 +135,7 @@ class DecoderOptions:
     def __post_init__(self):
         if self.depths is not None:
             self.depths = parse_depths(self.depths)
-        self.explorers = _int(self.explorers, "explorers", 1)
+        self.explorers = integer(self.explorers, "explorers", 1)
         if self.adapters is None or (isinstance(self.adapters, str) and not self.adapters.strip()):
             self.adapters = "none"
         elif isinstance(self.adapters, (str, Path)):
@@ -144,13 +145,13 @@ class DecoderOptions:
         elif not isinstance(self.adapters, Mapping):
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
-        self.trace_top = _int(self.trace_top, "trace_top", 0)
+        self.trace_top = integer(self.trace_top, "trace_top", 0)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.devices is not None:
             self.devices = parse_list(self.devices, "devices")
         if self.threads is not None:
-            self.threads = _int(self.threads, "threads", 1)
+            self.threads = integer(self.threads, "threads", 1)
         if not _number(self.op_timeout, "op_timeout") > 0 or not _number(self.start_timeout, "start_timeout") > 0:
             raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
                            f"start_timeout={self.start_timeout!r}")
