@@ -110,7 +110,10 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
         adapters="auto" if flag(adapters, "adapters") else "none", decs=decs,
         temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
         top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
-        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions))
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP)
+
+
+TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
 
 
 class Runtime:

@@ -122,7 +122,7 @@ class DecoderOptions:
     adapters: str | Mapping | None = option("auto", ADAPTER_HELP)
     decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
                             "stages of the same slot already proposed")
-    trace_top: int = option(5, "top candidates (with probabilities) recorded per lattice node")
+    trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
     devices: tuple[str, ...] | None = option(None, "distributed: one device per explorer, e.g. "

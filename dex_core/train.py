@@ -43,7 +43,8 @@ class TrainConfig:
                          "top candidates; 0 = KL only, as in the paper)")
     data: str = option("sharegpt", "training text: sharegpt (human answers) or onpolicy (the model's own "
                        "greedy answers to the same prompts)")
-    init: str | None = option(None, "start from this adapter file (same depths) instead of fresh adapters")
+    init: str | None = option(None, "start from this adapter file instead of fresh adapters (each depth from "
+                              "the file's nearest depth)")
     bf16: bool = option(True, "bf16 autocast for the matrix work (softmax and KL stay float32)")
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
@@ -147,10 +148,11 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
     if cfg.init:
         start = load_adapters(cfg.init, model)
-        if sorted(start) != sorted(adapters):
-            raise DexError(f"--init {cfg.init} has adapters at {sorted(start)}, not at {sorted(adapters)}")
+        if start and next(iter(start.values())).up.out_features != next(iter(adapters.values())).up.out_features:
+            raise DexError(f"--init {cfg.init} has another bottleneck than --bottleneck")
         for d, a in adapters.items():
-            a.load_state_dict({k: v.float() for k, v in start[d].state_dict().items()})
+            nearest = min(start, key=lambda s: (abs(s - d), s))
+            a.load_state_dict({k: v.float() for k, v in start[nearest].state_dict().items()})
     params = [p for a in adapters.values() for p in a.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, int(cfg.warmup * cfg.steps))

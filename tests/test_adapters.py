@@ -114,17 +114,20 @@ def test_onpolicy_data_is_the_models_own_greedy_answers():
 def test_training_can_start_from_an_adapter_file(tmp_path):
     model = tiny_model("llama").float()
     start = new_adapters(model, [2, 4])
-    for a in start.values():
-        a.alpha.data.fill_(0.25)
+    for d, a in start.items():
+        a.alpha.data.fill_(d / 8)
     path = tmp_path / "start.safetensors"
     save_adapters(path, start, model, {"tokens": 0})
     data = [torch.randint(0, 96, (16,)) for _ in range(2)]
     cfg = TrainConfig(depths=(2, 4), tokens=16, seq_len=16, batch=1, lr=1e-9, bf16=False, init=str(path))
     out = tmp_path / "out.safetensors"
     train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
-    assert all(abs(float(a.alpha) - 0.25) < 1e-3 for a in load_adapters(out, model).values())
-    with pytest.raises(DexError, match="has adapters at"):
-        train_adapters(model, None, TrainConfig(depths=(2, 3), tokens=16, seq_len=16, batch=1, init=str(path)),
+    assert {d: round(float(a.alpha), 3) for d, a in load_adapters(out, model).items()} == {2: 0.25, 4: 0.5}
+    cfg = TrainConfig(depths=(1, 3, 5), tokens=16, seq_len=16, batch=1, lr=1e-9, bf16=False, init=str(path))
+    train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))  # nearest depth, ties low
+    assert {d: round(float(a.alpha), 3) for d, a in load_adapters(out, model).items()} == {1: 0.25, 3: 0.25, 5: 0.5}
+    with pytest.raises(DexError, match="another bottleneck"):
+        train_adapters(model, None, TrainConfig(depths=(2,), tokens=16, seq_len=16, bottleneck=8, init=str(path)),
                        out, progress=False, windows=itertools.cycle(data))
     with pytest.raises(DexError, match="data must be one of"):
         TrainConfig(data="web")

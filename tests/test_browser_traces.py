@@ -34,7 +34,7 @@ def traces(llama, tmp_path_factory):
     """A clean trace, the same trace with markup in every text field, and one file per confirmed
     numeric XSS vector (markup where a number or a kind belongs)."""
     folder = tmp_path_factory.mktemp("crafted")
-    events = json.loads(json.dumps(DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer()).generate(
+    events = json.loads(json.dumps(DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5).generate(
         [1, 2, 3, 4], 6).trace))
     save_trace(folder / "clean.json", events, {"model": "tiny"})
     marked = json.loads(json.dumps(events))

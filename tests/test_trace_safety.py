@@ -72,8 +72,8 @@ def real_traces(llama):
     tok = tiny_tokenizer()
     traces = {}
     for K in (1, 2, 3, 4):
-        traces[f"greedy-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok).generate(PROMPT, 8).trace
-        traces[f"sampled-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok).generate(
+        traces[f"greedy-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(PROMPT, 8).trace
+        traces[f"sampled-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(
             PROMPT, 8, temperature=0.8, top_k=20, top_p=0.9, seed=K).trace
     traces["no-tokenizer-no-decs-no-top"] = DexDecoder(llama, explorers=3, decs=False, trace_top=0).generate(PROMPT, 6).trace
     traces["stopped-early"] = traces["greedy-K3"][:-3]

@@ -19,18 +19,18 @@ EDGE_TRACES = ("depth edges", "position edges")
 
 @pytest.fixture(scope="module")
 def greedy(llama):
-    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4], 16).trace
+    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5).generate([1, 2, 3, 4], 16).trace
 
 
 @pytest.fixture(scope="module")
 def sampled(llama):
-    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer())
+    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5)
     return decoder.generate([1, 2, 3, 4], 16, temperature=0.8, seed=1).trace
 
 
 @pytest.fixture(scope="module")
 def deep():
-    decoder = DexDecoder(tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer())
+    decoder = DexDecoder(tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer(), trace_top=5)
     return decoder.generate([1, 2, 3, 4], 2).trace
 
 
