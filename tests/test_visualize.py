@@ -1,6 +1,7 @@
 """The trace viewers: replay, lattice figure, HTML panels and charts, on real tiny-model traces."""
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -10,11 +11,11 @@ import pytest
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
-from visualize import (STATUS_COLORS, ead_figure, export_graph, fsm_html, lattice_figure, lattice_graph, lattice_size,
-                       node_status, race_figure, race_summary_html, replay, round_table_html, speedup_figure,
-                       stats_html, tokens_html)
-
-EDGE_TRACES = ("depth edges", "position edges")
+from visualize import (FATE_COLORS, OKABE_ITO, STATUS_COLORS, ead_figure, export_graph, fsm_html, lattice_figure,
+                       lattice_graph, lattice_size, node_status, race_figure, race_summary_html, replay,
+                       round_table_html, run_report_html, speedup_figure, stage_color, stats_html, status_html,
+                       timeline_figure, tokens_html)
+from visualize.lattice import EDGE_GROUPS
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def trace(request):
 
 
 def node_markers(fig) -> dict[str, int]:
-    return {t.name: len(t.x) for t in fig.data if t.name not in EDGE_TRACES}
+    return {t.name: len(t.x) for t in fig.data if "markers" in t.mode}
 
 
 def first_commit_with(views, predicate):
@@ -87,7 +88,7 @@ def test_lattice_figure_draws_one_marker_per_node_in_one_trace_per_status(trace)
         markers = node_markers(fig)
         assert sorted(markers) == sorted(STATUS_COLORS)
         assert sum(markers.values()) == lattice_size(view)
-        assert {t.name for t in fig.data} >= set(EDGE_TRACES)
+        assert {t.name for t in fig.data} >= set(EDGE_GROUPS)
         assert fig.layout.uirevision == "lattice"
 
 
@@ -122,7 +123,8 @@ def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
     fig = lattice_figure(view)
     depths = greedy[0]["depths"]
     assert list(fig.layout.xaxis.ticktext)[:2] == ["+0", "+1"]
-    assert list(fig.layout.yaxis.ticktext) == [f"E{k} · d={d}" for k, d in enumerate(depths)]
+    for k, (tick, d) in enumerate(zip(fig.layout.yaxis.ticktext, depths)):
+        assert tick == f"<span style='color:{stage_color(k)}'>■</span> E{k} · d={d}"
     anchor = [t for t in fig.data if t.name == "anchor"][0]
     assert all(-0.5 < x < 0.5 for x in anchor.x)
 
@@ -137,7 +139,7 @@ def test_k8_lattice_of_255_nodes_renders_every_node(deep):
     assert len(fig.layout.yaxis.ticktext) == 8
     cells = {}
     for t in fig.data:
-        if t.name not in EDGE_TRACES:
+        if "markers" in t.mode:
             cells.update({(round(x, 6), round(y, 6)): 1 for x, y in zip(t.x, t.y)})
     assert len(cells) == 255
 
@@ -147,7 +149,8 @@ def test_tokens_html_has_one_span_per_token_and_escapes_markup(greedy):
     html = tokens_html(replay(greedy))
     assert html.count('class="dex-tok"') == len(view.tokens)
     assert "white-space: pre-wrap" in html
-    assert "matched at stage 0 (depth 2)" in html
+    assert f"background: {stage_color(0)}; color: #1b2631; padding: 0 6px; margin-right: 6px; border-radius: 3px;" \
+           "\">matched at E0 (depth 2)" in html
     chain = view.anchor_chains[0]
     assert f"E0 &#x27;{chain[0][1]}&#x27; · E1" in html and f"final &#x27;{chain[3][1]}&#x27;" in html
     evil = dataclasses.replace(view, texts=["<script>"] + view.texts[1:])
@@ -176,7 +179,7 @@ def test_stats_html_matches_the_end_event_numbers(greedy):
     assert f"<b>{stats['depth_speedup']:.2f}×</b>" in html
     assert f"<b>{stats['tokens_per_second']:.1f}</b>" in html
     for k in range(4):
-        assert f"stage {k} (d={greedy[0]['depths'][k]})" in html
+        assert f"E{k} · d={greedy[0]['depths'][k]}</span>" in html
     assert "tokens/s" not in stats_html(replay(greedy)[-1])
 
 
@@ -185,7 +188,7 @@ def test_round_table_lists_each_batch_and_the_commit_decision(greedy):
     view = first_commit_with(views, lambda v: v.kept)
     html = round_table_html(view)
     for k, batch in enumerate(view.batches):
-        assert f"<b>E{k}</b> · d={greedy[0]['depths'][k]} · batch of {len(batch)}" in html
+        assert f"E{k} · d={greedy[0]['depths'][k]}</span> · batch of {len(batch)}" in html
         for i in batch:
             assert re.search(rf">{i}</td><td[^>]*>{view.nodes[i]['kind']}</td>", html)
     assert f"matched at stage {view.commit['matched_stage']}" in html
@@ -300,4 +303,90 @@ def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
     assert "plotly" in (tmp_path / "r.html").read_text()[:5000].lower()
     bad = subprocess.run([sys.executable, "-m", "visualize.report", str(tmp_path / "nope.json"), str(tmp_path / "x.html")],
                          capture_output=True, text=True, cwd=root)
-    assert bad.returncode == 2 and "not a readable dex bench report" in bad.stderr
+    assert bad.returncode == 2 and "not a readable DEX trace or dex bench report" in bad.stderr
+
+
+def test_every_stage_colour_is_an_okabe_ito_colour_and_the_same_in_every_panel(greedy):
+    view = first_commit_with(replay(greedy), lambda v: True)
+    depths = greedy[0]["depths"]
+    assert len(set(OKABE_ITO)) == 8 and [stage_color(k) for k in range(8)] == list(OKABE_ITO)
+    assert set(STATUS_COLORS.values()) | set(FATE_COLORS.values()) <= set(OKABE_ITO) | {"#BBBBBB"}
+    panels = tokens_html(view) + fsm_html(view) + stats_html(view)
+    ticks = lattice_figure(view).layout.yaxis.ticktext + timeline_figure(greedy).layout.yaxis.ticktext
+    for k in range(len(depths)):
+        assert panels.count(f"background: {stage_color(k)}") >= 3  # legend key, FSM row, histogram bar
+        assert sum(f"color:{stage_color(k)}" in t for t in ticks) == 2
+    backgrounds = {c.upper() for c in re.findall(r"background: (#[0-9a-fA-F]{6})", panels)}
+    assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", "#EAECEE"}, backgrounds  # table heads, id chips
+
+
+def test_k8_panels_fold_node_ids_and_labels_are_whole_or_absent(deep):
+    full = max(replay(deep), key=lattice_size)
+    html = fsm_html(full)
+    assert html.count("<details>") == 8 and html.count("min-width: 22px") == 255
+    outside = re.sub(r"<details>.*?</details>", "", html, flags=re.S)
+    assert "min-width: 22px" not in outside  # every id chip is behind a <details>
+    for k in range(8):
+        assert f"<b>{sum(1 for n in full.nodes.values() if n['stage'] == k)}</b> (" in html
+    fig = lattice_figure(full)
+    for t in fig.data:
+        if "markers" in t.mode:
+            assert all("…" not in label for label in t.text)
+    labels = {n["id"]: n["text"] for n in full.nodes.values()}
+    assert any(label for t in lattice_figure(replay(deep)[0]).data if "markers" in t.mode for label in t.text)
+    assert len(labels) == 255
+    edges = {t.name: t for t in fig.data if t.mode == "lines"}
+    assert edges["edges: other"].visible == "legendonly" and edges["edges: this round"].visible is True
+    drawn = sum(1 for x in edges["edges: this round"].x + edges["edges: kept"].x if x is None)
+    assert drawn <= len(full.new) + len(full.kept) + len(full.committed_ids)
+    assert fig.layout.height <= 560
+
+
+def test_top_k_lists_name_tokens_by_text_from_the_whole_run(greedy):
+    views = replay(greedy)
+    view = views[-1]
+    html = round_table_html(view)
+    for batch in view.batches:
+        for i in batch:
+            for token, _ in view.nodes[i]["top"]:
+                if token in view.vocab:
+                    assert f"({token})" in html and f"#{token} (no text)" not in html
+    crafted = json.loads(json.dumps(greedy))
+    node = crafted[1]["nodes"][0]
+    node["top"] = [[99999, 0.5, "<zebra>"]] + node["top"][1:]
+    shown = round_table_html(replay(crafted)[0])
+    assert "&#x27;&lt;zebra&gt;&#x27; (99999)" in shown and "<zebra>" not in shown
+
+
+def test_timeline_draws_every_node_once_at_its_position_with_its_round_and_fate(trace):
+    fig = timeline_figure(trace)
+    graph = lattice_graph(trace)
+    nodes = {t.name: t for t in fig.data if t.name in FATE_COLORS}
+    assert sum(len(t.x) for t in nodes.values()) == graph.number_of_nodes()
+    for fate, t in nodes.items():
+        assert t.marker.color == FATE_COLORS[fate]
+        members = sorted((n["round"], n["position"]) for _, n in graph.nodes(data=True) if n["fate"] == fate)
+        assert sorted(zip(t.customdata, (round(x) for x in t.x))) == members
+    commits = [e for e in trace if e.get("event") == "round" and e["commit"]]
+    cuts = next(t for t in fig.data if t.name == "collapses")
+    assert list(cuts.customdata) == [e["round"] for e in commits]
+    assert [x - 0.5 for x in cuts.x] == [e["commit"]["position"] for e in commits]
+    hover = " ".join(nodes["matched"].hovertext)
+    assert "top: &#39;" in hover or "top: '" in hover or "top: #" in hover
+    assert "fate: matched" in hover and "round " in hover
+
+
+def test_run_report_is_one_page_with_plotly_inlined_and_the_trace_escaped(greedy, tmp_path):
+    page = run_report_html(greedy, {"model": "tiny", "prompt": "<script>alert(1)</script>"})
+    assert page.count("<script>alert(1)</script>") == 0 and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script src" not in page and page.count('id="dex-timeline"') == 1 and page.count('id="dex-lattice"') == 1
+    assert len(page) > 3_000_000  # plotly.js itself
+    proc = subprocess.run([sys.executable, "-m", "visualize.report", "-h"], capture_output=True, text=True)
+    assert "trace" in proc.stdout
+
+
+def test_status_line_names_its_state_and_escapes_its_detail():
+    html = status_html("error", "<b>bad</b>")
+    assert "data-state='error'" in html and "<b>error</b>" in html and "&lt;b&gt;bad&lt;/b&gt;" in html
+    with pytest.raises(ValueError, match="state must be one of"):
+        status_html("exploded")

@@ -1,22 +1,18 @@
 """HTML panels drawn from a ``RoundView``: committed text, FSM state and KV caches, live statistics,
 and the per-round debugger table. Plain HTML with inline CSS; every value from a trace, strings and
-numbers alike, passes ``markup.esc``/``markup.num`` (a trace file is untrusted input)."""
+numbers alike, passes ``markup.esc``/``markup.num`` (a trace file is untrusted input). Panels stay
+compact at K = 8: node ids and per-explorer batches are behind ``<details>``, long tables scroll."""
 
 from __future__ import annotations
 
-from .lattice import STATUS_COLORS, token_texts
+from .lattice import token_texts
 from .markup import esc, join, num
+from .palette import stage_color, stage_ink, stage_legend_html
 from .replay import RoundView
 
-STAGE_COLORS = ["#abebc6", "#d4efdf", "#f9e79f", "#fad7a0", "#f5b7b1", "#f1948a",
-                "#d7bde2", "#aed6f1", "#a3e4d7", "#d5dbdb", "#edbb99", "#c39bd3"]
 _BOX = "font-family: system-ui, sans-serif; font-size: 13px; line-height: 1.5;"
 _TABLE = "border-collapse: collapse; margin: 4px 0 10px 0;"
 _CELL = "border: 1px solid #d5d8dc; padding: 2px 6px; text-align: left; vertical-align: top;"
-
-
-def stage_color(stage: int) -> str:
-    return STAGE_COLORS[int(stage) % len(STAGE_COLORS)]
 
 
 def _last(view_or_views) -> RoundView | None:
@@ -53,20 +49,22 @@ def tokens_html(view_or_views) -> str:
         title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
         shown = text if text is not None else f"⟨{token}⟩"
         spans.append(f"<span class=\"dex-tok\" title=\"{esc(title)}\" style=\"background: "
-                     f"{stage_color(stage)}; border-radius: 3px;\">{esc(shown)}</span>")
-    legend = "".join(f"<span class=\"dex-key\" style=\"background: {stage_color(k)}; padding: 0 6px; "
-                     f"margin-right: 6px; border-radius: 3px;\">matched at stage {k} (depth {esc(d)})</span>"
-                     for k, d in enumerate(depths))
+                     f"{stage_color(stage)}; color: {stage_ink(stage)}; border-radius: 3px;\">{esc(shown)}</span>")
     return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
-            f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em;'>{''.join(spans)}</div>"
-            f"<div style='margin-top: 6px; font-size: 12px;'>{legend}</div></div>")
+            f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
+            f"{''.join(spans)}</div>{stage_legend_html(depths)}</div>")
 
 
 def _chip(node_id: int, new: bool) -> str:
     style = ("display: inline-block; min-width: 22px; text-align: center; margin: 1px; padding: 0 3px; "
              "border-radius: 3px; font-size: 11px; ")
-    style += "background: #f5b041; font-weight: bold;" if new else "background: #eaecee;"
+    style += "background: #E69F00; font-weight: bold;" if new else "background: #eaecee;"
     return f"<span style='{style}'>{esc(node_id)}</span>"
+
+
+def _stage_key(k: int, depth) -> str:
+    return (f"<span style='background: {stage_color(k)}; color: {stage_ink(k)}; padding: 0 5px; "
+            f"border-radius: 3px; white-space: nowrap;'>E{k} · d={esc(depth)}</span>")
 
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
@@ -79,30 +77,30 @@ def kv_counts(view: RoundView) -> list[tuple[int, int]]:
 
 
 def fsm_html(view: RoundView) -> str:
-    """FSM state q before → after, the explore buffer grouped by stage (new ids highlighted) and a
-    KV view bar per explorer (committed prefix entries + lattice entries)."""
+    """FSM state q before → after and, per explorer, its lattice nodes as counts (new this round in
+    bold) with the ids on demand (``<details>``), and its KV view: committed prefix + lattice entries."""
     depths = view.start["depths"]
     new = set(view.new)
     after = "commit" if view.commit else "no commit"
     parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={esc(view.state_before)}</b> → "
              f"<b>q={esc(view.state_after)}</b> <span style='color: #7f8c8d;'>({after}; lattice "
              f"{len(view.nodes)} nodes)</span></div>"]
-    rows = []
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
         by_stage[node["stage"]].append(i)
+    widest = max((len(ids) for ids in by_stage), default=1) or 1
+    rows = []
     for k, (ids, (committed, lattice)) in enumerate(zip(by_stage, kv_counts(view))):
-        chips = "".join(_chip(i, i in new) for i in sorted(ids)) or "<span style='color: #aab7b8;'>empty</span>"
-        cells = "".join(f"<span style='display: inline-block; width: 6px; height: 12px; margin-right: 1px; "
-                        f"background: {STATUS_COLORS['anchor'] if i in new else STATUS_COLORS['pending']};'>"
-                        f"</span>" for i in sorted(ids))
-        bar = (f"<span style='display: inline-block; width: 70px; height: 12px; background: #85929e; color: white; "
-               f"font-size: 10px; text-align: center; line-height: 12px; margin-right: 2px;'>{esc(committed)}</span>"
-               f"{cells}")
+        fresh = sum(1 for i in ids if i in new)
+        chips = "".join(_chip(i, i in new) for i in sorted(ids))
+        nodes = (f"<details><summary><b>{len(ids)}</b> ({fresh} new)</summary>{chips}</details>" if ids
+                 else "<span style='color: #aab7b8;'>empty</span>")
+        bar = (f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
+               f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>")
         plus = " (+1 after commit)" if view.commit else ""
-        rows.append([f"E{k} · d={esc(depths[k])}", chips, bar,
-                     f"committed <b>{esc(committed)}</b>{plus} · lattice <b>{esc(lattice)}</b>"])
-    parts.append(_table(["explorer", "explore buffer (new in bold)", "KV view", "entries"], rows))
+        rows.append([_stage_key(k, depths[k]), nodes,
+                     f"{bar} committed <b>{esc(committed)}</b>{plus} · lattice <b>{esc(lattice)}</b>"])
+    parts.append(_table(["explorer", "nodes (new this round)", "KV view"], rows))
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
 
@@ -112,7 +110,7 @@ def _histogram(matched: list[int], depths: list[int]) -> str:
     rows = []
     for k, (d, c) in enumerate(zip(depths, counts)):
         width = int(120 * c / top)
-        rows.append(f"<div>stage {k} (d={esc(d)}) <span style='display: inline-block; width: {width}px; "
+        rows.append(f"<div>{_stage_key(k, d)} <span style='display: inline-block; width: {width}px; "
                     f"height: 10px; background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>")
     return "".join(rows)
 
@@ -143,12 +141,16 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
 
 def _cand(token: int, vocab: dict[int, str | None]) -> str:
     text = vocab.get(token)
-    return esc(f"{token} {text!r}" if text is not None else token)
+    return esc(f"{text!r} ({token})" if text is not None else f"#{token} (no text)")
+
+
+OPEN_ROWS = 8  # an explorer's batch is listed open up to this many nodes, else folded
 
 
 def round_table_html(view: RoundView) -> str:
-    """Each explorer's batch this round (node, kind, position, candidate, top-k, DECS mask), then the
-    commit decision and the collapse sets, or "no commit this round"."""
+    """Each explorer's batch this round (node, kind, position, candidate, top-k, DECS mask; a large
+    batch folded), then the commit decision and the collapse sets, or "no commit this round". The
+    whole table scrolls inside a bounded box."""
     depths = view.start["depths"]
     K = len(depths)
     vocab = token_texts(view)
@@ -158,13 +160,17 @@ def round_table_html(view: RoundView) -> str:
         rows = []
         for i in batch:
             n = view.nodes[i]
-            top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p in n.get("top") or [])
+            top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.get("top") or [])
             masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
             rows.append([esc(i), esc(n["kind"]), f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})",
                          _cand(n["token"], vocab), top, masked])
-        title = f"<div><b>E{k}</b> · d={esc(depths[k])} · batch of {len(batch)}</div>"
-        parts.append(title + (_table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
-                              if rows else "<div style='color: #aab7b8; margin-bottom: 8px;'>idle</div>"))
+        title = f"{_stage_key(k, depths[k])} · batch of {len(batch)}"
+        if not rows:
+            parts.append(f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>")
+            continue
+        table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
+        opened = " open" if len(rows) <= OPEN_ROWS else ""
+        parts.append(f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>")
     if view.commit:
         c = view.commit
         rows = [[_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
@@ -172,8 +178,9 @@ def round_table_html(view: RoundView) -> str:
         parts.append(f"<div><b>Commit</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
                      f"matched at stage {esc(c['matched_stage'])}</div>")
         parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
-        parts.append(f"<div><b>Collapse</b> kept ({len(view.kept)}): {join(view.kept) or '—'}"
-                     f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</div>")
+        parts.append(f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
+                     f"kept ({len(view.kept)}): {join(view.kept) or '—'}"
+                     f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>")
     else:
         parts.append("<div><b>no commit this round</b></div>")
-    return f"<div style='{_BOX}'>{''.join(parts)}</div>"
+    return f"<div class='dex-round' style='{_BOX} max-height: 360px; overflow-y: auto;'>{''.join(parts)}</div>"

@@ -37,6 +37,7 @@ class RoundView:
     commit_position: int            # absolute position of this round's anchor slot
     batches: list[list[int]]        # node ids each explorer computed
     timings: dict = field(default_factory=dict)
+    vocab: dict[int, str] = field(default_factory=dict)  # token -> text of every token the run names (shared)
 
     @property
     def num_stages(self) -> int:
@@ -55,6 +56,20 @@ class RoundView:
 
 def lattice_size(view: RoundView) -> int:
     return len(view.nodes)
+
+
+def event_texts(event: dict):
+    """(token, text) of every token a round event gives the text of: candidates, the commit, and top
+    entries that carry a third element (their text)."""
+    for node in event["nodes"]:
+        if isinstance(node.get("text"), str):
+            yield node["token"], node["text"]
+        for entry in node.get("top") or []:
+            if len(entry) > 2 and isinstance(entry[2], str):
+                yield entry[0], entry[2]
+    commit = event.get("commit")
+    if commit and isinstance(commit.get("text"), str):
+        yield commit["token"], commit["text"]
 
 
 def _chain(commit: dict, seen: dict[int, dict]) -> list[tuple[int, str | None]]:
@@ -82,8 +97,10 @@ class Replay(Sequence[RoundView]):
         self._texts: list[str | None] = []
         self._matched: list[int] = []
         self._chains: list[list[tuple[int, str | None]]] = []
+        self.vocab: dict[int, str] = {}
         for event in self._rounds:
             self._seen.update((node["id"], node) for node in event["nodes"])
+            self.vocab.update(event_texts(event))
             self._before.append(len(self._tokens))
             if commit := event.get("commit"):
                 self._tokens.append(commit["token"])
@@ -121,7 +138,7 @@ class Replay(Sequence[RoundView]):
             commit=commit, tokens=self._tokens[:n], texts=self._texts[:n], matched=self._matched[:n],
             anchor_chains=self._chains[:n], state_before=event["state_before"], state_after=event["state_after"],
             commit_position=len(self.start["prompt"]) + self._before[i], batches=event["batches"],
-            timings=event.get("timings", {}))
+            timings=event.get("timings", {}), vocab=self.vocab)
 
 
 def replay(events: list[dict]) -> Replay:

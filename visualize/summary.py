@@ -45,3 +45,17 @@ def readiness_table_html(result: dict, adapter_depths) -> str:
             f"<p>{esc(result['tokens'])} tokens; oracle S_EAD = {num(result['oracle'], '.3f')}× (every depth explored). "
             "The best set minimises expected rounds per token × the longest stage — the time per token of a "
             f"pipeline, where non-uniform sets make every round as slow as their longest stage. {lens}</p>")
+
+
+STATES = {"running": "#56B4E9", "stopped": "#E69F00", "finished": "#009E73", "error": "#D55E00", "example": "#CC79A7",
+          "idle": "#BBBBBB"}
+
+
+def status_html(state: str, detail: str = "", elem: str = "dex-status") -> str:
+    """One status line: the state as a coloured word (running / stopped / finished / error, or example /
+    idle for a bundled or absent run) and a plain-text detail. ``data-state`` carries the state for tests."""
+    if state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}; got {state!r}")
+    return (f"<div class='{esc(elem)}' data-state='{state}' style='font-family: system-ui, sans-serif; font-size: 14px; "
+            f"padding: 4px 8px; border-left: 6px solid {STATES[state]}; background: #f8f9f9;'>"
+            f"<b>{state}</b>{' · ' + esc(detail) if detail else ''}</div>")
