@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model,
                       resolve_depths)
-from dex_core.config import control, flag, integer, option
+from dex_core.config import flag, integer, option
 
 
 @dataclass
@@ -111,6 +111,13 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
         temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
         top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
         max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP)
+
+
+def control(cls, name: str) -> dict:
+    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
+    f = cls.__dataclass_fields__[name]
+    return {"value": f.default, "info": f.metadata["help"], "minimum": f.metadata.get("ui_min"),
+            "maximum": f.metadata.get("ui_max")}
 
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows

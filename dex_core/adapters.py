@@ -25,6 +25,7 @@ from .config import DexError, adapter_file
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "adapters"
 DEFAULT_ADAPTERS = ASSETS / "smollm2-135m-instruct.safetensors"
+RANKING = "shortlist"  # the tensor holding the token ranking of the light proposal heads
 
 
 class InducingAdapter(nn.Module):
@@ -64,12 +65,15 @@ def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, Indu
     return {int(d): InducingAdapter(cfg.hidden_size, m, act, eps) for d in depths}
 
 
-def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict) -> None:
-    """One safetensors file (float16 weights) with the model identity and training facts as metadata."""
+def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict, ranking=None) -> None:
+    """One safetensors file (float16 weights) with the model identity and training facts as metadata, and
+    the token ranking of light proposal heads (``dex_core.proposal``) as tensor 'shortlist'."""
     from safetensors.torch import save_file
 
     tensors = {f"{d}.{k}": v.detach().to(torch.float16).contiguous()
                for d, a in adapters.items() for k, v in a.state_dict().items()}
+    if ranking is not None:
+        tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
     first = next(iter(adapters.values()))
     meta = {"format": "dex-adapters", "version": "1", "identity": json.dumps(model_identity(model)),
             "depths": json.dumps(sorted(adapters)), "bottleneck": str(first.up.out_features),
@@ -167,6 +171,8 @@ def _check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None
     hidden = meta["identity"]["hidden_size"]
     want = {f"{d}.{k}": shape for d in meta["depths"]
             for k, shape in adapter_shapes(hidden, meta["bottleneck"]).items()}
+    if RANKING in shapes:
+        want[RANKING] = (meta["identity"]["vocab_size"],)
     problems = [f"tensor {k} is missing" if k not in shapes else f"tensor {k} has shape {list(shapes[k])}, "
                 f"not {list(shape)}" for k, shape in want.items() if shapes.get(k) != shape]
     if problems:
@@ -216,6 +222,36 @@ def resolve_adapters(spec, model, depths=None) -> dict:
         return {}
     adapters = load_adapters("default" if spec == "auto" else spec, model)
     return {d: a for d, a in adapters.items() if depths is None or d in depths[:-1]}
+
+
+def store_ranking(path, model, ranking) -> None:
+    """Write (or replace) the token ranking of the light proposal heads in adapter file ``path``."""
+    from safetensors.torch import load_file, save_file
+
+    load_adapters(path, model)  # every check of the file and of its fit to ``model``
+    raw, _ = _header(path)
+    tensors = load_file(str(path))
+    tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
+    save_file(tensors, str(path), metadata=raw)
+
+
+def adapter_ranking(spec, model) -> torch.Tensor | None:
+    """The token ranking stored with the adapter file that ``spec`` names (None for none, a mapping,
+    'auto' for a model the shipped set does not fit, or a file without one): long (vocab,)."""
+    from safetensors import safe_open
+
+    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
+        return None
+    path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
+    meta = read_metadata(path)
+    _check_tensors(path, meta, _header(path)[1])
+    with safe_open(str(path), "pt") as fh:
+        if RANKING not in fh.keys():
+            return None
+        ranking = fh.get_tensor(RANKING).long()
+    if int(ranking.min()) < 0 or int(ranking.max()) >= len(ranking) or len(torch.unique(ranking)) != len(ranking):
+        raise DexError(f"{path.name} holds a token ranking that is not a permutation of the vocabulary")
+    return ranking
 
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:

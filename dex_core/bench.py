@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .bench_report import headline
+from .bench_report import headline, result_row
 from .cost import ModelCost
-from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths
+from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .reference import hf_greedy
 from .request import encode_item
@@ -54,6 +54,8 @@ class BenchConfig:
                                       "methods to run: " + ", ".join(METHODS))
     drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
     threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
+    proposal_vocab: str = option("auto", "rows of DEX's non-final light proposal heads: N, full or auto "
+                                         "(8192 with a token ranking)")
     quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
                                 "synthetic prompts (seconds; for tests)")
 
@@ -62,6 +64,7 @@ class BenchConfig:
         if self.adapters not in ADAPTER_CHOICES:
             adapter_file(self.adapters)  # a missing file fails before the model loads
         self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
+        self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.quick:
             for key, value in QUICK.items():
                 setattr(self, key, value)
@@ -185,15 +188,16 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
 
     variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
         [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
-    decoders = {}
+    decoders, light = {}, {"proposal_vocab": cfg.proposal_vocab}
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         for use, decs in variants:
-            decoders[("dex", depths, use, decs)] = DexDecoder(model, depths=depths, decs=decs,
-                                                              adapters=covered if use else {}, trace_top=0)
+            decoders[("dex", depths, use, decs)] = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use
+                                                              else {}, tokenizer=tokenizer, **light)
         if "dex-distributed" in cfg.methods:
             decoders[("dex-distributed", depths, bool(adapters), True)] = DexDecoder(
-                model, depths=depths, adapters=covered, trace_top=0, backend="distributed", threads=cfg.threads)
+                model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads, tokenizer=tokenizer,
+                **light)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
 
     runners = {"ar-hf": lambda p, n: (hf_greedy(model, p, n), {}),
@@ -223,16 +227,18 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                         outs[key].append(run(prompt, cfg.max_new_tokens))
                 log(f"  {set_name} {i + 1}/{len(prompts)}: {len(outs['ar-hf'][-1][0])} tokens")
             refs = [o[0] for o in outs["ar-hf"]]
-            lens = {use: [layer_candidates(model, p, r, adapters if use else {}) for p, r in zip(prompts, refs)]
-                    for use in {False, bool(adapters)}}
+            shortlist = next((d.shortlist for d in decoders.values()), None)
+            lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
+                          for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
             ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r]), "L": L, "ss": ss, "hf": hf,
-                   "cost": ModelCost.of(model, adapters),
+                   "cost": ModelCost.of(model, adapters), "dex_cost": {k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
+                   "proposal_vocab": {k: d.proposal_vocab for k, d in decoders.items()},
                    "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters}
             omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
             stable = float((torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1).double().mean())
             report["oracle"][set_name] = {"layer_forwards_per_token": stable, "speedup": L / stable}
             for key in runners:
-                row = _row(key, outs[key], ctx)
+                row = result_row(key, outs[key], ctx)
                 row.update(set=set_name, seconds=timers[key].seconds,
                            tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
                            speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
@@ -244,57 +250,3 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             decoder.close()
     report["headline"] = headline(report)
     return report
-
-
-def _row(key, outs: list, ctx: dict) -> dict:
-    """One results row (without timings) for a method's outputs over a prompt set."""
-    from .baselines import self_spec_layer_forwards
-    from .ead import longest_stage, matches, set_cost
-
-    refs, flat, L = ctx["refs"], ctx["flat"], ctx["L"]
-    T = len(flat)
-    exact = sum(o[0] == r for o, r in zip(outs, refs))
-    method = key if isinstance(key, str) else key[0]
-    cost = ctx["cost"]
-    row = {"method": method, "prompts": len(refs), "tokens": T, "exact": exact == len(refs), "exact_prompts": exact,
-           "layer_forwards_per_token": float(L), "devices": 1, "cost_per_token": cost.ar(),
-           "cost_per_token_rows": cost.ar()}
-    if method in ("dex", "dex-distributed"):
-        _, depths, use, decs = key
-        stats = [o[1] for o in outs]
-        rounds = sum(s.rounds for s in stats)
-        covered = [d for d in ctx["adapters"] if use and d in depths[:-1]]
-        batches = [b for s in stats for b in s.batch_sizes]
-        row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, rounds_per_token=rounds / T,
-                   depth_speedup=len(depths) * T / rounds, devices=len(depths),
-                   layer_forwards_per_token=rounds * longest_stage(depths) / T,
-                   cost_per_token=cost.dex(depths, batches, T, "memory", covered),
-                   cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
-        if method == "dex":
-            predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
-            row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
-                       projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
-        else:
-            row["schedule"] = f"distributed ({len(depths)} processes)"
-    elif method == "self-spec":
-        ss = ctx["ss"]
-        steps, E, n = sum(o[1]["steps"] for o in outs), ss["exit"], ss["draft"]
-        row.update(exit=E, draft=n, adapters=E in ctx["adapters"], steps_per_token=steps / T,
-                   layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T)
-        if E:
-            row.update({f"cost_per_token{suffix}": steps * cost.self_spec_step(E, n, view, E in ctx["adapters"]) / T
-                        for suffix, view in (("", "memory"), ("_rows", "rows"))})
-    elif method == "hf-early-exit":
-        hf = ctx["hf"]
-        hits = matches(ctx["cands"][False], flat)[:, hf["exit"] - 1]
-        bounds = torch.cumsum(torch.tensor([0] + [len(r) for r in refs]), 0).tolist()
-        replays = [self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], L) for a, b in zip(bounds, bounds[1:])]
-        steps, forwards = sum(r[0] for r in replays), sum(r[1] for r in replays)
-        plain = ModelCost(L, cost.head, 0.0)
-        row.update(exit=hf["exit"], draft=hf["draft"], adapters=False, layer_forwards_per_token=forwards / T,
-                   layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
-                   **{f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
-                      for suffix, view in (("", "memory"), ("_rows", "rows"))})
-    return row
-
-

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
+from .cost import ModelCost
+
 
 def headline(report: dict) -> list[dict]:
     """Per set, one block: the cheapest DEX row (shipped variant) by cost per token (layer-equivalents,
@@ -103,3 +107,59 @@ def write_outputs(report: dict, out: str | None, md: str | None) -> None:
 
 def _fmt(x, digits: int) -> str:
     return "" if x is None else f"{x:.{digits}f}"
+
+
+def result_row(key, outs: list, ctx: dict) -> dict:
+    """One results row (without timings) for a method's outputs over a prompt set."""
+    from .baselines import self_spec_layer_forwards
+    from .ead import longest_stage, matches, set_cost
+
+    refs, flat, L = ctx["refs"], ctx["flat"], ctx["L"]
+    T = len(flat)
+    exact = sum(o[0] == r for o, r in zip(outs, refs))
+    method = key if isinstance(key, str) else key[0]
+    cost = ctx["cost"]
+    row = {"method": method, "prompts": len(refs), "tokens": T, "exact": exact == len(refs), "exact_prompts": exact,
+           "layer_forwards_per_token": float(L), "devices": 1, "cost_per_token": cost.ar(),
+           "cost_per_token_rows": cost.ar()}
+    if method in ("dex", "dex-distributed"):
+        _, depths, use, decs = key
+        stats = [o[1] for o in outs]
+        rounds = sum(s.rounds for s in stats)
+        covered = [d for d in ctx["adapters"] if use and d in depths[:-1]]
+        batches = [b for s in stats for b in s.batch_sizes]
+        cost = ctx["dex_cost"][key]
+        row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, rounds_per_token=rounds / T,
+                   proposal_vocab=ctx["proposal_vocab"][key], cost_per_token_full_heads=cost.full_heads().dex(depths, batches, T, "memory", covered),
+                   depth_speedup=len(depths) * T / rounds, devices=len(depths),
+                   layer_forwards_per_token=rounds * longest_stage(depths) / T,
+                   cost_per_token=cost.dex(depths, batches, T, "memory", covered),
+                   cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
+        if method == "dex":
+            predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
+            row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
+                       projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
+        else:
+            row["schedule"] = f"distributed ({len(depths)} processes)"
+    elif method == "self-spec":
+        ss = ctx["ss"]
+        steps, E, n = sum(o[1]["steps"] for o in outs), ss["exit"], ss["draft"]
+        row.update(exit=E, draft=n, adapters=E in ctx["adapters"], steps_per_token=steps / T,
+                   layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T)
+        if E:
+            row.update({f"cost_per_token{suffix}": steps * cost.self_spec_step(E, n, view, E in ctx["adapters"]) / T
+                        for suffix, view in (("", "memory"), ("_rows", "rows"))})
+    elif method == "hf-early-exit":
+        hf = ctx["hf"]
+        hits = matches(ctx["cands"][False], flat)[:, hf["exit"] - 1]
+        bounds = torch.cumsum(torch.tensor([0] + [len(r) for r in refs]), 0).tolist()
+        replays = [self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], L) for a, b in zip(bounds, bounds[1:])]
+        steps, forwards = sum(r[0] for r in replays), sum(r[1] for r in replays)
+        plain = ModelCost(L, cost.head, 0.0)
+        row.update(exit=hf["exit"], draft=hf["draft"], adapters=False, layer_forwards_per_token=forwards / T,
+                   layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
+                   **{f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
+                      for suffix, view in (("", "memory"), ("_rows", "rows"))})
+    return row
+
+

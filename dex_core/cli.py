@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
     train.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
     add_flags(train, TrainConfig)
+    rank = sub.add_parser("shortlist", help="store the light proposal heads' token ranking in an adapter file",
+                          description="Count the tokens of the training text (ShareGPT train split) with the "
+                                      "model's tokenizer and store the ranking, most frequent first, in FILE; "
+                                      "non-final stages then score its first N tokens (--proposal-vocab).")
+    rank.add_argument("file", help="adapter file (.safetensors) to update")
+    add_flags(rank, DexConfig, ("model",))
     ead = sub.add_parser("ead", help="token readiness: EAD, predicted speedups, best exploration sets (JSON)",
                          description="Greedy AR answers to prompt sets, then per token the earliest available "
                                      "depth (plain and stable), the stage DEX matches at (DECS-aware), the "
@@ -141,6 +147,18 @@ def _ead(args) -> None:
         print(text)
 
 
+def _shortlist(args) -> None:
+    from .adapters import load_adapters, store_ranking
+    from .models import load_model
+    from .proposal import token_ranking
+
+    model, tokenizer = load_model(from_args(DexConfig, args).model)
+    load_adapters(args.file, model)  # a wrong or foreign file fails before the counting
+    ranking = token_ranking(tokenizer, model.config.vocab_size)
+    store_ranking(args.file, model, ranking)
+    print(f"{args.file}: ranking of {len(ranking)} tokens stored (first 8: {ranking[:8].tolist()})")
+
+
 def _bench(args) -> None:
     from .bench import run_bench
     from .bench_report import markdown, write_outputs
@@ -153,7 +171,8 @@ def _bench(args) -> None:
     print(markdown(report))
 
 
-COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train, "ead": _ead, "bench": _bench}
+COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train, "ead": _ead, "bench": _bench,
+            "shortlist": _shortlist}
 
 
 def main(argv=None) -> int:

@@ -41,22 +41,22 @@ ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default mode
                 "dex train-adapters")
 
 
-def _integer(value) -> int:
-    """An int (or an int-like scalar such as numpy.int64); TypeError for bools, floats, strings, None."""
-    if isinstance(value, bool):
-        raise TypeError("a bool is not a count")
-    return operator.index(value)
-
-
 def integer(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as an int (not a bool, float or text) of at least ``minimum``, else DexError."""
+    """``value`` as an int (or an int-like scalar such as numpy.int64; not a bool, float or text) of at
+    least ``minimum``, else DexError."""
     try:
-        if minimum is None or _integer(value) >= minimum:
-            return _integer(value)
+        if not isinstance(value, bool) and (minimum is None or operator.index(value) >= minimum):
+            return operator.index(value)
     except TypeError:
         pass
     low = "" if minimum is None else f" >= {minimum}"
     raise DexError(f"{name} must be an integer{low}; got {value!r:.80}")
+
+
+def rows_option(value, name: str = "proposal_vocab"):
+    """'auto', 'full', or a positive row count (also as text, from a flag)."""
+    return value if value in ("auto", "full") else integer(int(value) if str(value).isdigit() else value,
+                                                            f"{name} (or auto, full)", 1)
 
 
 def _number(value, name: str) -> float:
@@ -122,6 +122,8 @@ class DecoderOptions:
     adapters: str | Mapping | None = option("auto", ADAPTER_HELP)
     decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
                             "stages of the same slot already proposed")
+    proposal_vocab: int | str = option("auto", "rows of the non-final stages' light proposal heads: the N most "
+                                       "frequent training tokens, full, or auto (8192 given a ranking)", kind=str)
     trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
@@ -146,6 +148,7 @@ class DecoderOptions:
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
         self.trace_top = integer(self.trace_top, "trace_top", 0)
+        self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.devices is not None:
@@ -216,7 +219,7 @@ def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
     """
     items = _items(value, name)
     try:
-        out = tuple(int(v) if isinstance(value, str) else _integer(v) for v in items)
+        out = tuple(int(v) if isinstance(value, str) else integer(v, name) for v in items)
     except (TypeError, ValueError):
         raise DexError(f"{name} must be comma-separated integers like 2,3,4 (or a list of ints); "
                        f"got {value!r:.80}") from None
@@ -279,7 +282,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
                                 help=f.metadata["help"])
             continue
         args = typing.get_args(hint)
-        if typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args):
+        if typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args) or "kind" in f.metadata:
             kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
         else:
             kind = next((t for t in (int, float) if hint is t or t in args), str)
@@ -292,9 +295,3 @@ def from_args(cls, args: argparse.Namespace, **extra):
     """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults)."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra)
 
-
-def control(cls, name: str) -> dict:
-    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
-    f = cls.__dataclass_fields__[name]
-    return {"value": f.default, "info": f.metadata["help"], "minimum": f.metadata.get("ui_min"),
-            "maximum": f.metadata.get("ui_max")}

@@ -10,11 +10,13 @@ labelled:
 - *rows-counted* (a compute-bound CPU): a forward of n rows costs n times one row.
 
 Explorer k of exploration set X = (d_0 < ... < d_{K-1} = L) runs layers (d_{k-1}, d_k], then proposes
-with the head (non-final stages through their adapter, when there is one). With n_k rows in a round:
+with its head (non-final stages through their adapter, when there is one). A non-final stage's head is
+the light proposal head when there is one (``dex_core.proposal``: N of the V rows, ``proposal`` =
+head x N / V LE, e.g. 8192 rows: 1.33 LE), the final stage's always the full head. With n_k rows:
 
     c_k(n_k) = 0                                              if n_k = 0
-             = (d_k - d_{k-1}) + head + adapter_k             memory-bound
-             = n_k ((d_k - d_{k-1}) + head + adapter_k)        rows-counted
+             = (d_k - d_{k-1}) + head_k + adapter_k           memory-bound
+             = n_k ((d_k - d_{k-1}) + head_k + adapter_k)      rows-counted
 
 On K devices a round lasts as long as its slowest explorer: round = max_k c_k(n_k); on one device the
 explorers run one after another: round = sum_k c_k(n_k). A run's cost per token is the sum over its
@@ -43,16 +45,21 @@ class ModelCost:
     num_layers: int
     head: float  # LM head + final norm
     adapter: float  # one inducing adapter (0 without adapters)
+    proposal: float | None = None  # a non-final stage's light proposal head (None: the full head)
 
     @classmethod
-    def of(cls, model, adapters=None) -> ModelCost:
-        """Parameter counts of ``model``'s layers, head and (first) adapter, in layer-equivalents."""
+    def of(cls, model, adapters=None, proposal_rows: int | None = None) -> ModelCost:
+        """Parameter counts of ``model``'s layers, head, (first) adapter and a light proposal head of
+        ``proposal_rows`` rows (None or the vocabulary size: full), in layer-equivalents."""
         layers = model.model.layers
         per_layer = sum(p.numel() for p in layers.parameters()) / len(layers)
-        head = sum(p.numel() for p in model.lm_head.parameters()) + sum(p.numel() for p in model.model.norm.parameters())
+        norm = sum(p.numel() for p in model.model.norm.parameters())
+        head = model.lm_head.weight.numel() + (model.lm_head.bias.numel() if model.lm_head.bias is not None else 0)
         adapter = next(iter((adapters or {}).values()), None)
         size = sum(p.numel() for p in adapter.parameters()) if adapter is not None else 0
-        return cls(len(layers), head / per_layer, size / per_layer)
+        vocab = model.lm_head.out_features
+        light = None if proposal_rows is None or proposal_rows >= vocab else (head * proposal_rows / vocab + norm) / per_layer
+        return cls(len(layers), (head + norm) / per_layer, size / per_layer, light)
 
     def ar(self) -> float:
         """One AR token: every layer and the head."""
@@ -65,7 +72,9 @@ class ModelCost:
         if rows == 0:
             return 0.0
         layers = depths[k] - (depths[k - 1] if k else 0)
-        one = layers + self.head + (self.adapter if depths[k] in adapter_depths else 0.0)
+        final = k == len(depths) - 1
+        head = self.head if final or self.proposal is None else self.proposal
+        one = layers + head + (self.adapter if depths[k] in adapter_depths else 0.0)
         return one * (rows if view == "rows" else 1)
 
     def dex_round(self, depths, batch_sizes, view: str, adapter_depths=(), devices: str = "K") -> float:
@@ -97,3 +106,7 @@ class ModelCost:
     def layers_only(self) -> ModelCost:
         """The same model counted by its layers alone (the head and adapters weigh nothing)."""
         return ModelCost(self.num_layers, 0.0, 0.0)
+
+    def full_heads(self) -> ModelCost:
+        """The same model with full heads at every stage (no light proposal heads)."""
+        return ModelCost(self.num_layers, self.head, self.adapter)

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 
 import torch
 
-from .adapters import resolve_adapters
+from .adapters import adapter_ranking, resolve_adapters
 from .config import DecoderOptions, DexError, GenerationOptions, pick, resolve_depths, stage_bounds
 from .engine import run_rounds
 from .explorer import Explorer
 from .models import model_view
+from .proposal import proposal_heads
 from .request import make_request
 from .results import GenerationResult
 from .trace import start_event
@@ -25,7 +26,10 @@ class DexDecoder:
     ``explorers`` = K asks for a uniform split. ``adapters`` — 'auto' (the shipped set when the model
     is the default model), 'default', 'none', an adapter file, or a mapping from non-final depths to
     modules — are applied to a depth's hidden state before the LM head; they change only which branch
-    survives, never the committed tokens. ``tokenizer`` (optional) adds token text to traces.
+    survives, never the committed tokens. ``proposal_vocab`` sets the rows of the non-final stages'
+    light proposal heads (``dex_core.proposal``; the final stage always scores the whole vocabulary).
+    ``tokenizer`` (optional) adds token text to traces and derives a token ranking when no adapter
+    file stores one.
 
     ``backend="sequential"`` runs every explorer in this process, one after another each round.
     ``backend="distributed"`` starts K explorer processes on torch.distributed (one per device in
@@ -48,16 +52,20 @@ class DexDecoder:
             raise DexError(f"trace_top must be at most the model's vocabulary of {self.view.vocab} tokens; "
                            f"got {self.trace_top}")
         self.adapters = resolve_adapters(self.options.adapters, model, self.depths)
+        heads = proposal_heads(self.view, self.depths, self.options.proposal_vocab,
+                               adapter_ranking(self.options.adapters, model), tokenizer)
+        self.proposal_vocab = len(heads[0]) if heads else self.view.vocab
+        self.shortlist = heads[0].ids.cpu() if heads else None  # the light heads' token ids
         self.backend = self.options.backend
         self.group = None
         self.explorers: list[Explorer] = []
         if self.backend == "distributed":
             from .group import ExplorerGroup
 
-            self.group = ExplorerGroup(model, self.depths, self.adapters, self.options)
+            self.group = ExplorerGroup(model, self.depths, self.adapters, self.options, self.shortlist)
         else:
             self.explorers = [Explorer(self.view, k, self.K, *stage_bounds(self.depths, k),
-                                       self.adapters.get(self.depths[k])) for k in range(self.K)]
+                                       self.adapters.get(self.depths[k]), heads.get(k)) for k in range(self.K)]
 
     @property
     def K(self) -> int:
@@ -77,7 +85,8 @@ class DexDecoder:
         """Yield trace events: a start event, one event per round, and an end event with the stats."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = make_request(self.view, input_ids, opts)
-        yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters)
+        yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
+                          self.proposal_vocab)
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)

@@ -18,9 +18,13 @@ generation of T tokens takes K + sum_{t<T} (1 + matched stage) rounds: R(X) is t
 and the depth-side speedup is K / R(X).
 
 On a pipeline a round lasts as long as the longest stage, so the time per token of an exploration set
-X = (d_1 < ... < d_K = L) is R(X) * max_k (d_k - d_{k-1}) layer-times, against L for AR.
-``best_depths`` searches the set minimising that cost for a given K (exhaustively when the number of
-sets is small, else by local search from the uniform split).
+X = (d_1 < ... < d_K = L) is R(X) * max_k (d_k - d_{k-1}) layer-times, against L for AR. Counting all
+the work (``dex_core.cost``, memory-bound view, every explorer busy every round) it is
+R(X) * max_k c_k(1): stage k's layers, its proposal head (light at non-final stages when a shortlist is
+used; the final stage's head is always full) and its adapter. ``best_depths`` searches the set
+minimising that cost (or the layers-only one without a cost model) for a given K (exhaustively when
+the number of sets is small, else by local search from the uniform split). With a shortlist the
+rankings come from the light heads, so a token outside it misses at every non-final stage.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ADAPTER_CHOICES, ANALYSED_KS, DexError, adapter_file, GenerationOptions, option, parse_ints, parse_list, resolve_depths
+from .config import ADAPTER_CHOICES, ANALYSED_KS, DexError, adapter_file, GenerationOptions, option, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .models import model_view
 
@@ -40,8 +44,10 @@ EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this man
 
 
 @torch.no_grad()
-def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None, top: int = TOP) -> torch.Tensor:
-    """Each layer's ``top`` best candidates for each generated position: long tensor (T, L, top)."""
+def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None, top: int = TOP,
+                     shortlist: torch.Tensor | None = None) -> torch.Tensor:
+    """Each layer's ``top`` best candidates for each generated position: long tensor (T, L, top).
+    With ``shortlist`` (token ids of a light proposal head) layers below the last rank only those."""
     view = model_view(model)
     adapters = adapters or {}
     ids = torch.tensor([prompt + tokens[:-1]], device=view.device)
@@ -54,6 +60,10 @@ def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None,
         else:
             h = hidden[layer][0, first:]  # (T, h)
             logits = view.head(adapters[layer](h) if layer in adapters else h)
+            if shortlist is not None:
+                ids = shortlist.to(logits.device)
+                out.append(ids[logits[:, ids].topk(top, dim=-1).indices].cpu())
+                continue
         out.append(logits.topk(top, dim=-1).indices.cpu())
     return torch.stack(out, dim=1)
 
@@ -110,31 +120,40 @@ def rounds_per_token(matched: torch.Tensor, K: int, lengths=None) -> float:
     return rounds / max(1, len(matched))
 
 
-def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, lengths=None) -> dict:
-    """Rounds per token, depth-side speedup and pipeline cost (layer-times per token) of one set."""
+def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, lengths=None, cost=None,
+             adapter_depths=()) -> dict:
+    """Rounds per token, depth-side speedup and pipeline cost (layer-times per token) of one set; with
+    ``cost`` (a ``ModelCost``) also the cost per token in layer-equivalents, heads included."""
     depths = tuple(int(d) for d in depths)
     matched = matched_stages(candidates, tokens, depths, decs)
     rounds = rounds_per_token(matched, len(depths), lengths)
     longest = longest_stage(depths)
-    return {"depths": list(depths), "rounds_per_token": rounds, "depth_speedup": len(depths) / rounds,
-            "longest_stage": longest, "layer_times_per_token": rounds * longest,
-            "pipeline_speedup": depths[-1] / (rounds * longest),
-            "matched": torch.bincount(matched, minlength=len(depths)).tolist()}
+    out = {"depths": list(depths), "rounds_per_token": rounds, "depth_speedup": len(depths) / rounds,
+           "longest_stage": longest, "layer_times_per_token": rounds * longest,
+           "pipeline_speedup": depths[-1] / (rounds * longest),
+           "matched": torch.bincount(matched, minlength=len(depths)).tolist()}
+    if cost is not None:
+        out["cost_per_token"] = cost.dex_steady(depths, rounds, adapter_depths)
+        out["cost_vs_ar"] = cost.ar() / out["cost_per_token"]
+    return out
 
 
-def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = True, lengths=None) -> dict:
-    """The exploration set of ``explorers`` stages with the lowest R(X) * longest stage."""
+def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = True, lengths=None, cost=None,
+                adapter_depths=()) -> dict:
+    """The exploration set of ``explorers`` stages with the lowest cost per token (``cost`` given) or
+    R(X) * longest stage."""
     L = candidates.shape[1]
     if not 1 <= explorers <= L:
         raise DexError(f"explorers must lie in 1..{L}; got {explorers}")
+    key = "layer_times_per_token" if cost is None else "cost_per_token"
 
-    def cost(depths):
-        return set_cost(candidates, tokens, depths, decs, lengths)
+    def cost_of(depths):
+        return set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
 
     if math.comb(L - 1, explorers - 1) <= EXHAUSTIVE_LIMIT:
         sets = (tuple(c) + (L,) for c in itertools.combinations(range(1, L), explorers - 1))
-        return min((cost(s) for s in sets), key=lambda r: (r["layer_times_per_token"], r["depths"]))
-    best = cost(resolve_depths(L, explorers=explorers))
+        return min((cost_of(s) for s in sets), key=lambda r: (r[key], r["depths"]))
+    best = cost_of(resolve_depths(L, explorers=explorers))
     improved = True
     while improved:  # move one boundary at a time while that lowers the cost
         improved = False
@@ -144,14 +163,14 @@ def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = T
                 depths[i] += step
                 if not (depths[i - 1] if i else 0) < depths[i] < depths[i + 1]:
                     continue
-                trial = cost(depths)
-                if trial["layer_times_per_token"] < best["layer_times_per_token"] - 1e-12:
+                trial = cost_of(depths)
+                if trial[key] < best[key] - 1e-12:
                     best, improved = trial, True
     return best
 
 
 def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool = True,
-            best: bool = False, lengths=None) -> dict:
+            best: bool = False, lengths=None, cost=None, adapter_depths=()) -> dict:
     """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
     token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
     ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
@@ -166,13 +185,14 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
             break
         depths = resolve_depths(L, explorers=K)
         ceil = torch.tensor(depths)[torch.searchsorted(torch.tensor(depths), ead_stable)]
-        uniform = set_cost(candidates, tokens, depths, decs, lengths)
+        uniform = set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
         no_decs = set_cost(candidates, tokens, depths, False, lengths) if decs else uniform
         row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
                "rounds_speedup_no_decs": K / no_decs["rounds_per_token"], "decs": decs, "uniform": uniform}
         if best:
-            row["best"] = best_depths(candidates, tokens, K, decs, lengths)
-            row["best_gain"] = uniform["layer_times_per_token"] / row["best"]["layer_times_per_token"]
+            row["best"] = best_depths(candidates, tokens, K, decs, lengths, cost, adapter_depths)
+            key = "layer_times_per_token" if cost is None else "cost_per_token"
+            row["best_gain"] = uniform[key] / row["best"][key]
         predicted.append(row)
     return {"num_layers": L, "tokens": T, "ead": ead.tolist(), "ead_stable": ead_stable.tolist(),
             "predicted": predicted, "oracle": L * T / int(ead_stable.sum())}
@@ -197,6 +217,8 @@ class EadConfig:
     explorers: tuple[int, ...] = option(ANALYSED_KS, "values of K")
     decs: bool = option(True, "predict with depth-coupled sampling")
     best: bool = option(True, "search the best exploration set per K")
+    proposal_vocab: str = option("auto", "rows of the non-final light proposal heads: N, full or auto (8192 "
+                                         "with a token ranking: the adapter file's, else from the training text)")
 
     def __post_init__(self):
         self.adapters = parse_list(self.adapters, "adapters") or ("none",)
@@ -208,14 +230,18 @@ class EadConfig:
         if bad or not self.sets:
             raise DexError(f"unknown prompt set(s) {bad}; choose from {', '.join(PROMPT_SETS)}")
         self.explorers = parse_ints(self.explorers, "explorers")
+        self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.prompts < 1 or self.max_new_tokens < 1:
             raise DexError("prompts and max_new_tokens must be positive")
 
 
 def run_ead(cfg: EadConfig, log=print) -> dict:
-    """Greedy answers, generated once, analysed under every adapter choice, per set and pooled."""
-    from .adapters import resolve_adapters
+    """Greedy answers, generated once, analysed under every adapter choice, per set and pooled; costs
+    per token from ``dex_core.cost`` with the light proposal heads of ``proposal_vocab`` rows."""
+    from .adapters import adapter_ranking, resolve_adapters
+    from .cost import ModelCost
     from .models import load_model
+    from .proposal import proposal_rows, token_ranking
     from .reference import hf_greedy
     from .request import encode_item
 
@@ -232,17 +258,22 @@ def run_ead(cfg: EadConfig, log=print) -> dict:
             answers[name].append((ids, hf_greedy(model, ids, cfg.max_new_tokens)))
             log(f"{name} {i + 1}/{len(items)}: {len(answers[name][-1][1])} tokens")
     report = {"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "decs": cfg.decs, "runs": []}
+    vocab = model.lm_head.out_features
     for adapter_name, adapters in chosen.items():
-        run = {"adapters": adapter_name, "adapter_depths": sorted(adapters), "sets": {}}
+        rows = proposal_rows(cfg.proposal_vocab, vocab)
+        ranking = adapter_ranking(adapter_name, model) if rows < vocab else None
+        shortlist = None if rows >= vocab else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
+        cost, depths = ModelCost.of(model, adapters, rows), sorted(adapters)
+        run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
         pooled = ([], [], [])
         for name, pairs in answers.items():
-            cands = [layer_candidates(model, ids, out, adapters) for ids, out in pairs]
+            cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
             toks = [t for _, out in pairs for t in out]
             lengths = [len(out) for _, out in pairs]
-            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths)
+            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths)
             for acc, part in zip(pooled, (cands, toks, lengths)):
                 acc.extend(part)
-        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2])
+        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2], cost, depths)
         report["runs"].append(run)
     return report
 
@@ -257,7 +288,12 @@ def ead_summary(report: dict) -> list[str]:
             for p in result["predicted"]:
                 line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
                         f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x")
-                if "best" in p:
+                if "cost_per_token" in p["uniform"]:
+                    line += f"; cost {p['uniform']['cost_per_token']:.2f} LE/token ({p['uniform']['cost_vs_ar']:.3f}x AR)"
+                if "best" in p and "cost_per_token" in p["best"]:
+                    line += (f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "
+                             f"({p['best']['cost_vs_ar']:.3f}x AR, {p['best_gain']:.3f}x uniform)")
+                elif "best" in p:
                     line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
                              f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
                 lines.append(line)

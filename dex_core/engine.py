@@ -40,10 +40,11 @@ def _expand_stage(e: Explorer, batch, lattice: Lattice, link, view: ModelView, s
     seconds = time.perf_counter() - tic - masks
     tic = time.perf_counter()
     masked = [lattice.prior_tokens(n) if decs and not e.final else [] for n in batch]
-    picked = sampler.choose(logits, [n.position for n in batch], e.final, masked).tolist()
-    if trace_top:
+    picked = sampler.choose(logits, [n.position for n in batch], e.final, masked, e.head).tolist()
+    if trace_top:  # with a light head: probabilities within the shortlist
         scores = logits if sampler.greedy else logits / sampler.temperature
         probs, ids = torch.softmax(scores.float(), dim=-1).topk(min(trace_top, logits.shape[-1]), dim=-1)
+        ids = ids if e.head is None else e.head.ids[ids]
     else:
         probs, ids = torch.empty(len(batch), 0), torch.empty(len(batch), 0, dtype=torch.long)
     timings["decode"] += time.perf_counter() - tic

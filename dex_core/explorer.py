@@ -4,7 +4,8 @@ Explorer k owns layers (d_{k-1}, d_k]. Each round it runs a batch of exploration
 sequence of length n with an explicit additive mask: a node attends to the committed prefix, to the
 entries of the slots on its own branch (its prefix inside the lattice) and to itself. Positions go to
 the rotary embedding per token. Its output hidden states feed the depth children on explorer k + 1;
-its candidates come from hidden -> adapter (non-final depths only) -> final norm -> LM head.
+its candidates come from hidden -> adapter (non-final depths only) -> final norm -> LM head (at non-final
+depths a light head may score only a shortlist of the vocabulary: ``dex_core.proposal``).
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ def causal_mask(start: int, count: int, window: int | None, dtype: torch.dtype, 
 class Explorer:
     """Explorer ``index`` of ``count``, running layers [start, stop) of ``view``."""
 
-    def __init__(self, view: ModelView, index: int, count: int, start: int, stop: int, adapter=None):
+    def __init__(self, view: ModelView, index: int, count: int, start: int, stop: int, adapter=None, head=None):
         self.view = view
         self.index = index
         self.final = index == count - 1
         self.layer_ids = list(range(start, stop))
         self.adapter = None if self.final else adapter
+        self.head = None if self.final else head  # a ProposalHead, or None: the full LM head
         self.cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device)
         self._windows = sorted({view.windows[i] for i in self.layer_ids}, key=lambda w: (w is None, w))
         self.mask_seconds = 0.0  # time spent building masks since the last reset
@@ -105,7 +107,7 @@ class Explorer:
 
     @torch.no_grad()
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Candidate logits (n, vocab) at this explorer's depth."""
+        """Candidate logits at this explorer's depth: (n, vocab), or (n, N) over ``head.ids`` with a light head."""
         if self.adapter is not None:
             hidden = self.adapter(hidden)
-        return self.view.head(hidden)
+        return self.view.head(hidden) if self.head is None else self.head(hidden)

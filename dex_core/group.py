@@ -83,8 +83,8 @@ def _close_all() -> None:
 class ExplorerGroup:
     """K explorer processes owned by this (parent) process; see the module docstring."""
 
-    def __init__(self, model, depths, adapters: dict, options: DecoderOptions):
-        self.model, self.depths, self.adapters = model, list(depths), dict(adapters)
+    def __init__(self, model, depths, adapters: dict, options: DecoderOptions, shortlist=None):
+        self.model, self.depths, self.adapters, self.shortlist = model, list(depths), dict(adapters), shortlist
         self.count = len(self.depths)
         self.devices = resolve_devices(options.devices, self.count)
         self.threads = options.threads or default_threads(self.count)
@@ -116,7 +116,8 @@ class ExplorerGroup:
         self._progress, self._activity = [0] * self.count, time.monotonic()
         deadline = time.monotonic() + self.start_timeout
         for k in range(self.count):
-            write_payload(stage_payload(self.model, self.depths, k, self.adapters.get(self.depths[k])), self._tmp)
+            write_payload(stage_payload(self.model, self.depths, k, self.adapters.get(self.depths[k]),
+                                       self.shortlist), self._tmp)
         for k in range(self.count):
             self._conns[k] = self._connect(k, key, deadline)
             self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,

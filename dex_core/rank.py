@@ -28,14 +28,17 @@ from .config import stage_bounds
 from .engine import run_rounds
 from .explorer import Explorer
 from .models import model_view
+from .proposal import ProposalHead
 from .request import Request
 from .transport import DistLink
 
 KEY_ENV = "DEX_GROUP_KEY"
+SHORTLIST = "proposal.shortlist"  # payload tensor: the token ids of a light proposal head
 
 
-def stage_payload(model, depths, rank: int, adapter=None) -> dict:
-    """The config and the tensors explorer ``rank`` needs (its layers, norm, LM head; rank 0 embeddings)."""
+def stage_payload(model, depths, rank: int, adapter=None, shortlist=None) -> dict:
+    """The config and the tensors explorer ``rank`` needs (its layers, norm, LM head; rank 0 embeddings;
+    the shortlist of its light proposal head, if it has one)."""
     start, stop = stage_bounds(depths, rank)
     prefixes = tuple(f"model.layers.{i}." for i in range(start, stop)) + ("model.norm.", "lm_head.")
     if rank == 0:
@@ -44,6 +47,8 @@ def stage_payload(model, depths, rank: int, adapter=None) -> dict:
     tensors = {k: v for k, v in state.items() if k.startswith(prefixes)}
     if "lm_head.weight" not in tensors:  # tied embeddings saved once
         tensors["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if shortlist is not None and rank < len(depths) - 1:
+        tensors[SHORTLIST] = shortlist
     return {"config": model.config, "tensors": tensors, "depths": list(depths), "rank": rank, "adapter": adapter}
 
 
@@ -78,7 +83,7 @@ def build_stage_model(payload: dict, device: str):
     config = payload["config"]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    tensors = {k: v.to(device) for k, v in payload["tensors"].items()}
+    tensors = {k: v.to(device) for k, v in payload["tensors"].items() if k != SHORTLIST}
     model.load_state_dict(tensors, strict=False, assign=True)
     with torch.device(device):  # the rotary buffers are computed, not loaded
         model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
@@ -102,7 +107,8 @@ def join_group(payload: dict, device: str, init_method: str | None, count: int, 
     model, adapter = build_stage_model(payload, device)
     view = model_view(model)
     start, stop = stage_bounds(payload["depths"], rank)
-    explorer = Explorer(view, rank, count, start, stop, adapter)
+    shortlist = payload["tensors"].get(SHORTLIST)
+    explorer = Explorer(view, rank, count, start, stop, adapter, None if shortlist is None else ProposalHead(view, shortlist))
     link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel,
                     progress)
     return view, explorer, link

@@ -7,6 +7,9 @@ the same seed, and its distribution is the (filtered) model softmax:
 
     P(argmax_v (log p_v + g_v) = u) = p_u            for g_v i.i.d. Gumbel(0, 1)
 
+A light proposal head (``dex_core.proposal``) scores only a shortlist: its row of noise is the same
+row restricted to the shortlist's columns, and the chosen column maps back to its token id.
+
 Top-k / top-p filter the final-depth logits only. DECS (paper App. C.1) sets the tokens proposed by
 shallower stages of the same slot chain to -inf before a non-final candidate is chosen; the final
 reference is never masked.
@@ -86,14 +89,20 @@ class Sampler:
         return filter_logits(scores, self.top_k, self.top_p) if final else scores
 
     def choose(self, logits: torch.Tensor, positions: list[int], final: bool,
-               masked: list[list[int]] | None = None) -> torch.Tensor:
-        """Tokens (n,) for logits (n, vocab) at ``positions``; ``masked[i]`` are DECS-masked ids."""
+               masked: list[list[int]] | None = None, head=None) -> torch.Tensor:
+        """Token ids (n,) for logits at ``positions``; ``masked[i]`` are DECS-masked ids. Logits are
+        (n, vocab), or (n, N) over ``head.ids`` for a light head (``head.index``: id -> column, or -1)."""
         scores = self.scores(logits, final)
         if masked and any(masked):
-            rows = [i for i, m in enumerate(masked) for _ in m]
-            cols = [t for m in masked for t in m]
+            rows = torch.tensor([i for i, m in enumerate(masked) for _ in m], dtype=torch.long)
+            cols = torch.tensor([t for m in masked for t in m], dtype=torch.long)
+            if head is not None:
+                cols = head.index[cols.to(head.index.device)].cpu()
+                rows, cols = rows[cols >= 0], cols[cols >= 0]
             scores = scores.clone()
-            scores[rows, cols] = float("-inf")
+            scores[rows.to(scores.device), cols.to(scores.device)] = float("-inf")
         if not self.greedy:
-            scores = scores + self.noise(positions, scores)
-        return scores.argmax(dim=-1)
+            noise = self.noise(positions, scores)
+            scores = scores + (noise if head is None else noise[:, head.ids])
+        picked = scores.argmax(dim=-1)
+        return picked if head is None else head.ids[picked]

@@ -5,7 +5,9 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
 ``{"event": "start", "version", "method", "explorers", "depths", "num_layers", "prompt",
    "max_new_tokens", "sampling": {"temperature", "top_k", "top_p", "seed"}, "decs", "adapter_depths"}``
     ``method`` is "dex" or "ar"; ``prompt`` the prompt token ids; ``adapter_depths`` the depths whose
-    candidates went through an inducing adapter (absent in traces made before it was recorded).
+    candidates went through an inducing adapter (absent in traces made before it was recorded);
+    ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
+    heads, the vocabulary size when they are full.
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -66,11 +68,13 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
     return parse_trace(data, limits)
 
 
-def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=()) -> dict:
+def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
+                proposal_vocab: int | None = None) -> dict:
     """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
     o = request.options
+    extra = {} if proposal_vocab is None else {"proposal_vocab": proposal_vocab}
     return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
-            "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt),
+            "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
             "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
             "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed}}
 

@@ -24,6 +24,7 @@ import torch
 from .adapters import load_adapters, new_adapters, save_adapters
 from .config import DexError, option, parse_depths
 from .data import sharegpt_split
+from .proposal import token_ranking
 from .request import chat_ids, eos_ids
 
 
@@ -197,5 +198,6 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
     facts = {**asdict(cfg), "data_text": text[cfg.data],
              "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
              "final_loss": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
-    save_adapters(out, adapters, model, facts)
+    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
+    save_adapters(out, adapters, model, facts, ranking)
     return facts

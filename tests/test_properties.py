@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
-from dex_core.config import control
+from app.runtime import control
 from dex_core.models import tiny_model, tiny_tokenizer
 from dex_core.request import encode_prompt
 from test_cli import run_cli
@@ -27,6 +27,11 @@ def model():
     return tiny_model("llama", layers=LAYERS, vocab=VOCAB)
 
 
+@functools.cache
+def tokenizer():  # one object: its token ranking (light proposal heads) is derived once
+    return tiny_tokenizer(VOCAB)
+
+
 JUNK = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
                  st.sampled_from(["", "abc", "2", "2.5", "2,6", "nan", "1e400", "\ud800", b"2", (), [2.5, 6], ["2", "6"]]),
                  st.integers(-(2 ** 70), 2 ** 70))
@@ -36,6 +41,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "depths": st.one_of(st.none(), DEPTHS, DEPTHS.map(lambda d: ",".join(map(str, d)))),
     "decs": st.booleans(),
     "trace_top": st.integers(0, VOCAB),
+    "proposal_vocab": st.one_of(st.sampled_from(["auto", "full"]), st.integers(1, VOCAB + 5)),
     "max_new_tokens": st.integers(1, 6),
     "temperature": st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
     "top_k": st.one_of(st.none(), st.integers(1, VOCAB + 5)),
@@ -44,7 +50,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "eos_token_id": st.one_of(st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3)),
     "prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
 }
-DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top")
+DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top", "proposal_vocab")
 BAD = {  # per field, values that are wrong (JUNK may also hold a right one by chance: either outcome is checked)
     "max_new_tokens": st.sampled_from([0, -1, 2.0, math.nan, math.inf, True, "3", None, 10 ** 9]),
     "prompt": st.one_of(JUNK, st.lists(st.one_of(st.integers(-2, VOCAB + 2), st.floats(0, 5), st.booleans(),
@@ -77,7 +83,7 @@ def _tokens_or_error(run):
 def test_the_library_gives_ar_tokens_or_a_dex_error_for_any_options(case):
     decoder_options, generation, prompt = case
     try:
-        decoder = DexDecoder(model(), **decoder_options)
+        decoder = DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)
     except DexError:
         event("decoder options refused")
         return

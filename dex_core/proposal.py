@@ -1,0 +1,96 @@
+"""Light proposal heads: non-final explorers score a shortlist of the vocabulary, not all of it.
+
+A non-final explorer's candidate only decides which branch survives a commit; the committed token
+always comes from the final explorer's full head. So a non-final head may score only the N most
+frequent tokens of the training text (the *shortlist*): its weight is those N rows of the LM head,
+N / V of the head's cost (the default model: 8192 of 49152 rows, 1.33 instead of 8.0 layer-
+equivalents). A token outside the shortlist is never proposed at a non-final depth; when the final
+token is one, every shallower candidate misses and DEX falls back, as for any wrong guess.
+
+Sampling draws the same Gumbel row as the full head, restricted to the shortlist's columns; DECS
+masks the shortlisted ones of the masked ids. Both leave the committed token alone (it is the final
+head's), so greedy, seeded sampling, top-k/top-p and DECS stay exact (tests/test_properties.py).
+
+The option ``proposal_vocab`` is N, 'full', or 'auto' (the default: N = 8192 when a ranking is at
+hand, else full). The *ranking* — every token id, most frequent first, ties by id, the tokenizer's special tokens on
+top — is stored with an adapter file (tensor ``shortlist``) and derived from the training text for a
+model without one (ShareGPT's train split, the first ``RANK_CONVERSATIONS`` exchanges).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .config import DexError
+
+DEFAULT_PROPOSAL_VOCAB = 8192
+RANK_CONVERSATIONS = 4000
+
+
+def proposal_rows(spec, vocab: int, ranked: bool = True) -> int:
+    """The rows a non-final head scores for option value ``spec``: 'full' (all ``vocab``), N, or 'auto'
+    (``DEFAULT_PROPOSAL_VOCAB`` when a ranking is at hand, ``ranked``; else full)."""
+    if spec == "auto":
+        spec = DEFAULT_PROPOSAL_VOCAB if ranked else "full"
+    return vocab if spec == "full" else min(int(spec), vocab)
+
+
+@functools.lru_cache(maxsize=4)
+def _ranking_from_text(tokenizer, vocab: int, conversations: int) -> tuple[int, ...]:
+    from .data import sharegpt_split
+
+    rows = sharegpt_split("train")[:conversations]
+    texts = [r["prompt"] + "\n" + r["answer"] for r in rows]
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for start in range(0, len(texts), 256):
+        ids = [t for seq in tokenizer(texts[start:start + 256])["input_ids"] for t in seq if 0 <= t < vocab]
+        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab)
+    special = [t for t in getattr(tokenizer, "all_special_ids", []) if 0 <= t < vocab]
+    counts[special] = counts.max() + 1  # always proposable (end of turn, end of text)
+    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))
+    return tuple(order)
+
+
+def token_ranking(tokenizer, vocab: int, conversations: int = RANK_CONVERSATIONS) -> torch.Tensor:
+    """Every token id of a ``vocab``-row head, most frequent in the training text first: long (vocab,)."""
+    if tokenizer is None:
+        raise DexError("a light proposal head needs a token ranking: pass the tokenizer (to derive it from "
+                       "the training text) or adapters whose file stores one, or proposal_vocab='full'")
+    return torch.tensor(_ranking_from_text(tokenizer, vocab, conversations), dtype=torch.long)
+
+
+class ProposalHead:
+    """Final norm + the LM head's rows for ``ids``: hidden (n, h) -> logits (n, N) over those ids."""
+
+    def __init__(self, view, ids: torch.Tensor):
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.ndim != 1 or len(ids) == 0 or len(set(ids.tolist())) != len(ids) or not (
+                0 <= int(ids.min()) and int(ids.max()) < view.vocab):
+            raise DexError(f"a shortlist must be distinct token ids below the vocabulary of {view.vocab}")
+        head = view.model.lm_head
+        self.norm = view.model.model.norm
+        self.ids = ids.to(view.device)
+        self.weight = head.weight.detach()[self.ids].contiguous()
+        self.bias = None if head.bias is None else head.bias.detach()[self.ids].contiguous()
+        self.index = torch.full((view.vocab,), -1, dtype=torch.long, device=view.device)
+        self.index[self.ids] = torch.arange(len(ids), device=view.device)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(hidden), self.weight, self.bias)
+
+
+def proposal_heads(view, depths, spec, ranking: torch.Tensor | None, tokenizer=None) -> dict[int, ProposalHead]:
+    """The light heads of the non-final explorers of ``depths`` (empty when the heads stay full)."""
+    rows = proposal_rows(spec, view.vocab, ranking is not None or tokenizer is not None)
+    if rows >= view.vocab or len(depths) < 2:
+        return {}
+    if ranking is None:
+        ranking = token_ranking(tokenizer, view.vocab)
+    ids = ranking[:rows]
+    return {k: ProposalHead(view, ids) for k in range(len(depths) - 1)}

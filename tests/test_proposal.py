@@ -1,0 +1,96 @@
+"""Light proposal heads: the token ranking, the sliced head, exactness with shortlists, storage, cost."""
+
+import functools
+
+import pytest
+import torch
+
+from dex_core import DexDecoder, DexError, ar_generate
+from dex_core.adapters import adapter_ranking, load_adapters, new_adapters, save_adapters, store_ranking
+from dex_core.cost import ModelCost
+from dex_core.ead import layer_candidates
+from dex_core.models import model_view, tiny_model, tiny_tokenizer
+from dex_core.proposal import ProposalHead, proposal_rows, token_ranking
+
+PROMPT = [5, 9, 14, 3, 22]
+
+
+@functools.cache
+def tok():
+    return tiny_tokenizer()
+
+
+def test_the_ranking_is_a_permutation_with_special_and_frequent_tokens_first():
+    ranking = token_ranking(tok(), 96)
+    assert sorted(ranking.tolist()) == list(range(96))
+    assert ranking[0] == tok().unk_token_id  # special tokens lead (here the only one: [UNK])
+    assert ranking.tolist().index(tok().convert_tokens_to_ids("the")) < ranking.tolist().index(
+        tok().convert_tokens_to_ids("w80"))  # 'the' is frequent in the training text, 'w80' never occurs
+    with pytest.raises(DexError, match="needs a token ranking"):
+        token_ranking(None, 96)
+
+
+def test_the_light_head_scores_exactly_the_full_heads_columns():
+    view = model_view(tiny_model("llama").double())
+    ids = torch.tensor([7, 3, 50, 0])
+    hidden = torch.randn(3, 48, dtype=torch.float64)
+    assert torch.allclose(ProposalHead(view, ids)(hidden), view.head(hidden)[:, ids])
+    for bad in ([], [1, 1], [96], [-1]):
+        with pytest.raises(DexError, match="distinct token ids"):
+            ProposalHead(view, torch.tensor(bad, dtype=torch.long))
+
+
+def test_rows_option():
+    assert proposal_rows("auto", 49152) == 8192 and proposal_rows("auto", 49152, ranked=False) == 49152
+    assert proposal_rows("full", 96) == 96 and proposal_rows(12, 96) == 12 and proposal_rows(500, 96) == 96
+    with pytest.raises(DexError, match="proposal_vocab"):
+        DexDecoder(tiny_model("llama"), proposal_vocab="half")
+    with pytest.raises(DexError, match="needs a token ranking"):  # N asked for, nothing to rank with
+        DexDecoder(tiny_model("llama"), proposal_vocab=8)
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 4}, {"temperature": 1.3, "top_k": 6, "seed": 1},
+                                     {"temperature": 0.7, "top_p": 0.7, "seed": 9}])
+@pytest.mark.parametrize("decs", [True, False])
+def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tokens(options, decs):
+    model = tiny_model("llama").double()
+    decoder = DexDecoder(model, explorers=3, tokenizer=tok(), proposal_vocab=6, decs=decs, trace_top=3)
+    result = decoder.generate(PROMPT, 20, **options)
+    assert result.tokens == ar_generate(model, PROMPT, 20, **options).tokens
+    shortlist = set(decoder.shortlist.tolist())
+    assert len(shortlist) == 6 and result.trace[0]["proposal_vocab"] == 6
+    nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
+    assert all(n["token"] in shortlist and {t for t, _ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2)
+    assert any(n["token"] not in shortlist for n in nodes if n["stage"] == 2)  # the final head is full
+    assert DexDecoder(model, explorers=3).generate(PROMPT, 4).trace[0]["proposal_vocab"] == 96
+
+
+def test_the_ranking_travels_with_the_adapter_file(tmp_path):
+    model = tiny_model("llama").float()
+    path = tmp_path / "a.safetensors"
+    save_adapters(path, new_adapters(model, [2, 4]), model, {"tokens": 0})
+    assert adapter_ranking(str(path), model) is None
+    ranking = torch.randperm(96)
+    store_ranking(path, model, ranking)
+    assert torch.equal(adapter_ranking(str(path), model), ranking) and sorted(load_adapters(path, model)) == [2, 4]
+    decoder = DexDecoder(model, depths=(2, 4, 6), adapters=str(path), proposal_vocab=10)  # no tokenizer needed
+    assert decoder.shortlist.tolist() == ranking[:10].tolist()
+    store_ranking(path, model, torch.zeros(96, dtype=torch.long))
+    with pytest.raises(DexError, match="not a permutation"):
+        adapter_ranking(str(path), model)
+    assert adapter_ranking("none", model) is None and adapter_ranking({2: new_adapters(model, [2])[2]}, model) is None
+
+
+def test_the_cost_model_and_ead_count_the_light_heads():
+    model = tiny_model("llama").double()
+    full, light = ModelCost.of(model), ModelCost.of(model, proposal_rows=24)
+    assert light.proposal < full.head and ModelCost.of(model, proposal_rows=96).proposal is None
+    depths = (2, 4, 6)
+    assert light.stage(depths, 0, 1, "memory") == pytest.approx(2 + light.proposal)
+    assert light.stage(depths, 2, 1, "memory") == pytest.approx(2 + full.head)  # the final head stays full
+    assert light.full_heads().stage(depths, 0, 1, "memory") == pytest.approx(2 + full.head)
+    out = ar_generate(model, PROMPT, 12).tokens
+    ids = token_ranking(tok(), 96)[:8]
+    cands = layer_candidates(model, PROMPT, out, shortlist=ids)
+    assert set(cands[:, :-1].flatten().tolist()) <= set(ids.tolist())
+    assert torch.equal(cands[:, -1], layer_candidates(model, PROMPT, out)[:, -1])
