@@ -18,8 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model,
-                      resolve_depths)
+from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
+from dex_core.adapters import choose_depths
 from dex_core.config import flag, integer, option
 
 
@@ -170,7 +170,7 @@ class Runtime:
         options = replace(config.decoder(), backend=self.settings.backend)
         if options.backend == "sequential":
             return DexDecoder(model, options, tokenizer=tokenizer)
-        depths = resolve_depths(model.config.num_hidden_layers, options.depths, options.explorers)
+        depths, _ = choose_depths(model, options)
         key = (depths, options.decs, options.adapters)
         with self._lock:
             if key in self._groups:

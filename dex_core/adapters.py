@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import DexError, adapter_file
+from .config import DexError, adapter_file, resolve_depths
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "adapters"
 DEFAULT_ADAPTERS = ASSETS / "smollm2-135m-instruct.safetensors"
@@ -224,34 +224,33 @@ def resolve_adapters(spec, model, depths=None) -> dict:
     return {d: a for d, a in adapters.items() if depths is None or d in depths[:-1]}
 
 
-def store_ranking(path, model, ranking) -> None:
-    """Write (or replace) the token ranking of the light proposal heads in adapter file ``path``."""
+def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
+    """Record in adapter file ``path`` the exploration set to use for each K (``{K: depths}``)."""
     from safetensors.torch import load_file, save_file
 
-    load_adapters(path, model)  # every check of the file and of its fit to ``model``
+    load_adapters(path, model)
     raw, _ = _header(path)
-    tensors = load_file(str(path))
-    tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
-    save_file(tensors, str(path), metadata=raw)
+    raw["best_sets"] = json.dumps({str(k): [int(d) for d in v] for k, v in sorted(best.items())})
+    save_file(load_file(str(path)), str(path), metadata=raw)
 
 
-def adapter_ranking(spec, model) -> torch.Tensor | None:
-    """The token ranking stored with the adapter file that ``spec`` names (None for none, a mapping,
-    'auto' for a model the shipped set does not fit, or a file without one): long (vocab,)."""
-    from safetensors import safe_open
-
-    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
-        return None
-    path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
-    meta = read_metadata(path)
-    _check_tensors(path, meta, _header(path)[1])
-    with safe_open(str(path), "pt") as fh:
-        if RANKING not in fh.keys():
-            return None
-        ranking = fh.get_tensor(RANKING).long()
-    if int(ranking.min()) < 0 or int(ranking.max()) >= len(ranking) or len(torch.unique(ranking)) != len(ranking):
-        raise DexError(f"{path.name} holds a token ranking that is not a permutation of the vocabulary")
-    return ranking
+def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
+    """The exploration set of decoder ``options`` and how it was chosen: explicit ``depths`` win; else
+    the best set for K recorded with the adapter file ('auto'/'default'/a file), else the uniform split."""
+    L = model.config.num_hidden_layers
+    if options.depths is not None:
+        return resolve_depths(L, options.depths), "given"
+    spec = options.adapters
+    if isinstance(spec, str) and spec != "none" and not (spec == "auto" and not shipped_adapters_fit(model)):
+        path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
+        raw = _header(path)[0].get("best_sets")
+        try:
+            best = json.loads(raw)[str(options.explorers)] if raw else None
+        except (ValueError, KeyError, TypeError):
+            best = None
+        if best is not None:
+            return resolve_depths(L, best), f"the best set for K={options.explorers} stored with the adapters"
+    return resolve_depths(L, explorers=options.explorers), "uniform split"
 
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:

@@ -148,9 +148,9 @@ def _ead(args) -> None:
 
 
 def _shortlist(args) -> None:
-    from .adapters import load_adapters, store_ranking
+    from .adapters import load_adapters
     from .models import load_model
-    from .proposal import token_ranking
+    from .proposal import store_ranking, token_ranking
 
     model, tokenizer = load_model(from_args(DexConfig, args).model)
     load_adapters(args.file, model)  # a wrong or foreign file fails before the counting

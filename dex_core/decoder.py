@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import torch
 
-from .adapters import adapter_ranking, resolve_adapters
-from .config import DecoderOptions, DexError, GenerationOptions, pick, resolve_depths, stage_bounds
+from .adapters import choose_depths, resolve_adapters
+from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .engine import run_rounds
 from .explorer import Explorer
 from .models import model_view
-from .proposal import proposal_heads
+from .proposal import adapter_ranking, proposal_heads
 from .request import make_request
 from .results import GenerationResult
 from .trace import start_event
@@ -23,7 +23,8 @@ class DexDecoder:
 
     Options are the fields of ``DecoderOptions`` (pass ``options=``, keywords, or both: keywords win):
     ``depths`` is the exploration set (strictly increasing, ending at the model's layer count), or
-    ``explorers`` = K asks for a uniform split. ``adapters`` — 'auto' (the shipped set when the model
+    ``explorers`` = K asks for the best set for K stored with the adapter file when there is one (the
+    shipped adapters carry K = 2 and K = 4), else a uniform split (``depth_choice`` says which). ``adapters`` — 'auto' (the shipped set when the model
     is the default model), 'default', 'none', an adapter file, or a mapping from non-final depths to
     modules — are applied to a depth's hidden state before the LM head; they change only which branch
     survives, never the committed tokens. ``proposal_vocab`` sets the rows of the non-final stages'
@@ -44,7 +45,7 @@ class DexDecoder:
         self.options = pick(DecoderOptions, options or DecoderOptions(), **overrides)
         self.model = model
         self.view = model_view(model)
-        self.depths = resolve_depths(self.view.num_layers, self.options.depths, self.options.explorers)
+        self.depths, self.depth_choice = choose_depths(model, self.options)
         self.decs = self.options.decs
         self.tokenizer = tokenizer
         self.trace_top = self.options.trace_top
@@ -86,7 +87,7 @@ class DexDecoder:
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = make_request(self.view, input_ids, opts)
         yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
-                          self.proposal_vocab)
+                          self.proposal_vocab, self.depth_choice)
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)

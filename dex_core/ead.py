@@ -238,10 +238,10 @@ class EadConfig:
 def run_ead(cfg: EadConfig, log=print) -> dict:
     """Greedy answers, generated once, analysed under every adapter choice, per set and pooled; costs
     per token from ``dex_core.cost`` with the light proposal heads of ``proposal_vocab`` rows."""
-    from .adapters import adapter_ranking, resolve_adapters
+    from .adapters import resolve_adapters
     from .cost import ModelCost
     from .models import load_model
-    from .proposal import proposal_rows, token_ranking
+    from .proposal import adapter_ranking, proposal_rows, token_ranking
     from .reference import hf_greedy
     from .request import encode_item
 

@@ -20,11 +20,13 @@ model without one (ShareGPT's train split, the first ``RANK_CONVERSATIONS`` exch
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from .config import DexError
+from .adapters import DEFAULT_ADAPTERS, RANKING, _check_tensors, _header, load_adapters, read_metadata, shipped_adapters_fit
+from .config import DexError, adapter_file
 
 DEFAULT_PROPOSAL_VOCAB = 8192
 RANK_CONVERSATIONS = 4000
@@ -94,3 +96,33 @@ def proposal_heads(view, depths, spec, ranking: torch.Tensor | None, tokenizer=N
         ranking = token_ranking(tokenizer, view.vocab)
     ids = ranking[:rows]
     return {k: ProposalHead(view, ids) for k in range(len(depths) - 1)}
+
+
+def store_ranking(path, model, ranking) -> None:
+    """Write (or replace) the token ranking of the light proposal heads in adapter file ``path``."""
+    from safetensors.torch import load_file, save_file
+
+    load_adapters(path, model)  # every check of the file and of its fit to ``model``
+    raw, _ = _header(path)
+    tensors = load_file(str(path))
+    tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
+    save_file(tensors, str(path), metadata=raw)
+
+
+def adapter_ranking(spec, model) -> torch.Tensor | None:
+    """The token ranking stored with the adapter file that ``spec`` names (None for none, a mapping,
+    'auto' for a model the shipped set does not fit, or a file without one): long (vocab,)."""
+    from safetensors import safe_open
+
+    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
+        return None
+    path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
+    meta = read_metadata(path)
+    _check_tensors(path, meta, _header(path)[1])
+    with safe_open(str(path), "pt") as fh:
+        if RANKING not in fh.keys():
+            return None
+        ranking = fh.get_tensor(RANKING).long()
+    if int(ranking.min()) < 0 or int(ranking.max()) >= len(ranking) or len(torch.unique(ranking)) != len(ranking):
+        raise DexError(f"{path.name} holds a token ranking that is not a permutation of the vocabulary")
+    return ranking

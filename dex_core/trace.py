@@ -7,7 +7,8 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``method`` is "dex" or "ar"; ``prompt`` the prompt token ids; ``adapter_depths`` the depths whose
     candidates went through an inducing adapter (absent in traces made before it was recorded);
     ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
-    heads, the vocabulary size when they are full.
+    heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
+    chosen: "given", "uniform split", or the best set stored with the adapters.
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -69,10 +70,10 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
 
 
 def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
-                proposal_vocab: int | None = None) -> dict:
+                proposal_vocab: int | None = None, depth_choice: str | None = None) -> dict:
     """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
     o = request.options
-    extra = {} if proposal_vocab is None else {"proposal_vocab": proposal_vocab}
+    extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice)) if v is not None}
     return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
             "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
             "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),

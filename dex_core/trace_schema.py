@@ -99,8 +99,8 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "event": {"enum": ["start"]}, "version": _int(1, TRACE_VERSION), "method": {"enum": ["dex", "ar"]},
         "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
-        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling,
-        "proposal_vocab": _int(1)}, optional=("adapter_depths", "proposal_vocab"))
+        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"type": "string", "maxLength": 200}},
+        optional=("adapter_depths", "proposal_vocab", "depth_choice"))
     top = {"type": "array", "items": [_int(), _num(0.0, 1.0)], "additionalItems": False, "minItems": 2}
     node = _record({
         "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position"]},

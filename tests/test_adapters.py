@@ -241,3 +241,21 @@ def test_adapter_paths_are_checked_when_the_options_are_made(tmp_path):
 def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
     with pytest.raises(DexError, match="takes layer depths"):
         DexDecoder(tiny_model("llama"), depths=(2, 4, 6), adapters=mapping)
+
+
+def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_path):
+    from dex_core.adapters import store_best_sets
+
+    model = tiny_model("llama").float()
+    path = tmp_path / "best.safetensors"
+    save_adapters(path, new_adapters(model, [2, 4]), model, {"tokens": 0})
+    assert DexDecoder(model, explorers=2, adapters=str(path)).depths == (3, 6)  # no best sets: uniform
+    store_best_sets(path, model, {2: [4, 6], 3: [2, 4, 6]})
+    decoder = DexDecoder(model, explorers=2, adapters=str(path))
+    assert decoder.depths == (4, 6) and "best set for K=2" in decoder.depth_choice
+    assert sorted(decoder.adapters) == [4]
+    trace = decoder.generate([3, 5, 7], 3).trace
+    assert trace[0]["depths"] == [4, 6] and "best set" in trace[0]["depth_choice"]
+    assert DexDecoder(model, explorers=2, depths=(3, 6), adapters=str(path)).depth_choice == "given"
+    assert DexDecoder(model, explorers=4, adapters=str(path)).depth_choice == "uniform split"
+    assert DexDecoder(model, explorers=2, adapters="none").depths == (3, 6)

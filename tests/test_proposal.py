@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.adapters import adapter_ranking, load_adapters, new_adapters, save_adapters, store_ranking
+from dex_core.adapters import load_adapters, new_adapters, save_adapters
 from dex_core.cost import ModelCost
 from dex_core.ead import layer_candidates
 from dex_core.models import model_view, tiny_model, tiny_tokenizer
-from dex_core.proposal import ProposalHead, proposal_rows, token_ranking
+from dex_core.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking, token_ranking
 
 PROMPT = [5, 9, 14, 3, 22]
 
