@@ -23,10 +23,10 @@ from .trace import collapse_record, commit_record, end_event, node_record, round
 from .transport import StageOutput
 
 
-def _expand_stage(e: Explorer, batch, lattice: Lattice, link, view: ModelView, sampler: Sampler,
+def _expand_stage(e: Explorer, plan, lattice: Lattice, link, view: ModelView, sampler: Sampler,
                   decs: bool, trace_top: int, timings: dict) -> StageOutput:
     """One explorer's work in one round: stage forward, candidate logits, token choice."""
-    tic = time.perf_counter()
+    tic, batch = time.perf_counter(), plan.batches[e.index]
     if e.index == 0:
         h_in = view.embed(torch.tensor([n.input_token for n in batch], device=view.device))
     else:
@@ -34,6 +34,8 @@ def _expand_stage(e: Explorer, batch, lattice: Lattice, link, view: ModelView, s
     mask_before = e.mask_seconds
     h_out = e.expand(h_in, [n.slot for n in batch], [n.position - 1 for n in batch],
                      [lattice.slots[n.slot].path for n in batch])  # (n, hidden)
+    if not e.final:
+        link.post(plan, e.index, h_out)  # the rows travel while the head runs
     logits = e.propose(h_out)  # (n, vocab)
     masks = e.mask_seconds - mask_before
     timings["masks"] += masks
@@ -85,8 +87,7 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
         t = {"communication": 0.0, "decode": 0.0, "masks": 0.0, "plan": 0.0, "commit": 0.0, "collapse": 0.0}
         plan = lattice.plan_round()
         t["plan"] += time.perf_counter() - t_round
-        outputs = {e.index: _expand_stage(e, plan.batches[e.index], lattice, link, view, sampler, decs,
-                                          trace_top, t)
+        outputs = {e.index: _expand_stage(e, plan, lattice, link, view, sampler, decs, trace_top, t)
                    for e in explorers if plan.batches[e.index]}
         comm_before = link.comm_seconds
         outputs = link.exchange(plan, outputs)

@@ -2,11 +2,13 @@
 
 - ``LocalLink``: the sequential schedule. Every explorer lives in this process; a stage's output rows
   wait in a dict for the depth children that the next explorer computes in the next round.
-- ``DistLink``: one explorer per process on torch.distributed. Explorer k sends its output rows to
-  explorer k + 1 (non-blocking ``batch_isend_irecv`` on the data group: NCCL on GPUs, gloo on CPU)
-  and every rank all-gathers each stage's candidates (a small packed tensor on a gloo control
-  group), so every rank keeps an identical copy of the lattice bookkeeping. Every wait has a
-  timeout: a dead peer surfaces in about a second, a hung one at ``op_timeout``.
+- ``DistLink``: one explorer per process on torch.distributed. Explorer k posts its output rows to
+  explorer k + 1 as soon as its layers are done, before its head and token choice (non-blocking
+  ``batch_isend_irecv`` on the data group: NCCL on GPUs, gloo on CPU), so the transfer overlaps the
+  head; then every rank all-gathers each stage's candidates (one small int64 tensor on a gloo control
+  group: token ids as integers, probabilities and seconds as their float64 bit patterns), so every
+  rank keeps an identical copy of the lattice bookkeeping. Every wait has a timeout: a dead peer
+  surfaces in about a second, a hung one at ``op_timeout``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class LocalLink:
     def inputs(self, parents: list[int]) -> torch.Tensor:
         return torch.stack([self.hidden.pop(p) for p in parents])
 
+    def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
+        """Explorer ``rank``'s output rows are ready (before its head); the local link keeps them in
+        ``exchange``."""
+
     def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
         for k, out in outputs.items():
             if out.hidden is not None:
@@ -75,6 +81,7 @@ class DistLink(LocalLink):
         self.ctrl = ctrl_group
         self.top = top
         self.timeout = timedelta(seconds=op_timeout)
+        self._posted = None  # (works, receive buffer) of this round's hidden rows
 
     def _wait(self, works) -> None:
         tic = time.perf_counter()
@@ -82,8 +89,8 @@ class DistLink(LocalLink):
             w.wait(self.timeout)
         self.comm_seconds += time.perf_counter() - tic
 
-    def _swap(self, send: torch.Tensor | None, recv_rows: int) -> torch.Tensor | None:
-        """Send ``send`` to the next rank and receive ``recv_rows`` rows from the previous one."""
+    def _start(self, send: torch.Tensor | None, recv_rows: int):
+        """Start sending ``send`` to the next rank and receiving ``recv_rows`` rows from the previous one."""
         import torch.distributed as dist
 
         ops, buf = [], None
@@ -92,9 +99,16 @@ class DistLink(LocalLink):
         if recv_rows and self.rank > 0:
             buf = torch.empty(recv_rows, self.hidden_size, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, buf, self.rank - 1))
-        if ops:
-            self._wait(dist.batch_isend_irecv(ops))
+        return (dist.batch_isend_irecv(ops) if ops else []), buf
+
+    def _swap(self, send: torch.Tensor | None, recv_rows: int) -> torch.Tensor | None:
+        works, buf = self._start(send, recv_rows)
+        self._wait(works)
         return buf
+
+    def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
+        prev = plan.batches[self.rank - 1] if self.rank > 0 else []
+        self._posted = self._start(hidden, len(prev))
 
     def prefill(self, explorers, view, tokens: list[int]) -> None:
         (e,) = explorers
@@ -110,29 +124,31 @@ class DistLink(LocalLink):
             self.progress(plan.round)
         mine = outputs.get(self.rank)
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
-        rows = self._swap(mine.hidden if mine is not None else None, len(prev))
+        works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
+        self._posted = None
+        self._wait(works)
         if rows is not None:
             self.hidden.update(zip((n.id for n in prev), rows))
 
-        # control: every stage's tokens, top candidates and expansion time, packed as float64
-        width = max(len(b) for b in plan.batches)
-        packed = torch.full((width + 1, max(2, 1 + 2 * self.top)), -1.0, dtype=torch.float64)
+        # control: every stage's tokens, top candidates and expansion time, one int64 tensor
+        width, top = max(len(b) for b in plan.batches), self.top
+        packed = torch.full((width + 1, max(2, 1 + 2 * top)), -1, dtype=torch.int64)
         if mine is not None:
             n = len(mine.tokens)
-            packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.float64)
-            packed[:n, 1:1 + self.top] = mine.top_ids.double().cpu()
-            packed[:n, 1 + self.top:1 + 2 * self.top] = mine.top_probs.double().cpu()
-            packed[width, 0] = mine.seconds
-        packed[width, 1] = 1.0 if self.cancel is not None and self.cancel.is_set() else 0.0
+            packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.int64)
+            packed[:n, 1:1 + top] = mine.top_ids.cpu()
+            packed[:n, 1 + top:1 + 2 * top] = mine.top_probs.double().cpu().view(torch.int64)
+            packed[width, 0] = torch.tensor([mine.seconds], dtype=torch.float64).view(torch.int64)[0]
+        packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
         self._wait([dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)])
-        self.cancelled = any(float(g[width, 1]) > 0 for g in gathered)
+        self.cancelled = any(int(g[width, 1]) > 0 for g in gathered)
         result = {}
         for k, batch in enumerate(plan.batches):
             if not batch:
                 continue
             g, n = gathered[k], len(batch)
             result[k] = outputs[k] if k == self.rank else StageOutput(
-                [int(t) for t in g[:n, 0].tolist()], g[:n, 1:1 + self.top].long(),
-                g[:n, 1 + self.top:1 + 2 * self.top].float(), None, float(g[width, 0]))
+                g[:n, 0].tolist(), g[:n, 1:1 + top].clone(), g[:n, 1 + top:1 + 2 * top].contiguous().view(
+                    torch.float64).float(), None, float(g[width, :1].contiguous().view(torch.float64)))
         return result

@@ -7,6 +7,7 @@ import psutil
 import pytest
 
 from conftest import tiny_model
+from dex_core.models import tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
 from dex_core.group import ExplorerError
 from faults import RaiseOnce
@@ -21,14 +22,15 @@ def model():
     return tiny_model("qwen3", tie_word_embeddings=True, head_dim=16)
 
 
-@pytest.mark.parametrize("K", [2, 3])
-def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K):
+@pytest.mark.parametrize("K,light", [(2, False), (3, True)])
+def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K, light):
     prompts = [[5, 17, 3, 88, 40, 2, 61], [9], list(range(1, 22))]
-    with DexDecoder(model, explorers=K, backend="distributed", threads=1) as dist_decoder:
+    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3} if light else {}
+    with DexDecoder(model, explorers=K, backend="distributed", threads=1, **options) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
         for i, prompt in enumerate(prompts):
-            sequential = DexDecoder(model, explorers=K).generate(prompt, 40)
+            sequential = DexDecoder(model, explorers=K, **options).generate(prompt, 40)
             distributed = dist_decoder.generate(prompt, 40)
             assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
             assert without_timings(distributed.trace) == without_timings(sequential.trace)
