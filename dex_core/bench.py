@@ -34,7 +34,8 @@ from .request import encode_item
 
 METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit")
 DRAFTS = (1, 2, 3, 4, 6, 8)
-QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3)}
+QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3),
+         "profile": False}
 
 
 @dataclass
@@ -54,6 +55,8 @@ class BenchConfig:
                                       "methods to run: " + ", ".join(METHODS))
     drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
     threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
+    profile: bool = option(True, "time layers, heads and the distributed exchange on this machine (cached) and add "
+                                 "communication to the projected K-device tokens/s")
     proposal_vocab: str = option("auto", "rows of DEX's non-final light proposal heads: N, full or auto "
                                          "(8192 with a token ranking)")
     quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
@@ -152,6 +155,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     from .ead import layer_candidates, matches
     from .decoder import DexDecoder
     from .models import load_model
+    from .profile import measure_profile
 
     if cfg.quick:
         model, tokenizer, adapters, synthetic = _quick_setup()
@@ -199,6 +203,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                 model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads, tokenizer=tokenizer,
                 **light)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
+    rows = next((d.proposal_vocab for d in decoders.values()), model.config.vocab_size)
+    profile = measure_profile(model, rows, log=log) if cfg.profile else None
+    report["profile"] = profile
 
     runners = {"ar-hf": lambda p, n: (hf_greedy(model, p, n), {}),
                "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
@@ -233,7 +240,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r]), "L": L, "ss": ss, "hf": hf,
                    "cost": ModelCost.of(model, adapters), "dex_cost": {k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
                    "proposal_vocab": {k: d.proposal_vocab for k, d in decoders.items()},
-                   "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters}
+                   "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters, "profile": profile}
             omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
             stable = float((torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1).double().mean())
             report["oracle"][set_name] = {"layer_forwards_per_token": stable, "speedup": L / stable}
@@ -243,7 +250,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                            tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
                            speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
                            layer_speedup=L / row["layer_forwards_per_token"],
-                           cost_vs_ar=ctx["cost"].ar() / row["cost_per_token"])
+                           cost_share_of_ar=row["cost_per_token"] / ctx["cost"].ar())
                 report["results"].append(row)
     finally:
         for decoder in decoders.values():

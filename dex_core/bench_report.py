@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .cost import ModelCost
+from .profile import exchange_seconds
 
 
 def headline(report: dict) -> list[dict]:
@@ -27,14 +28,17 @@ def headline(report: dict) -> list[dict]:
         block = {"set": set_name, "dex_explorers": best["explorers"], "dex_depths": best["depths"],
                  "dex_devices": best["devices"], "dex_depth_speedup": best["depth_speedup"],
                  "dex_cost_per_token": best["cost_per_token"], "ar_cost_per_token": ar["cost_per_token"],
-                 "dex_cost_vs_ar": ar["cost_per_token"] / best["cost_per_token"],
+                 "dex_cost_share_of_ar": best["cost_per_token"] / ar["cost_per_token"],
+                 "dex_cost_full_heads": best.get("cost_per_token_full_heads"),
+                 "dex_proposal_vocab": best.get("proposal_vocab"),
                  "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
                  "dex_tokens_per_second": best["tokens_per_second"], "ar_tokens_per_second": ar["tokens_per_second"],
-                 "dex_projected_tokens_per_second": best.get("projected_tokens_per_second")}
+                 "dex_projected_tokens_per_second": best.get("projected_tokens_per_second"),
+                 "dex_projected_includes_communication": best.get("projected_includes_communication", False)}
         if ss:
             block.update(self_spec_cost_per_token=ss["cost_per_token"],
                          self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
-                         dex_cost_vs_self_spec=ss["cost_per_token"] / best["cost_per_token"],
+                         dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
                          dex_over_self_spec_layers_only=ss["layer_forwards_per_token"] / best["layer_forwards_per_token"])
         out.append(block)
     return out
@@ -44,17 +48,20 @@ def headline_lines(report: dict) -> list[str]:
     """The headline blocks as text."""
     lines = []
     for h in report.get("headline", []):
-        line = (f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices): depth-side "
-                f"speedup {h['dex_depth_speedup']:.3f}x; cost per token {h['dex_cost_per_token']:.2f} layer-equivalents "
-                f"(memory-bound, heads and adapters included) vs AR {h['ar_cost_per_token']:.2f}: "
-                f"**{h['dex_cost_vs_ar']:.3f}x AR**")
+        full = f"; {h['dex_cost_full_heads']:.2f} with full heads" if h.get("dex_cost_full_heads") else ""
+        line = (f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
+                f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x; cost "
+                f"per token {h['dex_cost_per_token']:.2f} layer-equivalents (memory-bound, heads and adapters included"
+                f"{full}) vs AR {h['ar_cost_per_token']:.2f}: **{h['dex_cost_share_of_ar']:.3f} of AR's**")
         if "self_spec_cost_per_token" in h:
-            line += (f", vs best-tuned self-speculation {h['self_spec_cost_per_token']:.2f}: "
-                     f"{h['dex_cost_vs_self_spec']:.3f}x (layers only: {h['dex_layer_forwards_per_token']:.2f} vs "
-                     f"{h['self_spec_layer_forwards_per_token']:.2f})")
+            line += (f", {h['dex_cost_share_of_self_spec']:.3f} of best-tuned self-speculation's "
+                     f"{h['self_spec_cost_per_token']:.2f} (layers only: {h['dex_layer_forwards_per_token']:.2f} vs "
+                     f"{h['self_spec_layer_forwards_per_token']:.2f}; AR {h['ar_cost_per_token']:.2f} with its head)")
+        comm = "communication included" if h.get("dex_projected_includes_communication") else "communication not included"
         line += (f"; tokens/s measured on one device {h['dex_tokens_per_second']:.2f} vs AR {h['ar_tokens_per_second']:.2f}"
-                 + (f", projected on {h['dex_devices']} devices {h['dex_projected_tokens_per_second']:.2f} "
-                    "(communication not included)" if h.get("dex_projected_tokens_per_second") else "") + ".")
+                 + (f", projected on {h['dex_devices']} devices {h['dex_projected_tokens_per_second']:.2f} = "
+                    f"{h['dex_projected_tokens_per_second'] / h['ar_tokens_per_second']:.3f}x AR ({comm})"
+                    if h.get("dex_projected_tokens_per_second") else "") + ".")
         lines.append(line)
     return lines
 
@@ -62,7 +69,7 @@ def headline_lines(report: dict) -> list[str]:
 def _config_text(row: dict) -> str:
     if row["method"].startswith("dex"):
         return (f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
-                f"DECS {'on' if row['decs'] else 'off'}")
+                f"DECS {'on' if row['decs'] else 'off'}, proposal rows {row.get('proposal_vocab', 'full')}")
     if "exit" in row and row["exit"] is None:
         return "no speculation (plain AR was cheapest on the tune split)"
     if "exit" in row:
@@ -79,14 +86,14 @@ def markdown(report: dict) -> str:
         rows = [r for r in report["results"] if r["set"] == set_name]
         lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", "",
                   "| method | configuration | devices | exact | tokens/s (measured) | vs AR | projected tokens/s "
-                  "| cost/token (LE, all work, memory-bound) | vs AR | cost/token (rows-counted) "
+                  "| cost/token (LE, all work, memory-bound) | share of AR's | cost/token (rows-counted) "
                   "| layer fwd/token (layers only) | rounds/token | depth speedup (measured / predicted) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             cells = [r["method"], _config_text(r), str(r["devices"]), f"{r['exact_prompts']}/{r['prompts']}",
                      f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_ar']:.3f}",
                      _fmt(r.get("projected_tokens_per_second"), 2), f"{r['cost_per_token']:.2f}",
-                     f"{r['cost_vs_ar']:.3f}", f"{r['cost_per_token_rows']:.2f}", f"{r['layer_forwards_per_token']:.2f}",
+                     f"{r['cost_share_of_ar']:.3f}", f"{r['cost_per_token_rows']:.2f}", f"{r['layer_forwards_per_token']:.2f}",
                      _fmt(r.get("rounds_per_token"), 3),
                      " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r)]
             lines.append("| " + " | ".join(cells) + " |")
@@ -137,8 +144,11 @@ def result_row(key, outs: list, ctx: dict) -> dict:
                    cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
         if method == "dex":
             predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
+            projected = sum(s.projected_seconds for s in stats)
+            comm = sum(exchange_seconds(ctx["profile"], b) for b in batches) if ctx.get("profile") else 0.0
             row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
-                       projected_tokens_per_second=T / sum(s.projected_seconds for s in stats))
+                       projected_tokens_per_second=T / (projected + comm), projected_communication_share=comm /
+                       (projected + comm), projected_includes_communication=bool(ctx.get("profile")))
         else:
             row["schedule"] = f"distributed ({len(depths)} processes)"
     elif method == "self-spec":

@@ -134,7 +134,7 @@ def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, length
            "matched": torch.bincount(matched, minlength=len(depths)).tolist()}
     if cost is not None:
         out["cost_per_token"] = cost.dex_steady(depths, rounds, adapter_depths)
-        out["cost_vs_ar"] = cost.ar() / out["cost_per_token"]
+        out["cost_share_of_ar"] = out["cost_per_token"] / cost.ar()
     return out
 
 
@@ -289,10 +289,10 @@ def ead_summary(report: dict) -> list[str]:
                 line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
                         f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x")
                 if "cost_per_token" in p["uniform"]:
-                    line += f"; cost {p['uniform']['cost_per_token']:.2f} LE/token ({p['uniform']['cost_vs_ar']:.3f}x AR)"
+                    line += f"; cost {p['uniform']['cost_per_token']:.2f} LE/token ({p['uniform']['cost_share_of_ar']:.3f} of AR's)"
                 if "best" in p and "cost_per_token" in p["best"]:
                     line += (f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "
-                             f"({p['best']['cost_vs_ar']:.3f}x AR, {p['best_gain']:.3f}x uniform)")
+                             f"({p['best']['cost_share_of_ar']:.3f} of AR's, {p['best_gain']:.3f}x uniform)")
                 elif "best" in p:
                     line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
                              f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")

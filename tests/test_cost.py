@@ -46,3 +46,18 @@ def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(
     exact = cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "memory")
     assert 0 < exact <= cost.dex_steady((2, 4, 6), result.stats.rounds_per_token) + 1e-9
     assert cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "rows") >= exact
+
+
+def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(tmp_path, monkeypatch):
+    from dex_core import profile as prof
+
+    monkeypatch.setattr(prof, "CACHE", tmp_path)
+    model = tiny_model("llama")
+    got = prof.measure_profile(model, proposal_rows=16, repeats=2, log=lambda *_: None)
+    for part in ("layer", "head", "proposal", "exchange"):
+        assert sorted(got[part]) == list(prof.ROWS) and all(s > 0 for s in got[part].values())
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert prof.measure_profile(model, proposal_rows=16, log=lambda *_: pytest.fail("not cached")) == got
+    table = {1: 1.0, 2: 2.0, 4: 3.0}
+    assert [prof.interpolate(table, n) for n in (0, 1, 3, 4, 6)] == [0.0, 1.0, 2.5, 3.0, 4.0]
+    assert prof.exchange_seconds({"exchange": table}, [3, 0, 1]) == 2.5
