@@ -113,7 +113,7 @@ def _generate(args) -> None:
         elapsed = time.perf_counter() - tic
     finally:
         decoder.close()
-    print_report(events[-1]["stats"], decoder.depths, config.decs, elapsed, config.backend, decoder.adapters)
+    print_report(events[-1]["stats"], events[0], elapsed, config.backend)
     if args.trace:
         save_trace(args.trace, events, {"model": config.model, "prompt": args.prompt})
         print(f"trace saved to {args.trace}")

@@ -28,12 +28,16 @@ def log(msg: str) -> None:
     print(f"[dex] {msg}", file=sys.stderr, flush=True)
 
 
-def print_report(stats: dict, depths, decs: bool, elapsed: float, schedule: str, adapters=()) -> None:
-    """Rounds/token, depth-side speedup, matched-stage histogram and tokens/s of one run."""
+def print_report(stats: dict, start: dict, elapsed: float, schedule: str) -> None:
+    """Rounds/token, depth-side speedup, matched-stage histogram and tokens/s of one run (``start``: the
+    trace's start event: depths and how they were chosen, DECS, adapters, proposal heads)."""
+    depths = start["depths"]
     hist = matched_histogram(stats["matched_stages"], len(depths))
     print("\n")
-    print(f"depths {list(depths)} (K={len(depths)}), decs={'on' if decs else 'off'}, adapters at "
-          f"{sorted(adapters) or 'none'}, {stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
+    print(f"depths {list(depths)} (K={len(depths)}; {start.get('depth_choice', 'given')}), "
+          f"decs={'on' if start['decs'] else 'off'}, adapters at {start.get('adapter_depths') or 'none'}, "
+          f"non-final proposal heads of {start.get('proposal_vocab')} rows")
+    print(f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
     print(f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
           f"{stats['depth_speedup']:.3f}x")
     print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))

@@ -87,15 +87,18 @@ class ProposalHead:
         return F.linear(self.norm(hidden), self.weight, self.bias)
 
 
+def shortlist_ids(vocab: int, depths, spec, ranking: torch.Tensor | None, tokenizer=None) -> torch.Tensor | None:
+    """The token ids the non-final heads of ``depths`` score (None when they stay full)."""
+    rows = proposal_rows(spec, vocab, ranking is not None or tokenizer is not None)
+    if rows >= vocab or len(depths) < 2:
+        return None
+    return (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
+
+
 def proposal_heads(view, depths, spec, ranking: torch.Tensor | None, tokenizer=None) -> dict[int, ProposalHead]:
     """The light heads of the non-final explorers of ``depths`` (empty when the heads stay full)."""
-    rows = proposal_rows(spec, view.vocab, ranking is not None or tokenizer is not None)
-    if rows >= view.vocab or len(depths) < 2:
-        return {}
-    if ranking is None:
-        ranking = token_ranking(tokenizer, view.vocab)
-    ids = ranking[:rows]
-    return {k: ProposalHead(view, ids) for k in range(len(depths) - 1)}
+    ids = shortlist_ids(view.vocab, depths, spec, ranking, tokenizer)
+    return {} if ids is None else {k: ProposalHead(view, ids) for k in range(len(depths) - 1)}
 
 
 def store_ranking(path, model, ranking) -> None:

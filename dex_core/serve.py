@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .config import DexConfig, DexError, add_flags, default_threads, from_args, resolve_depths
+from .config import DexConfig, DexError, add_flags, default_threads, from_args
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun)
 FLAGS = ("model", "depths", "adapters", "decs", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
@@ -31,11 +31,13 @@ def run(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from .adapters import resolve_adapters
+    from .adapters import choose_depths, resolve_adapters
     from .console import TextStream, print_report
-    from .rank import join_group, serve_request, stage_payload
     from .models import load_model
+    from .proposal import adapter_ranking, shortlist_ids
+    from .rank import join_group, serve_request, stage_payload
     from .request import encode_prompt, eos_ids, make_request
+    from .trace import start_event
 
     if "WORLD_SIZE" not in os.environ:
         raise DexError(f"dex serve runs one explorer per process under torchrun, e.g. {USAGE}")
@@ -43,13 +45,16 @@ def run(args: argparse.Namespace) -> None:
     local = int(os.environ.get("LOCAL_RANK", rank))
     config = from_args(DexConfig, args, explorers=world)
     model, tokenizer = load_model(config.model, dtype=config.dtype)
-    depths = resolve_depths(model.config.num_hidden_layers, config.depths, world)
+    depths, how = choose_depths(model, config)
     if len(depths) != world:
         raise DexError(f"{len(depths)} exploration depths {list(depths)} need {len(depths)} processes; "
                        f"torchrun started {world}")
     adapters = resolve_adapters(config.adapters, model, depths)
     eos = eos_ids(model, config.eos_token_id)
-    payload = stage_payload(model, depths, rank, adapters.get(depths[rank]))
+    shortlist = shortlist_ids(model.config.vocab_size, depths, config.proposal_vocab,
+                              adapter_ranking(config.adapters, model), tokenizer)
+    payload = stage_payload(model, depths, rank, adapters.get(depths[rank]), shortlist)
+    L, rows = model.config.num_hidden_layers, model.config.vocab_size if shortlist is None else len(shortlist)
     del model
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = f"cuda:{local}" if local < gpus else "cpu"
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> None:
             if rank == 0 and event["event"] == "round" and event["commit"]:
                 stream.push(event["commit"]["token"])
         if rank == 0:
-            print_report(event["stats"], depths, config.decs, time.perf_counter() - tic, "distributed", adapters)
+            start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how)
+            print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
     dist.destroy_process_group()
 
 

@@ -22,7 +22,7 @@ def test_generate_streams_text_and_prints_depth_stats(tiny_dir, tmp_path, capsys
                              "--max-new-tokens", "12", "--explorers", "3", "--trace", str(trace))
     assert code == 0, err
     assert "rounds/token" in out and "depth-side speedup" in out and "matched stage:" in out
-    assert "depths [2, 4, 6] (K=3)" in out and "12 tokens" in out
+    assert "depths [2, 4, 6] (K=3; uniform split)" in out and "12 tokens" in out
     doc = json.loads(trace.read_text())
     assert doc["format"] == "dex-trace" and doc["events"][-1]["event"] == "end"
     assert len(doc["events"][-1]["tokens"]) == 12

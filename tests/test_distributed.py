@@ -92,7 +92,7 @@ def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, c
         assert main(["generate", prompt, "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "10",
                      "--explorers", "2"]) == 0
         assert capsys.readouterr().out.strip().splitlines()[0] == answer
-    assert len(answers) == 2 and proc.stdout.count("depths [3, 6] (K=2)") == 2
+    assert len(answers) == 2 and proc.stdout.count("depths [3, 6] (K=2; uniform split)") == 2
 
 
 def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
