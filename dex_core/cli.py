@@ -129,6 +129,9 @@ def _train(args) -> None:
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
           f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}")
+    if facts.get("stopped_early"):
+        print(f"stopped early at step {facts['steps']} of {facts['planned_steps']}: run the same command to resume "
+              f"from {args.checkpoint}" if args.checkpoint else "stopped early (no checkpoint to resume from)")
 
 
 def _ead(args) -> None:

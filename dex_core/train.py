@@ -136,6 +136,8 @@ def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float
 def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoint: str | Path | None = None,
                    progress: bool = True, windows=None) -> dict:
     """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
+    Interrupted (Ctrl-C), it saves the adapters of the last checkpoint (facts: ``stopped_early``); run
+    the same command again to resume from the checkpoint.
 
     ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
     """
@@ -171,33 +173,45 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         step, seconds, losses = state["step"], state["seconds"], state["losses"]
     windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + step, model, cfg.data)
     bar = tqdm(total=cfg.steps, initial=step, desc="adapters", unit="step", disable=not progress)
-    while step < cfg.steps:
-        tic = time.perf_counter()
-        total = 0.0
-        for _ in range(cfg.accum):
-            x = torch.stack([next(windows) for _ in range(cfg.batch)])
-            loss = distill_loss(model, adapters, x, cfg.bf16, cfg.top1) / cfg.accum
-            loss.backward()
-            total += loss.detach().item()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        seconds += time.perf_counter() - tic
-        losses.append(total)
-        bar.update(1)
-        bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
-        if checkpoint and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-            torch.save({"config": asdict(cfg), "step": step, "seconds": seconds, "losses": losses,
-                        "adapters": {d: a.state_dict() for d, a in adapters.items()},
-                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, checkpoint)
+    stopped = False
+    try:
+        while step < cfg.steps:
+            tic = time.perf_counter()
+            total = 0.0
+            for _ in range(cfg.accum):
+                x = torch.stack([next(windows) for _ in range(cfg.batch)])
+                loss = distill_loss(model, adapters, x, cfg.bf16, cfg.top1) / cfg.accum
+                loss.backward()
+                total += loss.detach().item()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            seconds += time.perf_counter() - tic
+            losses.append(total)
+            bar.update(1)
+            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
+            if checkpoint and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+                partial = Path(f"{checkpoint}.partial")  # written whole, then renamed: never half a checkpoint
+                torch.save({"config": asdict(cfg), "step": step, "seconds": seconds, "losses": losses,
+                            "adapters": {d: a.state_dict() for d, a in adapters.items()},
+                            "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, partial)
+                partial.replace(checkpoint)
+    except KeyboardInterrupt:  # keep what the last checkpoint holds (a whole step); the same command resumes
+        stopped = True
+        if checkpoint and Path(checkpoint).is_file():
+            state = torch.load(checkpoint, weights_only=True)
+            for d, a in adapters.items():
+                a.load_state_dict(state["adapters"][d])
+            step, seconds, losses = state["step"], state["seconds"], state["losses"]
     bar.close()
     text = {"sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
             "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed"}
     facts = {**asdict(cfg), "data_text": text[cfg.data],
              "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
-             "final_loss": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
+             "final_loss": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+             **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {})}
     ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
     save_adapters(out, adapters, model, facts, ranking)
     return facts

@@ -259,3 +259,22 @@ def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_pa
     assert DexDecoder(model, explorers=2, depths=(3, 6), adapters=str(path)).depth_choice == "given"
     assert DexDecoder(model, explorers=4, adapters=str(path)).depth_choice == "uniform split"
     assert DexDecoder(model, explorers=2, adapters="none").depths == (3, 6)
+
+
+def test_an_interrupted_training_saves_its_last_checkpoint_and_the_same_command_resumes(tmp_path):
+    model = tiny_model("llama").float()
+    data = [torch.randint(0, 96, (16,)) for _ in range(3)]
+
+    def windows(stop_after):
+        for i, x in enumerate(itertools.cycle(data)):
+            if i == stop_after:
+                raise KeyboardInterrupt
+            yield x
+
+    cfg = TrainConfig(depths=(2,), tokens=16 * 6, seq_len=16, batch=1, bf16=False, checkpoint_every=2)
+    out, ckpt = tmp_path / "a.safetensors", tmp_path / "a.ckpt"
+    facts = train_adapters(model, None, cfg, out, ckpt, progress=False, windows=windows(3))
+    assert facts["stopped_early"] and facts["steps"] == 2 and facts["planned_steps"] == 6
+    assert read_metadata(out)["training"]["steps"] == 2 and ckpt.is_file()
+    facts = train_adapters(model, None, cfg, out, ckpt, progress=False, windows=windows(100))
+    assert facts["steps"] == 6 and "stopped_early" not in facts
