@@ -8,23 +8,17 @@ defines Omega(t, l) = [candidate == y_t], with Omega(t, L) = 1.
     EAD_stab(t)   = min { l : Omega(t, n) for all n >= l }
     S_X           = L T / sum_t ceil_X(EAD_stab(t))          (paper Prop. 7; oracle S_EAD: X = [L])
 
-DEX itself reuses the shallowest explored stage whose candidate equals the committed token, stable
-or not. Without DECS that candidate is each stage's top token; with DECS (paper App. C.1) stage k
-proposes its best token not already proposed by stages 0..k-1 of the same slot chain. Replaying that
-rule on the rankings gives the stage each token is matched at — exactly what a DEX run records when
-the rankings are computed on the committed prefix (tests/test_ead.py). A generation's first token
-takes K rounds (the pipeline fills); token t + 1 then takes 1 + (stage token t matched at) more, so a
-generation of T tokens takes K + sum_{t<T} (1 + matched stage) rounds: R(X) is that over the tokens,
-and the depth-side speedup is K / R(X).
+DEX reuses the shallowest explored stage whose candidate equals the committed token, stable or not:
+each stage's top token, or with DECS (paper App. C.1) its best token not proposed by stages 0..k-1 of
+the slot chain. Replaying that rule on the rankings gives the stage each token is matched at, as a DEX
+run records it (tests/test_ead.py). The first token takes K rounds, token t + 1 then 1 + (stage token
+t matched at) more: R(X), rounds per token, over T tokens; the depth-side speedup is K / R(X).
 
-On a pipeline a round lasts as long as the longest stage, so the time per token of an exploration set
-X = (d_1 < ... < d_K = L) is R(X) * max_k (d_k - d_{k-1}) layer-times, against L for AR. Counting all
-the work (``dex_core.cost``, memory-bound view, every explorer busy every round) it is
-R(X) * max_k c_k(1): stage k's layers, its proposal head (light at non-final stages when a shortlist is
-used; the final stage's head is always full) and its adapter. ``best_depths`` searches the set
-minimising that cost (or the layers-only one without a cost model) for a given K (exhaustively when
-the number of sets is small, else by local search from the uniform split). With a shortlist the
-rankings come from the light heads, so a token outside it misses at every non-final stage.
+On a pipeline a round lasts as long as the longest stage: R(X) * max_k (d_k - d_{k-1}) layer-times per
+token, against L for AR. Counting all the work (``dex_core.cost``, memory-bound, every explorer busy)
+it is R(X) * max_k c_k(1): stage k's layers, proposal head (light at non-final stages with a shortlist,
+whose misses the rankings then include) and adapter. ``best_depths`` finds the set of K stages that
+minimises it (exhaustively when there are few sets, else by local search from the uniform split).
 """
 
 from __future__ import annotations
@@ -139,19 +133,20 @@ def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, length
 
 
 def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = True, lengths=None, cost=None,
-                adapter_depths=()) -> dict:
+                adapter_depths=(), within=None) -> dict:
     """The exploration set of ``explorers`` stages with the lowest cost per token (``cost`` given) or
-    R(X) * longest stage."""
+    R(X) * longest stage; with ``within``, only sets whose non-final depths all lie in it."""
     L = candidates.shape[1]
-    if not 1 <= explorers <= L:
-        raise DexError(f"explorers must lie in 1..{L}; got {explorers}")
+    if not 1 <= explorers <= L or (within is not None and explorers - 1 > len(within)):
+        raise DexError(f"explorers must lie in 1..{L if within is None else len(within) + 1}; got {explorers}")
     key = "layer_times_per_token" if cost is None else "cost_per_token"
 
     def cost_of(depths):
         return set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
 
-    if math.comb(L - 1, explorers - 1) <= EXHAUSTIVE_LIMIT:
-        sets = (tuple(c) + (L,) for c in itertools.combinations(range(1, L), explorers - 1))
+    pool = sorted(within) if within is not None else range(1, L)
+    if math.comb(len(pool), explorers - 1) <= EXHAUSTIVE_LIMIT:
+        sets = (tuple(c) + (L,) for c in itertools.combinations(pool, explorers - 1))
         return min((cost_of(s) for s in sets), key=lambda r: (r[key], r["depths"]))
     best = cost_of(resolve_depths(L, explorers=explorers))
     improved = True
@@ -170,7 +165,7 @@ def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = T
 
 
 def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool = True,
-            best: bool = False, lengths=None, cost=None, adapter_depths=()) -> dict:
+            best: bool = False, lengths=None, cost=None, adapter_depths=(), within=None) -> dict:
     """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
     token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
     ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
@@ -190,7 +185,8 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
         row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
                "rounds_speedup_no_decs": K / no_decs["rounds_per_token"], "decs": decs, "uniform": uniform}
         if best:
-            row["best"] = best_depths(candidates, tokens, K, decs, lengths, cost, adapter_depths)
+            row["best"] = best_depths(candidates, tokens, K, decs, lengths, cost, adapter_depths,
+                                      within if within is None or K - 1 <= len(within) else None)
             key = "layer_times_per_token" if cost is None else "cost_per_token"
             row["best_gain"] = uniform[key] / row["best"][key]
         predicted.append(row)
@@ -217,6 +213,7 @@ class EadConfig:
     explorers: tuple[int, ...] = option(ANALYSED_KS, "values of K")
     decs: bool = option(True, "predict with depth-coupled sampling")
     best: bool = option(True, "search the best exploration set per K")
+    best_within_adapters: bool = option(False, "search only sets whose non-final depths carry adapters")
     proposal_vocab: str = option("auto", "rows of the non-final light proposal heads: N, full or auto (8192 "
                                          "with a token ranking: the adapter file's, else from the training text)")
 
@@ -264,16 +261,19 @@ def run_ead(cfg: EadConfig, log=print) -> dict:
         ranking = adapter_ranking(adapter_name, model) if rows < vocab else None
         shortlist = None if rows >= vocab else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
         cost, depths = ModelCost.of(model, adapters, rows), sorted(adapters)
+        within = depths if cfg.best_within_adapters and depths else None
         run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
         pooled = ([], [], [])
         for name, pairs in answers.items():
             cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
             toks = [t for _, out in pairs for t in out]
             lengths = [len(out) for _, out in pairs]
-            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths)
+            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths,
+                                        within)
             for acc, part in zip(pooled, (cands, toks, lengths)):
                 acc.extend(part)
-        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2], cost, depths)
+        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2], cost, depths,
+                             within)
         report["runs"].append(run)
     return report
 

@@ -1,0 +1,46 @@
+"""Make a trained adapter file the shipped one: store its token ranking and its best set per K, then copy it.
+
+    python scripts/ship_adapters.py runs/adapters.safetensors runs/ead.json --explorers 2,4
+
+``runs/ead.json`` is the report of ``dex ead --adapters FILE --best-within-adapters --out ...`` on the
+same file: for each K, the exploration set with the lowest cost per token (heads and adapters
+included, pooled over its prompt sets) is recorded in the file (``DexDecoder(explorers=K)`` then uses
+it), the ranking of the light proposal heads is stored, and the file is copied to
+``assets/adapters/`` under the default model's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from dex_core.adapters import DEFAULT_ADAPTERS, store_best_sets
+from dex_core.config import parse_ints
+from dex_core.models import load_model
+from dex_core.proposal import store_ranking, token_ranking
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("adapters")
+    parser.add_argument("ead_report")
+    parser.add_argument("--explorers", default="2,4", help="the values of K whose best sets are stored")
+    args = parser.parse_args(argv)
+    report = json.loads(open(args.ead_report).read())
+    run = next(r for r in report["runs"] if r["adapters"] == args.adapters)
+    best = {p["explorers"]: p["best"] for p in run["all"]["predicted"] if p["explorers"] in parse_ints(args.explorers, "explorers")}
+    for K, b in sorted(best.items()):
+        print(f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
+              f"depth-side speedup {b['depth_speedup']:.3f}x")
+    model, tokenizer = load_model("default")
+    store_ranking(args.adapters, model, token_ranking(tokenizer, model.config.vocab_size))
+    store_best_sets(args.adapters, model, {K: b["depths"] for K, b in best.items()})
+    shutil.copyfile(args.adapters, DEFAULT_ADAPTERS)
+    print(f"shipped as {DEFAULT_ADAPTERS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
