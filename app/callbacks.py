@@ -1,70 +1,156 @@
-"""Event handlers of the DEX app: they call ``dex_core`` and draw with ``visualize`` (traces only)."""
+"""Event handlers of the DEX app's Live, Race and Analysis tabs and of the page load (the Debugger's own
+are in ``app.debugger``): they call ``dex_core`` and draw with ``visualize`` (traces only).
+
+Bad input never raises out of the Live handler: it yields only a status line ("error: …") and leaves
+every panel as it was, so the previous run stays on screen, labelled as such, with one message.
+"""
 
 from __future__ import annotations
 
-import html
 import sys
+import threading
 
 import gradio as gr
 
 import visualize as viz
-from dex_core import DexError, ExplorerError, ar_stream, load_trace, save_trace
+from dex_core import DexError, ExplorerError, ar_stream
 from dex_core.adapters import resolve_adapters
 from dex_core.ead import readiness
 from dex_core.request import check_text
 
+from . import debugger as dbg
 from .runtime import Runtime, ui_config
+
+PREVIOUS = "the panels below still show the previous run"
 
 
 def _error(err: Exception):
     return gr.Error(str(err), print_exception=False)
 
 
+def _explorer_line(err: ExplorerError) -> str:
+    """A short message naming the rank (the cause and its traceback go to the server log only)."""
+    print(f"[dex] {err}", file=sys.stderr, flush=True)
+    line = str(err).splitlines()[0]
+    if " failed: " in line:
+        line = line.split(" failed: ")[0] + " failed (the cause is in the server log)"
+    return f"{line}; the next request starts fresh explorers"
+
+
 def _guarded(stream):
-    """Yield from a decoder's stream; an explorer failure becomes a short message naming the rank (the
-    cause and its traceback go to the server log only) and the next request starts fresh explorers."""
+    """Yield from a decoder's stream; an explorer failure becomes a ``gr.Error`` with a short message."""
     try:
         yield from stream
     except ExplorerError as err:
-        print(f"[dex] {err}", file=sys.stderr, flush=True)
-        line = str(err).splitlines()[0]
-        if " failed: " in line:
-            line = line.split(" failed: ")[0] + " failed (the cause is in the server log)"
-        raise gr.Error(f"{line}; the next request starts fresh explorers", print_exception=False) from None
+        raise gr.Error(_explorer_line(err), print_exception=False) from None
 
 
 def _end(events):
     return events[-1] if events and events[-1]["event"] == "end" else None
 
 
-def live_frames(runtime: Runtime, prompt, chat, explorers, depths, adapters, decs, sample, temperature, top_k,
-                top_p, seed, max_new_tokens, progress=gr.Progress()):
-    """Generate with DEX, yielding (text, lattice, fsm, stats, trace) once per explorer round."""
+def _panels(events) -> tuple:
+    view = dbg.views(events)[-1]
+    return (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view),
+            viz.stats_html(view, end=_end(events)))
+
+
+def _status_only(state: str, detail: str) -> tuple:
+    return (gr.skip(),) * 6 + (viz.status_html(state, detail),)
+
+
+class StopRequests:
+    """Sessions whose Stop was pressed. The Live handler checks its session after every round and ends
+    itself with a "stopped" frame (a cancelled generator could still deliver a round after the Stop
+    handler's "stopped" and overwrite it)."""
+
+    def __init__(self):
+        self._sessions: set[str] = set()
+        self._lock = threading.Lock()
+
+    def request(self, session: str) -> None:
+        with self._lock:
+            self._sessions.add(session)
+
+    def take(self, session: str) -> bool:
+        with self._lock:
+            found = session in self._sessions
+            self._sessions.discard(session)
+            return found
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
+def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, depths, adapters, decs, sample,
+                temperature, top_k, top_p, seed, max_new_tokens, request: gr.Request = None):
+    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, status) once per explorer round;
+    Stop (``stops``) ends the run after the round in progress."""
+    session = _session(request)
+    stops.take(session)  # a Stop pressed before this run started does not apply to it
+    loading = "" if runtime.loaded else f"loading {runtime.settings.model} (first use: fetched and cached once)"
+    yield _status_only("running", loading or "starting")
     try:
         config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                            max_new_tokens=max_new_tokens)
         check_text(prompt)
-        if not runtime.loaded:
-            progress(0.1, desc=f"Loading {runtime.settings.model} (first use: fetched and cached once)")
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
         if notice := runtime.device_notice(decoder.K):
             gr.Warning(notice)
-        stream = _guarded(decoder.stream(ids, options=config.generation()))
+        stream = decoder.stream(ids, options=config.generation())
         events = [next(stream)]
-    except DexError as err:
-        raise _error(err) from None
-    for event in stream:
-        events.append(event)
-        if event["event"] != "round":
-            continue
-        view = viz.replay(events)[-1]
-        yield (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view), viz.stats_html(view),
-               events)
-    view = viz.replay(events)[-1]
-    yield (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view),
-           viz.stats_html(view, end=_end(events)), events)
+    except (DexError, ExplorerError) as err:
+        yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
+        return
+    meta = {"model": runtime.settings.model, "prompt": prompt}
+    tokens = 0
+    try:
+        for event in stream:
+            events.append(event)
+            if event["event"] != "round":
+                continue
+            tokens += 1 if event["commit"] else 0
+            if stops.take(session):
+                stream.close()
+                yield _panels(events) + (events, meta, viz.status_html(
+                    "stopped", f"stopped by you after round {event['round']} ({tokens} tokens): the panels show the "
+                               "run so far; the Debugger holds what ran"))
+                return
+            yield _panels(events) + (events, meta, viz.status_html(
+                "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"))
+    except ExplorerError as err:
+        yield _status_only("error", f"{_explorer_line(err)}; the panels show this run up to its last round")
+        return
+    stats = events[-1]["stats"] if _end(events) else {}
+    yield _panels(events) + (events, meta, viz.status_html(
+        "finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"))
+
+
+def stop(stops: StopRequests, status: str, request: gr.Request = None):
+    """Stop: says "stopped" at once; this session's running Live handler ends after its current round and
+    says "stopped" too (its last frame), so no late round can leave "running" on screen."""
+    if "data-state='running'" not in (status or ""):
+        return gr.skip()
+    stops.request(_session(request))
+    return viz.status_html("stopped", "stopped by you: the run ends after the round in progress")
+
+
+def page_load(request: gr.Request):
+    """The bundled example (or ``?trace=NAME`` from ``assets/traces``) in the Live panels, the Debugger and
+    its timeline, without loading a model. Returns (trace, meta, 4 Live panels, Live status, 5 Debugger
+    outputs, timeline, Debugger status, tabs)."""
+    name = request.query_params.get("trace") if request is not None else None
+    events, meta, note = dbg.bundled(name)
+    if not events:
+        idle = viz.status_html("idle", dbg.EMPTY_HINT)
+        return ([], {}, *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
+    hint = " — press Generate to run your own prompt, or step through this one in the Debugger tab"
+    return (events, meta, *_panels(events), viz.status_html("example", note + hint),
+            *dbg.frame(events, dbg.last_round(events)), dbg.timeline(events), viz.status_html("example", note),
+            gr.Tabs(selected="debugger") if name else gr.skip())
 
 
 def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tokens):
@@ -119,77 +205,6 @@ def _race_view(tokenizer, tokens, times, ends, distributed, K):
     summary = viz.race_summary_html(tokens, times, len(ends) == 2, projected and projected + " — a projection")
     return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
             tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
-
-
-# Prev/Next/slider/Play reuse one replay per trace; small, since an entry keeps its trace alive (a trace
-# at the limits is a few hundred MB in memory) and re-indexing one costs tens of milliseconds
-_REPLAYS = viz.ReplayCache(size=2)
-
-
-def _views(events) -> viz.Replay | list:
-    return _REPLAYS(events) if events else []
-
-
-def _index(index) -> int:
-    try:
-        return int(float(index or 0))
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
-def debug_frame(events, index):
-    """Lattice, round table, FSM and text of round ``index`` of a recorded trace."""
-    views = _views(events)
-    if not views:
-        empty = "<p>No trace yet: generate in the Live tab or load a saved trace.</p>"
-        return None, empty, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1)
-    i = max(0, min(_index(index), len(views) - 1))
-    view = views[i]
-    return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
-            gr.Slider(minimum=0, maximum=max(1, len(views) - 1), value=i, step=1,
-                      label=f"Round index (0..{len(views) - 1}; round {view.round} shown)"))
-
-
-def step(events, index, delta):
-    n = len(_views(events))
-    return max(0, min(_index(index) + delta, max(0, n - 1)))
-
-
-def play_tick(events, index):
-    """One Play step; stops the timer at the last round."""
-    n = len(_views(events))
-    nxt = _index(index) + 1
-    if nxt >= n:
-        return max(0, n - 1), gr.Timer(active=False)
-    return nxt, gr.Timer(active=True)
-
-
-def save(runtime: Runtime, events, meta):
-    """The trace as a JSON file (in the server's file folder, removed after the session time-to-live)."""
-    if not events:
-        raise gr.Error("no trace to save yet: generate in the Live tab first", print_exception=False)
-    path = runtime.file("dex-trace.json")
-    save_trace(path, events, meta or {})
-    return str(path)
-
-
-def export_lattice(runtime: Runtime, events):
-    """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
-    if not events:
-        raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
-    return str(viz.export_graph(events, runtime.file("dex-lattice.graphml")))
-
-
-def load(file):
-    """A saved trace, validated (``dex_core.trace_schema``). A rejected file raises ``gr.Error`` with what
-    is wrong and changes nothing: the session keeps the trace it had."""
-    if file is None:
-        raise gr.Error("choose a trace file (JSON saved by DEX) first", print_exception=False)
-    try:
-        events, meta = load_trace(file if isinstance(file, str) else file.name)
-    except DexError as err:
-        raise gr.Error(html.escape(f"this trace was not loaded: {err}"), print_exception=False) from None
-    return events, meta, 0
 
 
 def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):

@@ -1,9 +1,11 @@
 """The DEX visual debugger: ``gradio app/main.py`` (or ``python app/main.py --model … --port …``).
 
-Four tabs: Live (stream a generation round by round: coloured text, the depth × position lattice, the
-FSM panel, live numbers), Race (AR vs DEX side by side), Debugger (step through a recorded or loaded
-trace) and Analysis (token readiness: EAD and the speedups it predicts). Building ``demo`` is cheap;
-the model loads on first use. Model work runs one request at a time (queue); traces are per session.
+Four tabs: Live (stream a generation round by round: a status line, coloured text, the depth × position
+lattice, the FSM panel, live numbers), Race (AR vs DEX side by side), Debugger (the whole-run timeline
+and a step-through of a recorded, loaded or bundled trace, with exports) and Analysis (token
+readiness: EAD and the speedups it predicts). Building ``demo`` is cheap; the model loads on first use.
+Each page load shows the bundled example trace (``?trace=NAME`` another one from ``assets/traces``)
+without a model. Model work runs one request at a time (queue); traces are per session.
 
 Uploaded traces are untrusted: ``main()`` launches with ``max_file_size=UPLOAD_LIMIT``
 (``TraceLimits.max_file_bytes``, 64 MB, in ``dex_core.trace_schema``), so Gradio refuses larger files,
@@ -20,9 +22,10 @@ from dataclasses import asdict
 import gradio as gr
 
 from app import callbacks as cb
-from app.runtime import AppSettings, Runtime
+from app import debugger as dbg
+from app.runtime import AppSettings, Runtime, control
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
-from dex_core.config import add_flags, control, from_args
+from dex_core.config import add_flags, from_args
 from dex_core.trace_schema import TRACE_LIMITS
 
 EXAMPLES = [
@@ -54,6 +57,53 @@ def _max_new(label: str, elem_id: str) -> gr.Slider:
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
 QUIET = {"api_visibility": "undocumented"}  # UI plumbing, not part of the documented API
+HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
+
+
+def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State):
+    """The Debugger's layout and events; returns (the 5 frame outputs, the timeline, the status line)."""
+    status = gr.HTML(elem_id="dbg-status")
+    with gr.Row(equal_height=True):
+        prev_b = gr.Button("◀ Prev", elem_id="dbg-prev", scale=0, min_width=90)
+        next_b = gr.Button("Next ▶", elem_id="dbg-next", scale=0, min_width=90)
+        play_b = gr.Button("Play", elem_id="dbg-play", scale=0, min_width=80)
+        pause_b = gr.Button("Pause", elem_id="dbg-pause", scale=0, min_width=80)
+        slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round", scale=1)
+    timer = gr.Timer(0.6, active=False)
+    timeline = gr.Plot(label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline")
+    goto = gr.Textbox(visible="hidden", elem_id="dbg-goto")
+    goto_b = gr.Button("Open round", visible="hidden", elem_id="dbg-goto-go")
+    with gr.Row():
+        lattice = gr.Plot(label="Lattice at this round", elem_id="dbg-lattice", scale=1)
+        with gr.Column(scale=1):
+            fsm = gr.HTML(elem_id="dbg-fsm")
+            table = gr.HTML(elem_id="dbg-table")
+    text = gr.HTML(elem_id="dbg-text")
+    with gr.Row():
+        loaded = gr.File(label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)", file_types=[".json"],
+                         elem_id="dbg-load", height=120, scale=2)
+        with gr.Column(scale=1):
+            save_b = gr.Button("Save trace (JSON)", elem_id="dbg-save", size="sm")
+            graph_b = gr.Button("Export lattice graph (GraphML)", elem_id="dbg-graph", size="sm")
+            html_b = gr.Button("Export run as HTML (works offline)", elem_id="dbg-html", size="sm")
+        download = gr.File(label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1)
+    frame = [lattice, table, fsm, text, slider]
+    show = dbg.frame
+    slider.release(show, [trace, slider], frame, **HUSH)
+    for button, delta in ((prev_b, -1), (next_b, +1)):
+        button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **HUSH).then(
+            show, [trace, slider], frame, **HUSH)
+    goto_b.click(show, [trace, goto], frame, **HUSH)
+    play_b.click(lambda: gr.Timer(active=True), None, timer, **HUSH)
+    pause_b.click(lambda: gr.Timer(active=False), None, timer, **HUSH)
+    timer.tick(dbg.play_tick, [trace, slider], [slider, timer], **HUSH).then(show, [trace, slider], frame, **HUSH)
+    save_b.click(functools.partial(dbg.save, runtime), [trace, meta], download, **HUSH)
+    graph_b.click(functools.partial(dbg.export_lattice, runtime), trace, download, **HUSH)
+    html_b.click(functools.partial(dbg.export_report, runtime), [trace, meta], download, **HUSH)
+    # a rejected file changes only the status line: the session keeps its trace and the panels stay
+    loaded.upload(dbg.load, loaded, [trace, meta, slider, status], **HUSH).then(
+        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH)
+    return frame, timeline, status
 
 
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
@@ -68,102 +118,77 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                     "several depths propose tokens, the final layer commits exactly AR's token, and the "
                     f"lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
                     f"backend: `{runtime.settings.backend}`.")
-        with gr.Tab("Live", id="live"):
-            with gr.Row():
-                prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
-                with gr.Column(scale=1):
-                    generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
-                    stop = gr.Button("Stop", elem_id="live-stop")
-            with gr.Accordion("Exploration and sampling", open=False):
+        with gr.Tabs() as tabs:
+            with gr.Tab("Live", id="live"):
                 with gr.Row():
-                    chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                    explorers = _explorers(runtime)
-                    depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
-                    adapters = gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters,
-                                           interactive=runtime.shipped_adapters,
-                                           info="shipped for the default model" if runtime.shipped_adapters
-                                           else "none shipped for this model")
-                    decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
-                    max_new = _max_new("Max new tokens", "live-new")
-                sampling = _sampling_controls()
-            gr.Examples(EXAMPLES, inputs=prompt)
-            text = gr.HTML(label="Output", elem_id="live-text")
-            with gr.Row():
-                lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
-                with gr.Column(scale=2):
-                    fsm = gr.HTML(elem_id="live-fsm")
-                    numbers = gr.HTML(elem_id="live-stats")
-            run = generate.click(bind(cb.live_frames, runtime),
-                                 [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new],
-                                 [text, lattice, fsm, numbers, trace], api_name="generate",
-                                 concurrency_id="model", concurrency_limit=1)
-            stop.click(None, cancels=[run], **QUIET)
+                    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
+                    with gr.Column(scale=1):
+                        generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
+                        stop = gr.Button("Stop", elem_id="live-stop")
+                with gr.Accordion("Exploration and sampling", open=False):
+                    with gr.Row():
+                        chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+                        explorers = _explorers(runtime)
+                        depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
+                        adapters = gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters,
+                                               interactive=runtime.shipped_adapters,
+                                               info="shipped for the default model" if runtime.shipped_adapters
+                                               else "none shipped for this model")
+                        decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
+                        max_new = _max_new("Max new tokens", "live-new")
+                    sampling = _sampling_controls()
+                gr.Examples(EXAMPLES, inputs=prompt)
+                live_status = gr.HTML(elem_id="live-status")
+                text = gr.HTML(label="Output", elem_id="live-text")
+                with gr.Row():
+                    lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
+                    with gr.Column(scale=2):
+                        fsm = gr.HTML(elem_id="live-fsm")
+                        numbers = gr.HTML(elem_id="live-stats")
+                live_panels = [text, lattice, fsm, numbers]
+                stops = cb.StopRequests()
+                run = generate.click(bind(cb.live_frames, runtime, stops),
+                                     [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new],
+                                     [*live_panels, trace, meta, live_status], api_name="generate",
+                                     concurrency_id="model", concurrency_limit=1, show_progress="hidden")
+                stop.click(bind(cb.stop, stops), live_status, live_status, **QUIET)
 
-        with gr.Tab("Race", id="race"):
-            with gr.Row():
-                race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
-                with gr.Column(scale=1):
-                    race_k = _explorers(runtime)
-                    race_new = _max_new("Max new tokens", "race-new")
-                    race_go = gr.Button("Race", variant="primary", elem_id="race-go")
-            race_summary = gr.HTML(elem_id="race-summary")
-            with gr.Row():
-                ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
-                dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
-            race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-            race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, adapters, race_new],
-                          [ar_text, dex_text, race_plot, race_summary], api_name="race",
-                          concurrency_id="model", concurrency_limit=1)
+            with gr.Tab("Race", id="race"):
+                with gr.Row():
+                    race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
+                    with gr.Column(scale=1):
+                        race_k = _explorers(runtime)
+                        race_new = _max_new("Max new tokens", "race-new")
+                        race_go = gr.Button("Race", variant="primary", elem_id="race-go")
+                race_summary = gr.HTML(elem_id="race-summary")
+                with gr.Row():
+                    ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
+                    dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
+                race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
+                race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, adapters, race_new],
+                              [ar_text, dex_text, race_plot, race_summary], api_name="race",
+                              concurrency_id="model", concurrency_limit=1)
 
-        with gr.Tab("Debugger", id="debugger"):
-            with gr.Row():
-                prev_b = gr.Button("◀ Prev", elem_id="dbg-prev")
-                next_b = gr.Button("Next ▶", elem_id="dbg-next")
-                play_b = gr.Button("Play", elem_id="dbg-play")
-                pause_b = gr.Button("Pause", elem_id="dbg-pause")
-            slider = gr.Slider(0, 1, value=0, step=1, label="Round index", elem_id="dbg-round")
-            timer = gr.Timer(0.6, active=False)
-            with gr.Row():
-                dbg_lattice = gr.Plot(label="Lattice at this round", elem_id="dbg-lattice", scale=3)
-                dbg_fsm = gr.HTML(elem_id="dbg-fsm")
-            dbg_table = gr.HTML(elem_id="dbg-table")
-            dbg_text = gr.HTML(elem_id="dbg-text")
-            with gr.Row():
-                save_b = gr.Button("Save trace as JSON")
-                saved = gr.File(label="Saved trace", interactive=False)
-                loaded = gr.File(label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)", file_types=[".json"],
-                                 elem_id="dbg-load")
-            with gr.Row():
-                graph_b = gr.Button("Export the run's lattice graph (GraphML)", elem_id="dbg-graph")
-                graph_file = gr.File(label="Lattice graph", interactive=False)
-            frame = [dbg_lattice, dbg_table, dbg_fsm, dbg_text, slider]
-            show = cb.debug_frame
-            slider.release(show, [trace, slider], frame, **QUIET)
-            for button, delta in ((prev_b, -1), (next_b, +1)):
-                button.click(bind(cb.step, delta=delta), [trace, slider], slider, **QUIET).then(
-                    show, [trace, slider], frame, **QUIET)
-            play_b.click(lambda: gr.Timer(active=True), None, timer, **QUIET)
-            pause_b.click(lambda: gr.Timer(active=False), None, timer, **QUIET)
-            timer.tick(cb.play_tick, [trace, slider], [slider, timer], **QUIET).then(
-                show, [trace, slider], frame, **QUIET)
-            save_b.click(bind(cb.save, runtime), [trace, meta], saved, **QUIET)
-            graph_b.click(bind(cb.export_lattice, runtime), trace, graph_file, **QUIET)
-            # a rejected file raises before any output changes: the session keeps its trace
-            loaded.upload(cb.load, loaded, [trace, meta, slider], **QUIET).success(show, [trace, slider], frame, **QUIET)
-            run.then(lambda t: show(t, len(t)), trace, frame, **QUIET)  # open the debugger at the last round
-
-        with gr.Tab("Analysis", id="analysis"):
-            with gr.Row():
-                an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
-                with gr.Column(scale=1):
-                    an_new = _max_new("Tokens to analyse", "an-new")
-                    an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
-            with gr.Row():
-                ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
-                speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
-            an_table = gr.HTML(elem_id="an-table")
-            an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, adapters, an_new], [ead_plot, speed_plot, an_table],
-                        api_name="analyse", concurrency_id="model", concurrency_limit=1)
+            with gr.Tab("Debugger", id="debugger"):
+                dbg_frame, dbg_timeline, dbg_status = _debugger_tab(runtime, trace, meta)
+            after_run = (dbg.refresh, [trace, meta, live_status, gr.State("this session's live run")],
+                         [*dbg_frame, dbg_timeline, dbg_status])
+            run.then(*after_run, **HUSH)  # open the debugger at the last round (also of a stopped run)
+            with gr.Tab("Analysis", id="analysis"):
+                with gr.Row():
+                    an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
+                    with gr.Column(scale=1):
+                        an_new = _max_new("Tokens to analyse", "an-new")
+                        an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
+                with gr.Row():
+                    ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
+                    speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
+                an_table = gr.HTML(elem_id="an-table")
+                an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, adapters, an_new], [ead_plot, speed_plot, an_table],
+                            api_name="analyse", concurrency_id="model", concurrency_limit=1)
+        demo.load(cb.page_load, None, [trace, meta, *live_panels, live_status, *dbg_frame, dbg_timeline, dbg_status,
+                                       tabs], show_progress="hidden", **QUIET)
+        demo.load(None, js=dbg.TIMELINE_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 

@@ -166,7 +166,7 @@ def test_fsm_html_shows_states_and_kv_entries_per_explorer(greedy):
     for k, d in enumerate(greedy[0]["depths"]):
         lattice = sum(1 for n in view.nodes.values() if n["stage"] == k)
         assert f"E{k} · d={d}" in html
-        assert f"committed <b>{committed}</b> (+1 after commit) · lattice <b>{lattice}</b>" in html
+        assert f"<b>{committed}</b> +1 + <b>{lattice}</b>" in html
     assert f"lattice {lattice_size(view)} nodes" in html
 
 

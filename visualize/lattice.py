@@ -22,8 +22,8 @@ from .replay import RoundView
 
 DISCARDED_OPACITY = 0.25
 PLOT_WIDTH_PX = 800          # nominal width used to fit marker sizes; the app may resize freely
-STAGE_HEIGHT_PX = 70         # per stage up to K = 6; larger K share MAX_STAGES_PX
-MAX_STAGES_PX = 420
+STAGE_HEIGHT_PX = 70         # per stage up to K = 5; larger K share MAX_STAGES_PX
+MAX_STAGES_PX = 360
 FONT_PX = 11
 EDGE_GROUPS = ("edges: this round", "edges: kept", "edges: other")
 

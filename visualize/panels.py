@@ -97,10 +97,12 @@ def fsm_html(view: RoundView) -> str:
                  else "<span style='color: #aab7b8;'>empty</span>")
         bar = (f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
                f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>")
-        plus = " (+1 after commit)" if view.commit else ""
+        plus = " +1" if view.commit else ""
         rows.append([_stage_key(k, depths[k]), nodes,
-                     f"{bar} committed <b>{esc(committed)}</b>{plus} · lattice <b>{esc(lattice)}</b>"])
-    parts.append(_table(["explorer", "nodes (new this round)", "KV view"], rows))
+                     f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + <b>{esc(lattice)}</b></span>"])
+    parts.append(_table(["explorer", "nodes (new this round)", "KV entries: committed + lattice"], rows))
+    if view.commit:
+        parts.append("<div style='font-size: 11px; color: #7f8c8d;'>+1: the token this round commits</div>")
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
 
@@ -183,4 +185,4 @@ def round_table_html(view: RoundView) -> str:
                      f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>")
     else:
         parts.append("<div><b>no commit this round</b></div>")
-    return f"<div class='dex-round' style='{_BOX} max-height: 360px; overflow-y: auto;'>{''.join(parts)}</div>"
+    return f"<div class='dex-round' style='{_BOX} max-height: 240px; overflow-y: auto;'>{''.join(parts)}</div>"

@@ -22,7 +22,7 @@ from .palette import CUT_COLOR, FATE_COLORS, stage_tick
 from .replay import event_texts
 
 PLOT_WIDTH_PX = 1100   # nominal width used to fit marker sizes
-STAGE_PX = 34
+STAGE_PX = 28
 CUT_ROW = -0.8         # y of the collapse markers, above stage 0
 
 

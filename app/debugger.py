@@ -1,0 +1,207 @@
+"""Handlers of the Debugger tab: one round of a trace at a time, the whole-run timeline, the bundled
+example traces (``assets/traces/``, shown on page load, ``?trace=NAME`` picks one), loading a saved
+trace, and the exports (trace JSON, lattice GraphML, standalone HTML report). Traces only: nothing
+here loads a model.
+
+The round control counts the trace's own round numbers (the ones the lattice title, the round table
+and the timeline show), from the first round to the last.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import gradio as gr
+
+import visualize as viz
+from visualize.markup import esc
+from dex_core import DexError, load_trace, save_trace
+
+from .runtime import Runtime
+
+TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
+EXAMPLE = "example"
+EMPTY_HINT = ("No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "
+              "one with ?trace=NAME in the address.")
+# Plotly reports clicks on the timeline's points; the point's customdata is its round. The handler writes
+# the round into a hidden box and presses a hidden button, whose event moves the Debugger there.
+TIMELINE_JS = """() => {
+  if (window.__dexTimeline) return;
+  window.__dexTimeline = setInterval(() => {
+    const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
+    if (!gd || gd.__dexClick || !gd.on) return;
+    gd.__dexClick = true;
+    gd.on('plotly_click', (ev) => {
+      const point = ev && ev.points && ev.points[0];
+      if (!point || point.customdata === undefined || point.customdata === null) return;
+      const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
+      box.value = String(point.customdata);
+      box.dispatchEvent(new Event('input', {bubbles: true}));
+      setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50);
+    });
+  }, 300);
+}"""
+
+# Prev/Next/slider/Play reuse one replay per trace; small, since an entry keeps its trace alive (a trace
+# at the limits is a few hundred MB in memory) and re-indexing one costs tens of milliseconds
+_REPLAYS = viz.ReplayCache(size=2)
+
+
+def views(events) -> viz.Replay | list:
+    return _REPLAYS(events) if events else []
+
+
+def _number(value) -> int:
+    try:
+        return int(float(value or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _index(views, round_no) -> int:
+    """The index of round ``round_no`` (clamped to the trace's rounds)."""
+    first = views[0].round
+    i = max(0, min(_number(round_no) - first, len(views) - 1))
+    if views[i].round != _number(round_no):  # numbering with gaps: search
+        i = next((j for j in range(len(views)) if views[j].round >= _number(round_no)), len(views) - 1)
+    return i
+
+
+def frame(events, round_no):
+    """Lattice, round table, FSM and text of round ``round_no`` of a trace, and the round control."""
+    rounds = views(events)
+    if not rounds:
+        hint = f"<p id='dbg-empty'>{esc(EMPTY_HINT)}</p>"
+        return None, hint, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1, label="Round")
+    view = rounds[_index(rounds, round_no)]
+    first, last = rounds[0].round, rounds[-1].round
+    return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
+            gr.Slider(minimum=first, maximum=max(last, first + 1), value=view.round, step=1,
+                      label=f"Round (of {first}..{last})"))
+
+
+def last_round(events) -> int:
+    rounds = views(events)
+    return rounds[-1].round if rounds else 0
+
+
+def step(events, round_no, delta):
+    rounds = views(events)
+    if not rounds:
+        return 0
+    return rounds[max(0, min(_index(rounds, round_no) + delta, len(rounds) - 1))].round
+
+
+def play_tick(events, round_no):
+    """One Play step; stops the timer at the last round."""
+    rounds = views(events)
+    if not rounds or _index(rounds, round_no) >= len(rounds) - 1:
+        return last_round(events), gr.Timer(active=False)
+    return step(events, round_no, 1), gr.Timer(active=True)
+
+
+def timeline(events):
+    return viz.timeline_figure(events) if views(events) else None
+
+
+def describe(meta: dict, source: str) -> str:
+    """What the Debugger shows, as one plain line."""
+    facts = [f"{k} {meta[k]!r}" for k in ("model", "prompt") if isinstance(meta.get(k), (str, int, float))]
+    return f"{source}" + (f": {', '.join(facts)}" if facts else "")
+
+
+@functools.lru_cache(maxsize=8)
+def _bundled(name: str):
+    return load_trace(TRACES / f"{name}.json")
+
+
+def bundled_names() -> list[str]:
+    return sorted(p.stem for p in TRACES.glob("*.json")) if TRACES.is_dir() else []
+
+
+def bundled(name: str | None) -> tuple[list, dict, str]:
+    """(events, meta, note) of a trace shipped in ``assets/traces``. Only names found in that folder are
+    read (never a path from the request); an unknown name falls back to the example, with a note."""
+    names = bundled_names()
+    note = ""
+    if name and name not in names:
+        note = f"no bundled trace is named {name[:60]!r}; available: {', '.join(names) or 'none'}. "
+        name = None
+    name = name or (EXAMPLE if EXAMPLE in names else None)
+    if name is None:
+        return [], {}, note
+    events, meta = _bundled(name)
+    return events, meta, note + describe(meta, f"bundled trace {name!r}")
+
+
+def clean_message(err: Exception, path: str) -> str:
+    """An error's text with the server's file path replaced by the file's base name."""
+    text = str(err)
+    for part in (path, str(Path(path).parent)):
+        text = text.replace(part, Path(path).name if part == path else "…")
+    return text
+
+
+def load(file):
+    """A saved trace, validated (``dex_core.trace_schema``): (events, meta, round, status). A rejected
+    file changes nothing but the status line: the session keeps the trace it had."""
+    if file is None:
+        return gr.skip(), gr.skip(), gr.skip(), viz.status_html("error", "choose a trace file (JSON saved by DEX) first")
+    path = file if isinstance(file, str) else file.name
+    try:
+        events, meta = load_trace(path)
+    except DexError as err:
+        return (gr.skip(), gr.skip(), gr.skip(),
+                viz.status_html("error", f"this trace was not loaded: {clean_message(err, path)}; "
+                                         "the Debugger still shows the previous trace"))
+    rounds = views(events)
+    return events, meta, rounds[0].round if rounds else 0, viz.status_html(
+        "finished", describe(meta, f"loaded {Path(path).name!r}"))
+
+
+def _download(path: Path) -> gr.File:
+    return gr.File(value=str(path), visible=True, label=f"Download {path.name}")
+
+
+def _need(events):
+    if not events:
+        raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
+
+
+def save(runtime: Runtime, events, meta):
+    """The trace as a JSON file (in the server's file folder, removed after the session time-to-live)."""
+    _need(events)
+    path = runtime.file("dex-trace.json")
+    save_trace(path, events, meta or {})
+    return _download(path)
+
+
+def export_lattice(runtime: Runtime, events):
+    """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
+    _need(events)
+    return _download(viz.export_graph(events, runtime.file("dex-lattice.graphml")))
+
+
+def export_report(runtime: Runtime, events, meta):
+    """The run as one standalone HTML file (plotly.js inlined; opens from disk, offline)."""
+    _need(events)
+    if not views(events):
+        raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to draw", print_exception=False)
+    return _download(viz.write_run_report(events, meta, runtime.file("dex-run.html")))
+
+
+def after_load(events, round_no, status: str):
+    """The Debugger after an upload: its first round and the timeline, or nothing changed after an error."""
+    if "data-state='error'" in (status or "") or not views(events):
+        return (gr.skip(),) * 6
+    return (*frame(events, round_no), timeline(events))
+
+
+def refresh(events, meta, status: str, source: str):
+    """The Debugger after a trace changed: its last round, the timeline and the status line; nothing
+    changes when ``status`` says the change failed (an error keeps the previous trace on screen)."""
+    if "data-state='error'" in (status or "") or not views(events):
+        return (gr.skip(),) * 7
+    state = "stopped" if "data-state='stopped'" in status else "finished"
+    return (*frame(events, last_round(events)), timeline(events), viz.status_html(state, describe(meta, source)))

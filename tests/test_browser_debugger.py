@@ -1,0 +1,180 @@
+"""The debugger in a real browser (Chromium): the bundled example on first load without a model, a K=8
+run within 1,600 px at 1,400 px width, Stop, an error that keeps the previous run, the timeline's
+clicks, and the exported HTML opened from disk."""
+
+import json
+import re
+
+import pytest
+
+from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_model, tiny_tokenizer
+
+pytestmark = needs_chromium
+PROMPT = "hello world the prime number"
+STATUS = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
+TITLE = "() => document.querySelector('#dbg-lattice .js-plotly-plot')?.layout?.title?.text || ''"
+HEIGHT = "() => document.documentElement.scrollHeight"
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """The app on a tiny 8-layer model (K up to 8), and the bundled example."""
+    from app.runtime import AppSettings
+
+    path = tmp_path_factory.mktemp("tiny8")
+    tiny_model("llama", layers=8).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    demo, url = launch_app(AppSettings(model=str(path), explorers=8))
+    yield url, demo
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    yield context.new_page()
+    context.close()
+
+
+def plot_ready(page, elem: str, timeout=60_000):
+    page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.data?.length", timeout=timeout)
+
+
+def example_nodes() -> int:
+    from app.debugger import TRACES
+
+    events = json.loads((TRACES / "example.json").read_text())["events"]
+    return sum(len(e["nodes"]) for e in events if e["event"] == "round")
+
+
+def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, page):
+    url, demo = app_url
+    page.goto(url, timeout=60_000)
+    plot_ready(page, "live-lattice")
+    assert page.evaluate(STATUS) == "example" and "bundled trace 'example'" in page.inner_text("#live-status")
+    assert page.locator("#live-text .dex-tok").count() == 48
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    assert "Round" in page.evaluate(TITLE) and "E0" in page.inner_text("#dbg-table")
+    assert not demo.runtime.loaded  # nothing loaded a model
+    page.goto(url + "?trace=example", timeout=60_000)  # a URL parameter opens the Debugger on that trace
+    plot_ready(page, "dbg-timeline")
+    assert "bundled trace 'example'" in page.inner_text("#dbg-status")
+    page.goto(url + "?trace=../../etc/passwd", timeout=60_000)  # only names from assets/traces
+    page.wait_for_function("() => document.querySelector('#live-status')?.innerText.includes('no bundled trace')",
+                           timeout=60_000)
+    assert "passwd" not in page.inner_text("#live-text") and not demo.runtime.loaded
+
+
+def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    fates = ("matched", "final", "committed", "discarded", "pending")
+    drawn = page.evaluate(f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
+                          f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
+    assert drawn == example_nodes()
+    last = page.evaluate(TITLE)
+    page.evaluate("() => document.querySelector('#dbg-timeline .js-plotly-plot')"
+                  ".on('plotly_click', e => { window.__clicked = e.points[0].customdata; })")
+    points = page.locator("#dbg-timeline .scatterlayer .trace:nth-child(3) .points path")  # the matched nodes
+    box = points.nth(3).bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_timeout(300)
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => window.__clicked !== undefined", timeout=10_000)
+    clicked = page.evaluate("() => window.__clicked")
+    page.wait_for_function(f"() => ({TITLE})().startsWith('Round {clicked} ')", timeout=30_000)
+    assert page.evaluate(TITLE) != last
+    assert f"Round {clicked}</b>" in page.inner_html("#dbg-table")
+    assert page.locator("#dbg-round input[type=number]").input_value() == str(clicked)
+
+
+def generate(page, tokens: int, depths: str = ""):
+    page.locator("text=Exploration and sampling").click()
+    page.locator("#live-new input[type=number]").fill(str(tokens))
+    page.locator("#live-new input[type=number]").press("Enter")
+    if depths:
+        page.get_by_label("Depths (optional, e.g. 8,15,23,30)").fill(depths)
+    page.locator("#live-prompt textarea").fill(PROMPT)
+    page.locator("#live-generate").click()
+
+
+def test_a_k8_run_fits_1600_px_at_1400_px_width(app_url, page):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    plot_ready(page, "live-lattice")
+    generate(page, 12)
+    page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=120_000)
+    assert "K=8" in page.inner_text("#live-status")
+    assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
+    assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    page.wait_for_function("() => document.querySelector('#dbg-status')?.innerText.includes('live run')",
+                           timeout=30_000)
+    assert page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.yaxis.ticktext.length") == 8
+    assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
+
+
+def test_stop_shows_stopped_and_an_error_keeps_the_previous_run_labelled(app_url, page):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    plot_ready(page, "live-lattice")
+    generate(page, 200)
+    page.wait_for_function("() => /round [3-9]|round \\d\\d/.test(document.querySelector('#live-status')?.innerText)",
+                           timeout=120_000)
+    page.evaluate("() => document.querySelector('#live-stop').click()")  # the page redraws every round
+    page.wait_for_function(f"() => ({STATUS})() === 'stopped'", timeout=30_000)
+    page.wait_for_timeout(2000)
+    assert page.evaluate(STATUS) == "stopped" and "stopped by you" in page.inner_text("#live-status")
+    text, title = page.inner_text("#live-text"), page.evaluate(
+        "() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text")
+
+    page.get_by_label("Depths (optional, e.g. 8,15,23,30)").fill("2,4")  # does not end at the 8 layers
+    page.locator("#live-generate").click()
+    page.wait_for_function(f"() => ({STATUS})() === 'error'", timeout=60_000)
+    page.wait_for_timeout(1500)
+    status = page.inner_text("#live-status")
+    assert "must end at the model's 8 layers" in status and "previous run" in status
+    assert page.inner_text("#live-text") == text  # the panels are intact
+    assert page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text") == title
+    assert page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').data.length") > 0
+    assert page.locator("[data-testid='toast-text']").count() == 0  # shown once, in the status line
+    badges = page.evaluate("() => [...document.querySelectorAll('#live-text, #live-lattice, #live-fsm, #live-stats')]"
+                           ".map(e => e.querySelector('.error')).filter(Boolean).length")
+    assert badges == 0
+
+
+def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_path):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    page.locator("#dbg-html").click()
+    link = page.locator("#dbg-download a[href]").first
+    link.wait_for(timeout=60_000)
+    body = page.request.get(link.get_attribute("href")).body()
+    path = tmp_path / "run.html"
+    path.write_bytes(body)
+    offline = page.context.new_page()
+    requests = []
+    offline.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+    offline.goto(path.as_uri(), timeout=60_000)
+    offline.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
+                              " && g.querySelector('.scatterlayer .point')).length === 2", timeout=60_000)
+    nodes = offline.evaluate("() => document.querySelector('#dex-timeline').data.filter(t => t.mode === 'markers'"
+                             " && t.name !== 'collapses').reduce((n, t) => n + t.x.length, 0)")
+    assert nodes == example_nodes() and requests == []
+    assert re.search(r"48\s*tokens", offline.inner_text("body")) or "48" in offline.inner_text("body")
