@@ -41,6 +41,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     ar = ar_generate(model, ids, 16).tokens
     assert shown_tokens(updates[-1][0]) == "".join(tok.decode([t]) for t in ar)
     assert "rounds/token" in updates[-1][3]
+    assert len(updates[-1]) == 5 and "data-state='finished'" in updates[-1][4]  # text, lattice, FSM, stats, status
 
 
 def test_race_endpoint_reports_identical_output(app_url):

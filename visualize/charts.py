@@ -8,6 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from .markup import plot_text
+from .palette import CUT_COLOR, OKABE_ITO
 
 _LAYOUT = dict(plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2))
 
@@ -16,8 +17,9 @@ def race_figure(series: list[dict]) -> go.Figure:
     """Tokens against seconds, one step line per series ``{"name", "times", "dash"?}``, where
     ``times[i]`` is when token i became available."""
     traces = [go.Scatter(x=[0.0] + list(s["times"]), y=list(range(len(s["times"]) + 1)), mode="lines",
-                         name=plot_text(s["name"]), line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid"))
-              for s in series]
+                         name=plot_text(s["name"]), line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid",
+                                                              color=OKABE_ITO[(4, 0, 2, 6)[i % 4]]))
+              for i, s in enumerate(series)]
     fig = go.Figure(data=traces)
     fig.update_layout(title=dict(text="Tokens over time"), uirevision="race",
                       xaxis=dict(title=dict(text="seconds"), rangemode="tozero", gridcolor="#eaecee"),
@@ -37,10 +39,10 @@ def ead_figure(analysis: dict) -> go.Figure:
     L = analysis["num_layers"]
     layers = list(range(1, L + 1))
     fig = go.Figure(data=[
-        go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=dict(color="#5dade2")),
-        go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=dict(color="#f5b041"), opacity=0.6),
+        go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=dict(color=OKABE_ITO[4])),
+        go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=dict(color=OKABE_ITO[0])),
     ])
-    fig.update_layout(title=dict(text="Earliest available depth per token"), barmode="overlay",
+    fig.update_layout(title=dict(text="Earliest available depth per token"), barmode="group",
                       xaxis=dict(title=dict(text="layer"), range=[0.5, L + 0.5]),
                       yaxis=dict(title=dict(text="tokens"), gridcolor="#eaecee"), **_LAYOUT)
     return fig
@@ -53,19 +55,19 @@ def speedup_figure(analysis: dict) -> go.Figure:
     traces = [
         go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="S_X (stable EAD)",
                    text=[plot_text(f"depths {p['depths']}") for p in predicted],
-                   hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#2e86c1")),
+                   hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color=OKABE_ITO[4])),
         go.Scatter(x=ks, y=[p["uniform"]["depth_speedup"] for p in predicted], mode="markers+lines",
                    name="DEX K / rounds per token" + (" (DECS)" if predicted and predicted[0]["decs"] else ""),
-                   hovertemplate="K=%{x}: %{y:.2f}×<extra></extra>", line=dict(color="#27ae60")),
+                   hovertemplate="K=%{x}: %{y:.2f}×<extra></extra>", line=dict(color=OKABE_ITO[2])),
     ]
     if predicted and "best" in predicted[0]:
         traces.append(go.Scatter(
             x=ks, y=[p["best"]["pipeline_speedup"] for p in predicted], mode="markers+lines",
             name="best set: L / (rounds × longest stage)", text=[plot_text(f"depths {p['best']['depths']}") for p in predicted],
-            hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color="#8e44ad", dash="dot")))
+            hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=dict(color=OKABE_ITO[6], dash="dot")))
     fig = go.Figure(data=traces + [
         go.Scatter(x=[min(ks, default=1), max(ks, default=1)], y=[analysis["oracle"]] * 2, mode="lines",
-                   name="oracle S_EAD", line=dict(color="#c0392b", dash="dash")),
+                   name="oracle S_EAD", line=dict(color=CUT_COLOR, dash="dash")),
     ])
     fig.update_layout(title=dict(text="Predicted depth-side speedup"),
                       xaxis=dict(title=dict(text="explorers K"), tickvals=ks, gridcolor="#eaecee"),
@@ -81,7 +83,7 @@ def bench_figure(report: dict) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("critical path: L / layer forwards per token (hardware-neutral)",
                                         "measured tokens/s over HF generate (this machine)"))
-    palette = ["#2e86c1", "#f5b041", "#27ae60", "#8e44ad"]
+    palette = [OKABE_ITO[4], OKABE_ITO[0], OKABE_ITO[2], OKABE_ITO[6]]
     for i, (set_name, oracle) in enumerate(report["oracle"].items()):
         rows = [r for r in report["results"] if r["set"] == set_name]
         labels = [plot_text(_bench_label(r)) for r in rows]
