@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import DexError, adapter_file, resolve_depths
+from .config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "adapters"
 DEFAULT_ADAPTERS = ASSETS / "smollm2-135m-instruct.safetensors"
@@ -239,7 +239,7 @@ def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
     the best set for K recorded with the adapter file ('auto'/'default'/a file), else the uniform split."""
     L = model.config.num_hidden_layers
     if options.depths is not None:
-        return resolve_depths(L, options.depths), "given"
+        return resolve_depths(L, options.depths), DEPTH_CHOICES[0]
     spec = options.adapters
     if isinstance(spec, str) and spec != "none" and not (spec == "auto" and not shipped_adapters_fit(model)):
         path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
@@ -249,8 +249,8 @@ def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
         except (ValueError, KeyError, TypeError):
             best = None
         if best is not None:
-            return resolve_depths(L, best), f"the best set for K={options.explorers} stored with the adapters"
-    return resolve_depths(L, explorers=options.explorers), "uniform split"
+            return resolve_depths(L, best), DEPTH_CHOICES[1]
+    return resolve_depths(L, explorers=options.explorers), DEPTH_CHOICES[2]
 
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:

@@ -35,6 +35,7 @@ def option(default, help: str, **extra):
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 BACKENDS = ("sequential", "distributed")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
+DEPTH_CHOICES = ("given", "best set stored with the adapters", "uniform split")  # how a decoder got its depths
 ADAPTER_CHOICES = ("auto", "default", "none")  # the named adapter choices; any other text is a file
 ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default model when the model is that "
                 "model, else none), 'default' (the shipped set), 'none', or a .safetensors file from "
@@ -124,6 +125,8 @@ class DecoderOptions:
                             "stages of the same slot already proposed")
     proposal_vocab: int | str = option("auto", "rows of the non-final stages' light proposal heads: the N most "
                                        "frequent training tokens, full, or auto (8192 given a ranking)", kind=str)
+    prune: int | None = option(None, "at most this many new branches per round, the most probable candidates "
+                                    "first (lattice pruning; exact: a pruned branch only loses reuse)")
     trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
@@ -148,6 +151,7 @@ class DecoderOptions:
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
         self.trace_top = integer(self.trace_top, "trace_top", 0)
+        self.prune = None if self.prune is None else integer(self.prune, "prune", 1)
         self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
@@ -190,11 +194,6 @@ def pick(cls, source, **overrides):
     if unknown:
         raise DexError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
     return cls(**{**{n: getattr(source, n) for n in names if hasattr(source, n)}, **overrides})
-
-
-def default_threads(count: int) -> int:
-    """Torch threads per explorer process when ``count`` of them share this machine's cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, count))
 
 
 def _items(value, name: str) -> list:

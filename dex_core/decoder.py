@@ -93,7 +93,7 @@ class DexDecoder:
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
-                              self.trace_top, self._text)
+                              self.trace_top, self._text, self.options.prune)
 
     def _add_text(self, event: dict) -> dict:
         """Token text for events made by explorer processes (which hold no tokenizer)."""

@@ -24,7 +24,7 @@ from .transport import StageOutput
 
 
 def _expand_stage(e: Explorer, plan, lattice: Lattice, link, view: ModelView, sampler: Sampler,
-                  decs: bool, trace_top: int, timings: dict) -> StageOutput:
+                  decs: bool, trace_top: int, timings: dict, prune: int | None = None) -> StageOutput:
     """One explorer's work in one round: stage forward, candidate logits, token choice."""
     tic, batch = time.perf_counter(), plan.batches[e.index]
     if e.index == 0:
@@ -42,15 +42,20 @@ def _expand_stage(e: Explorer, plan, lattice: Lattice, link, view: ModelView, sa
     seconds = time.perf_counter() - tic - masks
     tic = time.perf_counter()
     masked = [lattice.prior_tokens(n) if decs and not e.final else [] for n in batch]
-    picked = sampler.choose(logits, [n.position for n in batch], e.final, masked, e.head).tolist()
+    chosen = sampler.choose(logits, [n.position for n in batch], e.final, masked, e.head)
+    picked, probs = chosen.tolist(), None
+    if prune is not None:  # the chosen candidate's probability (unfiltered, at the sampling temperature)
+        scores = logits if sampler.greedy else logits / sampler.temperature
+        column = chosen if e.head is None else e.head.index[chosen]
+        probs = torch.softmax(scores.float(), dim=-1).gather(1, column[:, None].to(scores.device))[:, 0].tolist()
     if trace_top:  # with a light head: probabilities within the shortlist
         scores = logits if sampler.greedy else logits / sampler.temperature
-        probs, ids = torch.softmax(scores.float(), dim=-1).topk(min(trace_top, logits.shape[-1]), dim=-1)
+        top_probs, ids = torch.softmax(scores.float(), dim=-1).topk(min(trace_top, logits.shape[-1]), dim=-1)
         ids = ids if e.head is None else e.head.ids[ids]
     else:
-        probs, ids = torch.empty(len(batch), 0), torch.empty(len(batch), 0, dtype=torch.long)
+        top_probs, ids = torch.empty(len(batch), 0), torch.empty(len(batch), 0, dtype=torch.long)
     timings["decode"] += time.perf_counter() - tic
-    return StageOutput(picked, ids, probs, None if e.final else h_out, seconds)
+    return StageOutput(picked, ids, top_probs, None if e.final else h_out, seconds, probs)
 
 
 def _node_records(plan, outputs: dict, lattice: Lattice, decs: bool, K: int, text) -> list[dict]:
@@ -64,7 +69,7 @@ def _node_records(plan, outputs: dict, lattice: Lattice, decs: bool, K: int, tex
 
 
 def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request: Request, decs: bool,
-               trace_top: int, text=None) -> Iterator[dict]:
+               trace_top: int, text=None, prune: int | None = None) -> Iterator[dict]:
     """The round loop, shared by every schedule: yields one event per round, then the end event.
 
     ``explorers`` are the ones this process runs (all of them in the sequential schedule, one per
@@ -85,15 +90,16 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
     while True:
         t_round = time.perf_counter()
         t = {"communication": 0.0, "decode": 0.0, "masks": 0.0, "plan": 0.0, "commit": 0.0, "collapse": 0.0}
-        plan = lattice.plan_round()
+        plan = lattice.plan_round(prune)
         t["plan"] += time.perf_counter() - t_round
-        outputs = {e.index: _expand_stage(e, plan, lattice, link, view, sampler, decs, trace_top, t)
+        outputs = {e.index: _expand_stage(e, plan, lattice, link, view, sampler, decs, trace_top, t, prune)
                    for e in explorers if plan.batches[e.index]}
         comm_before = link.comm_seconds
         outputs = link.exchange(plan, outputs)
         t["communication"] = link.comm_seconds - comm_before
         tic = time.perf_counter()
-        lattice.record({n.id: tok for k, out in outputs.items() for n, tok in zip(plan.batches[k], out.tokens)})
+        lattice.record({n.id: tok for k, out in outputs.items() for n, tok in zip(plan.batches[k], out.tokens)},
+                       {n.id: p for k, out in outputs.items() for n, p in zip(plan.batches[k], out.probs or [])})
         t["plan"] += time.perf_counter() - tic
 
         tic = time.perf_counter()

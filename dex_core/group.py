@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .config import DecoderOptions, DexError, default_threads
+from .config import DecoderOptions, DexError
 from .rank import KEY_ENV, stage_payload, write_payload
 from .request import Request
 
@@ -80,6 +80,11 @@ def _close_all() -> None:
         group.close()
 
 
+def default_threads(count: int) -> int:
+    """Torch threads per explorer process when ``count`` of them share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, count))
+
+
 class ExplorerGroup:
     """K explorer processes owned by this (parent) process; see the module docstring."""
 
@@ -88,7 +93,7 @@ class ExplorerGroup:
         self.count = len(self.depths)
         self.devices = resolve_devices(options.devices, self.count)
         self.threads = options.threads or default_threads(self.count)
-        self.decs, self.trace_top = options.decs, options.trace_top
+        self.decs, self.trace_top, self.prune = options.decs, options.trace_top, options.prune
         self.op_timeout, self.start_timeout = options.op_timeout, options.start_timeout
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
@@ -122,7 +127,7 @@ class ExplorerGroup:
             self._conns[k] = self._connect(k, key, deadline)
             self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,
                                  "init_method": (self._tmp / "rendezvous").as_uri(), "depths": self.depths,
-                                 "decs": self.decs, "trace_top": self.trace_top, "op_timeout": self.op_timeout,
+                                 "decs": self.decs, "trace_top": self.trace_top, "prune": self.prune, "op_timeout": self.op_timeout,
                                  "start_timeout": self.start_timeout})
         ready: set[int] = set()
         while len(ready) < self.count:

@@ -14,6 +14,11 @@ Vocabulary (DESIGN.md):
 
 The engine drives it: ``plan_round`` -> compute the planned nodes -> ``record`` their candidates ->
 ``commit`` once ``ready`` is true.
+
+Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per round, those
+whose parent's candidate was the most probable first; the root and depth children are never pruned, so
+every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
+position child was pruned, the next anchor starts from scratch, as after a miss.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Node:
     input_token: int
     round: int  # round in which it was computed
     token: int | None = None  # candidate, set by record()
+    prob: float = 1.0  # the candidate's probability at its stage, set by record() when given
     position_child: int | None = None
 
 
@@ -58,6 +64,7 @@ class RoundPlan:
     round: int
     state_before: int
     batches: list[list[Node]]  # per stage, the nodes to compute this round
+    pruned: list[int] = field(default_factory=list)  # nodes whose position child was not started
 
 
 @dataclass
@@ -103,12 +110,20 @@ class Lattice:
         """True when the anchor reached the final stage and its token can be committed."""
         return self.state == self.K
 
-    def plan_round(self) -> RoundPlan:
-        """Materialize the pending children as this round's nodes, grouped by stage."""
+    def plan_round(self, prune: int | None = None) -> RoundPlan:
+        """Materialize the pending children as this round's nodes, grouped by stage; with ``prune``, at
+        most that many position children (the most probable parent candidates first)."""
         if self.ready():
             raise RuntimeError("the anchor is complete: commit before planning another round")
         state_before = self.state
         self.rounds += 1
+        pruned: list[int] = []
+        branches = [p for p in self._pending if p.kind == "position"]
+        if prune is not None and len(branches) > prune:
+            ranked = sorted(branches, key=lambda p: (-self.nodes[p.parent].prob, p.parent))
+            cut = {id(p) for p in ranked[prune:]}
+            pruned = sorted(p.parent for p in ranked[prune:])
+            self._pending = [p for p in self._pending if id(p) not in cut]
         batches: list[list[Node]] = [[] for _ in range(self.K)]
         new: list[Node] = []
         for item in self._pending:
@@ -117,7 +132,7 @@ class Lattice:
             new.append(node)
         self._pending = []
         self._latest = new
-        return RoundPlan(self.rounds, state_before, batches)
+        return RoundPlan(self.rounds, state_before, batches, pruned)
 
     def _materialize(self, item: _Pending) -> Node:
         nid = self._next_node
@@ -151,13 +166,14 @@ class Lattice:
         slot = self.slots[node.slot]
         return [self.nodes[n].token for n in slot.nodes[: node.stage]]
 
-    def record(self, tokens: dict[int, int]) -> None:
-        """Set the candidates of this round's nodes and queue their children for the next round."""
+    def record(self, tokens: dict[int, int], probs: dict[int, float] | None = None) -> None:
+        """Set the candidates (and their probabilities) of this round's nodes and queue their children."""
         missing = [n.id for n in self._latest if n.id not in tokens]
         if missing:
             raise ValueError(f"no candidate recorded for nodes {missing}")
         for node in self._latest:
             node.token = int(tokens[node.id])
+            node.prob = float(probs[node.id]) if probs else 1.0
             if node.stage < self.K - 1:
                 self._pending.append(_Pending("depth", node.id))
             self._pending.append(_Pending("position", node.id))

@@ -114,10 +114,10 @@ def join_group(payload: dict, device: str, init_method: str | None, count: int, 
     return view, explorer, link
 
 
-def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int):
+def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int, prune=None):
     """Run one generation request on this rank; yields the trace events (identical on every rank)."""
     with torch.no_grad():
-        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top)
+        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top, prune=prune)
 
 
 class _Cancel:
@@ -180,7 +180,8 @@ def main(argv=None) -> None:
         while (msg := inbox.get())[0] == "request":
             request = msg[1]
             cancel.current = request.id
-            for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"]):
+            for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"],
+                                       opts["prune"]):
                 if rank == 0:
                     send("event", request.id, event)
     except BaseException as err:  # report, and leave at once so the peers notice

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .config import DexConfig, DexError, add_flags, default_threads, from_args
+from .config import DexConfig, DexError, add_flags, from_args
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun)
 FLAGS = ("model", "depths", "adapters", "decs", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from .adapters import choose_depths, resolve_adapters
+    from .group import default_threads
     from .console import TextStream, print_report
     from .models import load_model
     from .proposal import adapter_ranking, shortlist_ids
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> None:
         if box[0] is None:
             break
         stream, tic = TextStream(tokenizer), time.perf_counter()
-        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0):
+        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, config.prune):
             if rank == 0 and event["event"] == "round" and event["commit"]:
                 stream.push(event["commit"]["token"])
         if rank == 0:

@@ -20,6 +20,7 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``commit`` (or null): ``{"index", "position", "token", "text", "matched_stage",
     "anchor_nodes", "anchor_candidates"}``. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
+    ``pruned`` (absent in older traces): nodes whose position child lattice pruning did not start.
     ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
     ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode", "masks", "plan",
     "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round",
@@ -93,6 +94,7 @@ def round_event(plan, lattice, records: list[dict], commit: dict | None, collaps
     return {"event": "round", "round": plan.round, "state_before": plan.state_before,
             "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
             "nodes": records, "commit": commit, "collapse": collapse, "alive": sorted(lattice.nodes),
+            "pruned": list(plan.pruned),
             "timings": timings}
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 
 import fastjsonschema
 
-from .config import DexError
+from .config import DEPTH_CHOICES, DexError
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
@@ -99,7 +99,7 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "event": {"enum": ["start"]}, "version": _int(1, TRACE_VERSION), "method": {"enum": ["dex", "ar"]},
         "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
-        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"type": "string", "maxLength": 200}},
+        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)}},
         optional=("adapter_depths", "proposal_vocab", "depth_choice"))
     top = {"type": "array", "items": [_int(), _num(0.0, 1.0)], "additionalItems": False, "minItems": 2}
     node = _record({
@@ -116,7 +116,7 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
     round_ = _record({
         "event": {"enum": ["round"]}, "round": _int(1), "state_before": _int(0, K), "state_after": _int(0, K),
         "batches": _list(ids, K, 1), "nodes": _list(node, lim.max_nodes_per_round), "commit": commit,
-        "collapse": collapse, "alive": ids, "timings": timings}, optional=("timings",))
+        "collapse": collapse, "alive": ids, "timings": timings, "pruned": ids}, optional=("timings", "pruned"))
     token = _record({"event": {"enum": ["token"]}, "index": _int(), "position": _int(), "token": _int(),
                      "text": _text(lim.max_text_chars), "seconds": _num()})
     seconds, stop = ("bookkeeping", "communication", "round", "projected", "prefill", "wall"), {"enum": list(STOPS)}

@@ -29,6 +29,7 @@ class StageOutput:
     top_probs: torch.Tensor  # (n, top)
     hidden: torch.Tensor | None  # (n, hidden) stage output, for the depth children (None at the last stage)
     seconds: float  # expansion time (layers + LM head), masks excluded
+    probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
 
 
 class LocalLink:
@@ -132,12 +133,13 @@ class DistLink(LocalLink):
 
         # control: every stage's tokens, top candidates and expansion time, one int64 tensor
         width, top = max(len(b) for b in plan.batches), self.top
-        packed = torch.full((width + 1, max(2, 1 + 2 * top)), -1, dtype=torch.int64)
+        packed = torch.full((width + 1, 2 + 2 * top), -1, dtype=torch.int64)  # token, prob, top ids, top probs
         if mine is not None:
             n = len(mine.tokens)
             packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.int64)
-            packed[:n, 1:1 + top] = mine.top_ids.cpu()
-            packed[:n, 1 + top:1 + 2 * top] = mine.top_probs.double().cpu().view(torch.int64)
+            packed[:n, 1] = torch.tensor(mine.probs or [1.0] * n, dtype=torch.float64).view(torch.int64)
+            packed[:n, 2:2 + top] = mine.top_ids.cpu()
+            packed[:n, 2 + top:2 + 2 * top] = mine.top_probs.double().cpu().view(torch.int64)
             packed[width, 0] = torch.tensor([mine.seconds], dtype=torch.float64).view(torch.int64)[0]
         packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
@@ -149,6 +151,7 @@ class DistLink(LocalLink):
                 continue
             g, n = gathered[k], len(batch)
             result[k] = outputs[k] if k == self.rank else StageOutput(
-                g[:n, 0].tolist(), g[:n, 1:1 + top].clone(), g[:n, 1 + top:1 + 2 * top].contiguous().view(
-                    torch.float64).float(), None, float(g[width, :1].contiguous().view(torch.float64)))
+                g[:n, 0].tolist(), g[:n, 2:2 + top].clone(), g[:n, 2 + top:2 + 2 * top].contiguous().view(
+                    torch.float64).float(), None, float(g[width, :1].contiguous().view(torch.float64)),
+                g[:n, 1].contiguous().view(torch.float64).tolist())
         return result

@@ -125,3 +125,30 @@ def test_commit_before_the_anchor_is_complete_is_refused():
         lat.record({})
     with pytest.raises(RuntimeError):
         lat.commit()
+
+
+def test_pruning_starts_the_most_probable_branches_and_never_stops_a_slot():
+    lat = Lattice(3, 7, 10)
+    lat.record({n.id: 1 for b in lat.plan_round().batches for n in b}, None)
+    plan = lat.plan_round()  # the root's depth child and position child
+    (branch,), (deeper,), _ = plan.batches
+    lat.record({branch.id: 2, deeper.id: 2}, {branch.id: 0.2, deeper.id: 0.9})
+    plan = lat.plan_round(prune=1)
+    assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [branch.id]  # the 0.9 candidate's
+    assert [len(b) for b in plan.batches] == [1, 1, 1]  # depth children are never pruned
+
+
+@pytest.mark.parametrize("prune", [1, 2])
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}])
+def test_pruned_runs_are_exact_and_mark_what_they_pruned(prune, options):
+    from dex_core import DexDecoder, ar_generate
+    from dex_core.models import tiny_model
+
+    model = tiny_model("llama").double()
+    result = DexDecoder(model, explorers=4, prune=prune).generate([4, 9, 1, 30], 30, **options)
+    assert result.tokens == ar_generate(model, [4, 9, 1, 30], 30, **options).tokens
+    rounds = [e for e in result.trace if e["event"] == "round"]
+    assert max(len(e["batches"][0]) for e in rounds) <= prune + 1  # new branches (+ a root after a miss)
+    assert sum(len(e["pruned"]) for e in rounds) > 0
+    computed = {n["id"] for e in rounds for n in e["nodes"]}
+    assert all(set(e["pruned"]) <= computed for e in rounds)

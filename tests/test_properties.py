@@ -42,6 +42,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "decs": st.booleans(),
     "trace_top": st.integers(0, VOCAB),
     "proposal_vocab": st.one_of(st.sampled_from(["auto", "full"]), st.integers(1, VOCAB + 5)),
+    "prune": st.one_of(st.none(), st.integers(1, 4)),
     "max_new_tokens": st.integers(1, 6),
     "temperature": st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
     "top_k": st.one_of(st.none(), st.integers(1, VOCAB + 5)),
@@ -50,7 +51,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "eos_token_id": st.one_of(st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3)),
     "prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
 }
-DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top", "proposal_vocab")
+DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top", "proposal_vocab", "prune")
 BAD = {  # per field, values that are wrong (JUNK may also hold a right one by chance: either outcome is checked)
     "max_new_tokens": st.sampled_from([0, -1, 2.0, math.nan, math.inf, True, "3", None, 10 ** 9]),
     "prompt": st.one_of(JUNK, st.lists(st.one_of(st.integers(-2, VOCAB + 2), st.floats(0, 5), st.booleans(),
