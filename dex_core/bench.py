@@ -4,9 +4,11 @@ Methods (every output compared token by token with HF ``generate``, greedy):
 
 - ``ar-hf``: HF ``generate``; ``ar-stages``: AR through our own stage runner (DEX with K = 1), which
   isolates implementation overhead;
-- ``dex``: the sequential schedule for each K (adapters / DECS as chosen), with rounds per token, the
-  depth-side speedup next to ``dex ead``'s prediction, measured one-device tokens/s and the projected
-  K-device tokens/s; ``dex-distributed``: the distributed schedule's measured wall clock;
+- ``dex``: the sequential schedule for each K (the exploration set DexDecoder picks: the adapter file's
+  best set for K, else uniform; light proposal heads per ``--proposal-vocab``; adapters / DECS as
+  chosen), with rounds per token, the depth-side speedup next to ``dex ead``'s prediction, measured
+  one-device tokens/s and the projected K-device tokens/s (communication from the machine's profile,
+  ``dex_core.profile``); ``dex-distributed``: the distributed schedule's measured wall clock;
 - ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way.
@@ -15,7 +17,8 @@ Metrics: ``exact``; tokens/s after one warm-up per method (new tokens / total ti
 ``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
 DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
 counts once, explorers working in the same round count once); self-speculation: n * E + L per
-draft-verify step over the tokens committed. The EAD oracle (mean stable EAD) is a reference line.
+draft-verify step over the tokens committed; and the cost per token of ``dex_core.cost`` (heads and
+adapters included, both views). The EAD oracle (mean stable EAD) is a reference line.
 """
 
 from __future__ import annotations
@@ -140,8 +143,14 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
             "adapters": sorted(adapters), "grid": grid}
 
 
-def _explorations(cfg: BenchConfig, L: int) -> list[tuple[int, ...]]:
-    sets = [resolve_depths(L, explorers=K) for K in cfg.explorers]
+def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
+    """Per K the set DexDecoder picks (the adapter file's best set for K, else uniform), then --depth-sets."""
+    from .adapters import choose_depths
+    from .config import DecoderOptions
+
+    L = model.config.num_hidden_layers
+    adapters = cfg.adapters if isinstance(cfg.adapters, str) and not cfg.quick else "none"
+    sets = [choose_depths(model, DecoderOptions(explorers=K, adapters=adapters))[0] for K in cfg.explorers]
     for text in (cfg.depth_sets or "").split(";"):
         if text.strip():
             sets.append(resolve_depths(L, parse_depths(text)))
@@ -168,7 +177,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     too_many = [K for K in cfg.explorers if K > L]
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {L} layers")
-    explorations = _explorations(cfg, L)
+    explorations = _explorations(cfg, model)
 
     def items(name, count, split):
         return synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)

@@ -1,0 +1,76 @@
+"""Lattice pruning: rows per round against rounds per token, and what each costs per token.
+
+    python benchmarks/pruning.py --explorers 4 --prompts 10 --max-new-tokens 128 --out runs/pruning.json
+
+For each bound B (``--prune``, 'none' = no pruning) the same greedy prompts (HumanEval and ShareGPT
+held-out, half each) run through ``DexDecoder(explorers=K, prune=B)`` with the shipped adapters and
+their best set for K; every output is checked against HF ``generate``. Per B: rounds per token, rows
+per round (all explorers, and the widest explorer), cost per token from ``dex_core.cost`` in both
+views (memory-bound: a batch costs one row; rows-counted: every row counts) with heads and adapters,
+and the projected K-device tokens/s of the sequential run (slowest explorer per round + bookkeeping +
+decode), all side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dex_core import DexDecoder, hf_greedy, load_model
+from dex_core.cost import ModelCost
+from dex_core.data import prompt_set
+from dex_core.request import encode_item
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--explorers", type=int, default=4)
+    parser.add_argument("--prune", default="none,1,2,3,4", help="bounds B to compare, comma-separated")
+    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+
+    model, tokenizer = load_model("default")
+    half = args.prompts // 2
+    items = prompt_set("humaneval", args.prompts - half) + prompt_set("chat", half)
+    prompts = [encode_item(tokenizer, it) for it in items]
+    refs = [hf_greedy(model, p, args.max_new_tokens) for p in prompts]
+    bounds = [None if b.strip() == "none" else int(b) for b in args.prune.split(",")]
+    decoders = {b: DexDecoder(model, explorers=args.explorers, adapters="auto", tokenizer=tokenizer, prune=b)
+                for b in bounds}
+    first = next(iter(decoders.values()))
+    cost = ModelCost.of(model, first.adapters, first.proposal_vocab)
+    covered = sorted(first.adapters)
+    rows = []
+    for b, decoder in decoders.items():
+        decoder.generate(prompts[0], 8)  # warm-up
+        stats, exact = [], 0
+        for p, ref in zip(prompts, refs):
+            result = decoder.generate(p, args.max_new_tokens)
+            exact += result.tokens == ref
+            stats.append(result.stats)
+        T = sum(s.tokens for s in stats)
+        batches = [bs for s in stats for bs in s.batch_sizes]
+        R = len(batches)
+        row = {"prune": b, "depths": list(decoder.depths), "exact_prompts": exact, "prompts": len(prompts),
+               "tokens": T, "rounds_per_token": R / T, "rows_per_round": sum(map(sum, batches)) / R,
+               "widest_rows_per_round": sum(max(bs) for bs in batches) / R,
+               "cost_per_token_memory": cost.dex(decoder.depths, batches, T, "memory", covered),
+               "cost_per_token_rows": cost.dex(decoder.depths, batches, T, "rows", covered),
+               "ar_cost_per_token": cost.ar(),
+               "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats)}
+        rows.append(row)
+        print(f"prune {b}: exact {exact}/{len(prompts)}, rounds/token {row['rounds_per_token']:.3f}, rows/round "
+              f"{row['rows_per_round']:.2f} (widest {row['widest_rows_per_round']:.2f}), cost/token memory-bound "
+              f"{row['cost_per_token_memory']:.2f} / rows-counted {row['cost_per_token_rows']:.2f} LE (AR "
+              f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s", flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"explorers": args.explorers, "max_new_tokens": args.max_new_tokens, "rows": rows}, fh, indent=1)
+    return 0 if all(r["exact_prompts"] == r["prompts"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
