@@ -28,6 +28,15 @@ from .proposal import token_ranking
 from .request import chat_ids, eos_ids
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (Linux: the avx512_bf16 or amx_bf16 flag)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 @dataclass
 class TrainConfig:
     depths: tuple[int, ...] = option((8, 15, 23), "non-final depths to train adapters for, e.g. 8,15,23")
@@ -46,7 +55,9 @@ class TrainConfig:
                        "greedy answers to the same prompts)")
     init: str | None = option(None, "start from this adapter file instead of fresh adapters (each depth from "
                               "the file's nearest depth)")
-    bf16: bool = option(True, "bf16 autocast for the matrix work (softmax and KL stay float32)")
+    bf16: bool = option(native_bf16(), "bf16 autocast for the matrix work (softmax and KL stay float32); default: "
+                                       "on where the CPU computes bf16 natively (AVX512-BF16 or AMX), as emulated "
+                                       "bf16 is many times slower")
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
 
