@@ -154,3 +154,18 @@ def test_files_handed_to_browsers_are_removed_after_the_session_time_to_live(tin
     fresh = runtime.file("dex-lattice.graphml")
     assert fresh.parent.is_dir() and fresh.parent != old.parent
     assert not old.exists() and not old.parent.exists()
+
+
+def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_debugger_says_what_to_do():
+    from app import debugger as dbg
+    from dex_core import DexError
+
+    events, meta, note = dbg.bundled(None)
+    assert "example" in dbg.bundled_names() and events[0]["event"] == "start" and "bundled trace 'example'" in note
+    for name in ("../../README", "/etc/passwd", "example.json"):
+        fallback, _, refused = dbg.bundled(name)
+        assert fallback is events and refused.startswith("no bundled trace is named")
+    hint = dbg.frame([], 0)[1]
+    assert "No trace yet" in hint and "Generate" in hint and "load a trace" in hint
+    err = DexError("cannot read the trace file /tmp/gradio/abc123/mine.json in /tmp/gradio/abc123")
+    assert dbg.clean_message(err, "/tmp/gradio/abc123/mine.json") == "cannot read the trace file mine.json in …"

@@ -185,4 +185,4 @@ def round_table_html(view: RoundView) -> str:
                      f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>")
     else:
         parts.append("<div><b>no commit this round</b></div>")
-    return f"<div class='dex-round' style='{_BOX} max-height: 240px; overflow-y: auto;'>{''.join(parts)}</div>"
+    return f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"

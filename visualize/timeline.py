@@ -118,8 +118,8 @@ def timeline_figure(events: list[dict]) -> go.Figure:
     rounds = sum(1 for e in events if e.get("event") == "round")
     fig.update_layout(
         title=dict(text=f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds"),
-        uirevision="timeline", height=110 + STAGE_PX * max(K, 1), plot_bgcolor="white", hovermode="closest",
-        margin=dict(l=90, r=20, t=50, b=40), legend=dict(title=dict(text="fate")),
+        uirevision="timeline", height=90 + STAGE_PX * max(K, 1), plot_bgcolor="white", hovermode="closest",
+        margin=dict(l=90, r=20, t=40, b=35), legend=dict(title=dict(text="fate")),
         xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),
         yaxis=dict(tickvals=list(range(K)), ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
                    range=[K - 0.5, CUT_ROW - 0.4], showgrid=False, zeroline=False))
