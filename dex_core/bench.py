@@ -161,7 +161,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
     from .adapters import resolve_adapters
     from .baselines import hf_early_exit_generate, self_spec_generate
-    from .ead import layer_candidates, matches
+    from .ead import matches
+    from .lens import layer_candidates
     from .decoder import DexDecoder
     from .models import load_model
     from .profile import measure_profile

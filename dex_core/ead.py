@@ -31,35 +31,9 @@ import torch
 
 from .config import ADAPTER_CHOICES, ANALYSED_KS, DexError, adapter_file, GenerationOptions, option, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
-from .models import model_view
+from .lens import layer_candidates
 
-TOP = 8  # ranked candidates kept per layer: DECS at stage k needs at most k + 1 of them (K <= 8)
 EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this many, else local search
-
-
-@torch.no_grad()
-def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None, top: int = TOP,
-                     shortlist: torch.Tensor | None = None) -> torch.Tensor:
-    """Each layer's ``top`` best candidates for each generated position: long tensor (T, L, top).
-    With ``shortlist`` (token ids of a light proposal head) layers below the last rank only those."""
-    view = model_view(model)
-    adapters = adapters or {}
-    ids = torch.tensor([prompt + tokens[:-1]], device=view.device)
-    hidden = model(ids, output_hidden_states=True).hidden_states  # L + 1 of (1, n, h); last is normed
-    first = len(prompt) - 1
-    out = []
-    for layer in range(1, view.num_layers + 1):
-        if layer == view.num_layers:
-            logits = model.lm_head(hidden[layer][0, first:])
-        else:
-            h = hidden[layer][0, first:]  # (T, h)
-            logits = view.head(adapters[layer](h) if layer in adapters else h)
-            if shortlist is not None:
-                ids = shortlist.to(logits.device)
-                out.append(ids[logits[:, ids].topk(top, dim=-1).indices].cpu())
-                continue
-        out.append(logits.topk(top, dim=-1).indices.cpu())
-    return torch.stack(out, dim=1)
 
 
 def matches(candidates: torch.Tensor, tokens) -> torch.Tensor:

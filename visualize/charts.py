@@ -109,3 +109,36 @@ def _bench_label(row: dict) -> str:
     if "exit" in row:
         return f"{row['method']} E={row['exit']} n={row['draft']}"
     return row["method"]
+
+
+def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go.Figure:
+    """The logit lens as a heatmap (``dex_core.lens.depth_view``): token (x) by layer (y), coloured by the
+    committed token's probability (``metric="prob"``) or rank (``"rank"``, 0 = top) at that layer; the
+    explored ``depths`` as dashed lines, each token's earliest stable layer (EAD) as a dot; hovering a
+    cell shows that layer's top candidates with their text. ``texts``: token id -> text."""
+    L, tokens = view["num_layers"], view["tokens"]
+    labels = [plot_text(f"{i}: {texts.get(t, str(t))!r}") for i, t in enumerate(tokens)]
+    z = [[row[l] for row in view[metric]] for l in range(L)]  # (layer, token)
+    hover = [[plot_text(f"token {i} {texts.get(tokens[i], tokens[i])!r}, layer {l + 1}: p {view['prob'][i][l]:.3f}, "
+                        f"rank {view['rank'][i][l]}<br>top: " + ", ".join(
+                            f"{texts.get(c, str(c))!r} {p:.3f}" for c, p in view["top"][i][l]))
+              for i in range(len(tokens))] for l in range(L)]
+    stable = [next((l + 1 for l in range(L) if all(r == 0 for r in view["rank"][i][l:])), L)
+              for i in range(len(tokens))]  # a sampled token need not be the last layer's top
+    colorscale = "Viridis" if metric == "prob" else "Viridis_r"
+    fig = go.Figure(data=[
+        go.Heatmap(z=z, x=list(range(len(tokens))), y=list(range(1, L + 1)), text=hover, hoverinfo="text",
+                   colorscale=colorscale, zmin=0, zmax=1 if metric == "prob" else min(50, max(map(max, z), default=1)),
+                   colorbar=dict(title=dict(text="p(token)" if metric == "prob" else "rank"))),
+        go.Scatter(x=list(range(len(tokens))), y=stable, mode="markers", name="stable EAD (top from here on)",
+                   marker=dict(color="white", size=6, line=dict(color="black", width=1)), hoverinfo="skip"),
+    ])
+    for d in depths:
+        fig.add_hline(y=d + 0.5, line=dict(color=CUT_COLOR, dash="dash", width=1))
+    fig.update_layout(title=dict(text="Depth view: the final token at every layer (logit lens"
+                                      + (", adapters at " + ", ".join(map(str, view["adapter_depths"])) if view["adapter_depths"] else "")
+                                      + "); dashed: explored depths"),
+                      xaxis=dict(title=dict(text="generated token"), tickvals=list(range(len(tokens))),
+                                 ticktext=labels, tickangle=-60),
+                      yaxis=dict(title=dict(text="layer")), height=520, **_LAYOUT)
+    return fig

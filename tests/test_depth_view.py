@@ -1,0 +1,35 @@
+"""The logit-lens depth view: every layer's probability and rank of the committed token, and its heatmap."""
+
+import torch
+
+from conftest import tiny_model, tiny_tokenizer
+from dex_core import ar_generate
+from dex_core.adapters import new_adapters
+from dex_core.ead import layer_matches
+from dex_core.lens import depth_view, layer_candidates
+from visualize.charts import depth_figure
+
+
+def test_the_depth_view_agrees_with_the_rankings_and_marks_the_stable_layer():
+    model = tiny_model("llama").double()
+    adapters = new_adapters(model.float(), [2, 4])
+    model = model.float()
+    prompt = [3, 8, 13]
+    tokens = ar_generate(model, prompt, 10).tokens
+    view = depth_view(model, prompt, tokens, adapters, top=3)
+    cands = layer_candidates(model, prompt, tokens, adapters, top=3)
+    assert view["num_layers"] == 6 and view["adapter_depths"] == [2, 4] and len(view["prob"]) == 10
+    for t in range(10):
+        assert view["rank"][t][-1] == 0  # greedy: the last layer's top token is the committed one
+        for layer in range(6):
+            top = [c for c, _ in view["top"][t][layer]]
+            assert top == cands[t, layer].tolist()
+            assert (view["rank"][t][layer] == 0) == bool(layer_matches(model, prompt, tokens, adapters)[t, layer])
+            assert 0 <= view["prob"][t][layer] <= view["top"][t][layer][0][1] + 1e-4
+    texts = {i: tiny_tokenizer().decode([i]) for i in range(96)}
+    fig = depth_figure(view, texts, depths=(2, 4, 6))
+    heat, stable = fig.data
+    assert len(heat.z) == 6 and len(heat.z[0]) == 10
+    assert list(stable.y) == [next(l + 1 for l in range(6) if all(r == 0 for r in view["rank"][t][l:])) for t in range(10)]
+    assert "top:" in heat.text[0][0] and len(fig.layout.shapes) == 3
+    assert torch.tensor(depth_figure(view, texts, metric="rank").data[0].z).max() >= 0
