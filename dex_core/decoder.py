@@ -100,6 +100,7 @@ class DexDecoder:
         if self.tokenizer is not None and event["event"] == "round":
             for node in event["nodes"]:
                 node["text"] = self._text(node["token"])
+                node["top"] = [[t, p, self._text(t)] for t, p, *_ in node["top"]]
             if event["commit"]:
                 event["commit"]["text"] = self._text(event["commit"]["token"])
         return event

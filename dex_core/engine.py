@@ -62,7 +62,8 @@ def _node_records(plan, outputs: dict, lattice: Lattice, decs: bool, K: int, tex
     records = []
     for k, out in outputs.items():
         for i, n in enumerate(plan.batches[k]):
-            top = [[int(t), round(float(p), 4)] for t, p in zip(out.top_ids[i], out.top_probs[i])]
+            top = [[int(t), round(float(p), 4)] + ([text(int(t))] if text else [])
+                   for t, p in zip(out.top_ids[i], out.top_probs[i])]
             masked = lattice.prior_tokens(n) if decs and k < K - 1 else []
             records.append(node_record(n, text(n.token) if text else None, top, masked))
     return records

@@ -173,7 +173,7 @@ class Lattice:
             raise ValueError(f"no candidate recorded for nodes {missing}")
         for node in self._latest:
             node.token = int(tokens[node.id])
-            node.prob = float(probs[node.id]) if probs else 1.0
+            node.prob = float(probs.get(node.id, 1.0)) if probs else 1.0
             if node.stage < self.K - 1:
                 self._pending.append(_Pending("depth", node.id))
             self._pending.append(_Pending("position", node.id))

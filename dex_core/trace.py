@@ -15,8 +15,8 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``batches[k]``: ids of the nodes explorer k computed. ``nodes``: the new exploration tokens,
     each ``{"id", "slot", "parent", "kind" ("root" | "depth" | "position"), "stage", "position"
     (absolute position of the predicted token), "input_token", "token", "text" (null without a
-    tokenizer), "top" ([[token, probability], ...] at this depth, best first; empty when
-    ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
+    tokenizer), "top" ([[token, probability, text], ...] at this depth, best first, text only with a
+    tokenizer; empty when ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
     ``commit`` (or null): ``{"index", "position", "token", "text", "matched_stage",
     "anchor_nodes", "anchor_candidates"}``. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.

@@ -101,7 +101,7 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
         "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)}},
         optional=("adapter_depths", "proposal_vocab", "depth_choice"))
-    top = {"type": "array", "items": [_int(), _num(0.0, 1.0)], "additionalItems": False, "minItems": 2}
+    top = {"type": "array", "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)], "additionalItems": False, "minItems": 2}
     node = _record({
         "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position"]},
         "stage": _int(0, K - 1), "position": _int(), "input_token": _int(), "token": _int(),

@@ -25,7 +25,7 @@ def model():
 @pytest.mark.parametrize("K,light", [(2, False), (3, True)])
 def test_distributed_equals_sequential_equals_ar_over_several_calls(model, K, light):
     prompts = [[5, 17, 3, 88, 40, 2, 61], [9], list(range(1, 22))]
-    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3} if light else {}
+    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2} if light else {}
     with DexDecoder(model, explorers=K, backend="distributed", threads=1, **options) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)

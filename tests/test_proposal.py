@@ -60,7 +60,7 @@ def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tok
     shortlist = set(decoder.shortlist.tolist())
     assert len(shortlist) == 6 and result.trace[0]["proposal_vocab"] == 6
     nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
-    assert all(n["token"] in shortlist and {t for t, _ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2)
+    assert all(n["token"] in shortlist and {t for t, *_ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2)
     assert any(n["token"] not in shortlist for n in nodes if n["stage"] == 2)  # the final head is full
     assert DexDecoder(model, explorers=3).generate(PROMPT, 4).trace[0]["proposal_vocab"] == 96
 

@@ -348,7 +348,7 @@ def test_top_k_lists_name_tokens_by_text_from_the_whole_run(greedy):
     html = round_table_html(view)
     for batch in view.batches:
         for i in batch:
-            for token, _ in view.nodes[i]["top"]:
+            for token, *_ in view.nodes[i]["top"]:
                 if token in view.vocab:
                     assert f"({token})" in html and f"#{token} (no text)" not in html
     crafted = json.loads(json.dumps(greedy))
