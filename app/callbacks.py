@@ -13,9 +13,12 @@ import threading
 import gradio as gr
 
 import visualize as viz
-from dex_core import DexError, ExplorerError, ar_stream
-from dex_core.adapters import resolve_adapters
+from dex_core import DecoderOptions, DexError, ExplorerError, ar_stream
+from dex_core.adapters import choose_depths, resolve_adapters
+from dex_core.cost import ModelCost
 from dex_core.ead import readiness
+from dex_core.lens import depth_view
+from dex_core.proposal import proposal_rows
 from dex_core.request import check_text
 
 from . import debugger as dbg
@@ -154,10 +157,12 @@ def page_load(request: gr.Request):
 
 
 def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tokens):
-    """AR and DEX on one prompt, each advanced while its own clock is behind the other's.
+    """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
+    takes the next step, so both run under the same load until one finishes.
 
-    Clocks are each method's own compute time, so the two panes fill at their measured speeds even
-    though they share this process. DEX's projected K-device clock is drawn next to its measured one.
+    Clocks are each method's own compute time, so the two panes fill at their measured speeds. DEX's
+    projected K-device clock is drawn next to its measured one; the summary adds rounds per token,
+    the depth-side speedup and the cost per token of the project's cost model (heads included).
     """
     try:
         config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens)
@@ -171,6 +176,7 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
     except DexError as err:
         raise _error(err) from None
     distributed = runtime.settings.backend == "distributed"
+    first = None  # the method that finished first (the other then ran alone)
     clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
     times = {"ar": [], "dex": [], "proj": []}
     tokens = {"ar": [], "dex": []}
@@ -192,31 +198,50 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
                 tokens["dex"].append(event["commit"]["token"])
                 times["dex"].append(clocks["dex"])
                 times["proj"].append(clocks["proj"])
-        yield _race_view(tokenizer, tokens, times, ends, distributed, config.explorers)
+        yield _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first)
+        first = first or side if event["event"] == "end" else first
 
 
-def _race_view(tokenizer, tokens, times, ends, distributed, K):
+def _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first):
+    K = decoder.K
     series = [{"name": "AR (measured)", "times": times["ar"]},
               {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
                "times": times["dex"]}]
     projected = None if distributed else f"DEX projected on {K} devices"
     if projected:
         series.append({"name": projected, "times": times["proj"], "dash": True})
-    summary = viz.race_summary_html(tokens, times, len(ends) == 2, projected and projected + " — a projection")
+    facts = None
+    if "dex" in ends:
+        stats = ends["dex"]["stats"]
+        cost = ModelCost.of(model, decoder.adapters, decoder.proposal_vocab)
+        T = max(1, stats["tokens"])
+        covered = sorted(decoder.adapters)
+        facts = {"K": K, "depths": list(decoder.depths), "rounds_per_token": stats["rounds_per_token"],
+                 "depth_speedup": stats["depth_speedup"], "ar_cost": cost.ar(), "first": first,
+                 "dex_cost": cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
+                 "dex_cost_rows": cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered)}
+    summary = viz.race_summary_html(tokens, times, len(ends) == 2, projected and projected + " — a projection", facts)
     return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
             tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
 
 
-def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens):
-    """EAD of each token of the greedy answer, and the speedups it predicts for K = 2..8."""
+def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability"):
+    """EAD of each token of the greedy answer, the speedups and costs it predicts for K = 2..8, and the
+    depth view: the committed token's probability (or rank) at every layer, explored depths marked."""
     try:
         config = ui_config(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
         check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
-        model, _ = runtime.model()
+        model, tokenizer = runtime.model()
         *_, end = ar_stream(model, ids, options=config.generation())
         chosen = resolve_adapters(config.adapters, model)
-        result = readiness(model, ids, end["tokens"], chosen, best=True)
+        cost = ModelCost.of(model, chosen, proposal_rows("auto", model.config.vocab_size))  # the decoders' default
+        result = readiness(model, ids, end["tokens"], chosen, best=True, cost=cost)
+        view = depth_view(model, ids, end["tokens"], chosen)
+        depths, _ = choose_depths(model, DecoderOptions(explorers=runtime.settings.explorers, adapters=config.adapters))
     except DexError as err:
         raise _error(err) from None
-    return viz.ead_figure(result), viz.speedup_figure(result), viz.readiness_table_html(result, chosen)
+    seen = {t for row in view["top"] for layer in row for t, _ in layer} | set(view["tokens"])
+    texts = {t: tokenizer.decode([t]) for t in seen}
+    depth = viz.depth_figure(view, texts, depths[:-1], "rank" if metric == "rank" else "prob")
+    return viz.ead_figure(result), viz.speedup_figure(result), viz.readiness_table_html(result, chosen), depth

@@ -50,6 +50,11 @@ def _explorers(runtime: Runtime) -> gr.Slider:
     return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K")
 
 
+def _adapters_box(runtime: Runtime) -> gr.Checkbox:
+    return gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters, interactive=runtime.shipped_adapters,
+                       info="shipped for the default model" if runtime.shipped_adapters else "none shipped for this model")
+
+
 def _max_new(label: str, elem_id: str) -> gr.Slider:
     c = control(GenerationOptions, "max_new_tokens")
     return gr.Slider(c["minimum"], c["maximum"], value=c["value"], step=1, label=label, elem_id=elem_id)
@@ -130,10 +135,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
                         explorers = _explorers(runtime)
                         depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
-                        adapters = gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters,
-                                               interactive=runtime.shipped_adapters,
-                                               info="shipped for the default model" if runtime.shipped_adapters
-                                               else "none shipped for this model")
+                        adapters = _adapters_box(runtime)
                         decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
                         max_new = _max_new("Max new tokens", "live-new")
                     sampling = _sampling_controls()
@@ -160,12 +162,15 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         race_k = _explorers(runtime)
                         race_new = _max_new("Max new tokens", "race-new")
                         race_go = gr.Button("Race", variant="primary", elem_id="race-go")
+                with gr.Row():
+                    race_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+                    race_adapters = _adapters_box(runtime)
                 race_summary = gr.HTML(elem_id="race-summary")
                 with gr.Row():
                     ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
                     dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
                 race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-                race_go.click(bind(cb.race_frames, runtime), [race_prompt, chat, race_k, adapters, race_new],
+                race_go.click(bind(cb.race_frames, runtime), [race_prompt, race_chat, race_k, race_adapters, race_new],
                               [ar_text, dex_text, race_plot, race_summary], api_name="race",
                               concurrency_id="model", concurrency_limit=1)
 
@@ -181,10 +186,16 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         an_new = _max_new("Tokens to analyse", "an-new")
                         an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
                 with gr.Row():
+                    an_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+                    an_adapters = _adapters_box(runtime)
+                    an_metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours")
+                with gr.Row():
                     ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
                     speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
                 an_table = gr.HTML(elem_id="an-table")
-                an_go.click(bind(cb.analyse, runtime), [an_prompt, chat, adapters, an_new], [ead_plot, speed_plot, an_table],
+                depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
+                an_go.click(bind(cb.analyse, runtime), [an_prompt, an_chat, an_adapters, an_new, an_metric],
+                            [ead_plot, speed_plot, an_table, depth_plot],
                             api_name="analyse", concurrency_id="model", concurrency_limit=1)
         demo.load(cb.page_load, None, [trace, meta, *live_panels, live_status, *dbg_frame, dbg_timeline, dbg_status,
                                        tabs], show_progress="hidden", **QUIET)

@@ -169,9 +169,11 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
 
 
 def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=ANALYSED_KS,
-              decs: bool = True, best: bool = False) -> dict:
-    """``analyse(layer_candidates(...))``: the JSON-ready EAD analysis of one generation."""
-    return analyse(layer_candidates(model, prompt, tokens, adapters), tokens, explorers, decs, best)
+              decs: bool = True, best: bool = False, cost=None) -> dict:
+    """``analyse(layer_candidates(...))``: the JSON-ready EAD analysis of one generation (with ``cost``,
+    a ``ModelCost``, cost per token and best sets by it)."""
+    return analyse(layer_candidates(model, prompt, tokens, adapters), tokens, explorers, decs, best,
+                   cost=cost, adapter_depths=sorted(adapters or {}))
 
 
 @dataclass

@@ -49,15 +49,18 @@ def test_race_endpoint_reports_identical_output(app_url):
 
     ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(PROMPT, False, 3, False, 12, api_name="/race")
     assert ar_text == dex_text and "identical output" in summary
+    assert "Rounds per token" in summary and "Cost per token" in summary and "Where DEX wins" in summary
+    assert "interleaved" in summary and "a projection from the cost model" in summary
 
 
 def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_url):
     from gradio_client import Client
 
-    _, _, table = Client(app_url, verbose=False).predict(PROMPT, False, False, 16, api_name="/analyse")
-    assert "best exploration set" in table and "oracle S_EAD" in table
+    _, _, table, depth = Client(app_url, verbose=False).predict(PROMPT, False, False, 16, "rank", api_name="/analyse")
+    assert "best depths" in table and "oracle S_EAD" in table and "of AR's" in table and "DEX can beat it" in table
     rows = re.findall(r"<tr><td>(\d)</td>", table)
     assert rows == ["2", "3", "4", "5", "6"]  # K up to the tiny model's 6 layers; 7 and 8 need more
+    assert "Depth view" in str(depth) and "rank" in str(depth)
 
 
 def test_bad_input_is_one_error_status_and_leaves_the_panels_unchanged(app_url):

@@ -5,7 +5,7 @@ Everything here draws from trace records (plain dicts, see ``dex_core.trace``) a
 model code, so the app can render saved traces without torch.
 """
 
-from .charts import ead_figure, race_figure, speedup_figure
+from .charts import depth_figure, ead_figure, race_figure, speedup_figure
 from .graph import export_graph, lattice_graph
 from .lattice import lattice_figure, node_status, node_statuses
 from .palette import FATE_COLORS, OKABE_ITO, STATUS_COLORS, stage_color, stage_legend_html
@@ -17,6 +17,6 @@ from .timeline import timeline_figure
 
 __all__ = ["RoundView", "Replay", "ReplayCache", "replay", "lattice_size", "OKABE_ITO", "STATUS_COLORS", "FATE_COLORS",
            "stage_color", "stage_legend_html", "node_status", "node_statuses", "lattice_figure", "timeline_figure",
-           "tokens_html", "fsm_html", "stats_html", "round_table_html", "race_figure", "ead_figure", "speedup_figure",
+           "tokens_html", "fsm_html", "stats_html", "round_table_html", "race_figure", "ead_figure", "speedup_figure", "depth_figure",
            "race_summary_html", "readiness_table_html", "status_html", "lattice_graph", "export_graph",
            "run_report_html", "write_run_report"]
