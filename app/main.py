@@ -45,9 +45,10 @@ def _sampling_controls():
     return sample, temperature, top_k, top_p, seed
 
 
-def _explorers(runtime: Runtime) -> gr.Slider:
+def _explorers(runtime: Runtime, elem_id: str | None = None) -> gr.Slider:
     c = control(DecoderOptions, "explorers")
-    return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K")
+    return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K",
+                     elem_id=elem_id)
 
 
 def _adapters_box(runtime: Runtime) -> gr.Checkbox:
@@ -133,7 +134,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 with gr.Accordion("Exploration and sampling", open=False):
                     with gr.Row():
                         chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                        explorers = _explorers(runtime)
+                        explorers = _explorers(runtime, "live-k")
                         depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
                         adapters = _adapters_box(runtime)
                         decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
