@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                          threads=args.threads_per_explorer, tokenizer=tokenizer)
     sequential = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, tokenizer=tokenizer)
     torch.set_num_threads(args.threads_per_explorer)
-    profile = measure_profile(model, sequential.proposal_vocab)
+    machine = measure_profile(model, sequential.proposal_vocab)
     per_prompt = []
     try:
         ar(model, prompts[0], 8, 2), ar(model, prompts[0], 8, 1), decoder.generate(prompts[0], 8)  # warm-up
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             td = time.perf_counter() - tic
             torch.set_num_threads(args.threads_per_explorer)
             seq = sequential.generate(prompt, args.max_new_tokens).stats
-            tp = seq.projected_seconds + sum(exchange_seconds(profile, b) for b in seq.batch_sizes)
+            tp = seq.projected_seconds + sum(exchange_seconds(machine, b) for b in seq.batch_sizes)
             exact += result.tokens == ref
             rounds += result.stats.rounds
             per_prompt.append({"tokens": len(ref), "measured_tokens_per_second": len(ref) / td,
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         "depth_choice": decoder.depth_choice, "proposal_vocab": decoder.proposal_vocab,
         "tokens_per_second": tps, "dex_over_ar2": tps["dex"] / tps["ar2"], "dex_over_ar1": tps["dex"] / tps["ar1"],
         "projected_over_measured": tps["projected"] / tps["dex"], "per_prompt": per_prompt,
-        "exchange_profile_seconds": profile["exchange"],
+        "exchange_profile_seconds": machine["exchange"],
         "profile_shares": {k: v / whole for k, v in profile.items()}, "torch": torch.__version__,
     }
     print(json.dumps(summary, indent=1))

@@ -8,7 +8,8 @@ their best set for K; every output is checked against HF ``generate``. Per B: ro
 per round (all explorers, and the widest explorer), cost per token from ``dex_core.cost`` in both
 views (memory-bound: a batch costs one row; rows-counted: every row counts) with heads and adapters,
 and the projected K-device tokens/s of the sequential run (slowest explorer per round + bookkeeping +
-decode), all side by side in one run.
+decode; communication left out) against AR's tokens/s (HF ``generate``, the references) measured in
+the same run with the same torch threads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from dex_core import DexDecoder, hf_greedy, load_model
 from dex_core.cost import ModelCost
@@ -36,7 +38,10 @@ def main(argv=None) -> int:
     half = args.prompts // 2
     items = prompt_set("humaneval", args.prompts - half) + prompt_set("chat", half)
     prompts = [encode_item(tokenizer, it) for it in items]
+    hf_greedy(model, prompts[0], 8)  # warm-up
+    tic = time.perf_counter()
     refs = [hf_greedy(model, p, args.max_new_tokens) for p in prompts]
+    ar_seconds = time.perf_counter() - tic  # AR (HF generate) measured in this run, with the same threads
     bounds = [None if b.strip() == "none" else int(b) for b in args.prune.split(",")]
     decoders = {b: DexDecoder(model, explorers=args.explorers, adapters="auto", tokenizer=tokenizer, prune=b)
                 for b in bounds}
@@ -60,12 +65,15 @@ def main(argv=None) -> int:
                "cost_per_token_memory": cost.dex(decoder.depths, batches, T, "memory", covered),
                "cost_per_token_rows": cost.dex(decoder.depths, batches, T, "rows", covered),
                "ar_cost_per_token": cost.ar(),
-               "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats)}
+               "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats),
+               "ar_tokens_per_second": sum(map(len, refs)) / ar_seconds}
+        row["projected_over_ar"] = row["projected_tokens_per_second"] / row["ar_tokens_per_second"]
         rows.append(row)
         print(f"prune {b}: exact {exact}/{len(prompts)}, rounds/token {row['rounds_per_token']:.3f}, rows/round "
               f"{row['rows_per_round']:.2f} (widest {row['widest_rows_per_round']:.2f}), cost/token memory-bound "
               f"{row['cost_per_token_memory']:.2f} / rows-counted {row['cost_per_token_rows']:.2f} LE (AR "
-              f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s", flush=True)
+              f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s = "
+              f"{row['projected_over_ar']:.3f}x AR's measured {row['ar_tokens_per_second']:.2f}", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"explorers": args.explorers, "max_new_tokens": args.max_new_tokens, "rows": rows}, fh, indent=1)
