@@ -7,7 +7,9 @@ For each HumanEval prompt (raw completion, no chat template) it runs HF greedy `
 and compares the tokens. A mismatch is explained: the AR logit gap between the two tokens at the
 first differing position, and whether the float64 model agrees with DEX there. It reports rounds/token,
 the depth-side speedup and the share of round time per component (bookkeeping = plan + masks + commit
-+ collapse), and writes JSON with --out.
++ collapse), and writes JSON with --out. With ``--temperature T`` (and ``--top-k``/``--top-p``) prompt i
+is sampled with seed i and compared with the seeded AR sampler (``ar_generate``) instead of HF greedy;
+``--prune B`` bounds the lattice. DEX uses the shipped adapters' best set for K and light proposal heads.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 
 import torch
 
-from dex_core import DecoderOptions, DexConfig, DexDecoder, hf_greedy, load_model
+from dex_core import DecoderOptions, DexConfig, DexDecoder, ar_generate, hf_greedy, load_model
 from dex_core.config import ADAPTER_HELP
 from dex_core.data import humaneval_prompts
 
@@ -50,23 +52,29 @@ def main(argv=None) -> int:
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
     parser.add_argument("--dtype", default=DexConfig.dtype)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--prune", type=int)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
-    decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, trace_top=0)
+    decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, tokenizer=tokenizer, prune=args.prune)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     rows, totals = [], {}
-    for item in humaneval_prompts(args.prompts):
+    for i, item in enumerate(humaneval_prompts(args.prompts)):
         prompt = tokenizer(item["prompt"])["input_ids"]
         tic = time.perf_counter()
-        ref = hf_greedy(model, prompt, args.max_new_tokens)
+        ref = hf_greedy(model, prompt, args.max_new_tokens) if not args.temperature else \
+            ar_generate(model, prompt, args.max_new_tokens, seed=i, **sampling).tokens
         hf_seconds = time.perf_counter() - tic
-        result = decoder.generate(prompt, args.max_new_tokens)
+        result = decoder.generate(prompt, args.max_new_tokens, **(dict(sampling, seed=i) if args.temperature else {}))
         row = {"id": item["id"], "prompt_tokens": len(prompt), "tokens": len(ref),
                "exact": result.tokens == ref, "rounds": result.stats.rounds,
                "rounds_per_token": result.stats.rounds_per_token, "hf_seconds": hf_seconds,
                "dex_seconds": result.stats.wall_seconds, "projected_seconds": result.stats.projected_seconds}
-        if not row["exact"]:
+        if not row["exact"] and not args.temperature:
             first = next(i for i, (a, b) in enumerate(zip(ref, result.tokens)) if a != b)
             row["mismatch"] = explain_mismatch(model, decoder.depths, args.adapters, prompt, ref, result.tokens,
                                                first)
@@ -83,7 +91,8 @@ def main(argv=None) -> int:
     rounds = sum(r["rounds"] for r in rows)
     shares = {k: v / totals["round"] for k, v in totals.items() if k not in DERIVED_TIMINGS}
     bookkeeping = totals["bookkeeping"] / totals["round"]
-    summary = {"model": args.model, "dtype": args.dtype, "explorers": args.explorers,
+    summary = {"model": args.model, "dtype": args.dtype, "explorers": args.explorers, "sampling": sampling,
+               "prune": args.prune, "proposal_vocab": decoder.proposal_vocab,
                "depths": list(decoder.depths), "adapters": args.adapters,
                "adapter_depths": sorted(decoder.adapters), "prompts": len(rows), "tokens": tokens,
                "exact_prompts": sum(r["exact"] for r in rows), "rounds_per_token": rounds / tokens,
