@@ -21,6 +21,23 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
+def shot(page, selector: str, text: str, path: Path) -> None:
+    """Wait until ``selector`` shows ``text`` (model work done), then save a full-page screenshot."""
+    page.wait_for_function(f"() => document.querySelector('{selector}')?.innerText.includes('{text}')",
+                           timeout=900_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path), full_page=True)
+
+
+def live(page, path: Path, explorers: int, tokens: int) -> None:
+    """A Live run with K = ``explorers`` and ``tokens`` new tokens, then its screenshot."""
+    for box, value in (("#live-k", explorers), ("#live-new", tokens)):
+        page.locator(f"{box} input[type=number]").fill(str(value))
+        page.locator(f"{box} input[type=number]").press("Enter")
+    page.locator("#live-generate").click()
+    shot(page, "#live-status", "finished", path)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
@@ -44,45 +61,22 @@ def main(argv=None) -> None:
             page = browser.new_page(viewport={"width": 1440, "height": 1100})
             page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
             page.locator("text=Exploration and sampling").click()
-            page.locator("#live-new input[type=number]").fill(str(args.tokens))
-            page.locator("#live-generate").click()
-            page.wait_for_function("() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')",
-                                   timeout=600_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(out / "live.png"), full_page=True)
-
+            live(page, out / "live.png", 4, args.tokens)
             page.get_by_role("tab", name="Debugger").click()
             page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
             for _ in range(3):
                 page.locator("#dbg-prev").click()
                 page.wait_for_timeout(700)
             page.screenshot(path=str(out / "debugger.png"), full_page=True)
-
             page.get_by_role("tab", name="Race").click()
             page.locator("#race-new input[type=number]").fill(str(args.tokens))
             page.locator("#race-go").click()
-            page.wait_for_function("() => document.querySelector('#race-badge')?.innerText.includes('output')",
-                                   timeout=600_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(out / "race.png"), full_page=True)
-
+            shot(page, "#race-badge", "output", out / "race.png")
             page.get_by_role("tab", name="Analysis").click()
             page.locator("#an-go").click()
-            page.wait_for_function("() => document.querySelector('#an-table')?.innerText.includes('oracle')",
-                                   timeout=600_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(out / "analysis.png"), full_page=True)
-
+            shot(page, "#an-table", "oracle", out / "analysis.png")
             page.get_by_role("tab", name="Live").click()
-            page.locator("#live-k input[type=number]").fill("8")
-            page.locator("#live-k input[type=number]").press("Enter")
-            page.locator("#live-new input[type=number]").fill(str(args.k8_tokens))
-            page.locator("#live-new input[type=number]").press("Enter")
-            page.locator("#live-generate").click()
-            page.wait_for_function("() => document.querySelector('#live-status [data-state=finished]')",
-                                   timeout=900_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(out / "live-k8.png"), full_page=True)
+            live(page, out / "live-k8.png", 8, args.k8_tokens)
             page.get_by_role("tab", name="Debugger").click()
             page.locator("#dbg-timeline .js-plotly-plot").wait_for(timeout=60_000)
             page.wait_for_timeout(1500)
