@@ -15,8 +15,9 @@ def default_model():
 
 def test_dex_k4_equals_hf_generate_on_humaneval_prompts(default_model):
     model, tokenizer = default_model
-    decoder = DexDecoder(model, explorers=4, tokenizer=tokenizer)
-    assert decoder.depths == (8, 15, 23, 30)
+    decoder = DexDecoder(model, explorers=4, tokenizer=tokenizer)  # the shipped adapters' best set, light heads
+    assert decoder.depths == (9, 18, 27, 30) and decoder.depth_choice == "best set stored with the adapters"
+    assert decoder.proposal_vocab == 8192
     for item in humaneval_prompts(2):
         prompt = tokenizer(item["prompt"])["input_ids"]
         result = decoder.generate(prompt, 32)
@@ -48,6 +49,6 @@ def test_every_figure_of_a_default_model_trace_builds_with_at_most_15_lattice_no
 def test_shipped_adapters_load_for_the_default_model_and_keep_dex_exact(default_model):
     model, tokenizer = default_model
     decoder = DexDecoder(model, explorers=4, adapters="default")
-    assert sorted(decoder.adapters) == [8, 15, 23]
+    assert sorted(decoder.adapters) == [9, 18, 27]
     prompt = tokenizer(humaneval_prompts(3)[2]["prompt"])["input_ids"]
     assert decoder.generate(prompt, 32).tokens == hf_greedy(model, prompt, 32)
