@@ -224,14 +224,19 @@ def resolve_adapters(spec, model, depths=None) -> dict:
     return {d: a for d, a in adapters.items() if depths is None or d in depths[:-1]}
 
 
-def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
-    """Record in adapter file ``path`` the exploration set to use for each K (``{K: depths}``)."""
+def rewrite_adapters(path, model, tensors=None, metadata=None) -> None:
+    """Add or replace ``tensors`` and ``metadata`` entries of adapter file ``path`` (checked for ``model``)."""
     from safetensors.torch import load_file, save_file
 
-    load_adapters(path, model)
+    load_adapters(path, model)  # every check of the file and of its fit to ``model``
     raw, _ = _header(path)
-    raw["best_sets"] = json.dumps({str(k): [int(d) for d in v] for k, v in sorted(best.items())})
-    save_file(load_file(str(path)), str(path), metadata=raw)
+    save_file({**load_file(str(path)), **(tensors or {})}, str(path), metadata={**raw, **(metadata or {})})
+
+
+def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
+    """Record in adapter file ``path`` the exploration set to use for each K (``{K: depths}``)."""
+    rewrite_adapters(path, model, metadata={"best_sets": json.dumps({str(k): [int(d) for d in v]
+                                                                     for k, v in sorted(best.items())})})
 
 
 def choose_depths(model, options) -> tuple[tuple[int, ...], str]:

@@ -44,13 +44,13 @@ def _expand_stage(e: Explorer, plan, lattice: Lattice, link, view: ModelView, sa
     masked = [lattice.prior_tokens(n) if decs and not e.final else [] for n in batch]
     chosen = sampler.choose(logits, [n.position for n in batch], e.final, masked, e.head)
     picked, probs = chosen.tolist(), None
-    if prune is not None:  # the chosen candidate's probability (unfiltered, at the sampling temperature)
-        scores = logits if sampler.greedy else logits / sampler.temperature
+    if prune is not None or trace_top:  # unfiltered, at the sampling temperature; with a light head within it
+        p = torch.softmax((logits if sampler.greedy else logits / sampler.temperature).float(), dim=-1)
+    if prune is not None:  # the chosen candidate's probability
         column = chosen if e.head is None else e.head.index[chosen]
-        probs = torch.softmax(scores.float(), dim=-1).gather(1, column[:, None].to(scores.device))[:, 0].tolist()
-    if trace_top:  # with a light head: probabilities within the shortlist
-        scores = logits if sampler.greedy else logits / sampler.temperature
-        top_probs, ids = torch.softmax(scores.float(), dim=-1).topk(min(trace_top, logits.shape[-1]), dim=-1)
+        probs = p.gather(1, column[:, None].to(p.device))[:, 0].tolist()
+    if trace_top:
+        top_probs, ids = p.topk(min(trace_top, logits.shape[-1]), dim=-1)
         ids = ids if e.head is None else e.head.ids[ids]
     else:
         top_probs, ids = torch.empty(len(batch), 0), torch.empty(len(batch), 0, dtype=torch.long)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from .adapters import DEFAULT_ADAPTERS, RANKING, _check_tensors, _header, load_adapters, read_metadata, shipped_adapters_fit
+from .adapters import DEFAULT_ADAPTERS, RANKING, _check_tensors, _header, read_metadata, rewrite_adapters, shipped_adapters_fit
 from .config import DexError, adapter_file
 
 DEFAULT_PROPOSAL_VOCAB = 8192
@@ -98,18 +98,15 @@ def shortlist_ids(vocab: int, depths, spec, ranking: torch.Tensor | None, tokeni
 def proposal_heads(view, depths, spec, ranking: torch.Tensor | None, tokenizer=None) -> dict[int, ProposalHead]:
     """The light heads of the non-final explorers of ``depths`` (empty when the heads stay full)."""
     ids = shortlist_ids(view.vocab, depths, spec, ranking, tokenizer)
-    return {} if ids is None else {k: ProposalHead(view, ids) for k in range(len(depths) - 1)}
+    if ids is None:
+        return {}
+    head = ProposalHead(view, ids)  # one copy of the rows, shared by the non-final explorers
+    return dict.fromkeys(range(len(depths) - 1), head)
 
 
 def store_ranking(path, model, ranking) -> None:
     """Write (or replace) the token ranking of the light proposal heads in adapter file ``path``."""
-    from safetensors.torch import load_file, save_file
-
-    load_adapters(path, model)  # every check of the file and of its fit to ``model``
-    raw, _ = _header(path)
-    tensors = load_file(str(path))
-    tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
-    save_file(tensors, str(path), metadata=raw)
+    rewrite_adapters(path, model, tensors={RANKING: torch.as_tensor(ranking).to(torch.int32).contiguous()})
 
 
 def adapter_ranking(spec, model) -> torch.Tensor | None:
