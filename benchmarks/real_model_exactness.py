@@ -2,7 +2,8 @@
 
     python benchmarks/real_model_exactness.py --prompts 10 --max-new-tokens 128 --explorers 4
 
-For each HumanEval prompt (raw completion, no chat template) it runs HF greedy `generate`
+For each prompt of ``--sets`` (default HumanEval: raw completion, no chat template; ``chat``: the
+ShareGPT held-out split with the chat template; ``--prompts`` per set) it runs HF greedy `generate`
 (`dex_core.hf_greedy`) and DEX (sequential schedule, `--adapters`, default 'auto') in the same dtype
 and compares the tokens. A mismatch is explained: the AR logit gap between the two tokens at the
 first differing position, and whether the float64 model agrees with DEX there. It reports rounds/token,
@@ -23,7 +24,8 @@ import torch
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, ar_generate, hf_greedy, load_model
 from dex_core.config import ADAPTER_HELP
-from dex_core.data import humaneval_prompts
+from dex_core.data import prompt_set
+from dex_core.request import encode_item
 
 # round timings that are totals of other entries, not components of the round
 DERIVED_TIMINGS = ("round", "bookkeeping", "projected")
@@ -47,7 +49,8 @@ def explain_mismatch(model, depths, adapters, prompt, ref, got, index):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
-    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--sets", default="humaneval", help="comma-separated prompt sets: humaneval, chat, builtin")
+    parser.add_argument("--prompts", type=int, default=10, help="prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
@@ -63,8 +66,9 @@ def main(argv=None) -> int:
     decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, tokenizer=tokenizer, prune=args.prune)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     rows, totals = [], {}
-    for i, item in enumerate(humaneval_prompts(args.prompts)):
-        prompt = tokenizer(item["prompt"])["input_ids"]
+    items = [item for name in args.sets.split(",") for item in prompt_set(name.strip(), args.prompts)]
+    for i, item in enumerate(items):
+        prompt = encode_item(tokenizer, item)
         tic = time.perf_counter()
         ref = hf_greedy(model, prompt, args.max_new_tokens) if not args.temperature else \
             ar_generate(model, prompt, args.max_new_tokens, seed=i, **sampling).tokens
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
     shares = {k: v / totals["round"] for k, v in totals.items() if k not in DERIVED_TIMINGS}
     bookkeeping = totals["bookkeeping"] / totals["round"]
     summary = {"model": args.model, "dtype": args.dtype, "explorers": args.explorers, "sampling": sampling,
-               "prune": args.prune, "proposal_vocab": decoder.proposal_vocab,
+               "sets": args.sets, "prune": args.prune, "proposal_vocab": decoder.proposal_vocab,
                "depths": list(decoder.depths), "adapters": args.adapters,
                "adapter_depths": sorted(decoder.adapters), "prompts": len(rows), "tokens": tokens,
                "exact_prompts": sum(r["exact"] for r in rows), "rounds_per_token": rounds / tokens,

