@@ -144,3 +144,9 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2, commands
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci
+
+
+def test_readme_headings_are_unique():
+    headings = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("## ")]
+    repeated = sorted({h for h in headings if headings.count(h) > 1})
+    assert not repeated, f"README repeats sections: {repeated}"
