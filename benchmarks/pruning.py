@@ -9,7 +9,9 @@ per round (all explorers, and the widest explorer), cost per token from ``dex_co
 views (memory-bound: a batch costs one row; rows-counted: every row counts) with heads and adapters,
 and the projected K-device tokens/s of the sequential run (slowest explorer per round + bookkeeping +
 decode; communication left out) against AR's tokens/s (HF ``generate``, the references) measured in
-the same run with the same torch threads.
+the same run with the same torch threads. Where the time goes, per explorer: rows per round, its share
+of the expansion seconds, and how often it is the round's slowest; and, as a bound labelled as one, the
+projected tokens/s if every round's expansion were spread evenly over the K devices.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dex_core.request import encode_item
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--explorers", type=int, default=4)
+    parser.add_argument("--depths", help="exploration set, e.g. 6,14,22,30 (default: the shipped best set for K)")
     parser.add_argument("--prune", default="none,1,2,3,4", help="bounds B to compare, comma-separated")
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -43,19 +46,20 @@ def main(argv=None) -> int:
     refs = [hf_greedy(model, p, args.max_new_tokens) for p in prompts]
     ar_seconds = time.perf_counter() - tic  # AR (HF generate) measured in this run, with the same threads
     bounds = [None if b.strip() == "none" else int(b) for b in args.prune.split(",")]
-    decoders = {b: DexDecoder(model, explorers=args.explorers, adapters="auto", tokenizer=tokenizer, prune=b)
-                for b in bounds}
+    decoders = {b: DexDecoder(model, explorers=args.explorers, depths=args.depths, adapters="auto", tokenizer=tokenizer,
+                              prune=b) for b in bounds}
     first = next(iter(decoders.values()))
     cost = ModelCost.of(model, first.adapters, first.proposal_vocab)
     covered = sorted(first.adapters)
     rows = []
     for b, decoder in decoders.items():
         decoder.generate(prompts[0], 8)  # warm-up
-        stats, exact = [], 0
+        stats, exact, expand = [], 0, []  # expand: per round, each explorer's expansion seconds
         for p, ref in zip(prompts, refs):
             result = decoder.generate(p, args.max_new_tokens)
             exact += result.tokens == ref
             stats.append(result.stats)
+            expand += [e["timings"]["expand"] for e in result.trace if e["event"] == "round"]
         T = sum(s.tokens for s in stats)
         batches = [bs for s in stats for bs in s.batch_sizes]
         R = len(batches)
@@ -68,12 +72,23 @@ def main(argv=None) -> int:
                "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats),
                "ar_tokens_per_second": sum(map(len, refs)) / ar_seconds}
         row["projected_over_ar"] = row["projected_tokens_per_second"] / row["ar_tokens_per_second"]
+        K, spent = decoder.K, sum(map(sum, expand))
+        balanced = sum(s.projected_seconds for s in stats) - sum(map(max, expand)) + spent / K
+        row.update(explorer_rows_per_round=[sum(bs[k] for bs in batches) / R for k in range(K)],
+                   explorer_expand_share=[sum(e[k] for e in expand) / spent for k in range(K)],
+                   explorer_slowest_share=[sum(e.index(max(e)) == k for e in expand) / R for k in range(K)],
+                   balanced_bound_over_ar=T / balanced / row["ar_tokens_per_second"])
         rows.append(row)
         print(f"prune {b}: exact {exact}/{len(prompts)}, rounds/token {row['rounds_per_token']:.3f}, rows/round "
               f"{row['rows_per_round']:.2f} (widest {row['widest_rows_per_round']:.2f}), cost/token memory-bound "
               f"{row['cost_per_token_memory']:.2f} / rows-counted {row['cost_per_token_rows']:.2f} LE (AR "
               f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s = "
               f"{row['projected_over_ar']:.3f}x AR's measured {row['ar_tokens_per_second']:.2f}", flush=True)
+        print("  per explorer: rows/round " + " / ".join(f"{v:.2f}" for v in row["explorer_rows_per_round"])
+              + "; share of expansion seconds " + " / ".join(f"{v:.2f}" for v in row["explorer_expand_share"])
+              + "; slowest in " + " / ".join(f"{v:.2f}" for v in row["explorer_slowest_share"]) + " of rounds; bound "
+              f"with every round's expansion spread evenly over {K} devices: {row['balanced_bound_over_ar']:.3f}x AR",
+              flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"explorers": args.explorers, "max_new_tokens": args.max_new_tokens, "rows": rows}, fh, indent=1)

@@ -23,6 +23,7 @@ adapters included, both views). The EAD oracle (mean stable EAD) is a reference 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass
 
@@ -30,7 +31,7 @@ import torch
 
 from .bench_report import headline, result_row
 from .cost import ModelCost
-from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
+from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, integer, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .reference import hf_greedy
 from .request import encode_item
@@ -62,6 +63,8 @@ class BenchConfig:
                                  "communication to the projected K-device tokens/s")
     proposal_vocab: str = option("auto", "rows of DEX's non-final light proposal heads: N, full or auto "
                                          "(8192 with a token ranking)")
+    prune: tuple[str, ...] = option(("none",), "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
+                                               "at most B new branches per round)")
     quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
                                 "synthetic prompts (seconds; for tests)")
 
@@ -71,6 +74,10 @@ class BenchConfig:
             adapter_file(self.adapters)  # a missing file fails before the model loads
         self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
         self.proposal_vocab = rows_option(self.proposal_vocab)
+        self.prune = tuple(None if b == "none" else integer(int(b) if b.isdigit() else b, "prune", 1)
+                           for b in parse_list(self.prune, "prune"))
+        if not self.prune:
+            raise DexError("prune needs at least one bound: 'none' or a positive integer")
         if self.quick:
             for key, value in QUICK.items():
                 setattr(self, key, value)
@@ -205,13 +212,14 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     decoders, light = {}, {"proposal_vocab": cfg.proposal_vocab}
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
-        for use, decs in variants:
-            decoders[("dex", depths, use, decs)] = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use
-                                                              else {}, tokenizer=tokenizer, **light)
+        for (use, decs), prune in itertools.product(variants, cfg.prune):
+            decoders[("dex", depths, use, decs, prune)] = DexDecoder(
+                model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer, prune=prune, **light)
         if "dex-distributed" in cfg.methods:
-            decoders[("dex-distributed", depths, bool(adapters), True)] = DexDecoder(
-                model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads, tokenizer=tokenizer,
-                **light)
+            for prune in cfg.prune:
+                decoders[("dex-distributed", depths, bool(adapters), True, prune)] = DexDecoder(
+                    model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads,
+                    tokenizer=tokenizer, prune=prune, **light)
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
     rows = next((d.proposal_vocab for d in decoders.values()), model.config.vocab_size)
     profile = measure_profile(model, rows, log=log) if cfg.profile else None
