@@ -25,6 +25,7 @@ from . import debugger as dbg
 from .runtime import Runtime, ui_config
 
 PREVIOUS = "the panels below still show the previous run"
+LIVE = "this session's live run"  # the origin of a Live run's trace
 
 
 def _error(err: Exception):
@@ -59,7 +60,7 @@ def _panels(events) -> tuple:
 
 
 def _status_only(state: str, detail: str) -> tuple:
-    return (gr.skip(),) * 6 + (viz.status_html(state, detail),)
+    return (gr.skip(),) * 7 + (viz.status_html(state, detail),)
 
 
 class StopRequests:
@@ -88,7 +89,7 @@ def _session(request: gr.Request | None) -> str:
 
 def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, depths, adapters, decs, sample,
                 temperature, top_k, top_p, seed, max_new_tokens, request: gr.Request = None):
-    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, status) once per explorer round;
+    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) ends the run after the round in progress."""
     session = _session(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
@@ -118,17 +119,17 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
             tokens += 1 if event["commit"] else 0
             if stops.take(session):
                 stream.close()
-                yield _panels(events) + (events, meta, viz.status_html(
+                yield _panels(events) + (events, meta, LIVE, viz.status_html(
                     "stopped", f"stopped by you after round {event['round']} ({tokens} tokens): the panels show the "
                                "run so far; the Debugger holds what ran"))
                 return
-            yield _panels(events) + (events, meta, viz.status_html(
+            yield _panels(events) + (events, meta, LIVE, viz.status_html(
                 "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"))
     except ExplorerError as err:
         yield _status_only("error", f"{_explorer_line(err)}; the panels show this run up to its last round")
         return
     stats = events[-1]["stats"] if _end(events) else {}
-    yield _panels(events) + (events, meta, viz.status_html(
+    yield _panels(events) + (events, meta, LIVE, viz.status_html(
         "finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"))
 
 
@@ -143,15 +144,16 @@ def stop(stops: StopRequests, status: str, request: gr.Request = None):
 
 def page_load(request: gr.Request):
     """The bundled example (or ``?trace=NAME`` from ``assets/traces``) in the Live panels, the Debugger and
-    its timeline, without loading a model. Returns (trace, meta, 4 Live panels, Live status, 5 Debugger
-    outputs, timeline, Debugger status, tabs)."""
+    its timeline, without loading a model. Returns (trace, meta, origin, 4 Live panels, Live status, 5
+    Debugger outputs, timeline, Debugger status, tabs)."""
     name = request.query_params.get("trace") if request is not None else None
-    events, meta, note = dbg.bundled(name)
+    opened = dbg.bundled(name)
+    events, note = opened.events, opened.note
     if not events:
         idle = viz.status_html("idle", dbg.EMPTY_HINT)
-        return ([], {}, *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
+        return ([], {}, "", *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
     hint = " — press Generate to run your own prompt, or step through this one in the Debugger tab"
-    return (events, meta, *_panels(events), viz.status_html("example", note + hint),
+    return (events, opened.meta, opened.origin, *_panels(events), viz.status_html("example", note + hint),
             *dbg.frame(events, dbg.last_round(events)), dbg.timeline(events), viz.status_html("example", note),
             gr.Tabs(selected="debugger") if name else gr.skip())
 

@@ -10,12 +10,14 @@ and the timeline show), from the first round to the last.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
 import visualize as viz
 from visualize.markup import esc
+from visualize.palette import CURRENT_ROUND_COLOR
 from dex_core import DexError, load_trace, save_trace
 
 from .runtime import Runtime
@@ -25,23 +27,46 @@ EXAMPLE = "example"
 EMPTY_HINT = ("No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "
               "one with ?trace=NAME in the address.")
 # Plotly reports clicks on the timeline's points; the point's customdata is its round. The handler writes
-# the round into a hidden box and presses a hidden button, whose event moves the Debugger there.
+# the round into a hidden box and presses a hidden button, whose event moves the Debugger there. The same
+# watcher marks the round the Debugger shows on the timeline: a translucent band over the positions of the
+# nodes that round created, moved in the browser when the round control changes (no server work, no
+# redraw of the figure) and laid again when a new timeline arrives.
 TIMELINE_JS = """() => {
   if (window.__dexTimeline) return;
+  const band = (gd, round) => {
+    let lo = Infinity, hi = -Infinity;
+    for (const t of gd.data) {
+      if (t.mode !== 'markers' || t.name === 'collapses' || !t.customdata) continue;
+      t.customdata.forEach((r, i) => { if (r === round) { lo = Math.min(lo, t.x[i]); hi = Math.max(hi, t.x[i]); } });
+    }
+    return lo <= hi ? [lo - 0.5, hi + 0.5] : null;
+  };
   window.__dexTimeline = setInterval(() => {
     const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
-    if (!gd || gd.__dexClick || !gd.on) return;
-    gd.__dexClick = true;
-    gd.on('plotly_click', (ev) => {
-      const point = ev && ev.points && ev.points[0];
-      if (!point || point.customdata === undefined || point.customdata === null) return;
-      const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
-      box.value = String(point.customdata);
-      box.dispatchEvent(new Event('input', {bubbles: true}));
-      setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50);
-    });
+    if (!gd || !gd.on || !gd.data || !gd.layout) return;
+    if (!gd.__dexClick) {
+      gd.__dexClick = true;
+      gd.on('plotly_click', (ev) => {
+        const point = ev && ev.points && ev.points[0];
+        if (!point || point.customdata === undefined || point.customdata === null) return;
+        const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
+        box.value = String(point.customdata);
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+        setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50);
+      });
+    }
+    const input = document.querySelector('#dbg-round input[type=number]');
+    const round = input ? Number(input.value) : NaN;
+    const seen = gd.__dexBand;
+    if (!window.Plotly || (seen && seen.data === gd.data && seen.round === round)) return;
+    gd.__dexBand = {data: gd.data, round: round};
+    const x = band(gd, round);
+    const shapes = (gd.layout.shapes || []).filter(s => s.name !== 'current round');
+    if (x) shapes.push({name: 'current round', type: 'rect', xref: 'x', yref: 'paper', x0: x[0], x1: x[1],
+                        y0: 0, y1: 1, fillcolor: 'BAND_COLOR', opacity: 0.5, line: {width: 0}, layer: 'below'});
+    window.Plotly.relayout(gd, {shapes: shapes});
   }, 300);
-}"""
+}""".replace("BAND_COLOR", CURRENT_ROUND_COLOR)
 
 # Prev/Next/slider/Play reuse one replay per trace; small, since an entry keeps its trace alive (a trace
 # at the limits is a few hundred MB in memory) and re-indexing one costs tens of milliseconds
@@ -93,12 +118,25 @@ def step(events, round_no, delta):
     return rounds[max(0, min(_index(rounds, round_no) + delta, len(rounds) - 1))].round
 
 
-def play_tick(events, round_no):
-    """One Play step; stops the timer at the last round."""
+def play():
+    """Play: the session is playing (the flag each tick reads) and the timer runs."""
+    return True, gr.Timer(active=True)
+
+
+def pause():
+    """Pause: the flag off first, so a tick already queued does nothing, and the timer stopped."""
+    return False, gr.Timer(active=False)
+
+
+def play_tick(events, round_no, playing):
+    """One Play step: the next round's frame (lattice, table, FSM, text, round control) and the timer.
+    A tick that arrives after Pause changes nothing; a tick never starts the timer again (only Play
+    does), and the last round stops it."""
     rounds = views(events)
-    if not rounds or _index(rounds, round_no) >= len(rounds) - 1:
-        return last_round(events), gr.Timer(active=False)
-    return step(events, round_no, 1), gr.Timer(active=True)
+    if not playing or not rounds:
+        return (gr.skip(),) * 5 + (gr.Timer(active=False),)
+    at_end = _index(rounds, round_no) >= len(rounds) - 2
+    return (*frame(events, step(events, round_no, 1)), gr.Timer(active=False) if at_end else gr.skip())
 
 
 def timeline(events):
@@ -120,9 +158,20 @@ def bundled_names() -> list[str]:
     return sorted(p.stem for p in TRACES.glob("*.json")) if TRACES.is_dir() else []
 
 
-def bundled(name: str | None) -> tuple[list, dict, str]:
-    """(events, meta, note) of a trace shipped in ``assets/traces``. Only names found in that folder are
-    read (never a path from the request); an unknown name falls back to the example, with a note."""
+@dataclass(frozen=True)
+class Opened:
+    """A trace the Debugger opens: its events and metadata, where it came from (``origin``, one short
+    phrase) and the status line's text (``note``)."""
+
+    events: list
+    meta: dict
+    origin: str
+    note: str
+
+
+def bundled(name: str | None) -> Opened:
+    """A trace shipped in ``assets/traces``. Only names found in that folder are read (never a path from
+    the request); an unknown name falls back to the example, with a note."""
     names = bundled_names()
     note = ""
     if name and name not in names:
@@ -130,9 +179,10 @@ def bundled(name: str | None) -> tuple[list, dict, str]:
         name = None
     name = name or (EXAMPLE if EXAMPLE in names else None)
     if name is None:
-        return [], {}, note
+        return Opened([], {}, "", note)
     events, meta = _bundled(name)
-    return events, meta, note + describe(meta, f"bundled trace {name!r}")
+    origin = f"bundled trace {name!r}"
+    return Opened(events, meta, origin, note + describe(meta, origin))
 
 
 def clean_message(err: Exception, path: str) -> str:
@@ -143,35 +193,45 @@ def clean_message(err: Exception, path: str) -> str:
     return text
 
 
-def load(file):
-    """A saved trace, validated (``dex_core.trace_schema``): (events, meta, round, status). A rejected
-    file changes nothing but the status line: the session keeps the trace it had."""
+def read_upload(file) -> Opened:
+    """An uploaded trace file, validated against the trace schema and its limits (``dex_core.trace_schema``:
+    uploads are untrusted). Raises ``DexError`` with a message that names the file only by its own name."""
     if file is None:
-        return gr.skip(), gr.skip(), gr.skip(), viz.status_html("error", "choose a trace file (JSON saved by DEX) first")
+        raise DexError("choose a trace file (JSON saved by DEX) first")
     path = file if isinstance(file, str) else file.name
     try:
         events, meta = load_trace(path)
     except DexError as err:
-        return (gr.skip(), gr.skip(), gr.skip(),
-                viz.status_html("error", f"this trace was not loaded: {clean_message(err, path)}; "
-                                         "the Debugger still shows the previous trace"))
-    rounds = views(events)
-    return events, meta, rounds[0].round if rounds else 0, viz.status_html(
-        "finished", describe(meta, f"loaded {Path(path).name!r}"))
+        raise DexError(clean_message(err, path)) from None
+    origin = f"loaded {Path(path).name!r}"
+    return Opened(events, meta, origin, describe(meta, origin))
+
+
+def load(file):
+    """A saved trace, validated: (events, meta, origin, round, status). A rejected file changes nothing but
+    the status line: the session keeps the trace it had."""
+    try:
+        opened = read_upload(file)
+    except DexError as err:
+        return (*(gr.skip(),) * 4, viz.status_html("error", f"this trace was not loaded: {err}; "
+                                                            "the Debugger still shows the previous trace"))
+    rounds = views(opened.events)
+    return (opened.events, opened.meta, opened.origin, rounds[0].round if rounds else 0,
+            viz.status_html("finished", opened.note))
 
 
 def _download(path: Path) -> gr.File:
     return gr.File(value=str(path), visible=True, label=f"Download {path.name}")
 
 
-def _need(events):
+def need(events):
     if not events:
         raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
 
 
 def save(runtime: Runtime, events, meta):
     """The trace as a JSON file (in the server's file folder, removed after the session time-to-live)."""
-    _need(events)
+    need(events)
     path = runtime.file("dex-trace.json")
     save_trace(path, events, meta or {})
     return _download(path)
@@ -179,13 +239,13 @@ def save(runtime: Runtime, events, meta):
 
 def export_lattice(runtime: Runtime, events):
     """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
-    _need(events)
+    need(events)
     return _download(viz.export_graph(events, runtime.file("dex-lattice.graphml")))
 
 
 def export_report(runtime: Runtime, events, meta):
     """The run as one standalone HTML file (plotly.js inlined; opens from disk, offline)."""
-    _need(events)
+    need(events)
     if not views(events):
         raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to draw", print_exception=False)
     return _download(viz.write_run_report(events, meta, runtime.file("dex-run.html")))

@@ -22,8 +22,9 @@ from dataclasses import asdict
 import gradio as gr
 
 from app import callbacks as cb
+from app import compare as cmp
 from app import debugger as dbg
-from app.runtime import AppSettings, Runtime, control
+from app.runtime import HUSH, QUIET, AppSettings, Runtime, control
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 from dex_core.config import add_flags, from_args
 from dex_core.trace_schema import TRACE_LIMITS
@@ -62,12 +63,12 @@ def _max_new(label: str, elem_id: str) -> gr.Slider:
 
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
-QUIET = {"api_visibility": "undocumented"}  # UI plumbing, not part of the documented API
-HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
+PLAY_PERIOD = 0.6  # seconds between two rounds while the Debugger plays
 
 
-def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State):
-    """The Debugger's layout and events; returns (the 5 frame outputs, the timeline, the status line)."""
+def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.State):
+    """The Debugger's layout and events; returns (the 5 frame outputs, the timeline, the status line, the
+    comparison's redraw event)."""
     status = gr.HTML(elem_id="dbg-status")
     with gr.Row(equal_height=True):
         prev_b = gr.Button("◀ Prev", elem_id="dbg-prev", scale=0, min_width=90)
@@ -75,7 +76,8 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State):
         play_b = gr.Button("Play", elem_id="dbg-play", scale=0, min_width=80)
         pause_b = gr.Button("Pause", elem_id="dbg-pause", scale=0, min_width=80)
         slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round", scale=1)
-    timer = gr.Timer(0.6, active=False)
+    timer = gr.Timer(PLAY_PERIOD, active=False)
+    playing = gr.State(False)  # what Pause writes and every tick reads
     timeline = gr.Plot(label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline")
     goto = gr.Textbox(visible="hidden", elem_id="dbg-goto")
     goto_b = gr.Button("Open round", visible="hidden", elem_id="dbg-goto-go")
@@ -92,7 +94,9 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State):
             save_b = gr.Button("Save trace (JSON)", elem_id="dbg-save", size="sm")
             graph_b = gr.Button("Export lattice graph (GraphML)", elem_id="dbg-graph", size="sm")
             html_b = gr.Button("Export run as HTML (works offline)", elem_id="dbg-html", size="sm")
+            pin_b = gr.Button("Pin this run for comparison (run A)", elem_id="dbg-pin", size="sm")
         download = gr.File(label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1)
+    compare = cmp.section(trace, meta, origin, pin_b, runtime.settings.session_ttl)
     frame = [lattice, table, fsm, text, slider]
     show = dbg.frame
     slider.release(show, [trace, slider], frame, **HUSH)
@@ -100,16 +104,17 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State):
         button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **HUSH).then(
             show, [trace, slider], frame, **HUSH)
     goto_b.click(show, [trace, goto], frame, **HUSH)
-    play_b.click(lambda: gr.Timer(active=True), None, timer, **HUSH)
-    pause_b.click(lambda: gr.Timer(active=False), None, timer, **HUSH)
-    timer.tick(dbg.play_tick, [trace, slider], [slider, timer], **HUSH).then(show, [trace, slider], frame, **HUSH)
+    play_b.click(dbg.play, None, [playing, timer], **HUSH)
+    pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
+    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **HUSH)
     save_b.click(functools.partial(dbg.save, runtime), [trace, meta], download, **HUSH)
     graph_b.click(functools.partial(dbg.export_lattice, runtime), trace, download, **HUSH)
     html_b.click(functools.partial(dbg.export_report, runtime), [trace, meta], download, **HUSH)
     # a rejected file changes only the status line: the session keeps its trace and the panels stay
-    loaded.upload(dbg.load, loaded, [trace, meta, slider, status], **HUSH).then(
-        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH)
-    return frame, timeline, status
+    loaded.upload(dbg.load, loaded, [trace, meta, origin, slider, status], **HUSH).then(
+        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH).then(
+        *compare, **HUSH)
+    return frame, timeline, status, compare
 
 
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
@@ -120,6 +125,8 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
         demo.runtime = runtime
         trace = gr.State([], time_to_live=ttl)  # a session's traces go ttl seconds after it closes
         meta = gr.State({}, time_to_live=ttl)
+        origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
+        live_source = gr.State(cb.LIVE)  # outside gr.Tabs: a State between two tabs doubled the last tab's label
         gr.Markdown("# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
                     "several depths propose tokens, the final layer commits exactly AR's token, and the "
                     f"lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
@@ -152,7 +159,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 stops = cb.StopRequests()
                 run = generate.click(bind(cb.live_frames, runtime, stops),
                                      [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new],
-                                     [*live_panels, trace, meta, live_status], api_name="generate",
+                                     [*live_panels, trace, meta, origin, live_status], api_name="generate",
                                      concurrency_id="model", concurrency_limit=1, show_progress="hidden")
                 stop.click(bind(cb.stop, stops), live_status, live_status, **QUIET)
 
@@ -176,10 +183,9 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                               concurrency_id="model", concurrency_limit=1)
 
             with gr.Tab("Debugger", id="debugger"):
-                dbg_frame, dbg_timeline, dbg_status = _debugger_tab(runtime, trace, meta)
-            after_run = (dbg.refresh, [trace, meta, live_status, gr.State("this session's live run")],
-                         [*dbg_frame, dbg_timeline, dbg_status])
-            run.then(*after_run, **HUSH)  # open the debugger at the last round (also of a stopped run)
+                dbg_frame, dbg_timeline, dbg_status, compare = _debugger_tab(runtime, trace, meta, origin)
+            after_run = (dbg.refresh, [trace, meta, live_status, live_source], [*dbg_frame, dbg_timeline, dbg_status])
+            run.then(*after_run, **HUSH).then(*compare, **HUSH)  # the debugger at the last round (stopped runs too)
             with gr.Tab("Analysis", id="analysis"):
                 with gr.Row():
                     an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
@@ -198,8 +204,8 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 an_go.click(bind(cb.analyse, runtime), [an_prompt, an_chat, an_adapters, an_new, an_metric],
                             [ead_plot, speed_plot, an_table, depth_plot],
                             api_name="analyse", concurrency_id="model", concurrency_limit=1)
-        demo.load(cb.page_load, None, [trace, meta, *live_panels, live_status, *dbg_frame, dbg_timeline, dbg_status,
-                                       tabs], show_progress="hidden", **QUIET)
+        demo.load(cb.page_load, None, [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline,
+                                       dbg_status, tabs], show_progress="hidden", **QUIET)
         demo.load(None, js=dbg.TIMELINE_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 

@@ -121,6 +121,8 @@ def control(cls, name: str) -> dict:
 
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
+QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not part of the documented API
+HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
 
 
 class Runtime:

@@ -1,6 +1,7 @@
 """The Gradio app end to end: its API through gradio_client, and its page in a real browser."""
 
 import html
+import json
 import re
 
 import pytest
@@ -163,12 +164,78 @@ def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_de
     from app import debugger as dbg
     from dex_core import DexError
 
-    events, meta, note = dbg.bundled(None)
-    assert "example" in dbg.bundled_names() and events[0]["event"] == "start" and "bundled trace 'example'" in note
+    opened = dbg.bundled(None)
+    events = opened.events
+    assert "example" in dbg.bundled_names() and events[0]["event"] == "start"
+    assert opened.origin == "bundled trace 'example'" and opened.origin in opened.note
     for name in ("../../README", "/etc/passwd", "example.json"):
-        fallback, _, refused = dbg.bundled(name)
-        assert fallback is events and refused.startswith("no bundled trace is named")
+        fallback = dbg.bundled(name)
+        assert fallback.events is events and fallback.note.startswith("no bundled trace is named")
     hint = dbg.frame([], 0)[1]
     assert "No trace yet" in hint and "Generate" in hint and "load a trace" in hint
     err = DexError("cannot read the trace file /tmp/gradio/abc123/mine.json in /tmp/gradio/abc123")
     assert dbg.clean_message(err, "/tmp/gradio/abc123/mine.json") == "cannot read the trace file mine.json in …"
+
+
+def test_the_tab_bar_holds_only_tabs_so_gradio_draws_each_label_once():
+    from app.main import demo
+
+    components = {c["id"]: c["type"] for c in demo.config["components"]}
+
+    def tab_bars(node):
+        if components.get(node["id"]) == "tabs":
+            yield [components[child["id"]] for child in node.get("children", [])]
+        for child in node.get("children", []):
+            yield from tab_bars(child)
+
+    bars = list(tab_bars(demo.config["layout"]))
+    assert bars == [["tabitem"] * 4]  # a State between two tabs made Gradio draw "Analysis" twice
+
+
+def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
+    import gradio as gr
+
+    from app import debugger as dbg
+
+    events = dbg.bundled(None).events
+    paused = dbg.play_tick(events, 5, False)
+    assert paused[:5] == (gr.skip(),) * 5 and paused[5].active is False
+    playing = dbg.play_tick(events, 5, True)
+    assert playing[4].value == 6 and playing[5] == gr.skip()  # the next round; the timer left as it is
+    last = dbg.last_round(events)
+    assert dbg.play_tick(events, last - 1, True)[5].active is False  # the last round stops it
+    assert dbg.pause()[0] is False and dbg.play()[0] is True
+
+
+def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
+    from app import compare as cmp
+    from app import debugger as dbg
+    from dex_core import save_trace
+
+    example = dbg.bundled(None)
+    assert "Nothing pinned" in cmp.update(None, example.events, example.meta, example.origin)[0]
+    run_a, status, _ = cmp.pin(example.events, example.meta, example.origin)
+    result = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4], 6)
+    events, tiny = result.trace, result.stats
+    table, plot = cmp.update(run_a, events, {"model": "<b>tiny</b>"}, "this session's live run")
+    end = example.events[-1]["stats"]
+    assert "run A pinned: bundled trace &#x27;example&#x27;" in status
+    assert f"{end['rounds_per_token']:.3f}" in table and f"{end['depth_speedup']:.3f}" in table
+    assert f"{tiny.rounds_per_token:.3f}" in table and "&lt;b&gt;tiny&lt;/b&gt;" in table and "<b>tiny" not in table
+    assert "outputs differ" in table and "the prompts differ" in table
+    bars = json.loads(plot.value["plot"])["data"]
+    assert len(bars) == 2 and bars[0]["marker"]["color"] != bars[1]["marker"]["color"]
+    depths = sorted(set(end["depths"]) | set(tiny.depths))
+    assert bars[0]["x"] == bars[1]["x"] == [str(d) for d in depths]  # one group per depth of either run
+    assert sum(int(b or 0) for b in bars[1]["text"]) == tiny.tokens
+    assert [y is None for y in bars[1]["y"]] == [d not in tiny.depths for d in depths]
+    d = [0] + end["depths"]  # memory-bound: a round costs its slowest busy explorer's layers
+    slowest = [max(d[k + 1] - d[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]]
+    assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "dex-trace"')
+    kept, refused, _ = cmp.load_pinned(str(bad))
+    assert kept == {"__type__": "update"} and "not loaded" in refused and str(tmp_path) not in refused
+    save_trace(tmp_path / "k2.json", events, {"model": "tiny"})
+    loaded, note, _ = cmp.load_pinned(str(tmp_path / "k2.json"))
+    assert loaded["origin"] == "loaded 'k2.json'" and "identical outputs" in cmp.update(loaded, events, {}, "")[0]

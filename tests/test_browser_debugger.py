@@ -1,6 +1,7 @@
 """The debugger in a real browser (Chromium): the bundled example on first load without a model, a K=8
 run within 1,600 px at 1,400 px width, Stop, an error that keeps the previous run, the timeline's
-clicks, and the exported HTML opened from disk."""
+clicks and its current-round band, the exported HTML opened from disk, Pause within one tick, and two
+runs compared (a pinned one and a loaded one) under a tab bar that names each tab once."""
 
 import json
 import re
@@ -14,6 +15,14 @@ PROMPT = "hello world the prime number"
 STATUS = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
 TITLE = "() => document.querySelector('#dbg-lattice .js-plotly-plot')?.layout?.title?.text || ''"
 HEIGHT = "() => document.documentElement.scrollHeight"
+ROUND = "() => Number(document.querySelector('#dbg-round input[type=number]').value)"
+# the timeline's current-round band, the round the control shows, and the x range of that round's nodes
+BAND = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
+  const s = (gd.layout.shapes || []).find(s => s.name === 'current round'); if (!s) return null;
+  const round = Number(document.querySelector('#dbg-round input[type=number]').value);
+  const xs = gd.data.filter(t => t.mode === 'markers' && t.name !== 'collapses')
+    .flatMap(t => t.x.filter((x, i) => t.customdata[i] === round));
+  return {round, x0: s.x0, x1: s.x1, lo: Math.min(...xs), hi: Math.max(...xs)}; }"""
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +59,14 @@ def plot_ready(page, elem: str, timeout=180_000):  # generous: a loaded 2-core C
     page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.data?.length", timeout=timeout)
 
 
-def example_nodes() -> int:
+def example_events() -> list[dict]:
     from app.debugger import TRACES
 
-    events = json.loads((TRACES / "example.json").read_text())["events"]
-    return sum(len(e["nodes"]) for e in events if e["event"] == "round")
+    return json.loads((TRACES / "example.json").read_text())["events"]
+
+
+def example_nodes() -> int:
+    return sum(len(e["nodes"]) for e in example_events() if e["event"] == "round")
 
 
 def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, page):
@@ -99,6 +111,9 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     assert page.evaluate(TITLE) != last
     assert f"Round {clicked}</b>" in page.inner_html("#dbg-table")
     assert page.locator("#dbg-round input[type=number]").input_value() == str(clicked)
+    page.wait_for_function(f"() => ({BAND})()?.round === {clicked}", timeout=30_000)  # the band follows the round
+    band = page.evaluate(BAND)
+    assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] and band["x1"] - band["x0"] < 10
 
 
 def generate(page, tokens: int, depths: str = ""):
@@ -178,3 +193,71 @@ def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_p
                              " && t.name !== 'collapses').reduce((n, t) => n + t.x.length, 0)")
     assert nodes == example_nodes() and requests == []
     assert re.search(r"48\s*tokens", offline.inner_text("body")) or "48" in offline.inner_text("body")
+
+
+def open_round(page, round_no: int):
+    """Move the Debugger to ``round_no`` the way a timeline click does (the hidden box and button)."""
+    page.evaluate(f"""() => {{ const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
+        box.value = '{round_no}'; box.dispatchEvent(new Event('input', {{bubbles: true}}));
+        setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50); }}""")
+    page.wait_for_function(f"() => ({ROUND})() === {round_no}", timeout=60_000)
+
+
+def test_pause_stops_play_within_one_tick(app_url, page):
+    from app.main import PLAY_PERIOD
+
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    open_round(page, 1)
+    page.locator("#dbg-play").click()
+    page.wait_for_function(f"() => ({ROUND})() >= 4", timeout=60_000)  # playing
+    page.locator("#dbg-pause").click()
+    at_pause = page.evaluate(ROUND)
+    page.wait_for_timeout(max(3 * PLAY_PERIOD * 1000, 3000))  # three timer periods (at least 3 s under load)
+    after = page.evaluate(ROUND)
+    assert at_pause <= after <= at_pause + 1, (at_pause, after)
+    page.wait_for_timeout(2000)
+    assert page.evaluate(ROUND) == after  # and it stays paused
+    assert f"Round {after} " in page.evaluate(TITLE)  # the panels show the round the control says
+
+
+def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page, tmp_path):
+    from dex_core import DexDecoder, save_trace
+
+    result = DexDecoder(tiny_model("llama", layers=8), explorers=2, tokenizer=tiny_tokenizer()).generate(
+        [1, 2, 3, 4], 10)
+    save_trace(tmp_path / "k2.json", result.trace, {"model": "tiny k2"})
+    (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Analysis").click()  # the tab Gradio used to draw twice
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    assert page.locator("[role=tablist] [role=tab]").all_inner_texts() == ["Live", "Race", "Debugger", "Analysis"]
+    page.locator("#dbg-compare").get_by_text("Compare two runs").click()
+    page.wait_for_function("() => document.querySelector('#dbg-compare-empty')?.innerText.includes('Nothing pinned')",
+                           timeout=30_000)
+    page.locator("#dbg-pin").click()
+    table = "() => document.querySelector('#dbg-compare-table')?.innerText || ''"
+    page.wait_for_function(f"() => ({table})().includes('run A') && ({table})().includes('identical outputs')",
+                           timeout=60_000)
+    page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "k2.json"))  # becomes run B
+    page.wait_for_function(f"() => ({table})().includes('k2.json')", timeout=120_000)
+    text = page.inner_text("#dbg-compare-table")
+    end = example_events()[-1]["stats"]
+    numbers = [f"{x:.3f}" for x in (end["rounds_per_token"], end["depth_speedup"], result.stats.rounds_per_token,
+                                    result.stats.depth_speedup)]
+    for value in numbers + ["bundled trace 'example'", "tiny k2", "outputs differ"]:
+        assert value in text, value
+    plot_ready(page, "dbg-compare-plot")
+    bars = page.evaluate("() => document.querySelector('#dbg-compare-plot .js-plotly-plot').data"
+                         ".map(t => [t.type, t.marker.color, t.text.filter(Boolean).map(Number)])")
+    assert [b[0] for b in bars] == ["bar", "bar"] and bars[0][1] != bars[1][1]
+    assert sum(bars[0][2]) == end["tokens"] and sum(bars[1][2]) == result.stats.tokens
+    page.locator("#dbg-compare-load input[type=file]").set_input_files(str(tmp_path / "bad.json"))
+    refused = "() => document.querySelector('#dbg-compare-status [data-state]')?.dataset.state === 'error'"
+    page.wait_for_function(refused, timeout=60_000)
+    assert "run A is unchanged" in page.inner_text("#dbg-compare-status") and str(tmp_path) not in page.content()
+    assert "bundled trace 'example'" in page.inner_text("#dbg-compare-table")

@@ -26,6 +26,8 @@ FATE_COLORS = {                  # a node over the whole run (``graph.FATES``)
     "matched": "#009E73", "final": "#CC79A7", "committed": "#E69F00", "discarded": GREY, "pending": "#56B4E9",
 }
 CUT_COLOR = "#D55E00"            # collapses drawn as cuts in the timeline
+RUN_COLORS = ("#0072B2", "#E69F00")  # run A and run B of a comparison
+CURRENT_ROUND_COLOR = "#F0E442"  # the band over the round the Debugger shows, on the timeline
 
 
 def stage_color(stage: int) -> str:

@@ -5,6 +5,8 @@ compact at K = 8: node ids and per-explorer batches are behind ``<details>``, lo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .lattice import token_texts
 from .markup import esc, join, num
 from .palette import stage_color, stage_ink, stage_legend_html
@@ -106,8 +108,13 @@ def fsm_html(view: RoundView) -> str:
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
 
+def stage_counts(matched: list[int], stages: int) -> list[int]:
+    """How many committed tokens each stage 0..stages-1 matched."""
+    return [matched.count(k) for k in range(stages)]
+
+
 def _histogram(matched: list[int], depths: list[int]) -> str:
-    counts = [matched.count(k) for k in range(len(depths))]
+    counts = stage_counts(matched, len(depths))
     top = max(counts) if any(counts) else 1
     rows = []
     for k, (d, c) in enumerate(zip(depths, counts)):
@@ -117,16 +124,29 @@ def _histogram(matched: list[int], depths: list[int]) -> str:
     return "".join(rows)
 
 
+@dataclass(frozen=True)
+class RunNumbers:
+    """A run's progress up to a round: what the Live numbers panel and the comparison show."""
+
+    tokens: int
+    rounds: int
+    rounds_per_token: float
+    depth_speedup: float  # K / (rounds/token); AR through K stages = 1
+
+
+def run_numbers(view: RoundView) -> RunNumbers:
+    """Tokens, rounds, rounds/token and depth-side speedup of the run up to and including ``view``'s round."""
+    tokens, rounds = len(view.tokens), view.round
+    rpt = rounds / tokens if tokens else 0.0
+    return RunNumbers(tokens, rounds, rpt, view.num_stages / rpt if tokens else 0.0)
+
+
 def stats_html(view: RoundView, end: dict | None = None) -> str:
     """Tokens, rounds, rounds/token, depth-side speedup K/(rounds/token), the matched-stage histogram,
     and (given the end event) measured and projected tokens/s."""
-    depths = view.start["depths"]
-    K = len(depths)
-    tokens, rounds = len(view.tokens), view.round
-    rpt = rounds / tokens if tokens else 0.0
-    speedup = K / rpt if tokens else 0.0
-    items = [("tokens", esc(tokens)), ("rounds", esc(rounds)), ("rounds/token", num(rpt, ".2f")),
-             ("depth-side speedup K/(rounds/token)", num(speedup, ".2f") + "×")]
+    n = run_numbers(view)
+    items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
+             ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×")]
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
@@ -138,7 +158,7 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
                     f"color: #7f8c8d;'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
                     for name, value in items)
     return (f"<div style='{_BOX}'><div>{cells}</div><div style='font-size: 12px;'>matched stage"
-            f"{_histogram(view.matched, depths)}</div></div>")
+            f"{_histogram(view.matched, view.start['depths'])}</div></div>")
 
 
 def _cand(token: int, vocab: dict[int, str | None]) -> str:

@@ -1,0 +1,92 @@
+"""The Debugger's comparison of two runs. Run A is pinned: the run the Debugger shows when "Pin this run
+for comparison" is pressed, or a trace loaded into the compare slot (validated like every upload,
+``debugger.read_upload``). Run B is whatever the Debugger shows later: a live run, a loaded trace, a
+bundled one. The panel (``visualize.compare``) puts their settings, numbers, cost per token (the
+project's cost model, ``dex_core.cost``, over the decoder layers a trace records) and matched-depth
+histograms side by side. The pinned run is per session, like the Debugger's own trace.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+import visualize as viz
+from visualize.markup import esc
+from dex_core import DexError
+from dex_core.cost import ModelCost
+
+from . import debugger as dbg
+from .runtime import HUSH
+
+HINT = ("Nothing pinned yet. Press “Pin this run for comparison” to keep the run shown above as run A (or load a "
+        "trace to compare below); then open another run — Generate in the Live tab, load a trace above, or a "
+        "bundled one — and it appears here as run B, next to A. Typical pairs: adapters on vs off, DECS on vs "
+        "off, K=2 vs K=4, a loaded trace vs a live one.")
+
+
+def layer_cost(events) -> dict:
+    """Cost per token of a DEX trace in layer-equivalents, decoder layers only (the trace records neither
+    the head's nor the adapters' weights): on K devices (memory-bound), every row counted, and AR's."""
+    start = events[0]
+    layers = ModelCost(start["num_layers"], 0.0, 0.0)
+    rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
+    tokens = sum(1 for e in events if e.get("event") == "round" and e.get("commit"))
+    return {"memory": layers.dex(start["depths"], rounds, tokens, "memory"),
+            "rows": layers.dex(start["depths"], rounds, tokens, "rows"), "ar": layers.ar()}
+
+
+def side(name: str, run: dict) -> viz.RunSide | None:
+    """A run ({"events", "meta", "origin"}) as one side of the comparison; None without explorer rounds."""
+    rounds = dbg.views(run["events"])
+    if not rounds:
+        return None
+    end = run["events"][-1] if run["events"][-1].get("event") == "end" else None
+    return viz.RunSide(name, run["origin"] or "this session's trace", rounds[-1], run["meta"] or {},
+                       end and end.get("stop"), layer_cost(run["events"]))
+
+
+def pin(events, meta, origin):
+    """Pin the run the Debugger shows as run A; opens the comparison."""
+    dbg.need(events)
+    if not dbg.views(events):
+        raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to compare", print_exception=False)
+    run = {"events": events, "meta": meta or {}, "origin": origin or "this session's trace"}
+    return run, viz.status_html("finished", f"run A pinned: {run['origin']}"), gr.Accordion(open=True)
+
+
+def load_pinned(file):
+    """A trace file as run A, validated; a refused file changes only the compare status line."""
+    try:
+        opened = dbg.read_upload(file)
+    except DexError as err:
+        return gr.skip(), viz.status_html("error", f"this trace was not loaded: {err}; run A is unchanged"), gr.skip()
+    if not dbg.views(opened.events):
+        return gr.skip(), viz.status_html("error", "this trace has no explorer rounds (an AR trace?): run A is "
+                                                   "unchanged"), gr.skip()
+    run = {"events": opened.events, "meta": opened.meta, "origin": opened.origin}
+    return run, viz.status_html("finished", f"run A: {opened.note}"), gr.Accordion(open=True)
+
+
+def update(pinned, events, meta, origin):
+    """The comparison of the pinned run A and the Debugger's run B: (table HTML, histogram plot)."""
+    if not pinned:
+        return f"<p id='dbg-compare-empty'>{esc(HINT)}</p>", gr.Plot(visible=False)
+    sides = [s for s in (side("A", pinned), side("B", {"events": events, "meta": meta, "origin": origin})) if s]
+    return viz.compare_html(sides), gr.Plot(value=viz.compare_figure(sides), visible=True)
+
+
+def section(trace: gr.State, meta: gr.State, origin: gr.State, pin_button: gr.Button, ttl: int) -> tuple:
+    """The comparison's layout (a folded accordion the pin opens) and its events; returns the event
+    (fn, inputs, outputs) that redraws it, for whatever changes the Debugger's run."""
+    pinned = gr.State(None, time_to_live=ttl)
+    with gr.Accordion("Compare two runs: A (pinned) and B (the run shown above)", open=False,
+                      elem_id="dbg-compare") as fold:
+        status = gr.HTML(elem_id="dbg-compare-status")
+        panel = gr.HTML(f"<p id='dbg-compare-empty'>{esc(HINT)}</p>", elem_id="dbg-compare-table")
+        plot = gr.Plot(label="Matched depth of both runs", elem_id="dbg-compare-plot", visible=False)
+        slot = gr.File(label="Load a trace to compare (run A)", file_types=[".json"], elem_id="dbg-compare-load",
+                       height=100)
+    refresh = (update, [pinned, trace, meta, origin], [panel, plot])
+    pin_button.click(pin, [trace, meta, origin], [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
+    slot.upload(load_pinned, slot, [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
+    return refresh
