@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import gradio as gr
 
@@ -18,6 +19,7 @@ from dex_core.adapters import choose_depths, resolve_adapters
 from dex_core.cost import ModelCost
 from dex_core.ead import readiness
 from dex_core.lens import depth_view
+from dex_core.profile import exchange_seconds
 from dex_core.proposal import proposal_rows
 from dex_core.request import check_text
 
@@ -88,29 +90,31 @@ def _session(request: gr.Request | None) -> str:
 
 
 def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, depths, adapters, decs, sample,
-                temperature, top_k, top_p, seed, max_new_tokens, request: gr.Request = None):
+                temperature, top_k, top_p, seed, max_new_tokens, prune="auto", request: gr.Request = None):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) ends the run after the round in progress."""
     session = _session(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
-    loading = "" if runtime.loaded else f"loading {runtime.settings.model} (first use: fetched and cached once)"
-    yield _status_only("running", loading or "starting")
+    yield _status_only("running", "starting")
     try:
+        for line in _loading(runtime):
+            yield _status_only("running", line)
         config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                           max_new_tokens=max_new_tokens)
+                           max_new_tokens=max_new_tokens, prune=prune)
         check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
-        if notice := runtime.device_notice(decoder.K):
-            gr.Warning(notice)
+        for notice in (runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens)):
+            if notice:
+                gr.Warning(notice)
         stream = decoder.stream(ids, options=config.generation())
         events = [next(stream)]
     except (DexError, ExplorerError) as err:
         yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
         return
     meta = {"model": runtime.settings.model, "prompt": prompt}
-    tokens = 0
+    tokens, tic = 0, time.monotonic()
     try:
         for event in stream:
             events.append(event)
@@ -123,14 +127,39 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
                     "stopped", f"stopped by you after round {event['round']} ({tokens} tokens): the panels show the "
                                "run so far; the Debugger holds what ran"))
                 return
+            left = (time.monotonic() - tic) / tokens * (config.max_new_tokens - tokens) if tokens >= 2 else None
             yield _panels(events) + (events, meta, LIVE, viz.status_html(
-                "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"))
+                "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"
+                           + (f" · about {left:.0f} s left" if left is not None else "")))
     except ExplorerError as err:
         yield _status_only("error", f"{_explorer_line(err)}; the panels show this run up to its last round")
         return
     stats = events[-1]["stats"] if _end(events) else {}
     yield _panels(events) + (events, meta, LIVE, viz.status_html(
         "finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"))
+
+
+def _loading(runtime: Runtime):
+    """Load the model in a thread (when it is not loaded yet), yielding a status line twice a second: the
+    loading stage ``load_model`` reports (fetching, converting, loading) and its elapsed time."""
+    if runtime.loaded:
+        return
+    stage, failed, done = [f"loading {runtime.settings.model}"], [], threading.Event()
+
+    def work():
+        try:
+            runtime.model(log=lambda line: stage.__setitem__(0, line))
+        except Exception as err:  # raised again in the request's own thread
+            failed.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    tic = time.monotonic()
+    while not done.wait(0.5):
+        yield f"first use: {stage[0]} ({time.monotonic() - tic:.0f} s)"
+    if failed:
+        raise failed[0]
 
 
 def stop(stops: StopRequests, status: str, request: gr.Request = None):
@@ -163,21 +192,28 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
     takes the next step, so both run under the same load until one finishes.
 
     Clocks are each method's own compute time, so the two panes fill at their measured speeds. DEX's
-    projected K-device clock is drawn next to its measured one; the summary adds rounds per token,
-    the depth-side speedup and the cost per token of the project's cost model (heads included).
+    projected K-device clock (each round's slowest explorer, plus the exchange between devices from this
+    machine's profile, ``dex_core.profile``) is drawn next to its measured one; the summary adds rounds
+    per token, the depth-side speedup and the cost per token of the project's cost model (heads included).
     """
     try:
         config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens)
         check_text(prompt)
+        for line in _loading(runtime):
+            yield gr.skip(), gr.skip(), gr.skip(), viz.status_html("running", line)
         ids = runtime.encode(prompt, config.chat)
         model, tokenizer = runtime.model()
         decoder = runtime.decoder(config)
+        distributed = runtime.settings.backend == "distributed"
+        if not distributed and not runtime.profiled(decoder):
+            yield gr.skip(), gr.skip(), gr.skip(), viz.status_html(
+                "running", "first race: timing this machine's layers, heads and exchange for the projection (once)")
+        profile = None if distributed else runtime.profile(decoder)
         ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
         dex = _guarded(decoder.stream(ids, options=config.generation()))
         next(ar), next(dex)
     except DexError as err:
         raise _error(err) from None
-    distributed = runtime.settings.backend == "distributed"
     first = None  # the method that finished first (the other then ran alone)
     clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
     times = {"ar": [], "dex": [], "proj": []}
@@ -195,7 +231,8 @@ def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tok
         else:
             t = event["timings"]
             clocks["dex"] += t["prefill"] + t["round"]
-            clocks["proj"] += t["projected"]
+            clocks["proj"] += t["projected"] + (exchange_seconds(profile, [len(b) for b in event["batches"]])
+                                                if profile else 0.0)
             if event["commit"]:
                 tokens["dex"].append(event["commit"]["token"])
                 times["dex"].append(clocks["dex"])
@@ -209,7 +246,7 @@ def _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, firs
     series = [{"name": "AR (measured)", "times": times["ar"]},
               {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
                "times": times["dex"]}]
-    projected = None if distributed else f"DEX projected on {K} devices"
+    projected = None if distributed else f"DEX projected on {K} devices (communication included)"
     if projected:
         series.append({"name": projected, "times": times["proj"], "dash": True})
     facts = None

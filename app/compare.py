@@ -2,7 +2,7 @@
 for comparison" is pressed, or a trace loaded into the compare slot (validated like every upload,
 ``debugger.read_upload``). Run B is whatever the Debugger shows later: a live run, a loaded trace, a
 bundled one. The panel (``visualize.compare``) puts their settings, numbers, cost per token (the
-project's cost model, ``dex_core.cost``, over the decoder layers a trace records) and matched-depth
+project's cost model, ``dex_core.cost``, with the weights a trace records) and matched-depth
 histograms side by side. The pinned run is per session, like the Debugger's own trace.
 """
 
@@ -24,15 +24,20 @@ HINT = ("Nothing pinned yet. Press “Pin this run for comparison” to keep the
         "off, K=2 vs K=4, a loaded trace vs a live one.")
 
 
-def layer_cost(events) -> dict:
-    """Cost per token of a DEX trace in layer-equivalents, decoder layers only (the trace records neither
-    the head's nor the adapters' weights): on K devices (memory-bound), every row counted, and AR's."""
+def trace_cost(events) -> dict:
+    """Cost per token of a DEX trace in layer-equivalents, on K devices (memory-bound) and with every row
+    counted, and AR's: all the work (layers, heads, adapters) from the weights its start event records
+    (``cost``), else, for older traces, decoder layers only (``"whole": False``)."""
     start = events[0]
-    layers = ModelCost(start["num_layers"], 0.0, 0.0)
+    weights = start.get("cost")
+    model = ModelCost(start["num_layers"], weights["head"], weights["adapter"], weights["proposal"]) if weights \
+        else ModelCost(start["num_layers"], 0.0, 0.0)
+    adapted = start.get("adapter_depths", [])
     rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
     tokens = sum(1 for e in events if e.get("event") == "round" and e.get("commit"))
-    return {"memory": layers.dex(start["depths"], rounds, tokens, "memory"),
-            "rows": layers.dex(start["depths"], rounds, tokens, "rows"), "ar": layers.ar()}
+    return {"memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
+            "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted), "ar": model.ar(),
+            "whole": bool(weights)}
 
 
 def side(name: str, run: dict) -> viz.RunSide | None:
@@ -42,7 +47,7 @@ def side(name: str, run: dict) -> viz.RunSide | None:
         return None
     end = run["events"][-1] if run["events"][-1].get("event") == "end" else None
     return viz.RunSide(name, run["origin"] or "this session's trace", rounds[-1], run["meta"] or {},
-                       end and end.get("stop"), layer_cost(run["events"]))
+                       end and end.get("stop"), trace_cost(run["events"]))
 
 
 def pin(events, meta, origin):

@@ -24,7 +24,7 @@ import gradio as gr
 from app import callbacks as cb
 from app import compare as cmp
 from app import debugger as dbg
-from app.runtime import HUSH, QUIET, AppSettings, Runtime, control
+from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, control
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 from dex_core.config import add_flags, from_args
 from dex_core.trace_schema import TRACE_LIMITS
@@ -146,6 +146,9 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         adapters = _adapters_box(runtime)
                         decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
                         max_new = _max_new("Max new tokens", "live-new")
+                        prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
+                                            info="new branches per round; auto: 1 on CPU, none on GPUs",
+                                            elem_id="live-prune")
                     sampling = _sampling_controls()
                 gr.Examples(EXAMPLES, inputs=prompt)
                 live_status = gr.HTML(elem_id="live-status")
@@ -158,7 +161,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 live_panels = [text, lattice, fsm, numbers]
                 stops = cb.StopRequests()
                 run = generate.click(bind(cb.live_frames, runtime, stops),
-                                     [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new],
+                                     [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune],
                                      [*live_panels, trace, meta, origin, live_status], api_name="generate",
                                      concurrency_id="model", concurrency_limit=1, show_progress="hidden")
                 stop.click(bind(cb.stop, stops), live_status, live_status, **QUIET)

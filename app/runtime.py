@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
 from dex_core.adapters import choose_depths
+from dex_core.profile import measure_profile
 from dex_core.config import flag, integer, option
 
 
@@ -94,13 +95,16 @@ def _whole(value, name: str, cls=None) -> int:
 
 def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapters=True, decs=True,
               sample=False, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-              max_new_tokens=DexConfig.max_new_tokens) -> DexConfig:
+              max_new_tokens=DexConfig.max_new_tokens, prune=DecoderOptions.prune) -> DexConfig:
     """The app's control values -> a validated DexConfig (DexError on bad input).
 
     Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
-    empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none'.
+    empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none';
+    ``prune`` is one of ``PRUNE_CHOICES``.
     Explorers and max_new_tokens must lie in the range their sliders offer (``ui_min``/``ui_max``).
     """
+    if prune not in PRUNE_CHOICES:
+        raise DexError(f"lattice pruning must be one of {', '.join(PRUNE_CHOICES)}; got {str(prune)!r:.40}")
     sample = flag(sample, "sample")
     top_k = _whole(top_k, "top_k") if sample else 0
     top_p = _real(top_p, "top_p") if sample else 1.0
@@ -110,7 +114,7 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
         adapters="auto" if flag(adapters, "adapters") else "none", decs=decs,
         temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
         top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
-        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP)
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP, prune=prune)
 
 
 def control(cls, name: str) -> dict:
@@ -121,6 +125,8 @@ def control(cls, name: str) -> dict:
 
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
+SLOW_SECONDS = 60  # a Live run expected to take longer gets a warning
+PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
 QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not part of the documented API
 HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
 
@@ -132,17 +138,52 @@ class Runtime:
         self._model = self._tokenizer = None
         self._groups: OrderedDict[tuple, DexDecoder] = OrderedDict()  # least recently used first
         self._files: Path | None = None  # saved traces and graphs handed to browsers, pruned by age
+        self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
 
     @property
     def loaded(self) -> bool:
         return self._model is not None
 
-    def model(self):
-        """(model, tokenizer), loading them on first use (the default model is fetched and cached once)."""
+    def model(self, log=None):
+        """(model, tokenizer), loading them on first use (the default model is fetched and cached once);
+        ``log`` gets a line per loading stage (fetch, convert, load) when this call loads the model."""
         with self._lock:
             if self._model is None:
-                self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype)
+                more = {"log": log} if log is not None else {}
+                self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype, **more)
             return self._model, self._tokenizer
+
+    def profiled(self, decoder: DexDecoder) -> bool:
+        return decoder.proposal_vocab in self._profiles
+
+    def profile(self, decoder: DexDecoder) -> dict:
+        """This machine's seconds profile for the decoder's model and proposal heads (``dex_core.profile``:
+        measured once, about half a minute, then cached on disk and here)."""
+        model, _ = self.model()
+        with self._lock:
+            if decoder.proposal_vocab not in self._profiles:
+                self._profiles[decoder.proposal_vocab] = measure_profile(model, decoder.proposal_vocab, log=lambda _: None)
+            return self._profiles[decoder.proposal_vocab]
+
+    def slow_notice(self, decoder: DexDecoder, max_new_tokens: int) -> str | None:
+        """A warning (not a refusal) for settings that will take over a minute here. On CPU the sequential
+        schedule runs the K explorers one after another: a token costs about K stage passes, and one
+        thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per explorer)."""
+        if decoder.backend != "sequential" or decoder.view.device.type != "cpu":
+            return None
+        params = sum(p.numel() for p in decoder.model.parameters())
+        seconds = max_new_tokens * decoder.K * params / 1.5e9 * (4 if decoder.prune is None and decoder.K >= 6 else 1)
+        if seconds < SLOW_SECONDS:
+            return None
+        return (f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one after "
+                "another here; fewer tokens or a smaller K is faster (the status line shows the time left).")
+        if decoder.K >= 6 and decoder.prune is None:
+            return (f"K={decoder.K} without lattice pruning on CPU computes up to {2 ** decoder.K - 1} nodes a round "
+                    "and can take minutes; 'auto' pruning or K ≤ 4 is much faster.")
+        if decoder.K * max_new_tokens >= 1024:
+            return (f"K={decoder.K} × {max_new_tokens} tokens on CPU runs every explorer in turn and can take "
+                    "minutes; fewer tokens or a smaller K is faster (the status line shows the time left).")
+        return None
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         _, tokenizer = self.model()
@@ -167,13 +208,13 @@ class Runtime:
 
     def decoder(self, config: DexConfig) -> DexDecoder:
         """A decoder for the config's exploration. Distributed groups are kept, keyed by the resolved depths,
-        DECS and adapters, at most ``max_groups`` at once: the least recently used one is closed first."""
+        DECS, adapters and pruning, at most ``max_groups`` at once: the least recently used one is closed first."""
         model, tokenizer = self.model()
         options = replace(config.decoder(), backend=self.settings.backend)
         if options.backend == "sequential":
             return DexDecoder(model, options, tokenizer=tokenizer)
         depths, _ = choose_depths(model, options)
-        key = (depths, options.decs, options.adapters)
+        key = (depths, options.decs, options.adapters, options.prune)
         with self._lock:
             if key in self._groups:
                 self._groups.move_to_end(key)

@@ -31,7 +31,7 @@ import torch
 
 from .bench_report import headline, result_row
 from .cost import ModelCost
-from .config import ADAPTER_CHOICES, DexError, adapter_file, GenerationOptions, integer, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
+from .config import ADAPTER_CHOICES, DecoderOptions, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .reference import hf_greedy
 from .request import encode_item
@@ -63,8 +63,9 @@ class BenchConfig:
                                  "communication to the projected K-device tokens/s")
     proposal_vocab: str = option("auto", "rows of DEX's non-final light proposal heads: N, full or auto "
                                          "(8192 with a token ranking)")
-    prune: tuple[str, ...] = option(("none",), "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
-                                               "at most B new branches per round)")
+    prune: tuple[str, ...] = option(("auto",), "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
+                                               "at most B new branches per round; auto = the library's default: 1 "
+                                               "on CPU, off on accelerators)")
     quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
                                 "synthetic prompts (seconds; for tests)")
 
@@ -74,8 +75,7 @@ class BenchConfig:
             adapter_file(self.adapters)  # a missing file fails before the model loads
         self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
         self.proposal_vocab = rows_option(self.proposal_vocab)
-        self.prune = tuple(None if b == "none" else integer(int(b) if b.isdigit() else b, "prune", 1)
-                           for b in parse_list(self.prune, "prune"))
+        self.prune = tuple(DecoderOptions(prune=b).prune for b in parse_list(self.prune, "prune"))
         if not self.prune:
             raise DexError("prune needs at least one bound: 'none' or a positive integer")
         if self.quick:
@@ -153,7 +153,6 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
 def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
     """Per K the set DexDecoder picks (the adapter file's best set for K, else uniform), then --depth-sets."""
     from .adapters import choose_depths
-    from .config import DecoderOptions
 
     L = model.config.num_hidden_layers
     adapters = cfg.adapters if isinstance(cfg.adapters, str) and not cfg.quick else "none"
@@ -213,13 +212,17 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         for (use, decs), prune in itertools.product(variants, cfg.prune):
-            decoders[("dex", depths, use, decs, prune)] = DexDecoder(
-                model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer, prune=prune, **light)
-        if "dex-distributed" in cfg.methods:
-            for prune in cfg.prune:
-                decoders[("dex-distributed", depths, bool(adapters), True, prune)] = DexDecoder(
-                    model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads,
-                    tokenizer=tokenizer, prune=prune, **light)
+            d = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer,
+                           prune=prune, **light)
+            decoders.setdefault(("dex", depths, use, decs, d.prune), d)  # keyed by the bound it resolved to
+        for prune in cfg.prune if "dex-distributed" in cfg.methods else ():
+            d = DexDecoder(model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads,
+                           tokenizer=tokenizer, prune=prune, **light)
+            key = ("dex-distributed", depths, bool(adapters), True, d.prune)
+            if key in decoders:
+                d.close()
+            else:
+                decoders[key] = d
     stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
     rows = next((d.proposal_vocab for d in decoders.values()), model.config.vocab_size)
     profile = measure_profile(model, rows, log=log) if cfg.profile else None

@@ -125,8 +125,10 @@ class DecoderOptions:
                             "stages of the same slot already proposed")
     proposal_vocab: int | str = option("auto", "rows of the non-final stages' light proposal heads: the N most "
                                        "frequent training tokens, full, or auto (8192 given a ranking)", kind=str)
-    prune: int | None = option(None, "at most this many new branches per round, the most probable candidates "
-                                    "first (lattice pruning; exact: a pruned branch only loses reuse)")
+    prune: int | str | None = option("auto", "at most this many new branches per round, the most probable "
+                                            "candidates first (lattice pruning; exact: a pruned branch only loses "
+                                            "reuse); auto: 1 on CPU explorers, off on accelerators; none: off",
+                                     kind=str)
     trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
@@ -151,7 +153,9 @@ class DecoderOptions:
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
         self.trace_top = integer(self.trace_top, "trace_top", 0)
-        self.prune = None if self.prune is None else integer(self.prune, "prune", 1)
+        if self.prune not in ("auto", None):  # None or 'none': off
+            self.prune = None if self.prune == "none" else integer(
+                int(self.prune) if str(self.prune).isdigit() else self.prune, "prune (or auto, none)", 1)
         self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")

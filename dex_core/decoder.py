@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
 from .adapters import choose_depths, resolve_adapters
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
+from .cost import ModelCost
 from .engine import run_rounds
 from .explorer import Explorer
+from .lattice import resolve_prune
 from .models import model_view
 from .proposal import adapter_ranking, proposal_heads
 from .request import make_request
@@ -57,14 +60,19 @@ class DexDecoder:
                                adapter_ranking(self.options.adapters, model), tokenizer)
         self.proposal_vocab = len(heads[0]) if heads else self.view.vocab
         self.shortlist = heads[0].ids.cpu() if heads else None  # the light heads' token ids
+        weights = ModelCost.of(model, self.adapters, self.proposal_vocab)
+        self.cost = {"head": weights.head, "adapter": weights.adapter, "proposal": weights.proposal}  # for the trace
         self.backend = self.options.backend
         self.group = None
         self.explorers: list[Explorer] = []
         if self.backend == "distributed":
-            from .group import ExplorerGroup
+            from .group import ExplorerGroup, resolve_devices
 
-            self.group = ExplorerGroup(model, self.depths, self.adapters, self.options, self.shortlist)
+            self.prune = resolve_prune(self.options.prune, resolve_devices(self.options.devices, self.K))
+            self.group = ExplorerGroup(model, self.depths, self.adapters, replace(self.options, prune=self.prune),
+                                       self.shortlist)
         else:
+            self.prune = resolve_prune(self.options.prune, [self.view.device.type])
             self.explorers = [Explorer(self.view, k, self.K, *stage_bounds(self.depths, k),
                                        self.adapters.get(self.depths[k]), heads.get(k)) for k in range(self.K)]
 
@@ -87,13 +95,13 @@ class DexDecoder:
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = make_request(self.view, input_ids, opts)
         yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
-                          self.proposal_vocab, self.depth_choice)
+                          self.proposal_vocab, self.depth_choice, self.prune, self.cost)
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
-                              self.trace_top, self._text, self.options.prune)
+                              self.trace_top, self._text, self.prune)
 
     def _add_text(self, event: dict) -> dict:
         """Token text for events made by explorer processes (which hold no tokenizer)."""

@@ -18,12 +18,23 @@ The engine drives it: ``plan_round`` -> compute the planned nodes -> ``record`` 
 Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per round, those
 whose parent's candidate was the most probable first; the root and depth children are never pruned, so
 every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
-position child was pruned, the next anchor starts from scratch, as after a miss.
+position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on
+the device (``resolve_prune``): where a forward's cost grows with its rows (CPUs) B = 1 keeps every
+explorer at one row; where a batch costs its weights once (accelerators at small batch) extra rows are
+nearly free and pruning only adds rounds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+def resolve_prune(prune, device_types) -> int | None:
+    """The bound a decoder uses for option ``prune``: 'auto' is 1 when every explorer runs on CPU and off
+    (None) on accelerators; a number or None is taken as given."""
+    if prune != "auto":
+        return prune
+    return 1 if all(str(t).split(":")[0] == "cpu" for t in device_types) else None
 
 
 @dataclass

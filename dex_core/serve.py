@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> None:
     from .adapters import choose_depths, resolve_adapters
     from .group import default_threads
     from .console import TextStream, print_report
+    from .lattice import resolve_prune
     from .models import load_model
     from .proposal import adapter_ranking, shortlist_ids
     from .rank import join_group, serve_request, stage_payload
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> None:
     device = f"cuda:{local}" if local < gpus else "cpu"
     torch.set_num_threads(config.threads or default_threads(world))
     view, explorer, link = join_group(payload, device, "env://", world, 0, config.op_timeout, config.start_timeout)
+    prune = [resolve_prune(config.prune, [device])]  # rank 0's choice, so that every rank plans the same lattice
+    dist.broadcast_object_list(prune, src=0, group=link.ctrl)
     prompts = iter(args.prompt or (line.rstrip("\n") for line in sys.stdin))
     while True:
         request = None
@@ -76,11 +79,11 @@ def run(args: argparse.Namespace) -> None:
         if box[0] is None:
             break
         stream, tic = TextStream(tokenizer), time.perf_counter()
-        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, config.prune):
+        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, prune[0]):
             if rank == 0 and event["event"] == "round" and event["commit"]:
                 stream.push(event["commit"]["token"])
         if rank == 0:
-            start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how)
+            start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how, prune[0])
             print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
     dist.destroy_process_group()
 

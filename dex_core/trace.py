@@ -8,7 +8,10 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     candidates went through an inducing adapter (absent in traces made before it was recorded);
     ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
     heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
-    chosen: "given", "uniform split", or the best set stored with the adapters.
+    chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
+    when the run pruned) the bound B of new branches per round; ``cost`` (DEX) the weights of the model's
+    parts in layer-equivalents (``dex_core.cost.ModelCost``): ``{"head", "adapter", "proposal"}``
+    (``proposal`` null when the non-final heads are full), so a viewer can count all the work.
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -71,10 +74,12 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
 
 
 def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
-                proposal_vocab: int | None = None, depth_choice: str | None = None) -> dict:
+                proposal_vocab: int | None = None, depth_choice: str | None = None, prune: int | None = None,
+                cost: dict | None = None) -> dict:
     """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
     o = request.options
-    extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice)) if v is not None}
+    extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice), ("prune", prune),
+                               ("cost", cost)) if v is not None}
     return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
             "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
             "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),

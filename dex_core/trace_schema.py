@@ -19,8 +19,7 @@ integer``); messages never echo values or paths from the file. It checks, in thi
 Limits live in ``TraceLimits`` (``TRACE_LIMITS`` holds the defaults; pass another to ``load_trace`` to
 change them). The app's upload size limit is ``TRACE_LIMITS.max_file_bytes``. A trace the app itself
 recorded can exceed them (K=8 at 512 tokens on a model whose depths rarely agree); such a trace is
-refused with a message naming the limit, and can still be viewed where it was made.
-"""
+refused with a message naming the limit, and can still be viewed where it was made."""
 
 from __future__ import annotations
 
@@ -99,8 +98,9 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "event": {"enum": ["start"]}, "version": _int(1, TRACE_VERSION), "method": {"enum": ["dex", "ar"]},
         "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
-        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)}},
-        optional=("adapter_depths", "proposal_vocab", "depth_choice"))
+        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)},
+        "prune": _int(1), "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)})},
+        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "cost"))
     top = {"type": "array", "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)], "additionalItems": False, "minItems": 2}
     node = _record({
         "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position"]},

@@ -3,7 +3,8 @@
     python scripts/example_trace.py [--explorers 4] [--tokens 48] [--out assets/traces/example.json]
 
 A real run of the default model through the app's own settings (the shipped adapters, DECS, greedy,
-the app's ``TRACE_TOP`` candidates per node), saved with ``save_trace``. The default model must be
+the app's ``TRACE_TOP`` candidates per node), saved with ``save_trace``; unpruned by default
+(``--prune none``), so the example shows the whole lattice, as a GPU host runs it. The default model must be
 available (it is fetched once and cached; later loads are offline).
 """
 
@@ -25,10 +26,11 @@ def main(argv=None) -> None:
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--prune", default="none", help="lattice pruning: none, auto or a bound")
     parser.add_argument("--out", default="assets/traces/example.json")
     args = parser.parse_args(argv)
     runtime = Runtime(AppSettings(model=args.model, explorers=args.explorers))
-    config = ui_config(explorers=args.explorers, max_new_tokens=args.tokens)
+    config = ui_config(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune)
     ids = runtime.encode(args.prompt, config.chat)
     started = time.perf_counter()
     result = runtime.decoder(config).generate(ids, options=config.generation())

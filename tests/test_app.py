@@ -113,6 +113,7 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
     ({"sample": True, "top_k": 1.5}, "top_k must be a whole number"),
     ({"seed": "abc"}, "seed must be a whole number"),
     ({"depths": "4,2,6"}, "strictly increasing"),
+    ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4"),
 ])
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
     from app.runtime import ui_config
@@ -131,6 +132,7 @@ def test_ui_off_values_map_to_the_library_defaults():
     sampled = ui_config(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False)
     assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.adapters) == (0.7, None, None, "none")
     assert ui_config().max_new_tokens == DexConfig.max_new_tokens and ui_config().adapters == "auto"
+    assert (ui_config().prune, ui_config(prune="none").prune, ui_config(prune="2").prune) == ("auto", None, 2)
 
 
 def test_app_settings_come_from_the_environment_and_are_validated():
@@ -229,9 +231,10 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert bars[0]["x"] == bars[1]["x"] == [str(d) for d in depths]  # one group per depth of either run
     assert sum(int(b or 0) for b in bars[1]["text"]) == tiny.tokens
     assert [y is None for y in bars[1]["y"]] == [d not in tiny.depths for d in depths]
-    d = [0] + end["depths"]  # memory-bound: a round costs its slowest busy explorer's layers
-    slowest = [max(d[k + 1] - d[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]]
-    assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table
+    d, w = [0] + end["depths"], example.events[0]["cost"]  # the weights of the example's heads and adapters
+    stage = [d[k + 1] - d[k] + (w["head"] if k == len(d) - 2 else w["proposal"] + w["adapter"]) for k in range(len(d) - 1)]
+    slowest = [max(stage[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]]  # memory-bound: per round
+    assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table and "all the work" in table
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "dex-trace"')
     kept, refused, _ = cmp.load_pinned(str(bad))
@@ -239,3 +242,33 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     save_trace(tmp_path / "k2.json", events, {"model": "tiny"})
     loaded, note, _ = cmp.load_pinned(str(tmp_path / "k2.json"))
     assert loaded["origin"] == "loaded 'k2.json'" and "identical outputs" in cmp.update(loaded, events, {}, "")[0]
+
+
+def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(tiny_dir, monkeypatch):
+    import time
+
+    from app import callbacks as cb
+    from app import runtime as rt
+    from dex_core import DexError, load_model
+
+    def staged(spec, dtype=None, log=None):  # a model whose loading takes a while, in two stages
+        log("fetching the weights")
+        time.sleep(1.2)
+        log("converting them")
+        time.sleep(1.2)
+        return load_model(spec, dtype=dtype)
+
+    monkeypatch.setattr(rt, "load_model", staged)
+    runtime = rt.Runtime(rt.AppSettings(model=str(tiny_dir)))
+    lines = list(cb._loading(runtime))
+    assert runtime.loaded and any("fetching the weights" in x for x in lines) and "converting them" in lines[-1]
+    assert all(line.startswith("first use: ") and line.endswith(" s)") for line in lines)
+    assert list(cb._loading(runtime)) == []  # loaded: nothing to report
+    broken = rt.Runtime(rt.AppSettings(model=str(tiny_dir / "missing")))
+    with pytest.raises(DexError, match="no such model"):
+        list(cb._loading(broken))
+    model, _ = runtime.model()
+    decoder = DexDecoder(model, explorers=4)
+    assert runtime.slow_notice(decoder, 256) is None  # a tiny model is quick at any setting the app offers
+    monkeypatch.setattr(rt, "SLOW_SECONDS", 0)
+    assert "K=4 × 256 tokens on CPU: about" in runtime.slow_notice(decoder, 256)

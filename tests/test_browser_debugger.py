@@ -116,10 +116,13 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] and band["x1"] - band["x0"] < 10
 
 
-def generate(page, tokens: int, depths: str = ""):
+def generate(page, tokens: int, depths: str = "", prune: str = ""):
     page.locator("text=Exploration and sampling").click()
     page.locator("#live-new input[type=number]").fill(str(tokens))
     page.locator("#live-new input[type=number]").press("Enter")
+    if prune:
+        page.locator("#live-prune input").fill(prune)
+        page.get_by_role("option", name=prune, exact=True).click()
     if depths:
         page.get_by_label("Depths (optional, e.g. 8,15,23,30)").fill(depths)
     page.locator("#live-prompt textarea").fill(PROMPT)
@@ -130,9 +133,9 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width(app_url, page):
     url, _ = app_url
     page.goto(url, timeout=60_000)
     plot_ready(page, "live-lattice")
-    generate(page, 12)
+    generate(page, 12, prune="none")  # the full lattice: up to 255 nodes a round
     page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=300_000)
-    assert "K=8" in page.inner_text("#live-status")
+    assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
     assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
     page.get_by_role("tab", name="Debugger").click()

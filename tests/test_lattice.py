@@ -152,3 +152,18 @@ def test_pruned_runs_are_exact_and_mark_what_they_pruned(prune, options):
     assert sum(len(e["pruned"]) for e in rounds) > 0
     computed = {n["id"] for e in rounds for n in e["nodes"]}
     assert all(set(e["pruned"]) <= computed for e in rounds)
+
+
+def test_auto_pruning_is_one_branch_on_cpu_off_on_accelerators_and_recorded_in_the_trace():
+    from dex_core import DexDecoder
+    from dex_core.lattice import resolve_prune
+    from dex_core.models import tiny_model
+
+    assert resolve_prune("auto", ["cpu", "cpu"]) == 1
+    assert resolve_prune("auto", ["cuda:0", "cuda:1"]) is None and resolve_prune("auto", ["cpu", "cuda:1"]) is None
+    assert resolve_prune(2, ["cuda:0"]) == 2 and resolve_prune(None, ["cpu"]) is None
+    model = tiny_model("llama").double()
+    auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")
+    assert (auto.prune, off.prune) == (1, None)
+    start = auto.generate([4, 9, 1, 30], 12).trace[0]
+    assert start["prune"] == 1 and "prune" not in off.generate([4, 9, 1, 30], 12).trace[0]

@@ -42,7 +42,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "decs": st.booleans(),
     "trace_top": st.integers(0, VOCAB),
     "proposal_vocab": st.one_of(st.sampled_from(["auto", "full"]), st.integers(1, VOCAB + 5)),
-    "prune": st.one_of(st.none(), st.integers(1, 4)),
+    "prune": st.one_of(st.sampled_from([None, "none", "auto"]), st.integers(1, 4)),
     "max_new_tokens": st.integers(1, 6),
     "temperature": st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
     "top_k": st.one_of(st.none(), st.integers(1, VOCAB + 5)),

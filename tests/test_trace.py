@@ -10,7 +10,7 @@ from dex_core.trace import TRACE_VERSION
 
 @pytest.fixture(scope="module")
 def trace(llama):
-    return DexDecoder(llama, explorers=4, trace_top=5).generate([4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2).trace
+    return DexDecoder(llama, explorers=4, trace_top=5, prune="none").generate([4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2).trace
 
 
 def test_events_are_plain_json_and_survive_a_round_trip(trace, tmp_path):

@@ -29,7 +29,7 @@ class RunSide:
     view: RoundView            # its last round
     meta: dict                 # the trace's metadata (model, prompt), untrusted
     ended: str | None = None   # the end event's stop reason; None for a run stopped before its end
-    cost: dict | None = None   # layer-equivalents per token: {"memory", "rows", "ar"} (the caller's cost model)
+    cost: dict | None = None   # layer-equivalents per token: {"memory", "rows", "ar", "whole"} (the caller's cost model)
 
 
 def _sampling(start: dict) -> str:
@@ -58,7 +58,8 @@ def _cost(side: RunSide) -> str:
     if not c:
         return "—"
     return (f"{num(c['memory'], '.1f')} on K devices ({num(c['memory'] / c['ar'], '.2f')} of AR's "
-            f"{num(c['ar'], '.0f')}); {num(c['rows'], '.1f')} when every row counts")
+            f"{num(c['ar'], '.1f')}); {num(c['rows'], '.1f')} when every row counts"
+            + ("" if c.get("whole") else " (decoder layers only: an older trace without the heads' weights)"))
 
 
 def _rows(side: RunSide) -> list[tuple[str, str]]:
@@ -77,12 +78,13 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
         ("DECS", esc("on" if start.get("decs") else "off" if "decs" in start else "not recorded")),
         ("sampling", esc(_sampling(start))),
         ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
+        ("lattice pruning", esc(f"at most {start['prune']} new branches a round" if start.get("prune") else "none")),
         ("ended", esc(side.ended or "stopped before its end")),
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
         ("rounds/token", num(n.rounds_per_token, ".3f")),
         ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".3f") + "×"),
-        ("cost per token (layer-equivalents, layers only)", _cost(side)),
+        ("cost per token (layer-equivalents, all the work)", _cost(side)),
     ]
 
 
@@ -115,9 +117,10 @@ def compare_html(sides: list[RunSide]) -> str:
     table = (f"<table class='dex-compare' style='border-collapse: collapse; margin: 4px 0;'><tr><th "
              f"style='{_CELL}'></th>{head}</tr>{''.join(body)}</table>")
     same = _outputs_line(*sides) if len(sides) == 2 else ""
-    note = ("<div style='font-size: 11px; color: #7f8c8d;'>Cost per token from the project's cost model counting "
-            "decoder layers only (a trace does not carry the LM head's or the adapters' weights): on K devices a "
-            "round costs its slowest explorer; AR = every layer once per token.</div>")
+    note = ("<div style='font-size: 11px; color: #7f8c8d;'>Cost per token from the project's cost model, in "
+            "layer-equivalents (one decoder layer's weights): layers, LM heads (light ones at non-final depths) "
+            "and adapters. On K devices a round costs its slowest explorer (a batch costs its weights once, as on "
+            "a GPU); AR = every layer and the head once per token.</div>")
     return (f"<div style='font-family: system-ui, sans-serif; font-size: 13px;'>{table}{same}{note}</div>")
 
 

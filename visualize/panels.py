@@ -146,7 +146,8 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     and (given the end event) measured and projected tokens/s."""
     n = run_numbers(view)
     items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
-             ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×")]
+             ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
+             ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none"))]
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):

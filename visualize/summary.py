@@ -50,7 +50,8 @@ def _race_facts(f: dict) -> str:
             f"CPU) vs AR {num(f['ar_cost'], '.2f')}.</div>"
             f"<div style='margin-top:6px'><b>Where DEX wins</b> (a projection from the cost model): {wins} The "
             f"projected clock above assumes one device per explorer, each as fast as this one, running its stage "
-            f"as measured here, with communication left out. {order}</div>")
+            f"as measured here, plus each round's exchange between devices as timed on this machine (its "
+            f"profile; the distributed backend measures it for real). {order}</div>")
 
 
 def readiness_table_html(result: dict, adapter_depths) -> str:
