@@ -1,9 +1,11 @@
-"""Screenshots of the app's four tabs on a real model, for README.md (docs/screenshots/*.png).
+"""Screenshots of the app on a real model, for README.md (docs/screenshots/*.png).
 
     python scripts/app_screenshots.py --model default --out docs/screenshots
 
 Starts the app in-process, drives it with Playwright in Debian's Chromium (/usr/bin/chromium; no
-browser download) and saves live.png, race.png, debugger.png and analysis.png.
+browser download) and saves: live.png (a K=4 run), debugger.png (its whole-run timeline and a round),
+compare.png (that run pinned next to a K=2 run), race.png, analysis.png (with the depth heatmap),
+live-k8.png and debugger-k8.png (K=8 with the full, unpruned lattice).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
+STATE = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
+
+
 def shot(page, selector: str, text: str, path: Path) -> None:
     """Wait until ``selector`` shows ``text`` (model work done), then save a full-page screenshot."""
     page.wait_for_function(f"() => document.querySelector('{selector}')?.innerText.includes('{text}')",
@@ -29,13 +34,31 @@ def shot(page, selector: str, text: str, path: Path) -> None:
     page.screenshot(path=str(path), full_page=True)
 
 
-def live(page, path: Path, explorers: int, tokens: int) -> None:
-    """A Live run with K = ``explorers`` and ``tokens`` new tokens, then its screenshot."""
+def live(page, path: Path, explorers: int, tokens: int, prune: str = "auto") -> None:
+    """A Live run with K = ``explorers``, ``tokens`` new tokens and lattice pruning ``prune``, then its
+    screenshot once this run (not the one before) has finished."""
     for box, value in (("#live-k", explorers), ("#live-new", tokens)):
         page.locator(f"{box} input[type=number]").fill(str(value))
         page.locator(f"{box} input[type=number]").press("Enter")
+    page.locator("#live-prune input").fill(prune)
+    page.get_by_role("option", name=prune, exact=True).click()
     page.locator("#live-generate").click()
-    shot(page, "#live-status", "finished", path)
+    page.wait_for_function(f"() => ({STATE})() === 'running'", timeout=60_000)
+    page.wait_for_function(f"() => ({STATE})() === 'finished'", timeout=900_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path), full_page=True)
+
+
+def debugger(page, path: Path) -> None:
+    """The Debugger on the last Live run: its timeline and a round a few steps before the end."""
+    page.get_by_role("tab", name="Debugger").click()
+    page.wait_for_function("() => document.querySelector('#dbg-status')?.innerText.includes('live run')",
+                           timeout=120_000)
+    page.locator("#dbg-timeline .js-plotly-plot").wait_for(timeout=60_000)
+    for _ in range(3):
+        page.locator("#dbg-prev").click()
+        page.wait_for_timeout(700)
+    page.screenshot(path=str(path), full_page=True)
 
 
 def main(argv=None) -> None:
@@ -62,25 +85,27 @@ def main(argv=None) -> None:
             page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
             page.locator("text=Exploration and sampling").click()
             live(page, out / "live.png", 4, args.tokens)
+            debugger(page, out / "debugger.png")
+            page.locator("#dbg-pin").click()
+            page.get_by_role("tab", name="Live").click()
+            live(page, out / "live-k2.png", 2, args.tokens)
             page.get_by_role("tab", name="Debugger").click()
-            page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
-            for _ in range(3):
-                page.locator("#dbg-prev").click()
-                page.wait_for_timeout(700)
-            page.screenshot(path=str(out / "debugger.png"), full_page=True)
+            page.locator("#dbg-compare-plot .js-plotly-plot").wait_for(timeout=120_000)
+            page.wait_for_timeout(1500)
+            page.locator("#dbg-compare").scroll_into_view_if_needed()
+            page.locator("#dbg-compare").screenshot(path=str(out / "compare.png"))
+            (out / "live-k2.png").unlink()
             page.get_by_role("tab", name="Race").click()
             page.locator("#race-new input[type=number]").fill(str(args.tokens))
             page.locator("#race-go").click()
             shot(page, "#race-badge", "output", out / "race.png")
             page.get_by_role("tab", name="Analysis").click()
             page.locator("#an-go").click()
+            page.locator("#an-depth .js-plotly-plot").wait_for(timeout=900_000)
             shot(page, "#an-table", "oracle", out / "analysis.png")
             page.get_by_role("tab", name="Live").click()
-            live(page, out / "live-k8.png", 8, args.k8_tokens)
-            page.get_by_role("tab", name="Debugger").click()
-            page.locator("#dbg-timeline .js-plotly-plot").wait_for(timeout=60_000)
-            page.wait_for_timeout(1500)
-            page.screenshot(path=str(out / "debugger-k8.png"), full_page=True)
+            live(page, out / "live-k8.png", 8, args.k8_tokens, prune="none")
+            debugger(page, out / "debugger-k8.png")
             browser.close()
     finally:
         demo.close()

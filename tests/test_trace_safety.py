@@ -143,7 +143,7 @@ def test_a_wrong_type_or_range_anywhere_is_refused(valid, value):
 def test_a_missing_key_is_refused_and_named(valid):
     for event in (0, 1, len(valid["events"]) - 1):
         for key in valid["events"][event]:
-            if key in ("adapter_depths", "timings", "proposal_vocab", "depth_choice", "pruned", "prune"):  # optional (adapter_depths: absent in older traces)
+            if key in ("adapter_depths", "timings", "proposal_vocab", "depth_choice", "pruned", "prune", "cost"):  # optional (adapter_depths: absent in older traces)
                 continue
             doc = copy.deepcopy(valid)
             del doc["events"][event][key]
