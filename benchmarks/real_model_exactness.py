@@ -10,7 +10,8 @@ first differing position, and whether the float64 model agrees with DEX there. I
 the depth-side speedup and the share of round time per component (bookkeeping = plan + masks + commit
 + collapse), and writes JSON with --out. With ``--temperature T`` (and ``--top-k``/``--top-p``) prompt i
 is sampled with seed i and compared with the seeded AR sampler (``ar_generate``) instead of HF greedy;
-``--prune B`` bounds the lattice. DEX uses the shipped adapters' best set for K and light proposal heads.
+``--prune`` bounds the lattice (default: the library's ``auto``). DEX uses the shipped adapters' best
+set for K and light proposal heads.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
-    parser.add_argument("--prune", type=int)
+    parser.add_argument("--prune", default=DecoderOptions.prune, help="lattice pruning: auto (the library's "
+                        "default: 1 on CPU, off on GPUs), none, or a bound B")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
     shares = {k: v / totals["round"] for k, v in totals.items() if k not in DERIVED_TIMINGS}
     bookkeeping = totals["bookkeeping"] / totals["round"]
     summary = {"model": args.model, "dtype": args.dtype, "explorers": args.explorers, "sampling": sampling,
-               "sets": args.sets, "prune": args.prune, "proposal_vocab": decoder.proposal_vocab,
+               "sets": args.sets, "prune": decoder.prune, "proposal_vocab": decoder.proposal_vocab,
                "depths": list(decoder.depths), "adapters": args.adapters,
                "adapter_depths": sorted(decoder.adapters), "prompts": len(rows), "tokens": tokens,
                "exact_prompts": sum(r["exact"] for r in rows), "rounds_per_token": rounds / tokens,
