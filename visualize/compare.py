@@ -78,7 +78,8 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
         ("DECS", esc("on" if start.get("decs") else "off" if "decs" in start else "not recorded")),
         ("sampling", esc(_sampling(start))),
         ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
-        ("lattice pruning", esc(f"at most {start['prune']} new branches a round" if start.get("prune") else "none")),
+        ("lattice pruning", esc(f"at most {start['prune']} new branch{'es' * (start['prune'] > 1)} a round" if start.get("prune")
+                                else "none")),
         ("ended", esc(side.ended or "stopped before its end")),
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
