@@ -29,15 +29,13 @@ def trace_cost(events) -> dict:
     counted, and AR's: all the work (layers, heads, adapters) from the weights its start event records
     (``cost``), else, for older traces, decoder layers only (``"whole": False``)."""
     start = events[0]
-    weights = start.get("cost")
-    model = ModelCost(start["num_layers"], weights["head"], weights["adapter"], weights["proposal"]) if weights \
-        else ModelCost(start["num_layers"], 0.0, 0.0)
+    model = ModelCost.from_weights(start["num_layers"], start.get("cost"))
     adapted = start.get("adapter_depths", [])
     rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
     tokens = sum(1 for e in events if e.get("event") == "round" and e.get("commit"))
     return {"memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
             "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted), "ar": model.ar(),
-            "whole": bool(weights)}
+            "whole": bool(start.get("cost"))}
 
 
 def side(name: str, run: dict) -> viz.RunSide | None:

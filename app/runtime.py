@@ -168,7 +168,8 @@ class Runtime:
     def slow_notice(self, decoder: DexDecoder, max_new_tokens: int) -> str | None:
         """A warning (not a refusal) for settings that will take over a minute here. On CPU the sequential
         schedule runs the K explorers one after another: a token costs about K stage passes, and one
-        thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per explorer)."""
+        thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per explorer); an
+        unpruned lattice at K >= 6 computes several times more rows (counted 4x)."""
         if decoder.backend != "sequential" or decoder.view.device.type != "cpu":
             return None
         params = sum(p.numel() for p in decoder.model.parameters())
@@ -177,13 +178,6 @@ class Runtime:
             return None
         return (f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one after "
                 "another here; fewer tokens or a smaller K is faster (the status line shows the time left).")
-        if decoder.K >= 6 and decoder.prune is None:
-            return (f"K={decoder.K} without lattice pruning on CPU computes up to {2 ** decoder.K - 1} nodes a round "
-                    "and can take minutes; 'auto' pruning or K ≤ 4 is much faster.")
-        if decoder.K * max_new_tokens >= 1024:
-            return (f"K={decoder.K} × {max_new_tokens} tokens on CPU runs every explorer in turn and can take "
-                    "minutes; fewer tokens or a smaller K is faster (the status line shows the time left).")
-        return None
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         _, tokenizer = self.model()

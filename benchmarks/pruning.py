@@ -21,7 +21,7 @@ import json
 import sys
 import time
 
-from dex_core import DexDecoder, hf_greedy, load_model
+from dex_core import DecoderOptions, DexDecoder, hf_greedy, load_model
 from dex_core.cost import ModelCost
 from dex_core.data import prompt_set
 from dex_core.request import encode_item
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     tic = time.perf_counter()
     refs = [hf_greedy(model, p, args.max_new_tokens) for p in prompts]
     ar_seconds = time.perf_counter() - tic  # AR (HF generate) measured in this run, with the same threads
-    bounds = [None if b.strip() == "none" else int(b) for b in args.prune.split(",")]
+    bounds = [DecoderOptions(prune=b.strip()).prune for b in args.prune.split(",")]  # none, auto or B
     decoders = {b: DexDecoder(model, explorers=args.explorers, depths=args.depths, adapters="auto", tokenizer=tokenizer,
                               prune=b) for b in bounds}
     first = next(iter(decoders.values()))

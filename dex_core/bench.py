@@ -211,14 +211,13 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     decoders, light = {}, {"proposal_vocab": cfg.proposal_vocab}
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
-        for (use, decs), prune in itertools.product(variants, cfg.prune):
+        runs = [("dex", use, decs, {}) for use, decs in variants]
+        if "dex-distributed" in cfg.methods:
+            runs.append(("dex-distributed", bool(adapters), True, {"backend": "distributed", "threads": cfg.threads}))
+        for (method, use, decs, more), prune in itertools.product(runs, cfg.prune):
             d = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer,
-                           prune=prune, **light)
-            decoders.setdefault(("dex", depths, use, decs, d.prune), d)  # keyed by the bound it resolved to
-        for prune in cfg.prune if "dex-distributed" in cfg.methods else ():
-            d = DexDecoder(model, depths=depths, adapters=covered, backend="distributed", threads=cfg.threads,
-                           tokenizer=tokenizer, prune=prune, **light)
-            key = ("dex-distributed", depths, bool(adapters), True, d.prune)
+                           prune=prune, **light, **more)
+            key = (method, depths, use, decs, d.prune)  # keyed by the bound it resolved to ('auto' may equal 1)
             if key in decoders:
                 d.close()
             else:

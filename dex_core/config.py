@@ -54,10 +54,10 @@ def integer(value, name: str, minimum: int | None = None) -> int:
     raise DexError(f"{name} must be an integer{low}; got {value!r:.80}")
 
 
-def rows_option(value, name: str = "proposal_vocab"):
-    """'auto', 'full', or a positive row count (also as text, from a flag)."""
-    return value if value in ("auto", "full") else integer(int(value) if str(value).isdigit() else value,
-                                                            f"{name} (or auto, full)", 1)
+def rows_option(value, name: str = "proposal_vocab", words=("auto", "full")):
+    """One of ``words``, or a positive count (also as text, from a flag)."""
+    return value if value in words else integer(int(value) if str(value).isdigit() else value,
+                                                f"{name} (or {', '.join(words)})", 1)
 
 
 def _number(value, name: str) -> float:
@@ -153,9 +153,8 @@ class DecoderOptions:
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
         self.trace_top = integer(self.trace_top, "trace_top", 0)
-        if self.prune not in ("auto", None):  # None or 'none': off
-            self.prune = None if self.prune == "none" else integer(
-                int(self.prune) if str(self.prune).isdigit() else self.prune, "prune (or auto, none)", 1)
+        self.prune = rows_option("none" if self.prune is None else self.prune, "prune", ("auto", "none"))
+        self.prune = None if self.prune == "none" else self.prune
         self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")

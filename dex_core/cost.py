@@ -61,6 +61,18 @@ class ModelCost:
         light = None if proposal_rows is None or proposal_rows >= vocab else (head * proposal_rows / vocab + norm) / per_layer
         return cls(len(layers), (head + norm) / per_layer, size / per_layer, light)
 
+    @classmethod
+    def from_weights(cls, num_layers: int, weights: dict | None) -> ModelCost:
+        """The cost model a trace's start event records (``num_layers`` and ``cost``, see ``weights``);
+        decoder layers only for a trace without ``cost``."""
+        if not weights:
+            return cls(num_layers, 0.0, 0.0)
+        return cls(num_layers, weights["head"], weights["adapter"], weights["proposal"])
+
+    def weights(self) -> dict:
+        """The parts' weights in layer-equivalents, as the trace's start event records them (``cost``)."""
+        return {"head": self.head, "adapter": self.adapter, "proposal": self.proposal}
+
     def ar(self) -> float:
         """One AR token: every layer and the head."""
         return self.num_layers + self.head

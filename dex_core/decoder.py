@@ -60,8 +60,7 @@ class DexDecoder:
                                adapter_ranking(self.options.adapters, model), tokenizer)
         self.proposal_vocab = len(heads[0]) if heads else self.view.vocab
         self.shortlist = heads[0].ids.cpu() if heads else None  # the light heads' token ids
-        weights = ModelCost.of(model, self.adapters, self.proposal_vocab)
-        self.cost = {"head": weights.head, "adapter": weights.adapter, "proposal": weights.proposal}  # for the trace
+        self.cost = ModelCost.of(model, self.adapters, self.proposal_vocab).weights()  # for the trace's start event
         self.backend = self.options.backend
         self.group = None
         self.explorers: list[Explorer] = []

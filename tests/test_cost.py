@@ -3,7 +3,7 @@ layers-only critical path and with a DEX run's own batch sizes."""
 
 import pytest
 
-from conftest import tiny_model
+from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder
 from dex_core.adapters import new_adapters
 from dex_core.cost import ModelCost
@@ -61,3 +61,12 @@ def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(
     table = {1: 1.0, 2: 2.0, 4: 3.0}
     assert [prof.interpolate(table, n) for n in (0, 1, 3, 4, 6)] == [0.0, 1.0, 2.5, 3.0, 4.0]
     assert prof.exchange_seconds({"exchange": table}, [3, 0, 1]) == 2.5
+
+
+def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model(llama):
+    decoder = DexDecoder(llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tiny_tokenizer())
+    start = decoder.generate([1, 2, 3], 4).trace[0]
+    built = ModelCost.of(llama, decoder.adapters, decoder.proposal_vocab)
+    assert start["cost"] == built.weights() and start["cost"]["proposal"] < start["cost"]["head"]
+    assert ModelCost.from_weights(start["num_layers"], start["cost"]) == built
+    assert ModelCost.from_weights(6, None) == built.layers_only()
