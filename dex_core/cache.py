@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .device import to_device
+
 
 class StageCache:
     def __init__(self, layer_ids: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -72,7 +74,7 @@ class StageCache:
         while start < len(indices) and indices[start] == start:
             start += 1
         if start < len(indices):
-            src = torch.tensor(indices[start:], device=next(iter(self._keys.values())).device)
+            src = to_device(indices[start:], next(iter(self._keys.values())).device)
             for store in (self._keys, self._values):
                 for buf in store.values():
                     buf[:, :, start:len(indices)] = buf[:, :, src]

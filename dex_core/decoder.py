@@ -10,6 +10,7 @@ import torch
 from .adapters import choose_depths, resolve_adapters
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .cost import ModelCost
+from .device import dtype_name
 from .engine import run_rounds
 from .explorer import Explorer
 from .lattice import resolve_prune
@@ -94,13 +95,18 @@ class DexDecoder:
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = make_request(self.view, input_ids, opts)
         yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
-                          self.proposal_vocab, self.depth_choice, self.prune, self.cost)
+                          self.proposal_vocab, self.depth_choice, self.prune, self.cost,
+                          dtype=dtype_name(self.view.dtype), device=self._device())
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
                               self.trace_top, self._text, self.prune)
+
+    def _device(self) -> str:
+        """Where the token choices are made: this model's device, or the final explorer's."""
+        return str(self.group.devices[-1]) if self.group is not None else str(self.view.device)
 
     def _add_text(self, event: dict) -> dict:
         """Token text for events made by explorer processes (which hold no tokenizer)."""

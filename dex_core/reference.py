@@ -4,12 +4,12 @@ and Hugging Face ``generate`` (greedy)."""
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Iterator
 
 import torch
 
 from .config import GenerationOptions
+from .device import Clock, dtype_name, to_device
 from .models import model_view
 from .request import make_request
 from .results import GenerationResult, GenerationStats
@@ -29,7 +29,8 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
     """``ar_generate`` as events: start, one ``token`` event per token, end.
 
     A token event's ``seconds`` is the generator's own compute time so far (time spent by the
-    consumer between events is not counted), so AR can be raced against DEX in one process.
+    consumer between events is not counted; on CUDA read from events), so AR can be raced against DEX
+    in one process. Logits are upcast before the token choice (``Sampler``), as in DEX.
     """
     from transformers import DynamicCache
 
@@ -39,27 +40,28 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
     o, prompt = request.options, list(request.prompt)
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
-    yield start_event("ar", [view.num_layers], view.num_layers, request, False)
+    yield start_event("ar", [view.num_layers], view.num_layers, request, False, dtype=dtype_name(view.dtype),
+                      device=str(view.device))
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:
         cache = DynamicCache()
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    busy = 0.0
-    ids = torch.tensor([prompt], device=view.device)
+    busy, clock = 0.0, Clock(view.device)
+    ids = to_device([prompt], view.device)
     tokens: list[int] = []
     while len(tokens) < o.max_new_tokens and stats.stop != "eos":
-        tic = time.perf_counter()
-        with torch.no_grad():
+        with clock.span("token"), torch.no_grad():
             logits = model(input_ids=ids, use_cache=True, **{cache_kwarg: cache}).logits[0, -1:]
-        position = len(prompt) + len(tokens)
-        token = int(sampler.choose(logits, [position], final=True)[0])
+            position = len(prompt) + len(tokens)
+            chosen = sampler.choose(logits, [position], final=True)
+            ids = chosen[None]  # (1, 1): the next input, without a trip through the host
+            token = int(chosen[0])
         sampler.forget_before(position)
         tokens.append(token)
         if token in request.eos:
             stats.stop = "eos"
-        ids = torch.tensor([[token]], device=view.device)
-        busy += time.perf_counter() - tic
+        busy += clock.seconds("token")
         yield token_event(len(tokens) - 1, position, token, None if tokenizer is None else tokenizer.decode([token]),
                           busy)
     stats.round_seconds = stats.compute_seconds[0] = stats.projected_seconds = busy

@@ -19,17 +19,21 @@ from datetime import timedelta
 
 import torch
 
+from .device import to_device
+
 
 @dataclass
 class StageOutput:
-    """What one explorer produced in one round, for a batch of n nodes."""
+    """What one explorer produced in one round, for a batch of n nodes (host values: read from the
+    device in one transfer)."""
 
     tokens: list[int]  # chosen candidate per node
-    top_ids: torch.Tensor  # (n, top) best candidates at this depth (top may be 0)
-    top_probs: torch.Tensor  # (n, top)
+    top: list[list[tuple[int, float]]]  # per node, the best candidates at this depth: (token, probability)
     hidden: torch.Tensor | None  # (n, hidden) stage output, for the depth children (None at the last stage)
     seconds: float  # expansion time (layers + LM head), masks excluded
     probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
+    margins: list[float] | None = None  # final stage: each node's top-1 minus top-2 score
+    tie_gaps: list[float] | None = None  # final stage: the dtype's tie gap at each node's top logit
 
 
 class LocalLink:
@@ -47,7 +51,7 @@ class LocalLink:
         self.cancelled = False
 
     def prefill(self, explorers, view, tokens: list[int]) -> None:
-        h = view.embed(torch.tensor(tokens, device=view.device))
+        h = view.embed(to_device(tokens, view.device))
         for e in explorers:
             h = e.prefill(h)
 
@@ -84,11 +88,44 @@ class DistLink(LocalLink):
         self.timeout = timedelta(seconds=op_timeout)
         self._posted = None  # (works, receive buffer) of this round's hidden rows
 
-    def _wait(self, works) -> None:
+    def _wait(self, works, what: str = "an exchange with its peers") -> None:
+        """Wait for ``works`` (sends, receives, an all-gather) at most ``op_timeout`` in all.
+
+        On CUDA the data works are NCCL's, whose ``wait(timeout)`` blocks the host in 1 ms sleeps (as long
+        as a stage at batch 1): poll ``is_completed()`` instead, then ``wait()`` without a timeout, which
+        only makes the current stream wait for the transfer. On CPU gloo's ``wait(timeout)`` blocks on a
+        condition variable and wakes at completion; a poll there would take a core from the peers.
+        A timeout raises ``TimeoutError`` naming this rank and ``what`` it waited for.
+        """
         tic = time.perf_counter()
-        for w in works:
-            w.wait(self.timeout)
-        self.comm_seconds += time.perf_counter() - tic
+        deadline = tic + self.timeout.total_seconds()
+        cuda = self.device.type == "cuda"
+        try:
+            if cuda and not self._poll(works, deadline):
+                raise TimeoutError(self._timed_out(what))
+            for w in works:
+                w.wait() if cuda else w.wait(timedelta(seconds=max(deadline - time.perf_counter(), 0.002)))
+        except RuntimeError as err:  # gloo: "Timed out waiting 60000ms for recv operation to complete"
+            if "timed out" not in str(err).lower():
+                raise
+            raise TimeoutError(self._timed_out(what)) from err
+        finally:
+            self.comm_seconds += time.perf_counter() - tic
+
+    @staticmethod
+    def _poll(works, deadline: float) -> bool:
+        """Spin until every work ``is_completed()`` (True) or ``time.perf_counter()`` passes ``deadline``
+        (False), giving up the GIL and the core between checks."""
+        pending = list(works)
+        while pending := [w for w in pending if not w.is_completed()]:
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0)
+        return True
+
+    def _timed_out(self, what: str) -> str:
+        return (f"explorer rank {self.rank} timed out after {self.timeout.total_seconds():g} s (op_timeout) waiting "
+                f"for {what}: a peer is hung, stopped or far slower; raise op_timeout only if the peers are slow")
 
     def _start(self, send: torch.Tensor | None, recv_rows: int):
         """Start sending ``send`` to the next rank and receiving ``recv_rows`` rows from the previous one."""
@@ -113,7 +150,7 @@ class DistLink(LocalLink):
 
     def prefill(self, explorers, view, tokens: list[int]) -> None:
         (e,) = explorers
-        h = view.embed(torch.tensor(tokens, device=view.device)) if self.rank == 0 else \
+        h = view.embed(to_device(tokens, view.device)) if self.rank == 0 else \
             self._swap(None, len(tokens))
         out = e.prefill(h)
         self._swap(out, 0)
@@ -131,15 +168,19 @@ class DistLink(LocalLink):
         if rows is not None:
             self.hidden.update(zip((n.id for n in prev), rows))
 
-        # control: every stage's tokens, top candidates and expansion time, one int64 tensor
+        # control: every stage's tokens, probabilities, margins, top candidates and expansion time, as one
+        # int64 tensor (floats as their float64 bit patterns): token, prob, margin, tie gap, top ids, top probs
         width, top = max(len(b) for b in plan.batches), self.top
-        packed = torch.full((width + 1, 2 + 2 * top), -1, dtype=torch.int64)  # token, prob, top ids, top probs
+        packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64)
         if mine is not None:
             n = len(mine.tokens)
+            floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
             packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.int64)
-            packed[:n, 1] = torch.tensor(mine.probs or [1.0] * n, dtype=torch.float64).view(torch.int64)
-            packed[:n, 2:2 + top] = mine.top_ids.cpu()
-            packed[:n, 2 + top:2 + 2 * top] = mine.top_probs.double().cpu().view(torch.int64)
+            packed[:n, 1:4] = torch.tensor(floats, dtype=torch.float64).view(torch.int64)
+            if top:
+                packed[:n, 4:4 + top] = torch.tensor([[t for t, _ in row] for row in mine.top], dtype=torch.int64)
+                packed[:n, 4 + top:] = torch.tensor([[p for _, p in row] for row in mine.top],
+                                                    dtype=torch.float64).view(torch.int64)
             packed[width, 0] = torch.tensor([mine.seconds], dtype=torch.float64).view(torch.int64)[0]
         packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
@@ -149,9 +190,12 @@ class DistLink(LocalLink):
         for k, batch in enumerate(plan.batches):
             if not batch:
                 continue
+            if k == self.rank:
+                result[k] = outputs[k]
+                continue
             g, n = gathered[k], len(batch)
-            result[k] = outputs[k] if k == self.rank else StageOutput(
-                g[:n, 0].tolist(), g[:n, 2:2 + top].clone(), g[:n, 2 + top:2 + 2 * top].contiguous().view(
-                    torch.float64).float(), None, float(g[width, :1].contiguous().view(torch.float64)),
-                g[:n, 1].contiguous().view(torch.float64).tolist())
+            floats = g[:n, 1:4].contiguous().view(torch.float64).T.tolist()  # probs, margins, tie gaps
+            ids, probs = g[:n, 4:4 + top].tolist(), g[:n, 4 + top:].contiguous().view(torch.float64).tolist()
+            result[k] = StageOutput(g[:n, 0].tolist(), [list(zip(i, p)) for i, p in zip(ids, probs)], None,
+                                    float(g[width, :1].contiguous().view(torch.float64)), *floats)
         return result
