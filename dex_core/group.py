@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import weakref
 from multiprocessing.connection import Client, wait
 from pathlib import Path
@@ -46,10 +47,24 @@ class ExplorerError(RuntimeError):
 
 
 def resolve_devices(devices, count: int) -> list[str]:
-    """One device per explorer: the given list, else cuda:0..K-1 when K GPUs are visible, else cpu."""
+    """One device per explorer of the distributed schedule.
+
+    - ``None``: ``cuda:0..K-1`` when at least K GPUs are visible; otherwise every explorer on CPU, with a
+      ``UserWarning`` that says why when some (fewer than K) GPUs are visible: NCCL needs one GPU per
+      explorer, so K explorers on fewer GPUs would not start.
+    - a list: one device per explorer, all ``cpu`` or all ``cuda:N`` of visible, distinct GPUs (two
+      explorers on one GPU is a DexError: NCCL refuses two ranks on one device).
+    """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if devices is None:
-        return [f"cuda:{k}" for k in range(count)] if gpus >= count else ["cpu"] * count
+        if gpus >= count:
+            return [f"cuda:{k}" for k in range(count)]
+        if gpus:
+            warnings.warn(f"{count} explorers need {count} GPUs (one each: NCCL refuses two ranks on one GPU) but "
+                          f"{gpus} {'is' if gpus == 1 else 'are'} visible, so the explorers run on CPU; use at most "
+                          f"{gpus} explorers to run on the GPUs, or pass devices (e.g. devices='cpu') to choose",
+                          stacklevel=2)
+        return ["cpu"] * count
     devices = [str(d) for d in devices]
     if len(devices) != count:
         raise DexError(f"devices lists {len(devices)} devices for {count} explorers; give one per explorer")
@@ -64,6 +79,11 @@ def resolve_devices(devices, count: int) -> list[str]:
         if torch.device(d).type == "cuda" and (index is None or index >= gpus):
             raise DexError(f"{d} is not available: {gpus} GPU(s) visible for {count} explorers; "
                            f"use fewer explorers or devices=cpu")
+    cuda = [torch.device(d) for d in devices if torch.device(d).type == "cuda"]
+    twice = sorted({str(d) for d in cuda if cuda.count(d) > 1})
+    if twice:
+        raise DexError(f"devices {devices} put several explorers on {', '.join(twice)}; NCCL refuses two ranks on "
+                       "one GPU: give each explorer its own GPU, use fewer explorers, or devices=cpu")
     return devices
 
 

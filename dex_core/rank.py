@@ -12,9 +12,12 @@ a second when its parent dies, idle or busy.
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
 import pickle
 import queue
+import socket
 import sys
 import threading
 import time
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .config import stage_bounds
+from .config import DexError, stage_bounds
 from .engine import run_rounds
 from .explorer import Explorer
 from .models import model_view
@@ -91,18 +94,73 @@ def build_stage_model(payload: dict, device: str):
     return model.eval(), (adapter.to(device) if adapter is not None else None)
 
 
+def device_report(device: str) -> dict:
+    """What a rank tells its peers before the data group exists: its device and, on CUDA, which GPU."""
+    d, gpu = torch.device(device), None
+    if d.type == "cuda":  # the GPU itself, whatever index CUDA_VISIBLE_DEVICES gives it in this process
+        gpu = str(getattr(torch.cuda.get_device_properties(d), "uuid", "")) or None
+    return {"device": str(d), "host": socket.gethostname(), "gpu": gpu}
+
+
+def data_backend(reports: list[dict]) -> str:
+    """The data group's backend from every rank's ``device_report`` (index = rank): ``nccl`` when all are on
+    CUDA, ``gloo`` when all are on CPU. A mix, or two ranks on one GPU (NCCL refuses that), is a DexError."""
+    kinds = [torch.device(r["device"]).type for r in reports]
+    if len(set(kinds)) > 1:
+        ranks = ", ".join(f"rank {k} on {r['device']}" for k, r in enumerate(reports))
+        raise DexError(f"the explorer ranks disagree on the device ({ranks}); every rank needs its own GPU or every "
+                       "rank runs on CPU: give each rank a GPU (at most one rank per visible GPU, or one "
+                       "CUDA_VISIBLE_DEVICES per rank) or hide the GPUs from all of them (CUDA_VISIBLE_DEVICES=)")
+    if kinds[0] == "cpu":
+        return "gloo"
+    seen: dict = {}
+    for k, r in enumerate(reports):
+        where = (r["host"], r["gpu"])
+        if r["gpu"] is not None and where in seen:
+            raise DexError(f"explorer ranks {seen[where]} and {k} are on the same GPU ({r['device']} on {r['host']}); "
+                           "NCCL refuses two ranks on one GPU: give each rank its own GPU or use fewer explorers")
+        seen[where] = k
+    return "nccl"
+
+
+def init_options(backend: str, device: str) -> dict:
+    """Keywords of ``init_process_group`` beyond the rendezvous: on NCCL ``device_id``, so that the world's
+    communicator forms inside the call, with every rank, not lazily at the first exchange."""
+    import torch.distributed as dist
+
+    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        return {"device_id": torch.device(device)}
+    return {}
+
+
+def init_world(device: str, init_method: str, rank: int, count: int, timeout: timedelta) -> str:
+    """Rendezvous, agree on the data backend over the rendezvous store (before any communicator exists, so a
+    disagreement is a clear error on every rank, not a hang in ``new_group``), start the default process
+    group on it, and return the backend."""
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous(init_method, rank, count, timeout=timeout))
+    store.set_timeout(timeout)
+    board = dist.PrefixStore("dex-devices", store)
+    board.set(str(rank), json.dumps(device_report(device)))
+    backend = data_backend([json.loads(board.get(str(k))) for k in range(count)])
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
+                            timeout=timeout, **init_options(backend, device))
+    return backend
+
+
 def join_group(payload: dict, device: str, init_method: str | None, count: int, trace_top: int,
                op_timeout: float, start_timeout: float, cancel=None, progress=None):
-    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link)."""
+    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link), warmed up."""
     import torch.distributed as dist
 
     rank = payload["rank"]
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=count,
-                                timeout=timedelta(seconds=start_timeout))
+    if dist.is_initialized():
+        backend = dist.get_backend()
+    else:
+        backend = init_world(device, init_method, rank, count, timedelta(seconds=start_timeout))
     ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
     model, adapter = build_stage_model(payload, device)
     view = model_view(model)
@@ -111,7 +169,18 @@ def join_group(payload: dict, device: str, init_method: str | None, count: int, 
     explorer = Explorer(view, rank, count, start, stop, adapter, None if shortlist is None else ProposalHead(view, shortlist))
     link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel,
                     progress)
+    warm_up(link)
     return view, explorer, link
+
+
+def warm_up(link: DistLink) -> None:
+    """One row from each rank to the next, in which every rank takes part, before the first request. On NCCL
+    the first exchange between two ranks sets up their connection (hundreds of ms); a fresh group's first
+    round may involve only ranks 0 and 1 (a one-token prompt skips the prefill), and setup there must not
+    wait for ranks that are already in the control all-gather."""
+    row = torch.zeros(1, link.hidden_size, dtype=link.dtype, device=link.device)  # (1, hidden)
+    link._swap(row, 1)
+    link.reset()
 
 
 def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int, prune=None):

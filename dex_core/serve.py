@@ -13,12 +13,42 @@ import os
 import sys
 import time
 
+import torch
+
 from .config import DexConfig, DexError, add_flags, from_args
 
-# DexConfig fields that make sense per rank (backend and devices are fixed by torchrun)
+# DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = ("model", "depths", "adapters", "decs", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-         "eos_token_id", "chat", "dtype", "threads", "op_timeout", "start_timeout")
+         "eos_token_id", "chat", "dtype", "device", "threads", "op_timeout", "start_timeout")
 USAGE = "torchrun --nproc-per-node 4 -m dex_core.serve --prompt 'Hello'"
+
+
+def torchrun_device(env, want: str = "auto") -> str:
+    """This torchrun rank's device, from ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` in ``env`` and the GPUs it sees.
+
+    ``want`` ``cpu``: CPU. ``auto`` (CPU when the rank sees no GPU) or ``cuda``: with at least one GPU per
+    local rank, ``cuda:LOCAL_RANK``; with exactly one visible GPU, ``cuda:0`` (per-rank
+    CUDA_VISIBLE_DEVICES; ranks that all see the same single GPU are refused when the group starts, as NCCL
+    refuses two ranks on one GPU); with fewer GPUs than local ranks, a DexError, never CPU for some ranks and
+    GPUs for others. Every rank decides alike, and the group checks that they agree before it starts.
+    """
+    local = int(env.get("LOCAL_RANK", env.get("RANK", 0)))
+    ranks = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1)))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if want == "cpu" or (want == "auto" and gpus == 0):
+        return "cpu"
+    if want not in ("auto", "cuda"):
+        raise DexError(f"under torchrun each rank takes the GPU of its LOCAL_RANK: give --device auto, cuda or cpu "
+                       f"(choose the GPUs with CUDA_VISIBLE_DEVICES); got {want!r}")
+    if gpus == 0:
+        raise DexError("--device cuda, but this rank sees no GPU: check CUDA_VISIBLE_DEVICES or use --device cpu")
+    if gpus >= ranks:
+        return f"cuda:{local}"
+    if gpus == 1:
+        return "cuda:0"
+    raise DexError(f"this node shows {gpus} GPUs to {ranks} ranks, and NCCL needs one GPU per rank: start at most "
+                   f"{gpus} ranks per node (--nproc-per-node {gpus}), give each rank its own GPU "
+                   "(CUDA_VISIBLE_DEVICES per rank), or run every rank on CPU (--device cpu)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Serve the prompts of ``args`` as this torchrun rank."""
-    import torch
     import torch.distributed as dist
 
     from .adapters import choose_depths, resolve_adapters
@@ -44,8 +73,8 @@ def run(args: argparse.Namespace) -> None:
     if "WORLD_SIZE" not in os.environ:
         raise DexError(f"dex serve runs one explorer per process under torchrun, e.g. {USAGE}")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
     config = from_args(DexConfig, args, explorers=world)
+    device = torchrun_device(os.environ, config.device)  # before the model loads: fail fast
     model, tokenizer = load_model(config.model, dtype=config.dtype)
     depths, how = choose_depths(model, config)
     if len(depths) != world:
@@ -58,8 +87,6 @@ def run(args: argparse.Namespace) -> None:
     payload = stage_payload(model, depths, rank, adapters.get(depths[rank]), shortlist)
     L, rows = model.config.num_hidden_layers, model.config.vocab_size if shortlist is None else len(shortlist)
     del model
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = f"cuda:{local}" if local < gpus else "cpu"
     torch.set_num_threads(config.threads or default_threads(world))
     view, explorer, link = join_group(payload, device, "env://", world, 0, config.op_timeout, config.start_timeout)
     prune = [resolve_prune(config.prune, [device])]  # rank 0's choice, so that every rank plans the same lattice

@@ -88,23 +88,28 @@ class DistLink(LocalLink):
         self.timeout = timedelta(seconds=op_timeout)
         self._posted = None  # (works, receive buffer) of this round's hidden rows
 
-    def _wait(self, works, what: str = "an exchange with its peers") -> None:
-        """Wait for ``works`` (sends, receives, an all-gather) at most ``op_timeout`` in all.
+    def _wait(self, works, what: str = "an exchange with its peers", data: bool = True) -> None:
+        """Wait for ``works`` (sends, receives, an all-gather) at most ``op_timeout`` in all; ``data``: they
+        are on the data group (NCCL when this rank is on a GPU), else on the gloo control group.
 
         On CUDA the data works are NCCL's, whose ``wait(timeout)`` blocks the host in 1 ms sleeps (as long
         as a stage at batch 1): poll ``is_completed()`` instead, then ``wait()`` without a timeout, which
         only makes the current stream wait for the transfer. On CPU gloo's ``wait(timeout)`` blocks on a
-        condition variable and wakes at completion; a poll there would take a core from the peers.
-        A timeout raises ``TimeoutError`` naming this rank and ``what`` it waited for.
+        condition variable and wakes at completion; a poll there would take a core from the peers (and
+        gloo's send/recv works report completion only once waited for). A timeout raises ``TimeoutError``
+        naming this rank and ``what`` it waited for.
         """
         tic = time.perf_counter()
         deadline = tic + self.timeout.total_seconds()
-        cuda = self.device.type == "cuda"
+        cuda = data and self.device.type == "cuda"
         try:
             if cuda and not self._poll(works, deadline):
                 raise TimeoutError(self._timed_out(what))
-            for w in works:
-                w.wait() if cuda else w.wait(timedelta(seconds=max(deadline - time.perf_counter(), 0.002)))
+            for w in works:  # on CUDA: the current stream waits for the (completed) transfer
+                if cuda:
+                    w.wait()
+                else:
+                    w.wait(timedelta(seconds=max(deadline - time.perf_counter(), 0.002)))
         except RuntimeError as err:  # gloo: "Timed out waiting 60000ms for recv operation to complete"
             if "timed out" not in str(err).lower():
                 raise
@@ -141,7 +146,8 @@ class DistLink(LocalLink):
 
     def _swap(self, send: torch.Tensor | None, recv_rows: int) -> torch.Tensor | None:
         works, buf = self._start(send, recv_rows)
-        self._wait(works)
+        self._wait(works, "the prompt's hidden rows" + (f" from rank {self.rank - 1}" if recv_rows else
+                                                         f" to reach rank {self.rank + 1}"))
         return buf
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
@@ -164,27 +170,29 @@ class DistLink(LocalLink):
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
         works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
         self._posted = None
-        self._wait(works)
+        self._wait(works, f"the hidden rows from rank {self.rank - 1}" if rows is not None else
+                   f"the hidden rows to reach rank {self.rank + 1}")
         if rows is not None:
             self.hidden.update(zip((n.id for n in prev), rows))
 
         # control: every stage's tokens, probabilities, margins, top candidates and expansion time, as one
         # int64 tensor (floats as their float64 bit patterns): token, prob, margin, tie gap, top ids, top probs
         width, top = max(len(b) for b in plan.batches), self.top
-        packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64)
+        packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu")  # gloo: on the host
         if mine is not None:
             n = len(mine.tokens)
             floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
-            packed[:n, 0] = torch.tensor(mine.tokens, dtype=torch.int64)
-            packed[:n, 1:4] = torch.tensor(floats, dtype=torch.float64).view(torch.int64)
+            packed[:n, 0] = to_device(mine.tokens, "cpu")
+            packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
             if top:
-                packed[:n, 4:4 + top] = torch.tensor([[t for t, _ in row] for row in mine.top], dtype=torch.int64)
-                packed[:n, 4 + top:] = torch.tensor([[p for _, p in row] for row in mine.top],
-                                                    dtype=torch.float64).view(torch.int64)
-            packed[width, 0] = torch.tensor([mine.seconds], dtype=torch.float64).view(torch.int64)[0]
+                packed[:n, 4:4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
+                packed[:n, 4 + top:] = to_device([[p for _, p in row] for row in mine.top], "cpu",
+                                                 torch.float64).view(torch.int64)
+            packed[width, 0] = to_device([mine.seconds], "cpu", torch.float64).view(torch.int64)[0]
         packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
-        self._wait([dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)])
+        self._wait([dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)], "the candidates all-gather",
+                   data=False)
         self.cancelled = any(int(g[width, 1]) > 0 for g in gathered)
         result = {}
         for k, batch in enumerate(plan.batches):

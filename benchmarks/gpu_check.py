@@ -1,0 +1,246 @@
+"""One prepared GPU check: is DEX exact, certified and timed right on this machine's accelerator?
+
+    python benchmarks/gpu_check.py --out runs/gpu.json --markdown runs/gpu.md     # a CUDA machine, < 8 min
+    python benchmarks/gpu_check.py --device cpu --quick                          # the same code, tiny model
+
+Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA events on a GPU):
+
+1. exactness: sequential DEX (K explorers, adapters, light proposal heads, DECS) in float32 — tokens
+   identical to the AR reference ``ar_generate`` and to HF greedy ``generate``; in bfloat16 — every
+   committed token certified by ``dex_core.verify`` (teacher-forced, unmodified model), identical counts
+   beside it; seeded sampling in bfloat16 the same way.
+2. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
+   projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
+   between devices is left out and said so) and rounds/token.
+3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows.
+4. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
+   visible, tokens compared with the sequential schedule; with one GPU it is skipped (NCCL refuses two
+   ranks on one GPU); on the CPU (``--quick``) two gloo processes.
+
+``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
+architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
+exactness, certification and timings mean the same; rounds/token do not, the weights are untrained).
+Writes one JSON (``--out``) and one markdown table (``--markdown``; always printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dex_core import DexDecoder, ar_generate, hf_greedy
+from dex_core.adapters import new_adapters, save_adapters
+from dex_core.config import DEVICE_HELP, GenerationOptions
+from dex_core.device import Clock
+from dex_core.models import load_model, resolve_device, tiny_model
+from dex_core.profile import decode_order_seconds, row_blocks
+from dex_core.request import encode_prompt
+from dex_core.verify import Certificate, certify_tokens
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+PROMPTS = ("Give three tips for staying focused while studying.", "Write a Python function that reverses a list.",
+           "Explain what a hash table is in two sentences.", "Summarize why the sky is blue.")
+
+
+def random_model(device):
+    """SmolLM2-135M's architecture (30 layers, hidden 576, vocab 49152, tied head) with seeded random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LlamaForCausalLM(config).eval()
+
+
+def setup(args, device, folder: Path):
+    """(model in float32, prompts as token ids, adapters option): the real or the random model."""
+    if args.quick:
+        model, tokenizer = tiny_model(layers=6, vocab=96).float().to(device), None
+    elif args.model == "random":
+        model, tokenizer = random_model(device), None
+    else:
+        model, tokenizer = load_model(args.model, dtype="float32", device=device)
+    if tokenizer is not None:
+        return model, [encode_prompt(tokenizer, p, True) for p in PROMPTS[:args.prompts]], "auto"
+    gen = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(vocab, (12 + 4 * i,), generator=gen).tolist() for i in range(args.prompts)]
+    adapters = folder / "adapters.safetensors"  # fresh adapters and a ranking: the load path and light heads
+    depths = sorted({d for K in args.explorers for d in _depths(model, K)[:-1]})
+    save_adapters(adapters, new_adapters(model, depths), model, {"note": "gpu_check: untrained"},
+                  ranking=torch.randperm(vocab, generator=gen))
+    return model, prompts, str(adapters)
+
+
+def _depths(model, K: int) -> list[int]:
+    L = model.config.num_hidden_layers
+    return [-(-(k + 1) * L // K) for k in range(K)]
+
+
+def decoder(model, K: int, adapters: str, **more) -> DexDecoder:
+    rows = min(2048, model.config.vocab_size // 2)
+    return DexDecoder(model, explorers=K, depths=_depths(model, K) if adapters != "auto" else None,
+                      adapters=adapters, proposal_vocab=rows, **more)
+
+
+def exactness(model, prompts, K, adapters, tokens) -> dict:
+    """float32: identical counts; bfloat16: certified counts (greedy and seeded sampling) and identical counts."""
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        model.to(getattr(torch, dtype))
+        dex = decoder(model, K, adapters)
+        for mode, sampling in (("greedy", {}), ("sampled", {"temperature": 0.8, "top_p": 0.95})):
+            if dtype == "float32" and mode == "sampled":
+                continue
+            rows = {"prompts": len(prompts), "dex_eq_ar": 0, "dex_eq_hf": 0, "ar_eq_hf": 0}
+            certs = []
+            for i, prompt in enumerate(prompts):
+                seed = {"seed": i} if sampling else {}
+                got = dex.generate(prompt, tokens, **sampling, **seed).tokens
+                ref = ar_generate(model, prompt, tokens, **sampling, **seed).tokens
+                hf = hf_greedy(model, prompt, tokens) if not sampling else None
+                rows["dex_eq_ar"] += got == ref
+                rows["dex_eq_hf"] += hf is not None and got == hf
+                rows["ar_eq_hf"] += hf is not None and ref == hf
+                certs.append(certify_tokens(model, prompt, got, GenerationOptions(**sampling, **seed)))
+            cert = Certificate.combine(certs)
+            rows.update(certified=cert.certified, tokens=cert.total, worst_gap=cert.worst_gap)
+            out[f"{dtype} {mode}"] = rows
+    model.to(torch.float32)
+    return out
+
+
+def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
+    """HF greedy and DEX per K, after one warm-up each, timed on the device's clock."""
+    model.to(getattr(torch, dtype))
+    clock, rows = Clock(model.device), []
+
+    def timed(run):
+        run(prompts[0])  # warm-up
+        start = clock.stamp()
+        results = [run(p) for p in prompts]
+        return results, clock.since(start)
+
+    hf, ar_seconds = timed(lambda p: hf_greedy(model, p, tokens))
+    ar_tokens = sum(len(t) for t in hf)
+    rows.append({"method": "AR (HF generate)", "tokens_per_second": ar_tokens / ar_seconds, "vs_ar": 1.0})
+    for K in Ks:
+        dex = decoder(model, K, adapters)
+        results, seconds = timed(lambda p: dex.generate(p, tokens))
+        n = sum(len(r.tokens) for r in results)
+        projected = sum(r.stats.projected_seconds + r.stats.prefill_seconds for r in results)
+        rounds = sum(r.stats.rounds for r in results)
+        rows.append({"method": f"DEX K={K} (sequential, one device)", "tokens_per_second": n / seconds,
+                     "vs_ar": (n / seconds) / (ar_tokens / ar_seconds), "rounds_per_token": rounds / n,
+                     "projected_tokens_per_second": n / projected,
+                     "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
+                     "identical_to_ar": [r.tokens for r in results] == hf})
+    model.to(torch.float32)
+    return rows
+
+
+def profile(model, repeats: int, rows_counts) -> dict:
+    """Seconds of one layer, the full head and a light head per row count, in a decode's order."""
+    table = {}
+    for n in rows_counts:
+        blocks = row_blocks(model, n, proposal_rows=min(8192, model.config.vocab_size // 2))
+        table[n] = decode_order_seconds(blocks, repeats, Clock(model.device))
+    return table
+
+
+def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if quick and gpus < 2:
+        devices = ["cpu", "cpu"]
+    elif gpus >= 2:
+        devices = [f"cuda:{k}" for k in range(min(gpus, 4))]
+    else:
+        return {"skipped": f"{gpus} GPU visible: the distributed schedule needs one GPU per explorer (NCCL "
+                           f"refuses two ranks on one GPU)"}
+    K = len(devices)
+    reference = decoder(model, K, adapters)
+    want = [reference.generate(p, tokens).tokens for p in prompts]
+    tic = time.perf_counter()
+    with decoder(model, K, adapters, backend="distributed", devices=devices, threads=1) as dex:
+        got = [dex.generate(p, tokens) for p in prompts]
+    return {"devices": devices, "identical_to_sequential": sum(g.tokens == w for g, w in zip(got, want)),
+            "prompts": len(prompts), "tokens_per_second": sum(len(g.tokens) for g in got)
+            / sum(g.stats.wall_seconds for g in got), "seconds_with_start": time.perf_counter() - tic}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})", "",
+             "| exactness | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in report["exactness"].items():
+        hf = ("n/a (sampled)",) * 2 if "sampled" in name else (r["dex_eq_hf"], r["ar_eq_hf"])
+        lines.append(f"| {name} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
+                     f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |")
+    lines += ["", f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | projected tokens/s "
+                  "(exchange left out) | projected vs AR |", "|---|---|---|---|---|---|"]
+    for r in report["speed"]:
+        projected = (f"{r['projected_tokens_per_second']:.1f} | {r['projected_vs_ar']:.2f}"
+                     if "projected_vs_ar" in r else "– | –")
+        lines.append(f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f} | "
+                     f"{r.get('rounds_per_token', 1.0):.2f} | {projected} |")
+    names = list(next(iter(report["profile"].values())))
+    lines += ["", "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n, r in report["profile"].items():
+        lines.append(f"| {n} | " + " | ".join(f"{1000 * r[k]:.3f}" for k in names) + " |")
+    lines += ["", f"distributed: {json.dumps(report['distributed'])}"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help=DEVICE_HELP)
+    parser.add_argument("--model", default="default", help="default, random, or a model spec as for dex generate")
+    parser.add_argument("--quick", action="store_true", help="a tiny random model, few tokens (the test suite)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--explorers", default="2,4", help="values of K")
+    parser.add_argument("--speed-dtype", default=None, help="dtype of the speed section (default: bfloat16 "
+                                                            "on CUDA, float32 on the CPU)")
+    parser.add_argument("--repeats", type=int, default=20, help="profile repeats per block")
+    parser.add_argument("--out")
+    parser.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    args.explorers = [int(k) for k in args.explorers.split(",")]
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.explorers, args.repeats = 2, 8, [2, 3], 2
+    device = resolve_device(args.device)
+    tic = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dex-gpu-check-") as folder:
+        model, prompts, adapters = setup(args, device, Path(folder))
+        report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+                  f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+                  "model": "tiny random" if args.quick else args.model, "torch": torch.__version__,
+                  "speed_dtype": args.speed_dtype or ("bfloat16" if device.type == "cuda" else "float32"),
+                  "max_new_tokens": args.max_new_tokens, "explorers": args.explorers}
+        report["exactness"] = exactness(model, prompts, max(args.explorers), adapters, args.max_new_tokens)
+        report["speed"] = speed(model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"])
+        report["profile"] = profile(model, args.repeats, ROWS[:3] if args.quick else ROWS)
+        report["distributed"] = distributed(model, prompts, adapters, args.max_new_tokens, args.quick)
+    report["seconds"] = time.perf_counter() - tic
+    text = markdown(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    ok = all(r["certified"] == r["tokens"] for r in report["exactness"].values()) and \
+        report["exactness"]["float32 greedy"]["dex_eq_ar"] == len(prompts)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The prepared GPU check runs on the CPU too (``--device cpu --quick``), so it cannot rot before a GPU
+machine runs it."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+
+
+def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    out = tmp_path / "gpu.json"
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(out), "--markdown", str(tmp_path / "gpu.md")]) == 0
+    report = json.loads(out.read_text())
+    exact = report["exactness"]
+    assert set(exact) == {"float32 greedy", "bfloat16 greedy", "bfloat16 sampled"}
+    assert exact["float32 greedy"]["dex_eq_ar"] == exact["float32 greedy"]["dex_eq_hf"] == 2
+    assert all(r["certified"] == r["tokens"] == 16 for r in exact.values())  # 2 prompts x 8 tokens
+    assert [r["method"] for r in report["speed"]] == ["AR (HF generate)", "DEX K=2 (sequential, one device)",
+                                                     "DEX K=3 (sequential, one device)"]
+    assert all(r["identical_to_ar"] for r in report["speed"][1:])
+    assert all(1.0 <= r["rounds_per_token"] <= K for r, K in zip(report["speed"][1:], (2, 3)))
+    assert sorted(map(int, report["profile"])) == [1, 2, 4]
+    assert set(report["profile"]["1"]) == {"layer 0", "layer 3", "head", "proposal"}
+    assert report["distributed"]["identical_to_sequential"] == report["distributed"]["prompts"] == 2
+    assert "| bfloat16 greedy | 2 |" in capsys.readouterr().out
