@@ -128,8 +128,9 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
         origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
         live_source = gr.State(cb.LIVE)  # outside gr.Tabs: a State between two tabs doubled the last tab's label
         gr.Markdown("# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
-                    "several depths propose tokens, the final layer commits exactly AR's token, and the "
-                    f"lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
+                    "several depths propose tokens, the final layer commits AR's token (exactly in float32/float64; "
+                    "in bfloat16/float16 AR's or a numerical near-tie of it, marked ≈ and checkable with `dex verify`), "
+                    f"and the lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
                     f"backend: `{runtime.settings.backend}`.")
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):

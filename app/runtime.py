@@ -21,7 +21,7 @@ from pathlib import Path
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
 from dex_core.adapters import choose_depths
 from dex_core.profile import measure_profile
-from dex_core.config import flag, integer, option
+from dex_core.config import DEVICE_HELP, flag, integer, option
 
 
 @dataclass
@@ -32,6 +32,8 @@ class AppSettings:
     explorers: int = option(DecoderOptions.explorers, "K the controls start at", env="DEX_EXPLORERS")
     backend: str = option(DecoderOptions.backend, "sequential or distributed", env="DEX_BACKEND")
     dtype: str = option(DexConfig.dtype, "model dtype", env="DEX_DTYPE")
+    device: str = option(DexConfig.device, DEVICE_HELP + " (distributed: one device of that kind per explorer)",
+                         env="DEX_DEVICE")
     host: str | None = option(None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; "
                                     "0.0.0.0 serves a network)")
     port: int | None = option(None, "port (default: $GRADIO_SERVER_PORT or 7860)")
@@ -42,7 +44,8 @@ class AppSettings:
                               env="DEX_SESSION_TTL")
 
     def __post_init__(self):
-        DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype)
+        self.device = DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype,
+                                device=self.device).device
         for name in ("max_groups", "queue_size", "session_ttl"):
             integer(getattr(self, name), name, 1)
 
@@ -150,7 +153,8 @@ class Runtime:
         with self._lock:
             if self._model is None:
                 more = {"log": log} if log is not None else {}
-                self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype, **more)
+                self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype,
+                                                          device=self.settings.device, **more)
             return self._model, self._tokenizer
 
     def profiled(self, decoder: DexDecoder) -> bool:
@@ -188,7 +192,7 @@ class Runtime:
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if self.settings.backend == "distributed" and 0 < gpus < count:
+        if self.settings.backend == "distributed" and self.settings.device != "cpu" and 0 < gpus < count:
             return (f"{count} explorers need {count} GPUs (one per explorer) but {gpus} are visible: "
                     f"the explorers run on CPU. Choose K ≤ {gpus} to use the GPUs.")
         return None
@@ -208,6 +212,8 @@ class Runtime:
         if options.backend == "sequential":
             return DexDecoder(model, options, tokenizer=tokenizer)
         depths, _ = choose_depths(model, options)
+        if model.device.type == "cpu":  # DEX_DEVICE=cpu: CPU explorers, even where GPUs are visible
+            options = replace(options, devices=("cpu",) * len(depths))
         key = (depths, options.decs, options.adapters, options.prune)
         with self._lock:
             if key in self._groups:

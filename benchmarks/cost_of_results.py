@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "cost-of-bench.json"))
     args = parser.parse_args()
-    model, _ = load_model("default")
+    model, _ = load_model("default", device="cpu")  # only its shapes are counted
     cost = ModelCost.of(model, resolve_adapters("default", model))
     plain = ModelCost(cost.num_layers, cost.head, 0.0)
     out = {"model": "default", "head_layer_equivalents": cost.head, "adapter_layer_equivalents": cost.adapter,

@@ -28,9 +28,9 @@ import time
 
 import torch
 
-from dex_core import DecoderOptions, DexDecoder, encode_prompt, hf_greedy, load_model
+from dex_core import DecoderOptions, DexConfig, DexDecoder, encode_prompt, hf_greedy, load_model
 from dex_core.profile import exchange_seconds, measure_profile
-from dex_core.config import ADAPTER_HELP
+from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data import humaneval_prompts
 
 
@@ -44,6 +44,8 @@ def ar(model, prompt, new, threads):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP + " (AR; the explorers use one "
+                        "device of this kind each)")
     parser.add_argument("--explorers", type=int, default=2)
     parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
     parser.add_argument("--threads-per-explorer", type=int, default=1)
@@ -53,10 +55,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=args.device)
     prompts = [encode_prompt(tokenizer, p["prompt"], args.chat) for p in humaneval_prompts(args.prompts)]
+    devices = None if model.device.type == "cuda" else ("cpu",) * args.explorers  # AR's kind of device
     decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, backend="distributed",
-                         threads=args.threads_per_explorer, tokenizer=tokenizer)
+                         threads=args.threads_per_explorer, devices=devices, tokenizer=tokenizer)
     sequential = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, tokenizer=tokenizer)
     torch.set_num_threads(args.threads_per_explorer)
     machine = measure_profile(model, sequential.proposal_vocab)

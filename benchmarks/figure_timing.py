@@ -19,7 +19,8 @@ import sys
 import time
 
 import visualize as viz
-from dex_core import DexDecoder, load_model
+from dex_core import DexConfig, DexDecoder, load_model
+from dex_core.config import DEVICE_HELP
 
 FIGURES = {"lattice_figure": viz.lattice_figure, "tokens_html": viz.tokens_html, "fsm_html": viz.fsm_html,
            "round_table_html": viz.round_table_html}
@@ -36,6 +37,7 @@ def percentile(values: list[float], q: float) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP)
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=24, help="new tokens in the timed trace")
     parser.add_argument("--prompt", default="def fibonacci(n):")
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=args.device)
     prompt = tokenizer(args.prompt)["input_ids"]
     result = DexDecoder(model, explorers=args.explorers, tokenizer=tokenizer).generate(prompt, args.tokens)
     views = viz.replay(result.trace)

@@ -21,7 +21,8 @@ import json
 import sys
 import time
 
-from dex_core import DecoderOptions, DexDecoder, hf_greedy, load_model
+from dex_core import DecoderOptions, DexConfig, DexDecoder, hf_greedy, load_model
+from dex_core.config import DEVICE_HELP
 from dex_core.cost import ModelCost
 from dex_core.data import prompt_set
 from dex_core.request import encode_item
@@ -29,6 +30,7 @@ from dex_core.request import encode_item
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP)
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--depths", help="exploration set, e.g. 6,14,22,30 (default: the shipped best set for K)")
     parser.add_argument("--prune", default="none,1,2,3,4", help="bounds B to compare, comma-separated")
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
-    model, tokenizer = load_model("default")
+    model, tokenizer = load_model("default", device=args.device)
     half = args.prompts // 2
     items = prompt_set("humaneval", args.prompts - half) + prompt_set("chat", half)
     prompts = [encode_item(tokenizer, it) for it in items]

@@ -1,4 +1,7 @@
-"""DEX: Depth Exploration Decoding over Hugging Face causal LMs (exact to autoregressive decoding)."""
+"""DEX: Depth Exploration Decoding over Hugging Face causal LMs. In float32/float64 its tokens are identical to
+autoregressive decoding's (``ar_generate``; greedy: HF ``generate``); in bfloat16/float16 each committed token is
+the unmodified model's choice or a numerical near-tie of it, which ``verify_trace`` (``dex verify``) certifies
+token by token."""
 
 from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
 from .decoder import DexDecoder
@@ -8,9 +11,11 @@ from .reference import ar_generate, ar_stream, hf_greedy
 from .request import encode_prompt
 from .results import GenerationResult, GenerationStats
 from .trace import TRACE_VERSION, load_trace, save_trace
+from .verify import Certificate, certify_tokens, verify_trace
 
 __all__ = [
-    "DecoderOptions", "DexConfig", "DexDecoder", "DexError", "ExplorerError", "GenerationOptions",
+    "Certificate", "DecoderOptions", "DexConfig", "DexDecoder", "DexError", "ExplorerError", "GenerationOptions",
     "GenerationResult", "GenerationStats", "TRACE_VERSION", "UnsupportedModelError", "ar_generate", "ar_stream",
     "encode_prompt", "hf_greedy", "load_model", "load_trace", "resolve_depths", "save_trace",
+    "certify_tokens", "verify_trace",
 ]

@@ -29,17 +29,19 @@ RANKING = "shortlist"  # the tensor holding the token ranking of the light propo
 
 
 class InducingAdapter(nn.Module):
-    def __init__(self, hidden: int, bottleneck: int, activation: str = "silu", eps: float = 1e-5):
+    def __init__(self, hidden: int, bottleneck: int, activation: str = "silu", eps: float = 1e-5, *,
+                 device=None, dtype=None):
         super().__init__()
         from transformers.activations import ACT2FN
 
-        self.norm_weight = nn.Parameter(torch.ones(hidden))
+        where = {"device": device, "dtype": dtype}  # built where it will run (default: torch's, the CPU)
+        self.norm_weight = nn.Parameter(torch.ones(hidden, **where))
         self.eps = eps
-        self.up = nn.Linear(hidden, bottleneck)
-        self.down = nn.Linear(bottleneck, hidden)
+        self.up = nn.Linear(hidden, bottleneck, **where)
+        self.down = nn.Linear(bottleneck, hidden, **where)
         self.act = ACT2FN[activation]
         self.activation = activation
-        self.alpha = nn.Parameter(torch.tensor(1e-3))
+        self.alpha = nn.Parameter(torch.tensor(1e-3, **where))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> (..., hidden)
         x = h.float()
@@ -57,12 +59,14 @@ def model_identity(model) -> dict:
 
 
 def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, InducingAdapter]:
-    """Fresh adapters (float32) for the given non-final depths; m = 2h by default."""
+    """Fresh adapters for the given non-final depths, on the model's device in float32 (what training
+    updates, whatever the model's dtype); m = 2h by default."""
     cfg = model.config
     m = bottleneck or 2 * cfg.hidden_size
     act = getattr(cfg, "hidden_act", "silu")
     eps = getattr(cfg, "rms_norm_eps", 1e-5)
-    return {int(d): InducingAdapter(cfg.hidden_size, m, act, eps) for d in depths}
+    device = model.model.norm.weight.device
+    return {int(d): InducingAdapter(cfg.hidden_size, m, act, eps, device=device, dtype=torch.float32) for d in depths}
 
 
 def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict, ranking=None) -> None:
@@ -73,7 +77,7 @@ def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: d
     tensors = {f"{d}.{k}": v.detach().to(torch.float16).contiguous()
                for d, a in adapters.items() for k, v in a.state_dict().items()}
     if ranking is not None:
-        tensors[RANKING] = torch.as_tensor(ranking).to(torch.int32).contiguous()
+        tensors[RANKING] = torch.as_tensor(ranking, device="cpu").to(torch.int32).contiguous()
     first = next(iter(adapters.values()))
     meta = {"format": "dex-adapters", "version": "1", "identity": json.dumps(model_identity(model)),
             "depths": json.dumps(sorted(adapters)), "bottleneck": str(first.up.out_features),
@@ -203,8 +207,9 @@ def shipped_adapters_fit(model) -> bool:
 
 def resolve_adapters(spec, model, depths=None) -> dict:
     """The one resolver of an adapter choice: 'auto' (the shipped set when it fits ``model``, else none),
-    'none', 'default' (the shipped set), a file, or a mapping {depth: module}. Only the non-final
-    depths of exploration set ``depths`` are kept; a mapping with others is an error."""
+    'none', 'default' (the shipped set), a file, or a mapping {depth: module} (modules are moved to the
+    model's device). Only the non-final depths of exploration set ``depths`` are kept; a mapping with others
+    is an error."""
     if isinstance(spec, Mapping):
         bad = [d for d, a in spec.items() if isinstance(d, bool) or not isinstance(d, int) or not callable(a)]
         if bad:
@@ -216,6 +221,9 @@ def resolve_adapters(spec, model, depths=None) -> dict:
             if extra:
                 raise DexError(f"adapters given for depths {extra}; only the non-final explored depths "
                                f"{list(depths[:-1])} take adapters")
+        for a in adapters.values():
+            if isinstance(a, nn.Module):
+                a.to(model.model.norm.weight.device)  # adapters follow the layers they serve
         return adapters
     spec = "none" if spec is None else str(spec).strip()
     if spec == "none" or (spec == "auto" and not shipped_adapters_fit(model)):
@@ -273,11 +281,11 @@ def load_adapters(path, model) -> dict[int, InducingAdapter]:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise DexError(f"{path} could not be read ({err}); save it again with 'dex train-adapters'") from None
-    dtype = model.model.norm.weight.dtype
+    where = {"device": model.model.norm.weight.device, "dtype": model.model.norm.weight.dtype}  # the model's
     adapters = {}
     for d in meta["depths"]:
         adapter = InducingAdapter(meta["identity"]["hidden_size"], meta["bottleneck"], meta["activation"],
-                                  meta["eps"])
-        adapter.load_state_dict({k: tensors[f"{d}.{k}"].float() for k in adapter.state_dict()})
-        adapters[d] = adapter.to(dtype).eval().requires_grad_(False)
+                                  meta["eps"], **where)
+        adapter.load_state_dict({k: tensors[f"{d}.{k}"].float() for k in adapter.state_dict()})  # copied over
+        adapters[d] = adapter.eval().requires_grad_(False)
     return adapters

@@ -108,7 +108,7 @@ def self_spec_layer_forwards(omega_exit: torch.Tensor, draft: int, exit_layer: i
 def hf_early_exit_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int) -> list[int]:
     """Greedy ``model.generate(assistant_early_exit=E)`` with ``draft`` assistant tokens per step and no
     confidence threshold (both read from ``model.generation_config``); returns the new tokens."""
-    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    ids = torch.as_tensor(input_ids, device=model.device).reshape(1, -1)
     config = model.generation_config
     saved = {k: getattr(config, k, None) for k in ("num_assistant_tokens", "assistant_confidence_threshold",
                                                    "num_assistant_tokens_schedule")}

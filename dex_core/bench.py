@@ -13,8 +13,10 @@ Methods (every output compared token by token with HF ``generate``, greedy):
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way.
 
-Metrics: ``exact``; tokens/s after one warm-up per method (new tokens / total time; ``measured`` or
-``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
+Metrics: ``identical`` (prompts whose tokens equal HF greedy's) and ``certified`` (tokens that one
+teacher-forced forward of the unmodified model confirms as its choice or a near-tie, ``dex_core.verify``;
+``certified_worst_gap`` the largest gap to the top); tokens/s after one warm-up per method (new tokens /
+total time; ``measured`` or ``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
 DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
 counts once, explorers working in the same round count once); self-speculation: n * E + L per
 draft-verify step over the tokens committed; and the cost per token of ``dex_core.cost`` (heads and
@@ -31,9 +33,10 @@ import torch
 
 from .bench_report import headline, result_row
 from .cost import ModelCost
-from .config import ADAPTER_CHOICES, DecoderOptions, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_ints, parse_list, resolve_depths, rows_option
+from .config import ADAPTER_CHOICES, DEVICE_HELP, DecoderOptions, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_device, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .reference import hf_greedy
+from .verify import Certificate, certify_tokens
 from .request import encode_item
 
 METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit")
@@ -45,6 +48,8 @@ QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_token
 @dataclass
 class BenchConfig:
     model: str = option("default", "model spec, as for dex generate")
+    device: str = option(DexConfig.device, DEVICE_HELP + "; every method runs there (dex-distributed: one "
+                                           "device per explorer, cpu ones when this is cpu)")
     sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: humaneval, chat (ShareGPT held-out), "
                                                           "builtin")
     prompts: int = option(20, "prompts per set, from the set's eval split")
@@ -71,6 +76,7 @@ class BenchConfig:
 
     def __post_init__(self):
         self.sets, self.methods = parse_list(self.sets, "sets"), parse_list(self.methods, "methods")
+        self.device = parse_device(self.device)
         if self.adapters not in ADAPTER_CHOICES:
             adapter_file(self.adapters)  # a missing file fails before the model loads
         self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
@@ -94,18 +100,18 @@ class BenchConfig:
             raise DexError("prompts, tune_prompts and max_new_tokens must be positive")
 
 
-def _quick_setup():
+def _quick_setup(device: torch.device):
     from .adapters import new_adapters
     from .models import tiny_model, tiny_tokenizer
 
-    model, tokenizer = tiny_model("llama", layers=6, seed=5), tiny_tokenizer()
+    model, tokenizer = tiny_model("llama", layers=6, seed=5).to(device), tiny_tokenizer()
     adapters = new_adapters(model, range(1, 6), bottleneck=32)
     for a in adapters.values():
         a.alpha.data.fill_(0.5)
         a.double().eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(0)
     prompts = {split: [{"id": f"synthetic-{split}-{i}", "prompt": " ".join(
-        f"w{int(v)}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen)), "chat": False}
+        f"w{v}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen, device="cpu").tolist()), "chat": False}
         for i in range(3)] for split in ("eval", "tune")}
     return model, tokenizer, adapters, prompts
 
@@ -170,14 +176,15 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     from .ead import matches
     from .lens import layer_candidates
     from .decoder import DexDecoder
-    from .models import load_model
+    from .models import load_model, resolve_device
     from .profile import measure_profile
 
+    device = resolve_device(cfg.device)  # one device for every method (dex-distributed: one per explorer)
     if cfg.quick:
-        model, tokenizer, adapters, synthetic = _quick_setup()
+        model, tokenizer, adapters, synthetic = _quick_setup(device)
         adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
     else:
-        model, tokenizer = load_model(cfg.model)
+        model, tokenizer = load_model(cfg.model, device=device)
         adapters = resolve_adapters(cfg.adapters, model)
         synthetic = None
     L = model.config.num_hidden_layers
@@ -192,7 +199,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     sets = {name: [encode_item(tokenizer, it) for it in items(name, cfg.prompts, "eval")] for name in cfg.sets}
     tune = [encode_item(tokenizer, it) for name in cfg.sets for it in items(name, cfg.tune_prompts, "tune")]
     report = {"config": asdict(cfg), "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
-              "num_layers": L, "adapter_depths": sorted(adapters), "torch_threads": torch.get_num_threads(),
+              "device": str(device), "num_layers": L, "adapter_depths": sorted(adapters),
+              "torch_threads": torch.get_num_threads(),
               "results": [], "oracle": {}, "tuning": {}}
 
     tuned = {"self-spec": adapters, "hf-early-exit": {}}  # HF's early exit reads the plain lens
@@ -213,7 +221,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         runs = [("dex", use, decs, {}) for use, decs in variants]
         if "dex-distributed" in cfg.methods:
-            runs.append(("dex-distributed", bool(adapters), True, {"backend": "distributed", "threads": cfg.threads}))
+            runs.append(("dex-distributed", bool(adapters), True, {"backend": "distributed", "threads": cfg.threads,
+                                                                   "devices": None if device.type == "cuda" else
+                                                                   ("cpu",) * len(depths)}))
         for (method, use, decs, more), prune in itertools.product(runs, cfg.prune):
             d = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer,
                            prune=prune, **light, **more)
@@ -257,16 +267,19 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             shortlist = next((d.shortlist for d in decoders.values()), None)
             lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
                           for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
-            ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r]), "L": L, "ss": ss, "hf": hf,
+            ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r], device="cpu"), "L": L, "ss": ss, "hf": hf,
                    "cost": ModelCost.of(model, adapters), "dex_cost": {k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
                    "proposal_vocab": {k: d.proposal_vocab for k, d in decoders.items()},
                    "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters, "profile": profile}
             omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
-            stable = float((torch.where(~omega, torch.arange(1, L + 1), 0).max(dim=1).values + 1).double().mean())
+            stable = float((torch.where(~omega, torch.arange(1, L + 1, device="cpu"), 0).max(dim=1).values + 1)
+                           .double().mean())
             report["oracle"][set_name] = {"layer_forwards_per_token": stable, "speedup": L / stable}
             for key in runners:
                 row = result_row(key, outs[key], ctx)
-                row.update(set=set_name, seconds=timers[key].seconds,
+                cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
+                row.update(set=set_name, seconds=timers[key].seconds, certified=cert.certified,
+                           certified_worst_gap=cert.worst_gap,
                            tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
                            speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
                            layer_speedup=L / row["layer_forwards_per_token"],

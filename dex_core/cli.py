@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import serve
 from .bench import BenchConfig
-from .config import DexConfig, DexError, add_flags, from_args
+from .config import DTYPES, DexConfig, DexError, add_flags, from_args
 from .console import log
 from .ead import EadConfig
 from .group import ExplorerError
@@ -21,7 +21,11 @@ GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("t
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad flags are DexErrors too: one ``dex: error:`` line and exit code 2, like every other bad input."""
+    """Bad flags are DexErrors too: one ``dex: error:`` line and exit code 2, like every other bad input.
+    No abbreviations (every subcommand's parser is one of these): ``--device`` must not pass as ``--devices``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise DexError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -46,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Train inducing adapters for a model (frozen) by full-vocabulary KL "
                                        "self-distillation on ShareGPT's training split; save them as one "
                                        "safetensors file usable with DexDecoder(adapters=FILE).")
-    add_flags(train, DexConfig, ("model",))
+    add_flags(train, DexConfig, ("model", "device"))
     train.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
     train.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
     add_flags(train, TrainConfig)
@@ -55,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "model's tokenizer and store the ranking, most frequent first, in FILE; "
                                       "non-final stages then score its first N tokens (--proposal-vocab).")
     rank.add_argument("file", help="adapter file (.safetensors) to update")
-    add_flags(rank, DexConfig, ("model",))
+    add_flags(rank, DexConfig, ("model", "device"))
     ead = sub.add_parser("ead", help="token readiness: EAD, predicted speedups, best exploration sets (JSON)",
                          description="Greedy AR answers to prompt sets, then per token the earliest available "
                                      "depth (plain and stable), the stage DEX matches at (DECS-aware), the "
@@ -72,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(bench, BenchConfig)
     bench.add_argument("--out", help="JSON report (with a 'results' list)")
     bench.add_argument("--markdown", help="markdown tables (default: printed)")
+    verify = sub.add_parser("verify", help="certify a trace's tokens against the unmodified model (exit 1 if any fails)",
+                            description="Run the unmodified model teacher-forced over the trace's prompt and committed "
+                                        "tokens (one forward, logits in float32) and check that every token is the "
+                                        "model's choice or within the tie gap of it (a numerical near-tie in the "
+                                        "trace's dtype). Prints each token beyond the gap, then 'certified: N of M "
+                                        "tokens within the tie gap (worst gap G)'; exit 0 when all are, else 1.")
+    verify.add_argument("trace", help="a trace file saved by DEX (dex generate --trace, the app's Debugger)")
+    verify.add_argument("--model", help="model to verify with (default: the model the trace's metadata names)")
+    verify.add_argument("--dtype", choices=DTYPES, help="dtype to load it in (default: the trace's; float32 for "
+                                                        "traces that do not record one)")
+    add_flags(verify, DexConfig, ("device",))
     return parser
 
 
@@ -100,7 +115,7 @@ def _generate(args) -> None:
     config = from_args(DexConfig, args)
     _writable(args.trace)
     check_text(args.prompt)
-    model, tokenizer = load_model(config.model, dtype=config.dtype)
+    model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     decoder = DexDecoder(model, config.decoder(), tokenizer=tokenizer)
     stream, events = TextStream(tokenizer), []
@@ -125,7 +140,7 @@ def _train(args) -> None:
 
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=args.device)  # float32: the trainer autocasts
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
           f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}")
@@ -155,7 +170,8 @@ def _shortlist(args) -> None:
     from .models import load_model
     from .proposal import store_ranking, token_ranking
 
-    model, tokenizer = load_model(from_args(DexConfig, args).model)
+    config = from_args(DexConfig, args)
+    model, tokenizer = load_model(config.model, device=config.device)
     load_adapters(args.file, model)  # a wrong or foreign file fails before the counting
     ranking = token_ranking(tokenizer, model.config.vocab_size)
     store_ranking(args.file, model, ranking)
@@ -174,14 +190,34 @@ def _bench(args) -> None:
     print(markdown(report))
 
 
+def _verify(args) -> int:
+    from .sampling import TIE_ULPS
+    from .trace import load_trace
+    from .verify import verifier_model, verify_trace
+
+    events, meta = load_trace(args.trace)
+    model, tokenizer = verifier_model(events, meta, args.model, args.dtype, args.device, log)
+    cert = verify_trace(events, meta, model=model, dtype=args.dtype)
+    start, word = events[0], lambda t: repr(tokenizer.decode([t]))
+    for c in cert.uncertified:
+        print(f"token {c.index} (position {c.position}): {c.token} {word(c.token)} is not the model's choice "
+              f"{c.top} {word(c.top)}: gap {c.gap:.6g} > tie gap {c.tie_gap:.6g}")
+    s = start["sampling"]
+    how = "greedy" if not s["temperature"] else f"sampled (temperature {s['temperature']:g}, seed {s['seed']})"
+    print(f"{start['method']} trace, {how}; {cert.dtype} on {cert.device}; tie gap {TIE_ULPS} units in the last place "
+          f"of the logit's magnitude{' / temperature' if s['temperature'] else ''}")
+    print(cert.summary())
+    return 0 if cert.ok else 1
+
+
 COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train, "ead": _ead, "bench": _bench,
-            "shortlist": _shortlist}
+            "shortlist": _shortlist, "verify": _verify}
 
 
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)
         return 2
@@ -191,7 +227,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ndex: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

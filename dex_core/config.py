@@ -15,6 +15,7 @@ import dataclasses
 import math
 import operator
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ def option(default, help: str, **extra):
 
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
 BACKENDS = ("sequential", "distributed")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
 DEPTH_CHOICES = ("given", "best set stored with the adapters", "uniform split")  # how a decoder got its depths
@@ -43,8 +45,7 @@ ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default mode
 
 
 def integer(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as an int (or an int-like scalar such as numpy.int64; not a bool, float or text) of at
-    least ``minimum``, else DexError."""
+    """``value`` as an int (or an int-like scalar such as numpy.int64; not a bool, float or text) >= ``minimum``."""
     try:
         if not isinstance(value, bool) and (minimum is None or operator.index(value) >= minimum):
             return operator.index(value)
@@ -91,12 +92,10 @@ class GenerationOptions:
         self.temperature = _number(self.temperature, "temperature")
         if self.temperature < 0:
             raise DexError(f"temperature must be >= 0 (0 is greedy); got {self.temperature!r}")
-        if self.top_k is not None:
-            self.top_k = integer(self.top_k, "top_k", 1)
-        if self.top_p is not None:
-            self.top_p = _number(self.top_p, "top_p")
-            if not 0.0 < self.top_p <= 1.0:
-                raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        self.top_k = None if self.top_k is None else integer(self.top_k, "top_k", 1)
+        self.top_p = None if self.top_p is None else _number(self.top_p, "top_p")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
         self.seed = integer(self.seed, "seed")
         if isinstance(self.eos_token_id, str):
             self.eos_token_id = parse_ints(self.eos_token_id, "eos_token_id", 0)
@@ -140,8 +139,7 @@ class DecoderOptions:
     start_timeout: float = option(120.0, "distributed: seconds the explorer processes may take to start")
 
     def __post_init__(self):
-        if self.depths is not None:
-            self.depths = parse_depths(self.depths)
+        self.depths = None if self.depths is None else parse_depths(self.depths)
         self.explorers = integer(self.explorers, "explorers", 1)
         if self.adapters is None or (isinstance(self.adapters, str) and not self.adapters.strip()):
             self.adapters = "none"
@@ -158,10 +156,8 @@ class DecoderOptions:
         self.proposal_vocab = rows_option(self.proposal_vocab)
         if self.backend not in BACKENDS:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
-        if self.devices is not None:
-            self.devices = parse_list(self.devices, "devices")
-        if self.threads is not None:
-            self.threads = integer(self.threads, "threads", 1)
+        self.devices = None if self.devices is None else parse_list(self.devices, "devices")
+        self.threads = None if self.threads is None else integer(self.threads, "threads", 1)
         if not _number(self.op_timeout, "op_timeout") > 0 or not _number(self.start_timeout, "start_timeout") > 0:
             raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
                            f"start_timeout={self.start_timeout!r}")
@@ -173,6 +169,7 @@ class DexConfig(DecoderOptions, GenerationOptions):
                                  ".gguf file or a Hugging Face hub id")
     chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
     dtype: str = option("float32", "model dtype: " + ", ".join(DTYPES))
+    device: str = option("auto", DEVICE_HELP)
 
     def __post_init__(self):
         GenerationOptions.__post_init__(self)
@@ -182,6 +179,7 @@ class DexConfig(DecoderOptions, GenerationOptions):
         self.chat = flag(self.chat, "chat")
         if self.dtype not in DTYPES:
             raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        self.device = parse_device(self.device)
 
     def decoder(self) -> DecoderOptions:
         return pick(DecoderOptions, self)
@@ -215,10 +213,8 @@ def parse_list(value, name: str) -> tuple[str, ...]:
 
 
 def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
-    """'2,3,4' or a sequence of ints -> a non-empty tuple of integers >= ``minimum``.
-
-    Text is parsed ('2.5' is an error); a sequence must hold ints (2.5, '2' and True are errors, not 2).
-    """
+    """'2,3,4' or a sequence of ints -> a non-empty tuple of integers >= ``minimum``. Text is parsed ('2.5' is
+    an error); a sequence must hold ints (2.5, '2' and True are errors, not 2)."""
     items = _items(value, name)
     try:
         out = tuple(int(v) if isinstance(value, str) else integer(v, name) for v in items)
@@ -228,6 +224,13 @@ def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
     if not out or min(out) < minimum:
         raise DexError(f"{name} must be integers >= {minimum}; got {value!r:.80}")
     return out
+
+
+def parse_device(value) -> str:
+    """'auto', 'cpu', 'cuda' or 'cuda:N' (any case), normalised; ``models.resolve_device`` checks it exists."""
+    if isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", value.strip().lower()):
+        return value.strip().lower()
+    raise DexError(f"device must be auto, cpu, cuda or cuda:N (e.g. cuda:1); got {value!r:.80}")
 
 
 def parse_depths(depths) -> tuple[int, ...]:
@@ -252,10 +255,8 @@ def adapter_file(path) -> Path:
 
 
 def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -> tuple[int, ...]:
-    """The exploration set for a model of ``num_layers`` layers: explicit, or a uniform K split.
-
-    Uniform: d_k = ceil((k + 1) L / K), e.g. L = 30, K = 4 -> (8, 15, 23, 30).
-    """
+    """The exploration set for a model of ``num_layers`` layers: explicit, or a uniform K split,
+    d_k = ceil((k + 1) L / K), e.g. L = 30, K = 4 -> (8, 15, 23, 30)."""
     if depths is not None:
         out = parse_depths(depths)
         if out[-1] != num_layers:
@@ -279,7 +280,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
         if (names is not None and f.name not in names) or f.metadata.get("cli") is False:
             continue
         flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
-        if hint is bool:
+        if hint is bool or hint == bool | None:  # None: decided where the option is used
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=f.metadata["help"])
             continue

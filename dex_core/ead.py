@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ADAPTER_CHOICES, ANALYSED_KS, DexError, adapter_file, GenerationOptions, option, parse_ints, parse_list, resolve_depths, rows_option
+from .config import ADAPTER_CHOICES, ANALYSED_KS, DEVICE_HELP, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_device, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
 from .lens import layer_candidates
 
@@ -38,7 +38,7 @@ EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this man
 
 def matches(candidates: torch.Tensor, tokens) -> torch.Tensor:
     """Omega (T, L) bool from rankings (T, L, C) and the committed tokens; the final layer always matches."""
-    omega = candidates[:, :, 0] == torch.as_tensor(tokens)[:, None]
+    omega = candidates[:, :, 0] == torch.as_tensor(tokens, device=candidates.device)[:, None]
     omega[:, -1] = True
     return omega
 
@@ -50,13 +50,14 @@ def layer_matches(model, prompt: list[int], tokens: list[int], adapters=None) ->
 
 def matched_stages(candidates: torch.Tensor, tokens, depths, decs: bool = True) -> torch.Tensor:
     """The stage (0..K-1) DEX matches each token at for exploration set ``depths``: long tensor (T,)."""
-    tokens = torch.as_tensor(tokens)
+    device = candidates.device
+    tokens = torch.as_tensor(tokens, device=device)
     T, K = len(tokens), len(depths)
     if decs and K - 1 > candidates.shape[2]:
         raise DexError(f"DECS with K={K} needs {K - 1} ranked candidates per layer; have {candidates.shape[2]}")
-    matched = torch.full((T,), K - 1, dtype=torch.long)
-    open_ = torch.ones(T, dtype=torch.bool)
-    proposed = torch.empty(T, 0, dtype=torch.long)
+    matched = torch.full((T,), K - 1, dtype=torch.long, device=device)
+    open_ = torch.ones(T, dtype=torch.bool, device=device)
+    proposed = torch.empty(T, 0, dtype=torch.long, device=device)
     for k, d in enumerate(depths[:-1]):
         ranked = candidates[:, d - 1]  # (T, C)
         if decs:  # best candidate not yet proposed in this slot chain
@@ -145,7 +146,7 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
     ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
     omega = matches(candidates, tokens)
     T, L = omega.shape
-    layers = torch.arange(1, L + 1)
+    layers = torch.arange(1, L + 1, device=omega.device)
     ead = torch.where(omega, layers, L + 1).min(dim=1).values  # (T,)
     ead_stable = torch.where(~omega, layers, 0).max(dim=1).values + 1  # the first layer after the last miss
     predicted = []
@@ -153,7 +154,8 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
         if K > L:
             break
         depths = resolve_depths(L, explorers=K)
-        ceil = torch.tensor(depths)[torch.searchsorted(torch.tensor(depths), ead_stable)]
+        bounds = torch.tensor(depths, device=omega.device)
+        ceil = bounds[torch.searchsorted(bounds, ead_stable)]
         uniform = set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
         no_decs = set_cost(candidates, tokens, depths, False, lengths) if decs else uniform
         row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
@@ -181,6 +183,7 @@ class EadConfig:
     """``dex ead``: readiness of greedy answers to prompt sets, under one or more adapter choices."""
 
     model: str = option("default", "model spec, as for dex generate")
+    device: str = option(DexConfig.device, DEVICE_HELP)
     adapters: tuple[str, ...] = option(("auto",), "adapter choices to compare on the same answers, "
                                                   "comma-separated: auto, default, none or files")
     sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: " + ", ".join(PROMPT_SETS))
@@ -194,6 +197,7 @@ class EadConfig:
                                          "with a token ranking: the adapter file's, else from the training text)")
 
     def __post_init__(self):
+        self.device = parse_device(self.device)
         self.adapters = parse_list(self.adapters, "adapters") or ("none",)
         for name in self.adapters:
             if name not in ADAPTER_CHOICES:
@@ -219,7 +223,7 @@ def run_ead(cfg: EadConfig, log=print) -> dict:
     from .request import encode_item
 
     prompts = {name: prompt_set(name, cfg.prompts) for name in cfg.sets}
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, device=cfg.device)
     if max(cfg.explorers) > model.config.num_hidden_layers:
         raise DexError(f"K = {max(cfg.explorers)} exceeds the model's {model.config.num_hidden_layers} layers")
     chosen = {name: resolve_adapters(name, model) for name in cfg.adapters}

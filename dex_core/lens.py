@@ -53,7 +53,7 @@ def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None,
 def depth_view(model, prompt: list[int], tokens: list[int], adapters=None, top: int = 5) -> dict:
     """JSON-ready: ``prob[t][l]`` and ``rank[t][l]`` (0 = top) of ``tokens[t]`` at layer l + 1, and
     ``top[t][l]`` = [[token, probability], ...] of that layer, best first."""
-    target = torch.as_tensor(tokens)
+    target = torch.as_tensor(tokens, device="cpu")  # the probabilities below are brought to the host
     prob, rank, best = [], [], []
     for _, logits in _layer_logits(model, prompt, tokens, adapters):
         p = torch.softmax(logits.float(), dim=-1).cpu()

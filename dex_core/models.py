@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .config import DTYPES, DexError
+from .config import DTYPES, DexError, parse_device
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -109,9 +109,28 @@ def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
                        f"where the hub is reachable and pass its directory, or use 'default'") from None
 
 
-def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device=None, log=_log):
-    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id. ``log`` gets
-    one line per stage that takes a while (fetching, converting, loading weights); stderr by default."""
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """The device that option value ``spec`` names: 'auto' is CUDA (torch's current device) when torch sees a
+    GPU, else the CPU; 'cuda' / 'cuda:N' must exist (DexError saying what to use instead); 'cpu' is the CPU."""
+    name = parse_device(str(spec) if isinstance(spec, torch.device) else spec)
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DexError(f"--device {name}: no CUDA device is visible to torch (torch.cuda.is_available() is "
+                       f"False); use --device cpu or auto")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if ":" not in name else int(name.split(":")[1])
+    if index >= count:
+        raise DexError(f"--device {name}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}; use one "
+                       f"of them, or --device cpu")
+    return torch.device("cuda", index)
+
+
+def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device: str | torch.device = "auto",
+               log=_log):
+    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id, the model in
+    ``dtype`` on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
+    that takes a while (fetching, converting, loading weights); stderr by default."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(spec, str) or not spec.strip():
@@ -121,6 +140,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
             raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
         dtype = getattr(torch, dtype)
     dtype = dtype or torch.float32
+    device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
     kwargs: dict = {}
     if spec == "default":
         source = _prepare_default(log)
@@ -138,7 +158,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     else:
         source = spec
         _check_hub(spec)
-    log(f"loading {spec} ({str(dtype).split('.')[-1]})")
+    log(f"loading {spec} ({str(dtype).split('.')[-1]}, {device})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
@@ -148,10 +168,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
                  else "not a local model and the Hugging Face hub could not provide it")
         raise DexError(f"could not load model {spec!r}: {where} ({reason})") from None
     check_supported(model)
-    model.eval()
-    if device is not None:
-        model.to(device)
-    return model, tokenizer
+    return model.eval().to(device), tokenizer
 
 
 def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: int = 0, **overrides):

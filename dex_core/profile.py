@@ -117,7 +117,7 @@ def _exchange_rank() -> None:
     clock, result = Clock(device), {}
     for n in ROWS:
         rows = torch.zeros(n, hidden, dtype=getattr(torch, dtype), device=device)  # (n, hidden)
-        packed = torch.zeros(n + 1, 11, dtype=torch.int64)  # the control tensor stays on the host
+        packed = torch.zeros(n + 1, 11, dtype=torch.int64, device="cpu")  # the control tensor stays on the host
         gathered = [torch.empty_like(packed) for _ in range(2)]
 
         def round_trip():

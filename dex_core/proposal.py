@@ -46,10 +46,10 @@ def _ranking_from_text(tokenizer, vocab: int, conversations: int) -> tuple[int, 
 
     rows = sharegpt_split("train")[:conversations]
     texts = [r["prompt"] + "\n" + r["answer"] for r in rows]
-    counts = torch.zeros(vocab, dtype=torch.long)
+    counts = torch.zeros(vocab, dtype=torch.long, device="cpu")
     for start in range(0, len(texts), 256):
         ids = [t for seq in tokenizer(texts[start:start + 256])["input_ids"] for t in seq if 0 <= t < vocab]
-        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab)
+        counts += torch.bincount(torch.tensor(ids, dtype=torch.long, device="cpu"), minlength=vocab)
     special = [t for t in getattr(tokenizer, "all_special_ids", []) if 0 <= t < vocab]
     counts[special] = counts.max() + 1  # always proposable (end of turn, end of text)
     order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))
@@ -61,14 +61,14 @@ def token_ranking(tokenizer, vocab: int, conversations: int = RANK_CONVERSATIONS
     if tokenizer is None:
         raise DexError("a light proposal head needs a token ranking: pass the tokenizer (to derive it from "
                        "the training text) or adapters whose file stores one, or proposal_vocab='full'")
-    return torch.tensor(_ranking_from_text(tokenizer, vocab, conversations), dtype=torch.long)
+    return torch.tensor(_ranking_from_text(tokenizer, vocab, conversations), dtype=torch.long, device="cpu")
 
 
 class ProposalHead:
     """Final norm + the LM head's rows for ``ids``: hidden (n, h) -> logits (n, N) over those ids."""
 
     def __init__(self, view, ids: torch.Tensor):
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        ids = torch.as_tensor(ids, dtype=torch.long, device="cpu")  # checked on the host, then moved once
         if ids.ndim != 1 or len(ids) == 0 or len(set(ids.tolist())) != len(ids) or not (
                 0 <= int(ids.min()) and int(ids.max()) < view.vocab):
             raise DexError(f"a shortlist must be distinct token ids below the vocabulary of {view.vocab}")
@@ -106,7 +106,8 @@ def proposal_heads(view, depths, spec, ranking: torch.Tensor | None, tokenizer=N
 
 def store_ranking(path, model, ranking) -> None:
     """Write (or replace) the token ranking of the light proposal heads in adapter file ``path``."""
-    rewrite_adapters(path, model, tensors={RANKING: torch.as_tensor(ranking).to(torch.int32).contiguous()})
+    ranking = torch.as_tensor(ranking, device="cpu").to(torch.int32).contiguous()  # file data, on the host
+    rewrite_adapters(path, model, tensors={RANKING: ranking})
 
 
 def adapter_ranking(spec, model) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ a second when its parent dies, idle or busy.
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import os
@@ -52,7 +53,9 @@ def stage_payload(model, depths, rank: int, adapter=None, shortlist=None) -> dic
         tensors["lm_head.weight"] = state["model.embed_tokens.weight"]
     if shortlist is not None and rank < len(depths) - 1:
         tensors[SHORTLIST] = shortlist
-    return {"config": model.config, "tensors": tensors, "depths": list(depths), "rank": rank, "adapter": adapter}
+    adapter = None if adapter is None else copy.deepcopy(adapter).cpu()  # a rank places it on its own device
+    return {"config": model.config, "tensors": {k: v.cpu() for k, v in tensors.items()}, "depths": list(depths),
+            "rank": rank, "adapter": adapter}
 
 
 def write_payload(payload: dict, folder: Path) -> Path:

@@ -48,7 +48,7 @@ def tie_gap(dtype: torch.dtype, magnitude, temperature: float = 0.0):
     ``TIE_ULPS`` units in the last place at ``magnitude`` (the row's largest logit; a float or a tensor),
     divided by the temperature when sampling. bfloat16 at 16-32: 4 x 0.125 = 0.5; float64: ~1e-14."""
     info = torch.finfo(dtype)
-    m = torch.as_tensor(magnitude, dtype=torch.float64).abs().clamp(min=info.tiny)
+    m = torch.as_tensor(magnitude, dtype=torch.float64, device=getattr(magnitude, "device", "cpu")).abs().clamp(min=info.tiny)
     gap = TIE_ULPS * info.eps * torch.exp2(torch.floor(torch.log2(m)))
     gap = gap / temperature if temperature > 0 else gap
     return float(gap) if gap.dim() == 0 else gap

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     config = from_args(DexConfig, args, explorers=world)
     device = torchrun_device(os.environ, config.device)  # before the model loads: fail fast
-    model, tokenizer = load_model(config.model, dtype=config.dtype)
+    model, tokenizer = load_model(config.model, dtype=config.dtype, device="cpu")  # each rank moves only its stage
     depths, how = choose_depths(model, config)
     if len(depths) != world:
         raise DexError(f"{len(depths)} exploration depths {list(depths)} need {len(depths)} processes; "

@@ -11,7 +11,9 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
     when the run pruned) the bound B of new branches per round; ``cost`` (DEX) the weights of the model's
     parts in layer-equivalents (``dex_core.cost.ModelCost``): ``{"head", "adapter", "proposal"}``
-    (``proposal`` null when the non-final heads are full), so a viewer can count all the work.
+    (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
+    ``dtype`` (absent in older traces) the model's dtype ("float32", "bfloat16", ...) and ``device``
+    where it ran ("cpu", "cuda:0"), which ``dex verify`` reloads it in and on.
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -21,7 +23,10 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     tokenizer), "top" ([[token, probability, text], ...] at this depth, best first, text only with a
     tokenizer; empty when ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
     ``commit`` (or null): ``{"index", "position", "token", "text", "matched_stage",
-    "anchor_nodes", "anchor_candidates"}``. ``collapse`` (or null): ``{"committed", "kept",
+    "anchor_nodes", "anchor_candidates"}``, and (absent in older traces) ``margin``: the committed
+    final-depth node's top-1 minus top-2 score in float32 (noise included when sampling; absent when no
+    second token was left), ``near_tie``: whether that margin is within ``sampling.tie_gap`` of the
+    dtype, and ``tie_gap``: that gap. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
     ``pruned`` (absent in older traces): nodes whose position child lattice pruning did not start.
     ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
@@ -44,6 +49,7 @@ holds the JSON Schema, the cross-reference checks and the size limits, ``TraceLi
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .config import DexError
@@ -75,11 +81,11 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
 
 def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
                 proposal_vocab: int | None = None, depth_choice: str | None = None, prune: int | None = None,
-                cost: dict | None = None) -> dict:
+                cost: dict | None = None, dtype: str | None = None, device: str | None = None) -> dict:
     """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
     o = request.options
     extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice), ("prune", prune),
-                               ("cost", cost)) if v is not None}
+                               ("cost", cost), ("dtype", dtype), ("device", device)) if v is not None}
     return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
             "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
             "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
@@ -118,10 +124,15 @@ def node_record(node, text: str | None, top: list, masked: list[int]) -> dict:
             "token": node.token, "text": text, "top": top, "masked": list(masked)}
 
 
-def commit_record(plan, index: int, text: str | None) -> dict:
+def commit_record(plan, index: int, text: str | None, margin: float | None = None, near_tie: bool | None = None,
+                  tie_gap: float | None = None) -> dict:
+    """A round's commit; ``margin``/``near_tie``/``tie_gap`` (the final-depth top-2 margin) when given. An infinite
+    margin (no second token left after top-k/top-p) is left out: JSON has no infinity."""
+    margin = margin if margin is None or math.isfinite(margin) else None
+    extra = {k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None}
     return {"index": index, "position": plan.position, "token": plan.token, "text": text,
             "matched_stage": plan.matched_stage, "anchor_nodes": plan.anchor_nodes,
-            "anchor_candidates": plan.anchor_candidates}
+            "anchor_candidates": plan.anchor_candidates, **extra}
 
 
 def collapse_record(plan) -> dict:

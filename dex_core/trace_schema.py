@@ -5,8 +5,7 @@ shared between users, so it is checked before anything reads it.
 with a short message that says what is wrong and where (``events[3].nodes[0].stage must be an
 integer``); messages never echo values or paths from the file. It checks, in this order:
 
-1. size: the bytes (``max_file_bytes``), JSON without NaN or infinity, then the counts of rounds,
-   tokens and nodes, before any deeper work;
+1. size: the bytes (``max_file_bytes``), JSON without NaN or infinity, the counts of rounds, tokens, nodes;
 2. structure: JSON Schemas (``trace_schemas``: the envelope, then each event by its kind) of the
    records documented in ``dex_core.trace``, compiled by ``fastjsonschema`` (about 30 times faster
    than ``jsonschema``: a 64 MB trace is checked in seconds): types (an integer is never a float or a
@@ -30,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import fastjsonschema
 
-from .config import DEPTH_CHOICES, DexError
+from .config import DEPTH_CHOICES, DTYPES, DexError
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
@@ -99,8 +98,8 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
         "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)},
-        "prune": _int(1), "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)})},
-        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "cost"))
+        "prune": _int(1), "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}), "dtype": {"enum": list(DTYPES)}, "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"}},
+        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "cost", "dtype", "device"))
     top = {"type": "array", "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)], "additionalItems": False, "minItems": 2}
     node = _record({
         "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position"]},
@@ -108,7 +107,8 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "text": _text(lim.max_text_chars), "top": _list(top, lim.max_top_k), "masked": _list(_int(), K)})
     commit = _record({"index": _int(), "position": _int(), "token": _int(), "text": _text(lim.max_text_chars),
                       "matched_stage": _int(0, K - 1), "anchor_nodes": _list(_int(), K, 1),
-                      "anchor_candidates": _list(_int(), K, 1)}, null=True)
+                      "anchor_candidates": _list(_int(), K, 1), "margin": _num(), "near_tie": {"type": "boolean"},
+                      "tie_gap": _num()}, optional=("margin", "near_tie", "tie_gap"), null=True)
     collapse = _record({"committed": _list(_int(), K), "kept": ids, "dropped": ids, "new_anchor": _int(null=True)},
                        null=True)
     timings = {"type": "object", "maxProperties": 64, "properties": {"expand": _list(_num(), K)},
@@ -166,7 +166,7 @@ def _schema_error(err: fastjsonschema.JsonSchemaValueException, prefix: str) -> 
         "additionalProperties": lambda: "has a key that a DEX trace does not have",
         "enum": lambda: "must be one of " + ", ".join(json.dumps(x) for x in v),
         "minimum": lambda: f"must be >= {v}", "maximum": lambda: f"must be <= {v}",
-        "maxLength": lambda: f"is longer than {v} characters", "pattern": lambda: "is not valid Unicode text",
+        "maxLength": lambda: f"is longer than {v} characters", "pattern": lambda: "must name a device like cpu or cuda:0" if where.endswith(".device") else "is not valid Unicode text",
         "maxItems": lambda: f"has more than {v} items", "minItems": lambda: f"has fewer than {v} items",
         "maxProperties": lambda: f"has more than {v} keys", "items": lambda: "has more items than allowed",
     }

@@ -8,7 +8,8 @@ z_l = LM head(norm(adapter_l(h_l))). Loss: mean over depths of full-vocabulary K
 softmax(z_l / tau)) tau^2, tau = 1, plus ``top1`` x the student's cross-entropy on the teacher's top
 token (0 by default; DEX matches top candidates, so this term weights what a match needs). AdamW on the
 adapters only, warmup then linear decay, gradient accumulation, bf16 autocast for the matrix work
-(softmax and KL stay in float32), checkpoint and resume.
+(softmax and KL stay in float32), checkpoint and resume. Everything runs on the model's device (the CLI's
+``--device``); the bf16 default is decided there, for that device.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .adapters import load_adapters, new_adapters, save_adapters
-from .config import DexError, option, parse_depths
+from .config import DexError, flag, option, parse_depths
 from .data import sharegpt_split
 from .proposal import token_ranking
 from .request import chat_ids, eos_ids
@@ -35,6 +36,14 @@ def native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_default(device: torch.device) -> bool:
+    """Whether bf16 autocast pays on ``device``: a CUDA GPU that supports bf16, or a CPU with native bf16."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and native_bf16()
 
 
 @dataclass
@@ -55,14 +64,15 @@ class TrainConfig:
                        "greedy answers to the same prompts)")
     init: str | None = option(None, "start from this adapter file instead of fresh adapters (each depth from "
                               "the file's nearest depth)")
-    bf16: bool = option(native_bf16(), "bf16 autocast for the matrix work (softmax and KL stay float32); default: "
-                                       "on where the CPU computes bf16 natively (AVX512-BF16 or AMX), as emulated "
-                                       "bf16 is many times slower")
+    bf16: bool | None = option(None, "bf16 autocast for the matrix work (softmax and KL stay float32); default: on "
+                                     "a CUDA GPU with bf16 support or a CPU that computes bf16 natively (AVX512-BF16 "
+                                     "or AMX), as emulated bf16 is many times slower")
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
 
     def __post_init__(self):
         self.depths = parse_depths(self.depths)
+        self.bf16 = None if self.bf16 is None else flag(self.bf16, "bf16")
         if self.tokens <= 0 or self.seq_len < 8 or self.batch < 1 or self.accum < 1 or not self.lr > 0:
             raise DexError("tokens, seq_len (>= 8), batch, accum and lr must be positive")
         if self.data not in DATA_SOURCES:
@@ -83,7 +93,7 @@ def _pack(sequences, seq_len: int):
     for ids in sequences:
         buffer.extend(ids[: 4 * seq_len])
         while len(buffer) >= seq_len:
-            yield torch.tensor(buffer[:seq_len])
+            yield torch.tensor(buffer[:seq_len], device="cpu")  # host data: the training loop moves each batch
             buffer = buffer[seq_len:]
 
 
@@ -116,8 +126,8 @@ def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
         prompts = [chat_ids(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
                             generation_prompt=True) for _ in range(ONPOLICY_BATCH)]
         width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
         out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad)
         for prompt, row in zip(prompts, out[:, width:].tolist()):
@@ -127,15 +137,15 @@ def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
 
 def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float = 0.0) -> torch.Tensor:
     """Mean over adapters of KL(teacher || student) per token, full vocabulary, tau = 1, plus ``top1`` x the
-    cross-entropy of the student on the teacher's top token."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    cross-entropy of the student on the teacher's top token. Autocast is for the device of ``x`` (the model's)."""
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(x, output_hidden_states=True)
     teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
     p_teacher = teacher.exp()
     best = teacher.argmax(-1, keepdim=True) if top1 else None
     loss = 0.0
     for depth, adapter in adapters.items():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model.lm_head(model.model.norm(adapter(out.hidden_states[depth].float())))
         student = torch.log_softmax(logits.float(), dim=-1)
         loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
@@ -157,6 +167,8 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
     L = model.config.num_hidden_layers
     if any(not 1 <= d < L for d in cfg.depths):
         raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(cfg.depths)}")
+    device = model.model.norm.weight.device  # training runs where the model is; the adapters are built there
+    cfg = replace(cfg, bf16=bf16_default(device) if cfg.bf16 is None else cfg.bf16)  # decided for this device
     torch.manual_seed(cfg.seed)
     model.eval().requires_grad_(False)
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
@@ -174,7 +186,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
     step, seconds, losses = 0, 0.0, []
     if checkpoint and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=True)
+        state = torch.load(checkpoint, weights_only=True, map_location=device)
         if state["config"] != asdict(cfg):
             raise DexError(f"checkpoint {checkpoint} was made with other training options; remove it or match them")
         for d, a in adapters.items():
@@ -190,7 +202,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
             tic = time.perf_counter()
             total = 0.0
             for _ in range(cfg.accum):
-                x = torch.stack([next(windows) for _ in range(cfg.batch)])
+                x = torch.stack([next(windows) for _ in range(cfg.batch)]).to(device)
                 loss = distill_loss(model, adapters, x, cfg.bf16, cfg.top1) / cfg.accum
                 loss.backward()
                 total += loss.detach().item()
@@ -212,7 +224,7 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
     except KeyboardInterrupt:  # keep what the last checkpoint holds (a whole step); the same command resumes
         stopped = True
         if checkpoint and Path(checkpoint).is_file():
-            state = torch.load(checkpoint, weights_only=True)
+            state = torch.load(checkpoint, weights_only=True, map_location=device)
             for d, a in adapters.items():
                 a.load_state_dict(state["adapters"][d])
             step, seconds, losses = state["step"], state["seconds"], state["losses"]

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     for K, b in sorted(best.items()):
         print(f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
               f"depth-side speedup {b['depth_speedup']:.3f}x")
-    model, tokenizer = load_model("default")
+    model, tokenizer = load_model("default", device="cpu")  # only its identity is checked
     store_ranking(args.adapters, model, token_ranking(tokenizer, model.config.vocab_size))
     store_best_sets(args.adapters, model, {K: b["depths"] for K, b in best.items()})
     shutil.copyfile(args.adapters, DEFAULT_ADAPTERS)

@@ -251,12 +251,12 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
     from app import runtime as rt
     from dex_core import DexError, load_model
 
-    def staged(spec, dtype=None, log=None):  # a model whose loading takes a while, in two stages
+    def staged(spec, dtype=None, device="auto", log=None):  # a model whose loading takes a while, in two stages
         log("fetching the weights")
         time.sleep(1.2)
         log("converting them")
         time.sleep(1.2)
-        return load_model(spec, dtype=dtype)
+        return load_model(spec, dtype=dtype, device=device)
 
     monkeypatch.setattr(rt, "load_model", staged)
     runtime = rt.Runtime(rt.AppSettings(model=str(tiny_dir)))

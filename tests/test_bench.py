@@ -62,9 +62,10 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["results"]}
     assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"}
-    assert report["results"] and all(r["exact"] is True for r in report["results"])
+    assert report["results"] and all(r["identical"] == r["prompts"] == 3 for r in report["results"])
     for r in report["results"]:
         assert r["tokens"] == 48 and r["layer_forwards_per_token"] > 0 and r["tokens_per_second"] > 0
+        assert (r["certified"], r["certified_worst_gap"]) == (48, 0.0)  # float64: each token is the model's choice
         if r["method"] == "dex" and r["prune"] is None:  # dex ead's prediction is exact on float64 models
             assert r["predicted_depth_speedup"] == pytest.approx(r["depth_speedup"])
             assert r["layer_forwards_per_token"] == pytest.approx(
@@ -78,6 +79,10 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     tuned = report["tuning"]["self-spec"]
     assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
     assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text() and "| dex |" in proc.stdout
+    table = [line for line in md.read_text().splitlines() if line.startswith("| ")]
+    assert "| identical to HF greedy | certified tokens (worst gap) |" in table[0]
+    assert all(line.count("|") == table[0].count("|") for line in table)  # the oracle row too
+    assert all("| 3/3 | 48/48 (0) |" in line for line in table if line.startswith(("| dex |", "| ar-hf |")))
 
 
 def test_dex_bench_rejects_bad_input():

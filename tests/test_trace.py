@@ -66,3 +66,37 @@ def test_decs_masks_are_recorded_and_respected(trace):
     assert deep and all(len(n["masked"]) == n["stage"] for n in deep)
     assert all(n["token"] not in n["masked"] for n in nodes)
     assert all(n["masked"] == [] for n in nodes if n["stage"] == 3)
+
+
+def test_dtype_device_and_commit_margins_are_recorded_and_optional(trace, tmp_path):
+    start = trace[0]
+    assert (start["dtype"], start["device"]) == ("float64", "cpu")
+    commits = [e["commit"] for e in trace if e["event"] == "round" and e["commit"]]
+    assert len(commits) == 24 and all(type(c["near_tie"]) is bool and c["margin"] >= 0 for c in commits)
+    assert all(c["near_tie"] == (c["margin"] <= c["tie_gap"]) for c in commits)
+    old = json.loads(json.dumps(trace))  # a trace made before these keys existed
+    for key in ("dtype", "device"):
+        del old[0][key]
+    for e in old:
+        if e["event"] == "round" and e["commit"]:
+            for key in ("margin", "near_tie", "tie_gap"):
+                del e["commit"][key]
+    save_trace(tmp_path / "old.json", old)
+    assert load_trace(tmp_path / "old.json")[0] == old
+    bad = json.loads(json.dumps(trace))
+    bad[0]["device"] = "cuda 0"
+    save_trace(tmp_path / "bad.json", bad)
+    with pytest.raises(DexError, match=r"events\[0\].device must name a device like cpu or cuda:0"):
+        load_trace(tmp_path / "bad.json")
+    bad[0]["device"], next(e for e in bad if e["event"] == "round" and e["commit"])["commit"]["near_tie"] = "cpu", 1
+    save_trace(tmp_path / "bad.json", bad)
+    with pytest.raises(DexError, match=r"commit.near_tie must be true or false"):
+        load_trace(tmp_path / "bad.json")
+
+
+def test_a_commit_with_no_second_token_saves_without_a_margin(llama, tmp_path):
+    trace = DexDecoder(llama, explorers=2).generate([3, 1, 4], 4, temperature=1.0, top_k=1).trace
+    commits = [e["commit"] for e in trace if e["event"] == "round" and e["commit"]]
+    assert len(commits) == 4 and all("margin" not in c and c["near_tie"] is False for c in commits)
+    save_trace(tmp_path / "k1.json", trace)
+    assert load_trace(tmp_path / "k1.json")[0] == json.loads(json.dumps(trace))

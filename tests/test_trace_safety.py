@@ -125,7 +125,8 @@ def test_markup_in_fields_that_name_a_kind_is_refused(valid):
     for path in first_of_each_field(valid, str):
         if path[-1] not in ("text", "model") and path[-3:-1][:1] != ("top",):  # a top entry's third item is text
             message = rejected(replaced(valid, path, PAYLOAD))
-            assert "must be one of" in message or path == ("format",) and "not a DEX trace" in message, path
+            assert "must be one of" in message or path == ("format",) and "not a DEX trace" in message or \
+                path[-1] == "device" and "events[0].device must name a device like cpu or cuda:0" in message, path
     assert "has a key that a DEX trace does not have" in rejected(replaced(valid, ("events", 1, PAYLOAD), 1))
 
 
@@ -143,7 +144,8 @@ def test_a_wrong_type_or_range_anywhere_is_refused(valid, value):
 def test_a_missing_key_is_refused_and_named(valid):
     for event in (0, 1, len(valid["events"]) - 1):
         for key in valid["events"][event]:
-            if key in ("adapter_depths", "timings", "proposal_vocab", "depth_choice", "pruned", "prune", "cost"):  # optional (adapter_depths: absent in older traces)
+            if key in ("adapter_depths", "timings", "proposal_vocab", "depth_choice", "pruned", "prune", "cost", "dtype",
+                       "device"):  # optional (absent in older traces)
                 continue
             doc = copy.deepcopy(valid)
             del doc["events"][event][key]

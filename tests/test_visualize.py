@@ -396,3 +396,30 @@ def test_status_line_names_its_state_and_escapes_its_detail():
     assert "data-state='error'" in html and "<b>error</b>" in html and "&lt;b&gt;bad&lt;/b&gt;" in html
     with pytest.raises(ValueError, match="state must be one of"):
         status_html("exploded")
+
+
+def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(greedy):
+    commits = [e for e in greedy if e["event"] == "round" and e["commit"]]
+    assert all(c["commit"].get("near_tie") is False and c["commit"]["margin"] > c["commit"]["tie_gap"] for c in commits)
+    index = next(i for i, e in enumerate(greedy) if e is commits[2])
+    marked = json.loads(json.dumps(greedy))
+    marked[0]["dtype"] = "bfloat16"
+    marked[index]["commit"].update(margin=0.125, near_tie=True, tie_gap=0.5)
+    views = replay(marked)
+    html = tokens_html(views)
+    assert html.count('data-near-tie="1"') == 1 and html.count("dashed") == 2 and "1 near-tie commit:" in html
+    spans = re.findall(r'<span class="dex-tok"[^>]*>', html)
+    assert len(spans) == len(commits) and "data-near-tie" in spans[2] and "≈ near-tie" in spans[2]
+    sentence = ("Near-tie: the final layer's top two tokens were 0.125 apart, within bfloat16 rounding (tie gap 0.5); "
+                "<code>dex verify</code> certifies such tokens against the unmodified model.")
+    tables = {v.round: round_table_html(v) for v in views}
+    assert [r for r, t in tables.items() if sentence in t and "≈ near-tie</span>" in t] == [marked[index]["round"]]
+    older = json.loads(json.dumps(greedy))  # traces made before commits carried the key show nothing
+    for e in older:
+        if e["event"] == "round" and e["commit"]:
+            for key in ("margin", "near_tie", "tie_gap"):
+                e["commit"].pop(key)
+    for trace in (greedy, older):
+        views = replay(trace)
+        assert "near-tie" not in tokens_html(views) and "dashed" not in tokens_html(views)
+        assert not any("near-tie" in round_table_html(v).lower() for v in views)

@@ -38,23 +38,44 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table style='{_TABLE}'><tr>{head}</tr>{body}</table>"
 
 
+_NEAR_TIE = "outline: 2px dashed #c0392b; outline-offset: -1px;"  # a near-tie commit's token
+
+
+def near_tie_sentence(commit: dict, dtype: str | None) -> str:
+    """One sentence (HTML) on a near-tie commit; empty for other commits and traces without the key."""
+    if commit.get("near_tie") is not True:
+        return ""
+    margin = f" were {num(commit['margin'], '.4g')} apart" if "margin" in commit else " were within rounding"
+    gap = f" (tie gap {num(commit['tie_gap'], '.4g')})" if "tie_gap" in commit else ""
+    return (f"≈ Near-tie: the final layer's top two tokens{margin}, within {esc(dtype or 'the model dtype')} "
+            f"rounding{gap}; <code>dex verify</code> certifies such tokens against the unmodified model.")
+
+
 def tokens_html(view_or_views) -> str:
-    """The committed text, one ``<span class="dex-tok">`` per token coloured by its matched stage;
-    hovering a token shows every stage's anchor candidate for its position."""
+    """The committed text, one ``<span class="dex-tok">`` per token coloured by its matched stage (a
+    near-tie commit outlined, with ≈ in its hover text); hovering a token shows every stage's anchor
+    candidate for its position."""
     view = _last(view_or_views)
     if view is None:
         return f"<div style='{_BOX} color: #7f8c8d;'>no tokens yet</div>"
     depths = view.start["depths"]
     K = len(depths)
-    spans = []
-    for token, text, stage, chain in zip(view.tokens, view.texts, view.matched, view.anchor_chains):
+    spans, ties = [], 0
+    for i, (token, text, stage, chain) in enumerate(zip(view.tokens, view.texts, view.matched, view.anchor_chains)):
         title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
+        near = i < len(view.commits) and view.commits[i].get("near_tie") is True
+        ties += near
         shown = text if text is not None else f"⟨{token}⟩"
-        spans.append(f"<span class=\"dex-tok\" title=\"{esc(title)}\" style=\"background: "
-                     f"{stage_color(stage)}; color: {stage_ink(stage)}; border-radius: 3px;\">{esc(shown)}</span>")
+        mark = (' data-near-tie="1"', " · ≈ near-tie", _NEAR_TIE) if near else ("", "", "")
+        spans.append(f"<span class=\"dex-tok\"{mark[0]} title=\"{esc(title)}{mark[1]}\" style=\"background: "
+                     f"{stage_color(stage)}; color: {stage_ink(stage)}; border-radius: 3px;{mark[2]}\">{esc(shown)}</span>")
+    note = (f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
+            f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
+            f"within {esc(view.start.get('dtype') or 'the model dtype')} rounding (each round's table says by how "
+            f"much)</div>") if ties else ""
     return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
             f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
-            f"{''.join(spans)}</div>{stage_legend_html(depths)}</div>")
+            f"{''.join(spans)}</div>{note}{stage_legend_html(depths)}</div>")
 
 
 def _chip(node_id: int, new: bool) -> str:
@@ -198,8 +219,12 @@ def round_table_html(view: RoundView) -> str:
         c = view.commit
         rows = [[_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
                 for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))]
+        near = near_tie_sentence(c, view.start.get("dtype"))
+        badge = f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>" if near else ""
         parts.append(f"<div><b>Commit</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
-                     f"matched at stage {esc(c['matched_stage'])}</div>")
+                     f"matched at stage {esc(c['matched_stage'])}{badge}</div>")
+        if near:
+            parts.append(f"<div style='font-size: 12px;'>{near}</div>")
         parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
         parts.append(f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
                      f"kept ({len(view.kept)}): {join(view.kept) or '—'}"

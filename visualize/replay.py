@@ -38,6 +38,7 @@ class RoundView:
     batches: list[list[int]]        # node ids each explorer computed
     timings: dict = field(default_factory=dict)
     vocab: dict[int, str] = field(default_factory=dict)  # token -> text of every token the run names (shared)
+    commits: list[dict] = field(default_factory=list)  # the commit record of each committed token (near_tie, margin)
 
     @property
     def num_stages(self) -> int:
@@ -81,7 +82,7 @@ class Replay(Sequence[RoundView]):
     """The round views of a DEX trace, built on demand from a one-time index of the events.
 
     The index holds references, not copies: the round events, every node by id, and per committed
-    token its id, text, matched stage and anchor chain; so memory and the indexing time are linear in
+    token its id, text, matched stage, anchor chain and commit record; so memory and the indexing time are linear in
     the trace, and ``replay[i]`` costs the size of round i's lattice plus its committed tokens.
     """
 
@@ -97,6 +98,7 @@ class Replay(Sequence[RoundView]):
         self._texts: list[str | None] = []
         self._matched: list[int] = []
         self._chains: list[list[tuple[int, str | None]]] = []
+        self._commits: list[dict] = []
         self.vocab: dict[int, str] = {}
         for event in self._rounds:
             self._seen.update((node["id"], node) for node in event["nodes"])
@@ -107,6 +109,7 @@ class Replay(Sequence[RoundView]):
                 self._texts.append(commit.get("text"))
                 self._matched.append(commit["matched_stage"])
                 self._chains.append(_chain(commit, self._seen))
+                self._commits.append(commit)
 
     def __len__(self) -> int:
         return len(self._rounds)
@@ -138,7 +141,7 @@ class Replay(Sequence[RoundView]):
             commit=commit, tokens=self._tokens[:n], texts=self._texts[:n], matched=self._matched[:n],
             anchor_chains=self._chains[:n], state_before=event["state_before"], state_after=event["state_after"],
             commit_position=len(self.start["prompt"]) + self._before[i], batches=event["batches"],
-            timings=event.get("timings", {}), vocab=self.vocab)
+            timings=event.get("timings", {}), vocab=self.vocab, commits=self._commits[:n])
 
 
 def replay(events: list[dict]) -> Replay:

@@ -1,0 +1,282 @@
+"""The device rule (STYLE.md item 10): every tensor DEX creates names its device.
+
+``DeviceRule`` is a torch function mode that watches the tensor factories (``torch.tensor``, ``zeros``,
+``arange`` …; not the ``*_like`` ones, which follow their argument). A call made from ``dex_core`` — directly
+or through torch's own Python code such as ``nn.Linear`` — without a ``device=`` (or with ``device=None``)
+is a violation: on a GPU it would build on the CPU and meet a CUDA tensor later. Calls made by Hugging Face
+or torch on their own behalf are not DEX's and are not judged. On this CPU-only machine the rule is the
+only way a missing ``device=`` shows up, so every decoding path below runs under it.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import dex_core
+from dex_core import DexDecoder, DexError, ar_generate, load_model
+from dex_core.adapters import load_adapters, new_adapters, read_metadata, save_adapters
+from dex_core.baselines import hf_early_exit_generate, self_spec_generate
+from dex_core.config import add_flags, from_args
+from dex_core.ead import layer_matches, matched_stages
+from dex_core.lens import depth_view, layer_candidates
+from dex_core.models import resolve_device, tiny_model
+
+FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.zeros, torch.ones, torch.full, torch.empty,
+             torch.empty_strided, torch.arange, torch.rand, torch.randn, torch.randint, torch.randperm,
+             torch.linspace, torch.logspace, torch.eye, torch.scalar_tensor, torch.tril_indices,
+             torch.triu_indices}
+DEX = str(Path(dex_core.__file__).parent) + os.sep
+TORCH = str(Path(torch.__file__).parent) + os.sep
+PROMPT = [5, 9, 14, 3, 22]
+
+
+class DeviceRule(TorchFunctionMode):
+    """Records every factory call that DEX's code makes (``seen``) and those without a device (``missing``),
+    as 'file:line torch.name'."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+        self.missing: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(TORCH):  # nn.Linear etc.: its caller
+                frame = frame.f_back
+            if frame is not None and frame.f_code.co_filename.startswith(DEX):
+                where = f"{Path(frame.f_code.co_filename).relative_to(Path(DEX).parent)}:{frame.f_lineno} " \
+                        f"torch.{func.__name__}"
+                self.seen.append(where)
+                if kwargs.get("device") is None:
+                    self.missing.append(where)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def device_rule(least: int = 1):
+    """Run the block under the rule: fail listing each factory call made without a device, and fail when DEX
+    made fewer than ``least`` factory calls (so that the check cannot pass by watching nothing)."""
+    with DeviceRule() as rule:
+        yield rule
+    if len(rule.seen) < least:
+        pytest.fail(f"dex_core made {len(rule.seen)} factory calls here, expected at least {least}: the rule "
+                    f"watched nothing")
+    if rule.missing:
+        pytest.fail("tensors created without device=:\n" + "\n".join(sorted(set(rule.missing))))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def adapter_file(model, tmp_path_factory):
+    """Adapters at depths 2 and 4 with a visible effect and a token ranking (light heads), saved as a file."""
+    path = tmp_path_factory.mktemp("adapters") / "a.safetensors"
+    adapters = new_adapters(model, [2, 4])
+    for a in adapters.values():
+        torch.nn.init.normal_(a.down.weight, std=1.0)
+        a.alpha.data.fill_(1.0)
+    save_adapters(path, adapters, model, {}, ranking=torch.randperm(96, generator=torch.Generator().manual_seed(0)))
+    return path
+
+
+def as_dex_code(source: str) -> dict:
+    """Run ``source`` as if it were a line of dex_core (its frames carry a dex_core file name)."""
+    scope = {"torch": torch}
+    exec(compile(source, str(Path(DEX) / "example.py"), "exec"), scope)
+    return scope
+
+
+def test_the_rule_flags_dex_factory_calls_without_a_device_and_only_those():
+    for source in ("torch.zeros(3)", "torch.tensor([1, 2], device=None)", "torch.nn.Linear(2, 2)",
+                   "torch.arange(4, dtype=torch.long)"):
+        with DeviceRule() as rule:
+            as_dex_code(source)
+        assert rule.missing and all(w.startswith("dex_core/example.py:1 torch.") for w in rule.missing), source
+    with DeviceRule() as rule:
+        as_dex_code("torch.zeros(3, device='cpu'); torch.nn.Linear(2, 2, device='cpu'); torch.zeros_like(torch.ones("
+                    "2, device='cpu'))")
+    assert len(rule.seen) == 4 and rule.missing == []  # zeros, Linear's weight and bias, ones; *_like not watched
+    with DeviceRule() as rule:
+        torch.zeros(3)  # a call from outside dex_core (this test) is not DEX's
+    assert rule.seen == [] and rule.missing == []
+
+
+def test_adapters_are_built_and_loaded_on_the_models_device(model, adapter_file):
+    with device_rule():
+        fresh = new_adapters(model, [2, 4], bottleneck=8)
+    with device_rule():
+        loaded = load_adapters(adapter_file, model)
+    assert all(p.device == model.device and p.dtype == torch.float32 for a in fresh.values() for p in a.parameters())
+    assert all(p.device == model.device and p.dtype == model.dtype for a in loaded.values() for p in a.parameters())
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_k": 8, "seed": 3}], ids=["greedy", "seeded"])
+def test_the_round_loop_names_the_device_of_every_tensor_it_creates(model, adapter_file, sampling):
+    with device_rule():
+        decoder = DexDecoder(model, depths=(2, 4, 6), adapters=adapter_file, proposal_vocab=12, decs=True,
+                             trace_top=3)
+    assert sorted(decoder.adapters) == [2, 4] and decoder.proposal_vocab == 12  # adapters and light heads in use
+    with device_rule(least=12):  # every round builds masks and positions: at least one factory call per token
+        result = decoder.generate(PROMPT, 12, **sampling)
+    assert result.tokens == ar_generate(model, PROMPT, 12, **sampling).tokens
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 3}], ids=["greedy", "seeded"])
+def test_the_ar_reference_names_the_device_of_every_tensor_it_creates(model, sampling):
+    with device_rule(least=8):  # one input tensor per token at least
+        assert len(ar_generate(model, PROMPT, 8, **sampling).tokens) == 8
+
+
+def test_the_lens_and_ead_name_the_device_of_every_tensor_they_create(model, adapter_file):
+    adapters = load_adapters(adapter_file, model)
+    tokens = ar_generate(model, PROMPT, 8).tokens
+    with device_rule(least=5):
+        candidates = layer_candidates(model, PROMPT, tokens, adapters, shortlist=torch.arange(12, device="cpu"))
+        assert layer_matches(model, PROMPT, tokens, adapters)[:, -1].all()
+        assert matched_stages(candidates, tokens, (2, 4, 6)).shape == (8,)
+        assert len(depth_view(model, PROMPT, tokens, adapters)["prob"]) == 8
+    assert candidates.shape == (8, 6, 8)
+
+
+def test_the_baselines_name_the_device_of_every_tensor_they_create(model, adapter_file):
+    adapter = load_adapters(adapter_file, model)[2]
+    reference = ar_generate(model, PROMPT, 8).tokens
+    with device_rule(least=8):
+        assert self_spec_generate(model, PROMPT, 8, 2, 3, adapter)["tokens"] == reference
+    with device_rule():
+        assert hf_early_exit_generate(model, PROMPT, 8, 2, 3) == reference
+
+
+def run_cli(capsys, *argv):
+    from dex_core.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_model_command_runs_with_device_cpu(tiny_dir, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "generate", "hello world", "--model", tiny_dir, "--device", "cpu", "--no-chat",
+                             "--max-new-tokens", "4", "--explorers", "2")
+    assert code == 0 and "4 tokens" in out and "(float32, cpu)" in err, err  # the load line names the device
+    bench = tmp_path / "bench.json"
+    code, out, err = run_cli(capsys, "bench", "--quick", "--device", "cpu", "--methods", "ar-hf,dex,self-spec",
+                             "--explorers", "2", "--out", bench)
+    report = json.loads(bench.read_text())
+    assert code == 0 and report["device"] == "cpu" and report["config"]["device"] == "cpu", err
+    assert "on cpu, every method" in out and {r["method"] for r in report["results"]} == {"ar-hf", "dex", "self-spec"}
+    ead = tmp_path / "ead.json"
+    code, _, err = run_cli(capsys, "ead", "--model", tiny_dir, "--device", "cpu", "--adapters", "none", "--sets",
+                           "builtin", "--prompts", "1", "--max-new-tokens", "4", "--explorers", "2", "--no-best",
+                           "--out", ead)
+    assert code == 0 and json.loads(ead.read_text())["runs"][0]["all"]["tokens"] == 4, err
+    adapters = tmp_path / "a.safetensors"
+    code, out, err = run_cli(capsys, "train-adapters", "--model", tiny_dir, "--device", "cpu", "--out", adapters,
+                             "--depths", "2", "--tokens", "32", "--seq-len", "16", "--no-bf16")
+    assert code == 0 and "2 steps" in out and read_metadata(adapters)["training"]["bf16"] is False, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("argv", [
+    ["generate", "hi", "--model", "{tiny}", "--no-chat"],
+    ["bench", "--quick", "--methods", "ar-hf,dex"],
+    ["ead", "--model", "{tiny}", "--sets", "builtin", "--prompts", "1", "--max-new-tokens", "2", "--no-best"],
+    ["train-adapters", "--model", "{tiny}", "--out", "{tmp}/a.safetensors", "--depths", "2", "--tokens", "16"],
+    ["shortlist", "{tmp}/a.safetensors", "--model", "{tiny}"],
+], ids=lambda argv: argv[0])
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_device_cuda_without_a_gpu_is_one_clear_error_and_exit_2(tiny_dir, tmp_path, capsys, argv, device):
+    argv = [a.format(tiny=tiny_dir, tmp=tmp_path) for a in argv]
+    code, out, err = run_cli(capsys, *argv, "--device", device)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.strip().splitlines() == [f"dex: error: --device {device}: no CUDA device is visible to torch "
+                                        "(torch.cuda.is_available() is False); use --device cpu or auto"]
+
+
+def test_device_flags_are_checked_and_never_abbreviated(tiny_dir, capsys):
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", tiny_dir, "--device", "gpu")
+    assert code == 2 and "device must be auto, cpu, cuda or cuda:N (e.g. cuda:1); got 'gpu'" in err
+    code, _, err = run_cli(capsys, "generate", "hi", "--model", tiny_dir, "--dev", "cpu")  # not --devices, not --device
+    assert code == 2 and "unrecognized arguments: --dev" in err
+
+
+def test_resolve_device_names_what_exists():
+    assert resolve_device("auto") == torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else resolve_device("auto") == torch.device("cpu")
+    assert resolve_device(" CPU ") == resolve_device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(DexError, match=r"cuda:99: .*(torch sees|no CUDA device)"):
+        resolve_device("cuda:99")
+    for bad in ("cuda:x", "mps", "", None, 0):
+        with pytest.raises(DexError, match="device must be auto, cpu, cuda or cuda:N"):
+            resolve_device(bad)
+
+
+def test_the_app_takes_its_device_from_dex_device(tiny_dir, monkeypatch):
+    from app import runtime as rt
+
+    assert rt.AppSettings().device == "auto" and rt.AppSettings.from_env({"DEX_DEVICE": "CPU"}).device == "cpu"
+    parser = argparse.ArgumentParser()
+    add_flags(parser, rt.AppSettings)  # as app/main.py builds its command line
+    assert from_args(rt.AppSettings, parser.parse_args(["--device", "cpu"])).device == "cpu"
+    with pytest.raises(DexError, match="device must be auto, cpu, cuda or cuda:N"):
+        rt.AppSettings.from_env({"DEX_DEVICE": "gpu"})
+    asked = []
+
+    def recorded(spec, dtype=None, device="auto", log=None):
+        asked.append(device)
+        return load_model(spec, dtype=dtype, device=device)
+
+    monkeypatch.setattr(rt, "load_model", recorded)
+    runtime = rt.Runtime(rt.AppSettings.from_env({"DEX_MODEL": str(tiny_dir), "DEX_DEVICE": "cpu"}))
+    model, _ = runtime.model()
+    assert asked == ["cpu"] and model.device == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DexError, match="--device cuda: no CUDA device is visible to torch"):
+            rt.Runtime(rt.AppSettings(model=str(tiny_dir), device="cuda")).model()
+
+
+READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__float__,
+         torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the reads of tensor data back to the host (``tolist``, ``item``, ``int()``, ``cpu()`` …) made by
+    dex_core's own lines: on a GPU each one waits for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in READS:
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(DEX):
+                self.reads.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}], ids=["greedy", "seeded"])
+def test_each_explorer_reads_back_from_the_device_once_per_round(model, adapter_file, sampling):
+    dex = DexDecoder(model, depths=(2, 4, 6), adapters=str(adapter_file), proposal_vocab=48, trace_top=5,
+                     prune=2)
+    with HostReads() as watch:
+        events = list(dex.stream(PROMPT, 12, **sampling))
+    rounds = [e for e in events if e["event"] == "round"]
+    stage_rounds = sum(1 for r in rounds for batch in r["batches"] if batch)  # an explorer with work, one round
+    extra = len(watch.reads) - stage_rounds
+    # one read per explorer per round (tokens, probabilities, margins and top-5 together); the light heads'
+    # shortlist is read once when DECS first masks through it
+    assert extra in (0, 1), sorted(set(watch.reads))
+    assert any(node["top"] for r in rounds for node in r["nodes"])  # the top-5 really came back
