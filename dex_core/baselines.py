@@ -15,11 +15,11 @@ Critical path of one step: n * E layer forwards of drafting plus E + (L - E) = L
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from .config import DexError, GenerationOptions
+from .device import Clock, to_device
 from .explorer import Explorer
 from .models import model_view
 from .request import make_request
@@ -45,9 +45,10 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
     upper = Explorer(view, 1, 2, exit_layer, L)
-    tic = time.perf_counter()
+    clock = Clock(view.device)
+    start = clock.stamp()
     if len(prompt) > 1:
-        upper.prefill(lower.prefill(view.embed(torch.tensor(prompt[:-1], device=view.device))))
+        upper.prefill(lower.prefill(view.embed(to_device(prompt[:-1], view.device))))
     tokens: list[int] = []
     steps = accepted = 0
     last = prompt[-1]
@@ -56,8 +57,7 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
         inputs, hidden, drafts = [last], [], []
         for i in range(draft + 1):  # n drafts, then the E layers of the last draft for verification
             path = tuple(range(i + 1))
-            h = lower.expand(view.embed(torch.tensor([inputs[-1]], device=view.device)), [i], [position - 1 + i],
-                             [path])
+            h = lower.expand(view.embed(to_device([inputs[-1]], view.device)), [i], [position - 1 + i], [path])
             hidden.append(h)
             if i < draft:
                 drafts.append(int(sampler.choose(lower.propose(h), [position + i], final=False)[0]))
@@ -80,7 +80,7 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
         last = new[-1]
         steps += 1
         accepted += len(tokens) - before - 1  # drafts kept (past max_new_tokens or EOS they do not count)
-    seconds = time.perf_counter() - tic
+    seconds = clock.since(start)
     stats = GenerationStats(2, [exit_layer, L], tokens=len(tokens), rounds=steps,
                             rounds_per_token=steps / max(1, len(tokens)), wall_seconds=seconds,
                             tokens_per_second=len(tokens) / seconds if seconds else 0.0,

@@ -26,7 +26,6 @@ adapters included, both views). The EAD oracle (mean stable EAD) is a reference 
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -35,6 +34,7 @@ from .bench_report import headline, result_row
 from .cost import ModelCost
 from .config import ADAPTER_CHOICES, DEVICE_HELP, DecoderOptions, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_device, parse_ints, parse_list, resolve_depths, rows_option
 from .data import PROMPT_SETS, prompt_set
+from .device import Clock
 from .reference import hf_greedy
 from .verify import Certificate, certify_tokens
 from .request import encode_item
@@ -114,18 +114,6 @@ def _quick_setup(device: torch.device):
         f"w{v}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen, device="cpu").tolist()), "chat": False}
         for i in range(3)] for split in ("eval", "tune")}
     return model, tokenizer, adapters, prompts
-
-
-class _Timer:
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __enter__(self):
-        self.tic = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds += time.perf_counter() - self.tic
 
 
 def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts,
@@ -257,12 +245,13 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
     try:
         for set_name, prompts in sets.items():
             log(f"{set_name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
-            timers, outs = {k: _Timer() for k in runners}, {k: [] for k in runners}
+            clock, outs = Clock(model.device), {k: [] for k in runners}
             for i, prompt in enumerate(prompts):  # methods interleaved prompt by prompt
                 for key, run in runners.items():
-                    with timers[key]:
+                    with clock.span(key):  # on CUDA: device time, read once the device has passed it
                         outs[key].append(run(prompt, cfg.max_new_tokens))
                 log(f"  {set_name} {i + 1}/{len(prompts)}: {len(outs['ar-hf'][-1][0])} tokens")
+            seconds = clock.read()
             refs = [o[0] for o in outs["ar-hf"]]
             shortlist = next((d.shortlist for d in decoders.values()), None)
             lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
@@ -278,10 +267,10 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             for key in runners:
                 row = result_row(key, outs[key], ctx)
                 cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
-                row.update(set=set_name, seconds=timers[key].seconds, certified=cert.certified,
+                row.update(set=set_name, seconds=seconds[key], certified=cert.certified,
                            certified_worst_gap=cert.worst_gap,
-                           tokens_per_second=row["tokens"] / timers[key].seconds, tokens_per_second_kind="measured",
-                           speedup_vs_ar=timers["ar-hf"].seconds / timers[key].seconds,
+                           tokens_per_second=row["tokens"] / seconds[key], tokens_per_second_kind="measured",
+                           speedup_vs_ar=seconds["ar-hf"] / seconds[key],
                            layer_speedup=L / row["layer_forwards_per_token"],
                            cost_share_of_ar=row["cost_per_token"] / ctx["cost"].ar())
                 report["results"].append(row)

@@ -67,6 +67,23 @@ def test_a_bfloat16_near_tie_is_certified_and_a_real_miss_is_not():
     assert not certify_tokens(model, PROMPT, tokens[:i] + [far]).ok
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_dex_commits_only_certified_tokens_and_records_each_margin(dtype):
+    model = tiny_model("llama", layers=6, vocab=96, seed=2).to(dtype)
+    dex = DexDecoder(model, explorers=3, trace_top=3)
+    result = dex.generate(PROMPT, 32)
+    commits = [e["commit"] for e in result.trace if e["event"] == "round" and e["commit"]]
+    assert [c["token"] for c in commits] == result.tokens and len(commits) == 32
+    assert all(c["margin"] >= 0 and c["near_tie"] == (c["margin"] <= c["tie_gap"]) for c in commits)
+    nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
+    assert all(0 <= p <= 1 for n in nodes for _, p, *_ in n["top"])  # masks in reduced precision: no NaN
+    cert = verify_trace(result.trace, model=model)
+    assert cert.dtype == str(dtype).removeprefix("torch.") and cert.ok and cert.total == 32
+    # a commit the engine called clear (margin beyond the gap) is the teacher-forced model's own choice
+    clear = [c["index"] for c in commits if not c["near_tie"]]
+    assert clear and all(cert.checks[i].token == cert.checks[i].top for i in clear)
+
+
 def test_tie_gap_is_four_units_in_the_last_place_and_scales_with_the_dtype():
     gaps = [tie_gap(d, 20.0) for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64)]
     assert gaps == [0.5, 0.0625, 2.0 ** -17, 2.0 ** -46]  # 4 x eps x 16 at magnitude 20
