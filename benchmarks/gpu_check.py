@@ -14,8 +14,9 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
    between devices is left out and said so) and rounds/token.
 3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows.
 4. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
-   visible, tokens compared with the sequential schedule; with one GPU it is skipped (NCCL refuses two
-   ranks on one GPU); on the CPU (``--quick``) two gloo processes.
+   visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
+   mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
+   (``--quick``) two gloo processes.
 
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
 architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
@@ -158,21 +159,20 @@ def profile(model, repeats: int, rows_counts) -> dict:
 
 
 def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if quick and gpus < 2:
-        devices = ["cpu", "cpu"]
-    elif gpus >= 2:
-        devices = [f"cuda:{k}" for k in range(min(gpus, 4))]
-    else:
-        return {"skipped": f"{gpus} GPU visible: the distributed schedule needs one GPU per explorer (NCCL "
-                           f"refuses two ranks on one GPU)"}
+    """The distributed schedule's tokens against the sequential schedule's: one explorer per GPU (NCCL, up to 4)
+    with two or more GPUs, K=2 in shared mode on one GPU (rows through the host over gloo), on CPU two gloo
+    processes (``--quick``)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device.type == "cuda" else 0
+    devices = [f"cuda:{k}" for k in range(min(gpus, 4))] if gpus >= 2 else ["cuda:0" if gpus else "cpu"] * 2
     K = len(devices)
     reference = decoder(model, K, adapters)
     want = [reference.generate(p, tokens).tokens for p in prompts]
     tic = time.perf_counter()
     with decoder(model, K, adapters, backend="distributed", devices=devices, threads=1) as dex:
         got = [dex.generate(p, tokens) for p in prompts]
-    return {"devices": devices, "identical_to_sequential": sum(g.tokens == w for g, w in zip(got, want)),
+        link = dex.group.data_link
+    return {"devices": devices, "backend": link.backend, "rows_staged_through_host": link.staged,
+            "identical_to_sequential": sum(g.tokens == w for g, w in zip(got, want)),
             "prompts": len(prompts), "tokens_per_second": sum(len(g.tokens) for g in got)
             / sum(g.stats.wall_seconds for g in got), "seconds_with_start": time.perf_counter() - tic}
 

@@ -33,7 +33,7 @@ import torch
 from .bench_report import headline, result_row
 from .cost import ModelCost
 from .config import ADAPTER_CHOICES, DEVICE_HELP, DecoderOptions, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_device, parse_ints, parse_list, resolve_depths, rows_option
-from .data import PROMPT_SETS, prompt_set
+from .data import PROMPT_SETS, check_sets, prompt_set
 from .device import Clock
 from .reference import hf_greedy
 from .verify import Certificate, certify_tokens
@@ -172,6 +172,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
         model, tokenizer, adapters, synthetic = _quick_setup(device)
         adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
     else:
+        check_sets(cfg.sets)  # a missing data package is one line, before the model loads
         model, tokenizer = load_model(cfg.model, device=device)
         adapters = resolve_adapters(cfg.adapters, model)
         synthetic = None

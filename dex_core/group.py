@@ -49,22 +49,17 @@ class ExplorerError(RuntimeError):
 def resolve_devices(devices, count: int) -> list[str]:
     """One device per explorer of the distributed schedule.
 
-    - ``None``: ``cuda:0..K-1`` when at least K GPUs are visible; otherwise every explorer on CPU, with a
-      ``UserWarning`` that says why when some (fewer than K) GPUs are visible: NCCL needs one GPU per
-      explorer, so K explorers on fewer GPUs would not start.
-    - a list: one device per explorer, all ``cpu`` or all ``cuda:N`` of visible, distinct GPUs (two
-      explorers on one GPU is a DexError: NCCL refuses two ranks on one device).
+    - ``None``: ``cuda:0..K-1`` when at least K GPUs are visible; with fewer, the explorers take the visible
+      GPUs in turn (``cuda:k % G``); with none, every explorer on CPU.
+    - a list: one device per explorer, all ``cpu`` or all ``cuda:N`` of visible GPUs.
+
+    Explorers may share a GPU (shared mode, with a ``UserWarning``): NCCL refuses two ranks on one GPU, so the
+    ranks then move hidden rows over gloo, staged through the host (``rank.data_backend`` decides it on every
+    rank). The distributed schedule then runs for real on one GPU, but the explorers take turns on it.
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if devices is None:
-        if gpus >= count:
-            return [f"cuda:{k}" for k in range(count)]
-        if gpus:
-            warnings.warn(f"{count} explorers need {count} GPUs (one each: NCCL refuses two ranks on one GPU) but "
-                          f"{gpus} {'is' if gpus == 1 else 'are'} visible, so the explorers run on CPU; use at most "
-                          f"{gpus} explorers to run on the GPUs, or pass devices (e.g. devices='cpu') to choose",
-                          stacklevel=2)
-        return ["cpu"] * count
+        devices = [f"cuda:{k % gpus}" for k in range(count)] if gpus else ["cpu"] * count
     devices = [str(d) for d in devices]
     if len(devices) != count:
         raise DexError(f"devices lists {len(devices)} devices for {count} explorers; give one per explorer")
@@ -77,13 +72,14 @@ def resolve_devices(devices, count: int) -> list[str]:
     for d in devices:
         index = torch.device(d).index
         if torch.device(d).type == "cuda" and (index is None or index >= gpus):
-            raise DexError(f"{d} is not available: {gpus} GPU(s) visible for {count} explorers; "
-                           f"use fewer explorers or devices=cpu")
-    cuda = [torch.device(d) for d in devices if torch.device(d).type == "cuda"]
-    twice = sorted({str(d) for d in cuda if cuda.count(d) > 1})
-    if twice:
-        raise DexError(f"devices {devices} put several explorers on {', '.join(twice)}; NCCL refuses two ranks on "
-                       "one GPU: give each explorer its own GPU, use fewer explorers, or devices=cpu")
+            raise DexError(f"{d} is not available: {gpus} GPU(s) visible for {count} explorers; give visible "
+                           f"GPUs (explorers may share one, e.g. cuda:0,cuda:0) or devices=cpu")
+    devices = [str(torch.device(d)) for d in devices]
+    shared = sorted({d for d in devices if devices.count(d) > 1}) if kinds == {"cuda"} else []
+    if shared:  # attributed to this line, so the decoder's and the group's calls warn once
+        warnings.warn(f"explorers share {', '.join(shared)} ({', '.join(devices)}): hidden rows are staged through "
+                      "the host over gloo (NCCL refuses two ranks on one GPU), and explorers on one GPU take turns",
+                      stacklevel=1)
     return devices
 
 
@@ -107,6 +103,8 @@ def default_threads(count: int) -> int:
 
 class ExplorerGroup:
     """K explorer processes owned by this (parent) process; see the module docstring."""
+
+    stage_rows = False  # stage hidden rows through the host even on CPU or one GPU each (tests run that path)
 
     def __init__(self, model, depths, adapters: dict, options: DecoderOptions, shortlist=None):
         self.model, self.depths, self.adapters, self.shortlist = model, list(depths), dict(adapters), shortlist
@@ -148,12 +146,13 @@ class ExplorerGroup:
             self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,
                                  "init_method": (self._tmp / "rendezvous").as_uri(), "depths": self.depths,
                                  "decs": self.decs, "trace_top": self.trace_top, "prune": self.prune, "op_timeout": self.op_timeout,
-                                 "start_timeout": self.start_timeout})
+                                 "start_timeout": self.start_timeout, "share": True, "stage": self.stage_rows})
         ready: set[int] = set()
         while len(ready) < self.count:
-            kind, rank, _ = self._get(deadline, "starting")
+            kind, rank, link = self._get(deadline, "starting")
             if kind == "ready":
                 ready.add(rank)
+                self.data_link = link  # rank.DataLink, alike on every rank: (backend, staged)
 
     def _connect(self, rank: int, key: bytes, deadline: float):
         address = str(self._tmp / f"rank-{rank}.sock")

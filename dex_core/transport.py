@@ -76,8 +76,9 @@ class DistLink(LocalLink):
     """Explorer ``rank`` of ``count`` on an initialized torch.distributed world."""
 
     def __init__(self, rank: int, count: int, hidden_size: int, dtype: torch.dtype, device,
-                 ctrl_group, top: int, op_timeout: float, cancel=None, progress=None):
+                 ctrl_group, top: int, op_timeout: float, cancel=None, progress=None, staged: bool = False):
         super().__init__(count)
+        self.staged = staged  # rows travel as host tensors over a gloo data group (ranks that share a GPU)
         self.cancel = cancel  # has is_set(): the parent asked to stop early
         self.progress = progress  # called with the round number as this rank starts to wait on its peers
         self.local = [rank]
@@ -133,22 +134,29 @@ class DistLink(LocalLink):
                 f"for {what}: a peer is hung, stopped or far slower; raise op_timeout only if the peers are slow")
 
     def _start(self, send: torch.Tensor | None, recv_rows: int):
-        """Start sending ``send`` to the next rank and receiving ``recv_rows`` rows from the previous one."""
+        """Start sending ``send`` to the next rank and receiving ``recv_rows`` rows from the previous one.
+
+        Staged (ranks that share a GPU; gloo's threads read and fill host memory): ``send`` goes as a host copy
+        made before the send starts (a blocking copy, so it has landed; it waits only for the layers, which the
+        head waits for too, and the transfer still overlaps the head), and the rows arrive in a host buffer,
+        pinned on CUDA, that the receiver moves to its device once received (``_swap``, ``exchange``)."""
         import torch.distributed as dist
 
         ops, buf = [], None
         if send is not None and self.rank < self.count - 1:
+            send = send.to("cpu") if self.staged else send  # (n, hidden)
             ops.append(dist.P2POp(dist.isend, send.contiguous(), self.rank + 1))
         if recv_rows and self.rank > 0:
-            buf = torch.empty(recv_rows, self.hidden_size, dtype=self.dtype, device=self.device)
+            buf = torch.empty(recv_rows, self.hidden_size, dtype=self.dtype, device="cpu" if self.staged else
+                              self.device, pin_memory=self.staged and self.device.type == "cuda")  # (n, hidden)
             ops.append(dist.P2POp(dist.irecv, buf, self.rank - 1))
         return (dist.batch_isend_irecv(ops) if ops else []), buf
 
     def _swap(self, send: torch.Tensor | None, recv_rows: int) -> torch.Tensor | None:
         works, buf = self._start(send, recv_rows)
         self._wait(works, "the prompt's hidden rows" + (f" from rank {self.rank - 1}" if recv_rows else
-                                                         f" to reach rank {self.rank + 1}"))
-        return buf
+                                                         f" to reach rank {self.rank + 1}"), data=not self.staged)
+        return None if buf is None else buf.to(self.device, non_blocking=True)  # staged: host -> device, no sync
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
@@ -171,9 +179,9 @@ class DistLink(LocalLink):
         works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
         self._posted = None
         self._wait(works, f"the hidden rows from rank {self.rank - 1}" if rows is not None else
-                   f"the hidden rows to reach rank {self.rank + 1}")
-        if rows is not None:
-            self.hidden.update(zip((n.id for n in prev), rows))
+                   f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged)  # staged: gloo works
+        if rows is not None:  # staged: host -> device from pinned memory, no sync; the stream orders its use
+            self.hidden.update(zip((n.id for n in prev), rows.to(self.device, non_blocking=True)))
 
         # control: every stage's tokens, probabilities, margins, top candidates and expansion time, as one
         # int64 tensor (floats as their float64 bit patterns): token, prob, margin, tie gap, top ids, top probs

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .config import DexError, GenerationOptions
+from .device import dtype_name
 from .models import load_model, model_view, resolve_device
 from .request import prompt_ids
 from .sampling import Sampler, tie_gap
@@ -85,10 +86,6 @@ class Certificate:
         return cls(tuple(c for part in parts for c in part.checks), parts[0].dtype, parts[0].device)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 @torch.inference_mode()
 def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = None) -> Certificate:
     """Check each of ``tokens`` (generated after ``prompt``, token ids) against one teacher-forced forward of
@@ -100,7 +97,7 @@ def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = No
     bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < view.vocab]
     if bad:
         raise DexError(f"committed tokens must be ids in [0, {view.vocab}); got {bad[:5]}")
-    cert = Certificate((), _dtype_name(view.dtype), str(view.device))
+    cert = Certificate((), dtype_name(view.dtype), str(view.device))
     if not tokens:
         return cert
     n, device = len(tokens), view.device
@@ -174,8 +171,8 @@ def verify_trace(trace, meta: dict | None = None, *, model=None, spec: str | Non
         model, _ = verifier_model(events, meta, spec, dtype, device, log)
     view = model_view(model)
     wanted = dtype or start.get("dtype")
-    if wanted is not None and _dtype_name(view.dtype) != wanted:
-        raise DexError(f"the trace was made in {wanted} but the model given is {_dtype_name(view.dtype)}; load it "
+    if wanted is not None and dtype_name(view.dtype) != wanted:
+        raise DexError(f"the trace was made in {wanted} but the model given is {dtype_name(view.dtype)}; load it "
                        f"with dtype='{wanted}' (the tie gap is that dtype's)")
     sampling = start["sampling"]
     if sampling["temperature"] > 0 and view.device.type != _made_on(start):

@@ -5,11 +5,12 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from conftest import tiny_model
 from dex_core.models import tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
-from dex_core.group import ExplorerError
+from dex_core.group import ExplorerError, ExplorerGroup
 from faults import RaiseOnce
 
 
@@ -29,9 +30,10 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
     # communicator was formed eagerly and warmed up by every rank)
     prompts = [[9], [5, 17, 3, 88, 40, 2, 61], list(range(1, 22))]
     options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2} if light else {}
-    with DexDecoder(model, explorers=K, backend="distributed", threads=1, **options) as dist_decoder:
+    with DexDecoder(model, explorers=K, backend="distributed", devices=("cpu",) * K, threads=1, **options) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
+        assert dist_decoder.group.data_link == ("gloo", False)  # CPU ranks: rows straight over gloo
         for i, prompt in enumerate(prompts):
             sequential = DexDecoder(model, explorers=K, **options).generate(prompt, 40)
             distributed = dist_decoder.generate(prompt, 40)
@@ -41,14 +43,36 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
             reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             assert sampled.tokens == reference.tokens
         assert dist_decoder.group.pids() == pids  # the same processes served every call
-        timings = distributed.trace[1]["timings"]
-        assert len(timings["expand"]) == K and timings["communication"] >= 0
+        # every distributed round exchanges (rows, or at least the control all-gather); the sequential schedule never
+        rounds = [e for e in distributed.trace if e["event"] == "round"]
+        assert all(len(e["timings"]["expand"]) == K and e["timings"]["communication"] > 0 for e in rounds)
+        assert distributed.trace[-1]["stats"]["communication_seconds"] == pytest.approx(
+            sum(e["timings"]["communication"] for e in rounds))
+        assert all(e["timings"]["communication"] == 0 for e in sequential.trace if e["event"] == "round")
+        assert sequential.trace[-1]["stats"]["communication_seconds"] == 0
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tokens(model, monkeypatch):
+    # the shared-GPU path (every rank agrees to stage; host copies of the rows over gloo), forced on CPU ranks;
+    # K=3: the middle rank both receives and sends; a one-token prompt skips the prefill, a longer one uses it
+    monkeypatch.setattr(ExplorerGroup, "stage_rows", True)
+    options = {"tokenizer": tiny_tokenizer(), "trace_top": 2}
+    with DexDecoder(model, explorers=3, backend="distributed", threads=1, **options) as decoder:
+        assert decoder.group.data_link == ("gloo", True)
+        for prompt in ([9], [5, 17, 3, 88, 40, 2, 61]):
+            sequential = DexDecoder(model, explorers=3, **options).generate(prompt, 24)
+            staged = decoder.generate(prompt, 24)
+            assert staged.tokens == sequential.tokens == ar_generate(model, prompt, 24).tokens
+            assert without_timings(staged.trace) == without_timings(sequential.trace)
+        sampled = decoder.generate(prompt, 16, temperature=0.9, top_p=0.95, seed=3)
+        assert sampled.tokens == ar_generate(model, prompt, 16, temperature=0.9, top_p=0.95, seed=3).tokens
 
 
 def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(model, tmp_path):
     adapter = RaiseOnce(str(tmp_path / "raised"), at=3)
-    decoder = DexDecoder(model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", threads=1)
+    decoder = DexDecoder(model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", devices=("cpu",) * 3,
+                         threads=1)
     pids = decoder.group.pids()
     tic = time.monotonic()
     with pytest.raises(ExplorerError, match="explorer rank 0 failed: RuntimeError: injected fault at call 3"):
@@ -65,7 +89,7 @@ def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(
 
 
 def test_stopping_a_stream_early_stops_the_explorers_in_step(model):
-    with DexDecoder(model, explorers=2, backend="distributed", threads=1) as decoder:
+    with DexDecoder(model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1) as decoder:
         stream = decoder.stream([3, 1, 4, 1, 5], 60)
         for event in stream:
             if event["event"] == "round" and event["round"] == 5:
@@ -102,13 +126,15 @@ def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
     from dex_core.cli import main
 
     code = main(["generate", "hello world", "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "6",
-                 "--explorers", "2", "--backend", "distributed", "--threads", "1"])
+                 "--explorers", "2", "--backend", "distributed", "--devices", "cpu,cpu", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "distributed schedule:" in out and "6 tokens" in out
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = f"cuda:{gpus}"  # one past the visible GPUs, on any machine
     code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "distributed",
-                 "--devices", "cuda:0,cuda:1"])
+                 "--devices", f"{missing},{missing}"])
     err = capsys.readouterr().err
-    assert code == 2 and "is not available" in err
+    assert code == 2 and f"{missing} is not available: {gpus} GPU(s) visible for 2 explorers" in err
     code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "mpi"])
     assert code == 2 and "backend must be one of sequential, distributed" in capsys.readouterr().err
 
@@ -118,7 +144,7 @@ from dex_core import DexDecoder, ar_generate
 from dex_core.models import tiny_model
 
 model = tiny_model("llama")
-dex = DexDecoder(model, explorers=2, backend="distributed", threads=1, start_timeout=300)
+dex = DexDecoder(model, explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1, start_timeout=300)
 print("exact", dex.generate([3, 1, 4, 1, 5], 12).tokens == ar_generate(model, [3, 1, 4, 1, 5], 12).tokens)
 """
 
@@ -160,7 +186,8 @@ def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_i
     import signal
 
     op_timeout = 6.0
-    with DexDecoder(model, explorers=2, backend="distributed", threads=1, op_timeout=op_timeout) as decoder:
+    with DexDecoder(model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1,
+                    op_timeout=op_timeout) as decoder:
         sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
         error, seconds = _fault_after_round(
             decoder, [3, 1, 4], 3, lambda pids: [os.kill(p, sig) for k, p in enumerate(pids) if rank in (None, k)])
@@ -175,7 +202,8 @@ import sys, time
 from dex_core import DexDecoder
 from dex_core.models import tiny_model
 
-dex = DexDecoder(tiny_model("llama"), explorers=2, backend="distributed", threads=1, start_timeout=300)
+dex = DexDecoder(tiny_model("llama"), explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1,
+                 start_timeout=300)
 print(*dex.group.pids(), flush=True)
 if sys.argv[1] == "busy":
     for _ in dex.stream([3, 1, 4], 240):

@@ -14,7 +14,7 @@ from conftest import tiny_model
 from dex_core.config import DexError
 from dex_core.group import resolve_devices
 from dex_core.profile import decode_order_seconds
-from dex_core.rank import data_backend, init_options, warm_up
+from dex_core.rank import DataLink, data_backend, init_options, warm_up
 from dex_core.serve import torchrun_device
 from dex_core.transport import DistLink
 
@@ -34,8 +34,8 @@ def gloo_pair():
     return groups
 
 
-def link(rank=1, count=2, device="cpu", op_timeout=1.0):
-    return DistLink(rank, count, 4, torch.float32, device, None, 0, op_timeout)
+def link(rank=1, count=2, device="cpu", op_timeout=1.0, staged=False):
+    return DistLink(rank, count, 4, torch.float32, device, None, 0, op_timeout, staged=staged)
 
 
 def gather(group, rank):
@@ -119,19 +119,43 @@ def test_an_nccl_world_forms_its_communicator_in_init_process_group():
     assert init_options("gloo", "cpu") == {}
 
 
-def report(device, gpu=None, host="node-a"):
-    return {"device": device, "host": host, "gpu": gpu}
+def report(device, gpu=None, host="node-a", share=False, stage=False):
+    return {"device": device, "host": host, "gpu": gpu, "share": share, "stage": stage}
 
 
 def test_ranks_agree_on_the_data_backend_or_refuse_clearly():
-    assert data_backend([report("cpu")] * 3) == "gloo"
+    assert data_backend([report("cpu")] * 3) == DataLink("gloo", staged=False)
     # per-rank CUDA_VISIBLE_DEVICES: every rank's cuda:0, three different GPUs (one on another node)
     one_each = [report("cuda:0", "GPU-a"), report("cuda:0", "GPU-b"), report("cuda:0", "GPU-a", "node-b")]
-    assert data_backend(one_each) == "nccl"
+    assert data_backend(one_each) == DataLink("nccl", staged=False)
     with pytest.raises(DexError, match=r"disagree on the device \(rank 0 on cuda:0, rank 1 on cuda:1, rank 2 on cpu\)"):
         data_backend([report("cuda:0", "GPU-a"), report("cuda:1", "GPU-b"), report("cpu")])
-    with pytest.raises(DexError, match=r"ranks 0 and 2 are on the same GPU \(cuda:0 on node-a\); NCCL refuses"):
+    with pytest.raises(DexError, match=r"ranks 0 and 2 are on the same GPU \(cuda:0 on node-a\); NCCL refuses.*"
+                                       r"torchrun ranks cannot share a GPU"):  # torchrun's ranks do not allow it
         data_backend([report("cuda:0", "GPU-a"), report("cuda:1", "GPU-b"), report("cuda:0", "GPU-a")])
+
+
+def test_ranks_that_share_a_gpu_all_stage_their_rows_through_the_host_over_gloo():
+    shared = [report("cuda:0", "GPU-a", share=True), report("cuda:1", "GPU-b", share=True),
+              report("cuda:0", "GPU-a", share=True)]  # one shared GPU stages every rank, not just those two
+    assert data_backend(shared) == DataLink("gloo", staged=True)
+    apart = [report("cuda:0", "GPU-a", share=True), report("cuda:1", "GPU-b", share=True)]
+    assert data_backend(apart) == DataLink("nccl", staged=False)  # allowed to share, but each has its own
+    forced = [report("cpu", stage=k == 1) for k in range(3)]  # one rank asking stages all: the CPU test path
+    assert data_backend(forced) == DataLink("gloo", staged=True)
+    assert data_backend([report("cuda:0", "GPU-a", stage=True), report("cuda:1", "GPU-b")]).staged
+
+
+def test_a_staged_link_on_a_gpu_sends_host_rows_and_waits_as_gloo_not_by_polling(monkeypatch):
+    # staged, the data group is gloo, whose send/recv works report completion only once waited for: a
+    # poll (the NCCL wait) would spin until op_timeout; rows received land on the device (a no-op here)
+    sent, works = [], [FakeWork()]
+    monkeypatch.setattr(dist, "P2POp", lambda op, tensor, peer: sent.append((op.__name__, tensor.device)))
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: works)
+    staged = link(0, 2, device="cuda:0", op_timeout=4.0, staged=True)
+    assert staged._swap(torch.ones(3, 4), 0) is None
+    assert sent == [("isend", torch.device("cpu"))]
+    assert works[0].polls == 0 and len(works[0].waits) == 1 and works[0].waits[0][0] > timedelta(seconds=3)
 
 
 def gpus(monkeypatch, count):
@@ -161,14 +185,22 @@ def test_torchrun_ranks_pick_their_gpu_from_local_rank_and_all_refuse_too_few_gp
         torchrun_device(env(0, 3), "cuda")
 
 
-def test_default_devices_take_one_gpu_each_or_warn_and_run_on_cpu(monkeypatch):
+def test_default_devices_take_one_gpu_each_or_share_the_visible_gpus_with_a_warning(monkeypatch):
     gpus(monkeypatch, 2)
-    assert resolve_devices(None, 2) == ["cuda:0", "cuda:1"]
-    with pytest.warns(UserWarning, match="4 explorers need 4 GPUs .* but 2 are visible, so the explorers run on CPU"):
-        assert resolve_devices(None, 4) == ["cpu"] * 4
-    assert resolve_devices(("cuda:1", "cuda:0"), 2) == ["cuda:1", "cuda:0"]
-    with pytest.raises(DexError, match=r"several explorers on cuda:0; NCCL refuses two ranks on one GPU"):
-        resolve_devices(("cuda:0", "cuda:1", "cuda:0"), 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one GPU each: nothing to warn about
+        assert resolve_devices(None, 2) == ["cuda:0", "cuda:1"]
+        assert resolve_devices(("cuda:1", "cuda:0"), 2) == ["cuda:1", "cuda:0"]
+    staged = r"explorers share cuda:0, cuda:1 \(cuda:0, cuda:1, cuda:0, cuda:1\): hidden rows are staged through"
+    with pytest.warns(UserWarning, match=staged + " the host over gloo"):
+        assert resolve_devices(None, 4) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    with pytest.warns(UserWarning, match=r"explorers share cuda:0 \(cuda:0, cuda:1, cuda:0\)"):
+        assert resolve_devices(("cuda:0", "cuda:1", "cuda:0"), 3) == ["cuda:0", "cuda:1", "cuda:0"]
+    with pytest.raises(DexError, match=r"cuda:2 is not available: 2 GPU\(s\) visible .* e.g. cuda:0,cuda:0"):
+        resolve_devices(("cuda:0", "cuda:2"), 2)
+    gpus(monkeypatch, 1)
+    with pytest.warns(UserWarning, match=r"explorers share cuda:0 \(cuda:0, cuda:0, cuda:0\)"):
+        assert resolve_devices(None, 3) == ["cuda:0"] * 3
     gpus(monkeypatch, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no GPU at all: CPU is the plain default, nothing to warn about

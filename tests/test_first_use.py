@@ -1,0 +1,210 @@
+"""First use of the default model (a tiny model stands in for the GGUF conversion, offline) and the hub
+check before a download (huggingface_hub's call monkeypatched: no test reaches the network)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dex_core import DexError, load_model
+from dex_core import default_model as dm
+from dex_core import models
+
+ROOT = Path(__file__).resolve().parents[1]
+GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAULT_GGUF}
+
+# One process: wait until all `n` have started (a barrier of files), then load 'default' with the GGUF step
+# replaced by a tiny model that takes a while to "convert" (so the three overlap for real).
+CHILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from dex_core import default_model as dm, models
+
+    def convert(workdir, log):
+        print("CONVERTING", flush=True)
+        time.sleep(3.0)
+        model = models.tiny_model("llama").float()
+        model.config.quantization_config = dict(quant_method="gguf", dequantize=False, gguf_file="x.gguf")
+        return model, models.tiny_tokenizer()
+
+    dm.convert_default = convert
+    barrier, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    (barrier / me).touch()
+    deadline = time.time() + 120
+    while len(list(barrier.iterdir())) < n and time.time() < deadline:
+        time.sleep(0.02)
+    model, tok = models.load_model("default", device="cpu", log=lambda m: print("LOG", m, flush=True))
+    print("LOADED", model.config.num_hidden_layers, getattr(model, "hf_quantizer", None) is not None, flush=True)
+""")
+
+
+def fake_conversion(monkeypatch, calls=None, fail=None):
+    """Replace the GGUF step by a tiny float32 model whose config carries the GGUF loader's leftover."""
+    def convert(workdir, log):
+        if calls is not None:
+            calls.append(workdir)
+        if fail is not None:
+            raise fail
+        model = models.tiny_model("llama").float()
+        model.config.quantization_config = dict(GGUF_QUANT)
+        return model, models.tiny_tokenizer()
+
+    monkeypatch.setattr(dm, "convert_default", convert)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEX_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.slow  # three processes that import torch and transformers (35 s on a busy 2-core machine)
+def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_complete_copy(tmp_path):
+    cache, barrier = tmp_path / "cache", tmp_path / "barrier"
+    barrier.mkdir()
+    env = {**os.environ, "DEX_CACHE": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(barrier), str(i), "3"], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        outs.append(out)
+    assert all("LOADED 6 False" in out for out in outs), outs  # the tiny model, without a GGUF quantizer
+    assert sum(out.count("CONVERTING") for out in outs) == 1, outs  # one process converted
+    waited = [out for out in outs if "waiting for another process converting SmolLM2-135M-Instruct (lock " in out]
+    assert len(waited) >= 1, outs  # the others waited (or, started late, found it ready) and said so
+    assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME, dm.DEFAULT_NAME + ".lock"]
+    target = cache / dm.DEFAULT_NAME
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in target.iterdir()}
+    assert not [p for p in target.iterdir() if ".tmp-" in p.name]
+    config = json.loads((target / "config.json").read_text())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 6
+
+
+def test_a_killed_conversions_leftovers_are_removed_by_the_next_process(cache, monkeypatch):
+    cache.mkdir()
+    partial, private = cache / (dm.DEFAULT_NAME + ".partial"), cache / (dm.DEFAULT_NAME + ".tmp-k1ll3d")
+    for folder in (partial, private):
+        (folder / "download").mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\0" * 4096)  # half-written
+    lines = []
+    fake_conversion(monkeypatch)
+    model, _ = load_model("default", device="cpu", log=lines.append)
+    assert model.config.num_hidden_layers == 6 and not partial.exists() and not private.exists()
+    assert sum("left by an interrupted conversion" in line for line in lines) == 2, lines
+    # a complete copy beside a leftover (an older DEX's shared .partial): the leftover goes, no new conversion
+    (cache / (dm.DEFAULT_NAME + ".partial")).mkdir()
+    calls = []
+    fake_conversion(monkeypatch, calls)
+    load_model("default", device="cpu", log=lines.append)
+    assert calls == [] and sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME, dm.DEFAULT_NAME + ".lock"]
+
+
+def test_an_incomplete_copy_is_converted_again(cache, monkeypatch):
+    calls = []
+    fake_conversion(monkeypatch, calls)
+    target = dm.prepare_default(print)
+    (target / "model.safetensors").unlink()
+    assert dm.prepare_default(print) == target and len(calls) == 2 and (target / "model.safetensors").is_file()
+
+
+def test_a_cached_config_with_the_gguf_quantizer_is_repaired_in_place_and_loads_plain(cache, monkeypatch):
+    target = cache / dm.DEFAULT_NAME
+    models.tiny_model("llama").float().save_pretrained(target)
+    models.tiny_tokenizer().save_pretrained(target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "quantization_config": GGUF_QUANT}))
+    calls, lines = [], []
+    fake_conversion(monkeypatch, calls)
+    model, _ = load_model("default", dtype="float32", device="cpu", log=lines.append)
+    repaired = json.loads((target / "config.json").read_text())
+    assert calls == [] and "quantization_config" not in repaired and repaired["hidden_size"] == 48
+    assert getattr(model, "hf_quantizer", None) is None
+    assert any("removed the GGUF loader's quantization_config" in line for line in lines), lines
+    assert not list(target.glob("config.json.tmp-*"))
+    lines.clear()
+    load_model("default", device="cpu", log=lines.append)
+    assert not any("quantization_config" in line for line in lines)  # repaired once, then the fast path
+
+
+def test_a_failed_conversion_is_a_dex_error_with_a_next_step_and_leaves_nothing(cache, monkeypatch):
+    fake_conversion(monkeypatch, fail=RuntimeError("tensor 'blk.0.attn_q' has an unknown type 99"))
+    with pytest.raises(DexError, match=r"could not convert the default model SmolLM2-135M-Instruct \(tensor "
+                                       r"'blk.0.attn_q' has an unknown type 99\); retry, or pass --model"):
+        load_model("default", device="cpu", log=print)
+    assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME + ".lock"]
+    fake_conversion(monkeypatch, fail=OSError(28, "No space left on device"))
+    with pytest.raises(DexError, match="No space left on device.*free disk space .* or point DEX_CACHE"):
+        load_model("default", device="cpu", log=print)
+
+
+def test_a_cache_path_that_is_not_a_folder_is_a_dex_error_naming_dex_cache(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("DEX_CACHE", str(tmp_path / "file"))
+    with pytest.raises(DexError, match=r"cannot create the DEX cache .*file.*point DEX_CACHE at a writable folder"):
+        load_model("default", device="cpu", log=print)
+
+
+def hub(monkeypatch, outcome):
+    """The hub's answer to model_info (an exception to raise, or None for a model it has); the calls made."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    calls = []
+
+    def model_info(self, repo_id, *, timeout=None, **kwargs):
+        calls.append((repo_id, timeout))
+        if outcome is not None:
+            raise outcome
+        return object()
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def test_the_hub_check_asks_huggingface_hub_with_a_short_timeout(monkeypatch):
+    calls = hub(monkeypatch, None)
+    models._check_hub("some-org/some-model")
+    assert calls == [("some-org/some-model", models.HUB_TIMEOUT)]
+
+
+def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
+    calls = hub(monkeypatch, ConnectionRefusedError("[Errno 111] Connection refused"))
+    with pytest.raises(DexError, match=r"model 'some-org/some-model' is not a local directory or \.gguf file, and "
+                                       r"the Hugging Face hub \(https://.*\) cannot be reached \(\[Errno 111\] "
+                                       r"Connection refused\); download the model where the hub is reachable"):
+        models._check_hub("some-org/some-model")
+    assert len(calls) == 1
+
+
+def test_a_model_the_hub_does_not_have_is_a_clear_error(monkeypatch):
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    missing = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its constructor wants an HTTP response
+    Exception.__init__(missing, "404 Client Error: Repository Not Found")
+    hub(monkeypatch, missing)
+    with pytest.raises(DexError, match="has no model by that name that you may read; check the name, or log in"):
+        models._check_hub("some-org/no-such-model")
+
+
+def test_offline_mode_is_a_clear_error_without_asking_the_hub(monkeypatch):
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    calls = hub(monkeypatch, None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DexError, match="is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
+        models._check_hub("some-org/some-model")
+    assert calls == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    hub(monkeypatch, OfflineModeIsEnabled("offline mode is enabled"))  # huggingface_hub's own offline switch
+    with pytest.raises(DexError, match="HF_HUB_OFFLINE is set"):
+        models._check_hub("some-org/some-model")
