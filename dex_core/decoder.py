@@ -38,8 +38,8 @@ class DexDecoder:
 
     ``backend="sequential"`` runs every explorer in this process, one after another each round.
     ``backend="distributed"`` starts K explorer processes on torch.distributed (one per device in
-    ``devices``: default ``cuda:0..K-1`` when K GPUs are visible, else CPU with ``threads`` threads
-    each); they stay up across calls until ``close()`` (or the end of a ``with`` block). Same API,
+    ``devices``: default ``cuda:0..K-1``, taking the GPUs in turn when fewer are visible (rows staged
+    through the host), else CPU with ``threads`` threads each); they stay up across calls until ``close()`` (or the end of a ``with`` block). Same API,
     same tokens, same trace events.
     """
 
@@ -102,7 +102,7 @@ class DexDecoder:
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
-                              self.trace_top, self._text, self.prune)
+                              self.trace_top, self._text if self.tokenizer is not None else None, self.prune)
 
     def _device(self) -> str:
         """Where the token choices are made: this model's device, or the final explorer's."""

@@ -31,14 +31,27 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     from gradio_client import Client
     from transformers import AutoModelForCausalLM
 
+    from app.runtime import ui_config
+
     client = Client(app_url, verbose=False)
-    job = client.submit(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 16, api_name="/generate")
+    controls = (False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 16)  # chat … max_new_tokens, as the Live tab sends them
+    job = client.submit(PROMPT, *controls, api_name="/generate")
     updates = list(job)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    ids = encode_prompt(tiny_tokenizer(), PROMPT, chat=False)
-    rounds = DexDecoder(model, explorers=3).generate(ids, 16).stats.rounds
-    assert len(updates) >= rounds
     tok = tiny_tokenizer()
+    ids = encode_prompt(tok, PROMPT, chat=False)
+    # the same run in-process, with the options the app derives from those controls
+    names = ("chat", "explorers", "depths", "adapters", "decs", "sample", "temperature", "top_k", "top_p", "seed",
+             "max_new_tokens")
+    config = ui_config(**dict(zip(names, controls)))
+    trace = DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
+    rounds = [e for e in trace if e["event"] == "round"]
+    # one frame per explorer round, in order, each showing the tokens committed up to that round
+    frames = [(int(m.group(1)), u) for u in updates if (m := re.search(r"round (\d+) ·", u[4]))]
+    assert [r for r, _ in frames] == [e["round"] for e in rounds]
+    committed = [e["commit"]["token"] if e["commit"] else None for e in rounds]
+    for r, frame in frames:
+        assert shown_tokens(frame[0]) == "".join(tok.decode([t]) for t in committed[:r] if t is not None), r
     ar = ar_generate(model, ids, 16).tokens
     assert shown_tokens(updates[-1][0]) == "".join(tok.decode([t]) for t in ar)
     assert "rounds/token" in updates[-1][3]

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,16 +56,23 @@ def test_self_speculation_rejects_bad_settings():
 
 def test_dex_bench_quick_every_row_exact(tmp_path):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
+    tic = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--depth-sets", "1,3,6",
                            "--prune", "none,1", "--out", str(out), "--markdown", str(md)],
                           capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - tic
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["results"]}
     assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"}
     assert report["results"] and all(r["identical"] == r["prompts"] == 3 for r in report["results"])
+    # the timed runs lie inside the command's own wall time, each measured once (interleaved prompt by prompt)
+    assert 0 < sum(r["seconds"] for r in report["results"]) < wall
+    ar_seconds = next(r["seconds"] for r in report["results"] if r["method"] == "ar-hf")
     for r in report["results"]:
-        assert r["tokens"] == 48 and r["layer_forwards_per_token"] > 0 and r["tokens_per_second"] > 0
+        assert r["tokens"] == 48 and r["layer_forwards_per_token"] > 0
+        assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])  # new tokens / measured seconds
+        assert r["speedup_vs_ar"] == pytest.approx(ar_seconds / r["seconds"])
         assert (r["certified"], r["certified_worst_gap"]) == (48, 0.0)  # float64: each token is the model's choice
         if r["method"] == "dex" and r["prune"] is None:  # dex ead's prediction is exact on float64 models
             assert r["predicted_depth_speedup"] == pytest.approx(r["depth_speedup"])

@@ -4,7 +4,6 @@ clicks and its current-round band, the exported HTML opened from disk, Pause wit
 runs compared (a pinned one and a loaded one) under a tab bar that names each tab once."""
 
 import json
-import re
 
 import pytest
 
@@ -195,7 +194,13 @@ def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_p
     nodes = offline.evaluate("() => document.querySelector('#dex-timeline').data.filter(t => t.mode === 'markers'"
                              " && t.name !== 'collapses').reduce((n, t) => n + t.x.length, 0)")
     assert nodes == example_nodes() and requests == []
-    assert re.search(r"48\s*tokens", offline.inner_text("body")) or "48" in offline.inner_text("body")
+    events = example_events()
+    # the Numbers panel: each figure is the <b> under its label
+    figure = """label => [...document.querySelectorAll('div')].find(d => d.childElementCount === 0
+        && d.textContent === label)?.nextElementSibling?.innerText"""
+    assert offline.evaluate(figure, "tokens") == str(len(events[-1]["tokens"]))
+    assert offline.evaluate(figure, "rounds") == str(sum(e["event"] == "round" for e in events))
+    assert offline.locator(".dex-tok").count() == len(events[-1]["tokens"])
 
 
 def open_round(page, round_no: int):

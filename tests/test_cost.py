@@ -1,12 +1,16 @@
 """The cost model: layer-equivalents by parameter count, the two views, and its agreement with the
 layers-only critical path and with a DEX run's own batch sizes."""
 
+import random
+
 import pytest
+import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder
 from dex_core.adapters import new_adapters
-from dex_core.cost import ModelCost
+from dex_core.baselines import self_spec_layer_forwards
+from dex_core.cost import VIEWS, ModelCost
 
 
 def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_count():
@@ -19,25 +23,84 @@ def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_cou
     assert cost.ar() == pytest.approx(6 + cost.head)
 
 
-def test_layers_only_memory_bound_dex_is_rounds_times_the_longest_stage_and_self_spec_is_nE_plus_L():
-    cost = ModelCost(30, 8.0, 0.4).layers_only()
-    busy = [[1, 1, 1, 1]] * 10
-    assert cost.dex((8, 15, 23, 30), busy, 4, "memory") == pytest.approx(10 * 8 / 4)
-    assert cost.self_spec_step(8, 3, "memory") == 3 * 8 + 30
+def weights_read(model, root) -> int:
+    """Parameters that one forward of ``model`` reads inside ``root``, counted by hooks on the modules that ran;
+    an embedding is a lookup of a few rows, not a read of its matrix, so it is left out."""
+    seen = {}
+    hooks = [m.register_forward_hook(lambda mod, *_: seen.update({id(p): p.numel() for p in mod.parameters(recurse=False)}))
+             for m in root.modules() if not isinstance(m, torch.nn.Embedding)]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([[1, 2, 3]]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("family,tied", [("llama", False), ("qwen3", True)])
+def test_an_ar_token_costs_the_weights_that_one_forward_reads(family, tied):
+    model = tiny_model(family, layers=6, vocab=96, tie_word_embeddings=tied)
+    layer = weights_read(model, model.model.layers[0])
+    cost = ModelCost.of(model)
+    assert cost.ar() == pytest.approx(weights_read(model, model) / layer)  # a tied head is read once, as the head
+    assert cost.head == pytest.approx((weights_read(model, model.lm_head) + weights_read(model, model.model.norm)) / layer)
+
+
+def test_one_stage_dex_is_ar_and_k_stages_partition_the_layers():
+    cost = ModelCost(30, 8.0, 0.4, proposal=1.3)
+    for view in VIEWS:  # DEX through one stage is AR: one row, every layer and the full head per token
+        assert cost.dex((30,), [[1]] * 7, 7, view) == pytest.approx(cost.ar())
+    plain = cost.layers_only()
+    for depths in [(8, 15, 23, 30), (1, 30), (10, 20, 30), (29, 30), tuple(range(1, 31))]:
+        busy = [1] * len(depths)
+        assert plain.dex_round(depths, busy, "memory", devices="1") == 30  # one device: every layer once
+        assert plain.dex_round(depths, busy, "memory") == max(b - a for a, b in zip((0,) + depths, depths))
+        # on one device DEX adds to AR's work exactly the non-final stages' proposals (light heads, adapters)
+        extra = cost.dex_round(depths, busy, "memory", depths[:-1], devices="1") - cost.ar()
+        assert extra == pytest.approx((len(depths) - 1) * (1.3 + 0.4))
+    uniform = (10, 20, 30)  # AR through a 3-stage pipeline: 3 rounds of 10 layers per token, AR's 30 layers
+    assert plain.dex_steady(uniform, 3.0) == 30 and plain.dex(uniform, [[1, 1, 1]] * 10, 10, "memory") == 10
 
 
 def test_views_differ_only_when_batches_hold_several_rows():
     cost = ModelCost(30, 8.0, 0.5)
     depths, adapters = (8, 15, 23, 30), (8, 15, 23)
-    assert cost.stage(depths, 0, 3, "memory", adapters) == 8 + 8 + 0.5
-    assert cost.stage(depths, 0, 3, "rows", adapters) == 3 * (8 + 8 + 0.5)
-    assert cost.stage(depths, 3, 1, "memory", adapters) == 7 + 8  # the final stage takes no adapter
-    assert cost.stage(depths, 2, 0, "memory", adapters) == 0
-    assert cost.dex_round(depths, [2, 1, 0, 1], "memory", adapters) == 16.5  # K devices: the slowest explorer
-    assert cost.dex_round(depths, [2, 1, 0, 1], "memory", adapters, devices="1") == 16.5 + 15.5 + 15
-    assert cost.self_spec_step(8, 1, "rows") == 2 * 8 + 8 + 2 * (22 + 8)
-    with pytest.raises(ValueError, match="view must be one of"):
+    rng = random.Random(0)
+    for _ in range(50):
+        batches = [rng.choice([0, 0, 1, 1, 2, 3]) for _ in depths]
+        memory = cost.dex_round(depths, batches, "memory", adapters, devices="1")
+        rows = cost.dex_round(depths, batches, "rows", adapters, devices="1")
+        assert (rows == memory) == (max(batches) <= 1) and rows >= memory
+    for k in range(len(depths)):
+        one = cost.stage(depths, k, 1, "memory", adapters)
+        assert [cost.stage(depths, k, n, "rows", adapters) for n in range(5)] == [0.0] + [n * one for n in range(1, 5)]
+        assert [cost.stage(depths, k, n, "memory", adapters) for n in range(5)] == [0.0] + [one] * 4
+    assert cost.dex_round(depths, [3, 0, 0, 0], "memory", adapters) == cost.stage(depths, 0, 1, "memory", adapters)
+    with pytest.raises(ValueError, match=r"view must be one of \('memory', 'rows'\); got 'flops'"):
         cost.stage(depths, 0, 1, "flops")
+
+
+def test_light_heads_and_adapters_weigh_on_the_non_final_stages_only():
+    depths = (8, 15, 23, 30)
+    full, light = ModelCost(30, 8.0, 0.5), ModelCost(30, 8.0, 0.5, proposal=1.3)
+    for k in range(4):
+        saved = full.stage(depths, k, 1, "memory") - light.stage(depths, k, 1, "memory")
+        added = full.stage(depths, k, 1, "memory", depths[:-1]) - full.stage(depths, k, 1, "memory")
+        assert (saved, added) == ((0.0, 0.0) if k == 3 else (pytest.approx(8.0 - 1.3), pytest.approx(0.5)))
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_self_speculation_without_drafts_is_ar_and_every_draft_costs_more(view):
+    cost = ModelCost(30, 8.0, 0.4)
+    for exit_layer in (1, 8, 29):
+        steps = [cost.self_spec_step(exit_layer, n, view, with_adapter=True) for n in range(6)]
+        assert steps[0] == pytest.approx(cost.ar()) and all(b > a for a, b in zip(steps, steps[1:]))
+        # layers only, rows counted: the n drafts and the verified token are n + 1 rows through every layer once
+        assert cost.layers_only().self_spec_step(exit_layer, 4, "rows") == 5 * 30
+    omega = torch.tensor([True, True, False, True, False, False, True, True, True, True])
+    steps, forwards = self_spec_layer_forwards(omega, 3, 8, 30)  # what dex bench replays from a run's matches
+    assert forwards == steps * cost.layers_only().self_spec_step(8, 3, "memory")
 
 
 def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(llama):
@@ -55,12 +118,39 @@ def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(
     model = tiny_model("llama")
     got = prof.measure_profile(model, proposal_rows=16, repeats=2, log=lambda *_: None)
     for part in ("layer", "head", "proposal", "exchange"):
-        assert sorted(got[part]) == list(prof.ROWS) and all(s > 0 for s in got[part].values())
+        seconds = [got[part][n] for n in prof.ROWS]
+        assert sorted(got[part]) == list(prof.ROWS) and len(set(seconds)) == len(prof.ROWS), (part, seconds)  # one timing per n
+        assert all(1e-6 < s < 1.0 for s in seconds), (part, seconds)  # real work timed in seconds: not a bare stamp pair
     assert len(list(tmp_path.glob("*.json"))) == 1
     assert prof.measure_profile(model, proposal_rows=16, log=lambda *_: pytest.fail("not cached")) == got
     table = {1: 1.0, 2: 2.0, 4: 3.0}
     assert [prof.interpolate(table, n) for n in (0, 1, 3, 4, 6)] == [0.0, 1.0, 2.5, 3.0, 4.0]
     assert prof.exchange_seconds({"exchange": table}, [3, 0, 1]) == 2.5
+
+
+def test_each_block_is_timed_in_decode_order_after_a_warm_up_and_its_median_kept():
+    from dex_core.profile import decode_order_seconds
+
+    class FakeClock:  # advances only when a block says how long it took
+        now = 0.0
+
+        def stamp(self):
+            return self.now
+
+        def since(self, start):
+            return self.now - start
+
+    clock, calls = FakeClock(), []
+    took = {"layer": iter([100.0, 3.0, 1.0, 2.0]), "head": iter([200.0, 7.0, 9.0, 8.0])}  # the first: the warm-up
+
+    def block(name):
+        def run():
+            calls.append(name)
+            clock.now += next(took[name])
+        return run
+
+    assert decode_order_seconds({"layer": block("layer"), "head": block("head")}, 3, clock) == {"layer": 2.0, "head": 8.0}
+    assert calls == ["layer", "head"] * 4  # interleaved as a decode runs them, never one block in a loop
 
 
 def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model(llama):

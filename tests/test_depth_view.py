@@ -1,7 +1,5 @@
 """The logit-lens depth view: every layer's probability and rank of the committed token, and its heatmap."""
 
-import torch
-
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import ar_generate
 from dex_core.adapters import new_adapters
@@ -32,4 +30,8 @@ def test_the_depth_view_agrees_with_the_rankings_and_marks_the_stable_layer():
     assert len(heat.z) == 6 and len(heat.z[0]) == 10
     assert list(stable.y) == [next(l + 1 for l in range(6) if all(r == 0 for r in view["rank"][t][l:])) for t in range(10)]
     assert "top:" in heat.text[0][0] and len(fig.layout.shapes) == 3
-    assert torch.tensor(depth_figure(view, texts, metric="rank").data[0].z).max() >= 0
+    order = layer_candidates(model, prompt, tokens, adapters, top=96)  # (T, L, 96): every token, best first
+    ranks = [[order[t, layer].tolist().index(tokens[t]) for t in range(10)] for layer in range(6)]  # (layer, token)
+    assert any(r > 0 for row in ranks for r in row)  # lower layers rank the committed token below the top
+    by_rank = depth_figure(view, texts, metric="rank").data[0]
+    assert [list(row) for row in by_rank.z] == ranks and by_rank.zmax == min(50, max(map(max, ranks)))

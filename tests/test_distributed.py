@@ -58,7 +58,7 @@ def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tok
     # K=3: the middle rank both receives and sends; a one-token prompt skips the prefill, a longer one uses it
     monkeypatch.setattr(ExplorerGroup, "stage_rows", True)
     options = {"tokenizer": tiny_tokenizer(), "trace_top": 2}
-    with DexDecoder(model, explorers=3, backend="distributed", threads=1, **options) as decoder:
+    with DexDecoder(model, explorers=3, backend="distributed", devices=("cpu",) * 3, threads=1, **options) as decoder:
         assert decoder.group.data_link == ("gloo", True)
         for prompt in ([9], [5, 17, 3, 88, 40, 2, 61]):
             sequential = DexDecoder(model, explorers=3, **options).generate(prompt, 24)
@@ -108,7 +108,7 @@ def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, c
     from dex_core.cli import main
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [torchrun, "--nproc-per-node", "2", "-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat",
+    cmd = [torchrun, "--nproc-per-node", "2", "-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat", "--device", "cpu",
            "--max-new-tokens", "10", "--prompt", "hello world", "--prompt", "the prime number"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -120,10 +120,10 @@ def test_always_wrong_costs_K_rounds_per_token(K):
 
 def test_commit_before_the_anchor_is_complete_is_refused():
     lat = Lattice(3, 1, 1)
-    lat.plan_round()
-    with pytest.raises(ValueError):
+    lat.plan_round()  # round 1: the root (node 0) at stage 0
+    with pytest.raises(ValueError, match=r"^no candidate recorded for nodes \[0\]$"):
         lat.record({})
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"^cannot commit in state 1 of 3$"):  # q=1: one of the 3 rounds the anchor needs
         lat.commit()
 
 

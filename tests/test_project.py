@@ -146,6 +146,30 @@ def test_ci_runs_the_readme_test_command():
     assert commands[1] in ci
 
 
+def test_browser_tests_fail_in_ci_and_skip_elsewhere_when_chromium_is_missing(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    from conftest import require_chromium
+
+    absent = str(tmp_path / "no-chromium")
+    for ci, outcome in (("true", pytest.fail.Exception), ("1", pytest.fail.Exception), ("", pytest.skip.Exception),
+                        ("false", pytest.skip.Exception)):
+        monkeypatch.setenv("CI", ci)
+        with pytest.raises(outcome, match=f"chromium is not installed at {re.escape(absent)}"):
+            require_chromium(absent)
+    # the suite as CI runs it: a browser test errors before any app or browser starts, and pytest exits non-zero
+    env = {**os.environ, "CI": "true", "DEX_CHROMIUM": absent}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(ROOT / "tests" / "test_browser_traces.py")], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "CI is set, so the browser tests must run, not skip" in proc.stdout
+    assert re.search(r"\b1 error\b", proc.stdout) and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
 def test_readme_headings_are_unique():
     headings = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("## ")]
     repeated = sorted({h for h in headings if headings.count(h) > 1})

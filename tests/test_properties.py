@@ -1,11 +1,14 @@
 """Every input either works exactly or is a DexError: the library API, the app's option parsing, the CLI.
 
-Hypothesis draws options and prompts, valid and not (negative, NaN, inf, floats for ints, text, None,
-bools); DEX must raise DexError exactly when the AR reference does, and otherwise emit its tokens.
+Hypothesis draws two kinds of cases on purpose: options and prompts that are all valid, for which DEX
+must emit exactly the AR reference's tokens (never an error), and the same with one field replaced by a
+value that is always wrong (negative, out of range, NaN, inf, floats for ints, text, None, bools), for
+which DEX and the AR reference must both raise a DexError that names the field.
 """
 
 import dataclasses
 import functools
+import inspect
 import math
 import re
 
@@ -14,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
-from app.runtime import control
+from app.runtime import PRUNE_CHOICES, control
 from dex_core.models import tiny_model, tiny_tokenizer
 from dex_core.request import encode_prompt
 from test_cli import run_cli
@@ -32,9 +35,6 @@ def tokenizer():  # one object: its token ranking (light proposal heads) is deri
     return tiny_tokenizer(VOCAB)
 
 
-JUNK = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
-                 st.sampled_from(["", "abc", "2", "2.5", "2,6", "nan", "1e400", "\ud800", b"2", (), [2.5, 6], ["2", "6"]]),
-                 st.integers(-(2 ** 70), 2 ** 70))
 DEPTHS = st.lists(st.integers(1, LAYERS - 1), unique=True, max_size=4).map(lambda d: tuple(sorted(d)) + (LAYERS,))
 VALID = {  # decoder options, then generation options, then the prompt
     "explorers": st.integers(1, LAYERS),
@@ -52,72 +52,176 @@ VALID = {  # decoder options, then generation options, then the prompt
     "prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
 }
 DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top", "proposal_vocab", "prune")
-BAD = {  # per field, values that are wrong (JUNK may also hold a right one by chance: either outcome is checked)
-    "max_new_tokens": st.sampled_from([0, -1, 2.0, math.nan, math.inf, True, "3", None, 10 ** 9]),
-    "prompt": st.one_of(JUNK, st.lists(st.one_of(st.integers(-2, VOCAB + 2), st.floats(0, 5), st.booleans(),
-                                                 st.text(max_size=1)), max_size=4)),
+NOT_A_NUMBER = [None, True, math.nan, math.inf, "3", b"2", (), [2]]  # not explorers or trace_top: ints only, no text
+BAD = {  # per field, values that are always wrong (each one a DexError on its own)
+    "explorers": st.one_of(st.integers(max_value=0), st.integers(LAYERS + 1, 2 ** 70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)),
+    "depths": st.one_of(st.sampled_from(["abc", "2.5,6", "", (), (0, LAYERS), (2, 2, LAYERS), (4, 2, LAYERS), 6, (6.0,),
+                                         ["2", "6"], [2.5, 6]]),
+                        DEPTHS.map(lambda d: d[:-1] + (LAYERS + 1,)), st.lists(st.integers(1, LAYERS - 1), min_size=1,
+                                                                               max_size=4, unique=True).map(sorted).map(tuple)),
+    "decs": st.sampled_from(["no", "yes", 2, -1, None, 0.5]),
+    "trace_top": st.one_of(st.integers(max_value=-1), st.integers(VOCAB + 1, 2 ** 70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)),
+    "proposal_vocab": st.one_of(st.integers(max_value=0), st.sampled_from(["some", "", 2.5, 2.0, None, True, math.nan, b"2",
+                                                                          (), [2]])),  # "3" is N written as text
+    "prune": st.one_of(st.integers(max_value=0), st.sampled_from(["x", "", 2.5, 2.0, True, math.nan, b"2"])),
+    "max_new_tokens": st.one_of(st.integers(max_value=0), st.integers(10 ** 6, 2 ** 70), st.sampled_from(
+        [2.0, 2.5, math.nan, math.inf, True, "3", b"2"])),
+    "temperature": st.one_of(st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, -math.inf, "1", None, True,
+                                                                          10 ** 400])),
+    "top_k": st.one_of(st.integers(max_value=0), st.sampled_from([1.5, 2.0, True, math.nan, math.inf, "3", b"2", (), [2]])),
+    "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True), st.sampled_from(
+        [math.nan, "0.5", True, b"1"])),
+    "seed": st.sampled_from([1.5, 2.0, "abc", "7", None, True, math.nan, math.inf]),
+    "eos_token_id": st.one_of(st.integers(max_value=-1), st.lists(st.integers(max_value=-1), min_size=1, max_size=3),
+                              st.sampled_from(["x", "1,x", 1.5, 2.0, True, [1, 2.5]])),
+    "prompt": st.one_of(st.just([]), st.lists(st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB),
+                                                        st.floats(0, 5), st.booleans(), st.text(max_size=1)),
+                                              min_size=1, max_size=4),
+                        st.sampled_from([None, 5, "hello", b"hello", [[1, 2]]])),
 }
 
 
-@st.composite
-def cases(draw):
-    """(decoder options, generation options, prompt): all valid, or one of them replaced by a bad value."""
-    values = {name: draw(strategy) for name, strategy in VALID.items()
-              if name in ("max_new_tokens", "prompt") or draw(st.booleans())}  # others may be left at their defaults
-    fault = draw(st.one_of(st.none(), st.sampled_from(sorted(VALID))))
-    if fault is not None:
-        values[fault] = draw(BAD.get(fault, JUNK))
+def split(values: dict):
+    """{option: value} -> (decoder options, generation options, prompt)."""
+    values = dict(values)
     prompt = values.pop("prompt")
-    decoder = {k: values.pop(k) for k in DECODER_FIELDS if k in values}
-    return decoder, values, prompt
+    return {k: values.pop(k) for k in DECODER_FIELDS if k in values}, values, prompt
 
 
-def _tokens_or_error(run):
-    try:
-        return run().tokens
-    except DexError:
-        return None
+@st.composite
+def valid_cases(draw):
+    """(decoder options, generation options, prompt), every one valid; unset options keep their defaults."""
+    return split({name: draw(strategy) for name, strategy in VALID.items()
+                  if name in ("max_new_tokens", "prompt") or draw(st.booleans())})
+
+
+@st.composite
+def invalid_cases(draw):
+    """(the bad field, decoder options, generation options, prompt): valid options but one field, always wrong."""
+    values = {name: draw(strategy) for name, strategy in VALID.items()
+              if name in ("max_new_tokens", "prompt") or draw(st.booleans())}
+    field = draw(st.sampled_from(sorted(BAD)))
+    values[field] = draw(BAD[field])
+    if field == "explorers":
+        values.pop("depths", None)  # explicit depths decide K; explorers then only has to be an integer >= 1
+    return (field, *split(values))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=cases())
-def test_the_library_gives_ar_tokens_or_a_dex_error_for_any_options(case):
+@given(case=valid_cases())
+def test_valid_options_give_exactly_the_ar_references_tokens(case):
     decoder_options, generation, prompt = case
-    try:
-        decoder = DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)
-    except DexError:
-        event("decoder options refused")
+    decoder = DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)  # never a DexError
+    ar = ar_generate(model(), prompt, **generation).tokens
+    event("sampled" if generation.get("temperature") else "greedy")
+    assert decoder.generate(prompt, **generation).tokens == ar
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=invalid_cases())
+def test_one_invalid_option_is_a_dex_error_naming_it_from_dex_and_the_ar_reference_alike(case):
+    field, decoder_options, generation, prompt = case
+    event(field)
+    named = re.escape(field)  # the message names the option (or the prompt) it refuses
+    if field in DECODER_FIELDS:
+        with pytest.raises(DexError, match=named):
+            DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)
         return
-    ar = _tokens_or_error(lambda: ar_generate(model(), prompt, **generation))
-    if ar is None:
-        event("generation refused by DEX and AR")
-        with pytest.raises(DexError):
-            decoder.generate(prompt, **generation)
-    else:
-        event("same tokens as AR")
-        assert decoder.generate(prompt, **generation).tokens == ar
+    decoder = DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)  # the decoder options are all valid
+    with pytest.raises(DexError, match=named) as dex:
+        decoder.generate(prompt, **generation)
+    with pytest.raises(DexError, match=named) as ar:
+        ar_generate(model(), prompt, **generation)
+    assert str(dex.value) == str(ar.value)
 
 
-CONTROL_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                           st.text(max_size=6), st.sampled_from(["3", "0.5", " 4 ", "2,4,6", "nan", "inf", "1e400"]))
-CONTROLS = ("chat", "explorers", "depths", "adapters", "decs", "sample", "temperature", "top_k", "top_p", "seed",
-            "max_new_tokens")
+def sent_as(numbers):
+    """A number as the app's controls or an API client may send it: as is, as a float, or as text."""
+    return numbers.flatmap(lambda n: st.sampled_from([n, float(n), str(n), f" {n} "]))
 
 
-@settings(max_examples=300, deadline=None)
-@given(controls=st.fixed_dictionaries({}, optional={name: CONTROL_VALUES for name in CONTROLS}))
-def test_the_apps_option_parsing_gives_a_valid_config_or_a_dex_error(controls):
+UI_DEPTHS = st.lists(st.integers(1, 64), min_size=1, max_size=8, unique=True).map(sorted)
+UI_VALID = {  # the Live tab's controls, each value one that the app accepts
+    "chat": st.booleans(), "adapters": st.booleans(), "decs": st.booleans(), "sample": st.booleans(),
+    "explorers": sent_as(st.integers(1, 8)),
+    "depths": st.one_of(st.sampled_from(["", "  "]), UI_DEPTHS.map(lambda d: ",".join(map(str, d))), UI_DEPTHS),
+    "temperature": st.one_of(st.floats(0.0, 5.0), st.floats(0.0, 5.0).map(str)),
+    "top_k": sent_as(st.integers(0, 10 ** 6)),
+    "top_p": st.one_of(st.floats(1e-6, 1.0), st.just("1"), st.just(" 0.5 ")),
+    "seed": st.one_of(st.integers(-(2 ** 70), 2 ** 70), sent_as(st.integers(-(2 ** 40), 2 ** 40))),
+    "max_new_tokens": sent_as(st.integers(1, 512)),
+    "prune": st.sampled_from(PRUNE_CHOICES),
+}
+NOT_A_FLAG = st.sampled_from(["no", "true", "", None, 2, -1, 0.5, math.nan])
+UI_BAD = {  # per control, values that are always refused (the sampling ones with sample on)
+    "chat": NOT_A_FLAG, "adapters": NOT_A_FLAG, "decs": NOT_A_FLAG, "sample": NOT_A_FLAG,
+    "explorers": st.one_of(st.integers(max_value=0), st.integers(min_value=9), st.sampled_from(
+        [2.5, "x", "", math.nan, math.inf, None, True, "9"])),
+    "depths": st.sampled_from(["2.5,6", "abc", "4,2,6", "2,2,6", "0,6", "-1,6", 5, "2;4"]),
+    "temperature": st.one_of(st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, "x", "1e400", None, True])),
+    "top_k": st.one_of(st.integers(max_value=-1), st.sampled_from([1.5, "x", "", None, math.inf, True])),
+    "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True),
+                       st.sampled_from([math.nan, "x", None, True])),
+    "seed": st.sampled_from([1.5, "abc", "", None, math.nan, math.inf, True]),
+    "max_new_tokens": st.one_of(st.integers(max_value=0), st.integers(min_value=513), st.sampled_from(
+        [2.5, "nan", None, True, "513"])),
+    "prune": st.sampled_from(["3", 3, None, "x", "", 1]),
+}
+UI_NAMES = {"prune": "lattice pruning"}  # how an error names the control; every other one by its own name
+
+
+def number(value):
+    return float(value) if isinstance(value, str) else value
+
+
+def ui_defaults() -> dict:
     from app.runtime import ui_config
 
-    try:
-        config = ui_config(**controls)
-    except DexError:
-        return
-    assert isinstance(config, DexConfig)
+    return {name: p.default for name, p in inspect.signature(ui_config).parameters.items()}
+
+
+def parsed_depths(depths):
+    text = ",".join(map(str, depths)) if isinstance(depths, list) else depths
+    return tuple(int(d) for d in text.split(",")) if text.strip() else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(controls=st.fixed_dictionaries({}, optional=UI_VALID))
+def test_the_apps_valid_control_values_give_the_config_they_say(controls):
+    from app.runtime import ui_config
+
+    config = ui_config(**controls)  # never a DexError
+    sent = {**ui_defaults(), **controls}
+    sample = sent["sample"]
+    expected = {
+        "chat": bool(sent["chat"]), "decs": bool(sent["decs"]), "adapters": "auto" if sent["adapters"] else "none",
+        "explorers": int(number(sent["explorers"])), "depths": parsed_depths(sent["depths"]),
+        "temperature": float(number(sent["temperature"])) if sample else 0.0,
+        "top_k": (int(number(sent["top_k"])) or None) if sample else None,
+        "top_p": (None if float(number(sent["top_p"])) == 1.0 else float(number(sent["top_p"]))) if sample else None,
+        "seed": int(number(sent["seed"])),
+        "max_new_tokens": int(number(sent["max_new_tokens"])),
+        "prune": {"auto": "auto", "none": None}[sent["prune"]] if sent["prune"] in ("auto", "none") else int(sent["prune"]),
+    }
+    assert {name: getattr(config, name) for name in expected} == expected
     assert DexConfig(**dataclasses.asdict(config)) == config  # already valid: validating again changes nothing
     for cls, name in ((DecoderOptions, "explorers"), (GenerationOptions, "max_new_tokens")):
         offered = control(cls, name)  # what the app's slider offers is all that the server accepts
         assert offered["minimum"] <= getattr(config, name) <= offered["maximum"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), controls=st.fixed_dictionaries({}, optional=UI_VALID))
+def test_one_refused_control_value_is_a_dex_error_naming_that_control(data, controls):
+    from app.runtime import ui_config
+
+    name = data.draw(st.sampled_from(sorted(UI_BAD)))
+    controls[name] = data.draw(UI_BAD[name])
+    if name in ("temperature", "top_k", "top_p"):
+        controls["sample"] = True  # with sampling off the app ignores these three
+    event(name)
+    with pytest.raises(DexError, match=re.escape(UI_NAMES.get(name, name))):
+        ui_config(**controls)
 
 
 @pytest.mark.parametrize("options,message", [
