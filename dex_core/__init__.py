@@ -8,7 +8,7 @@ from .decoder import DexDecoder
 from .group import ExplorerError
 from .models import UnsupportedModelError, load_model
 from .reference import ar_generate, ar_stream, hf_greedy
-from .request import encode_prompt
+from .request import GenerationConfigWarning, encode_prompt
 from .results import GenerationResult, GenerationStats
 from .trace import TRACE_VERSION, load_trace, save_trace
 from .verify import Certificate, certify_tokens, verify_trace
@@ -17,5 +17,5 @@ __all__ = [
     "Certificate", "DecoderOptions", "DexConfig", "DexDecoder", "DexError", "ExplorerError", "GenerationOptions",
     "GenerationResult", "GenerationStats", "TRACE_VERSION", "UnsupportedModelError", "ar_generate", "ar_stream",
     "encode_prompt", "hf_greedy", "load_model", "load_trace", "resolve_depths", "save_trace",
-    "certify_tokens", "verify_trace",
+    "certify_tokens", "verify_trace", "GenerationConfigWarning",
 ]

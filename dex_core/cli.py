@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from . import serve
@@ -214,7 +215,13 @@ COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train,
             "shortlist": _shortlist, "verify": _verify}
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (e.g. generation-config settings DEX does not apply) as ``dex: warning:`` lines."""
+    print(f"dex: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None) -> int:
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         args = build_parser().parse_args(argv)
         code = COMMANDS[args.command](args)
@@ -227,6 +234,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ndex: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
     return code or 0
 
 

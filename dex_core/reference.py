@@ -1,10 +1,12 @@
 """The references DEX must equal: the AR sampler (the model's own forward with a KV cache and DEX's sampler)
-and Hugging Face ``generate`` (greedy)."""
+and Hugging Face ``generate`` (greedy). DEX and both references decode a request as its options say, with
+the EOS of the model's generation config and none of its other settings (``dex_core.request``)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -15,6 +17,8 @@ from .request import make_request
 from .results import GenerationResult, GenerationStats
 from .sampling import Sampler
 from .trace import end_event, start_event, token_event
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # what hf_greedy keeps of a generation config
 
 
 def ar_generate(model, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
@@ -71,9 +75,27 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
     yield end_event(tokens, stats)
 
 
+@contextmanager
+def plain_generation(model) -> Iterator[None]:
+    """Inside the block ``model.generation_config`` keeps only the model's token ids (BOS, EOS, pad).
+    ``generate`` fills every setting it is not passed from that config (even under ``generation_config=``), so
+    only this way does it apply no processor that DEX does not (repetition penalty, n-gram ban, suppressed
+    tokens, sampling defaults, ...). The model's own config is put back on exit."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(**{k: getattr(saved, k, None) for k in TOKEN_IDS})
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Hugging Face ``generate``, greedy: the reference answer every method is compared with."""
+    """Hugging Face ``generate``, plain greedy (``plain_generation``: stopping at the model's EOS, no other
+    setting of its generation config): the reference answer every method is compared with."""
     ids = torch.tensor([list(prompt)], device=model.device)
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=max_new_tokens)[0, ids.shape[1]:].tolist()
+    with plain_generation(model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, ids.shape[1]:].tolist()

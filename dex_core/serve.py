@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
     from .models import load_model
     from .proposal import adapter_ranking, shortlist_ids
     from .rank import join_group, serve_request, stage_payload
-    from .request import encode_prompt, eos_ids, make_request
+    from .request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
     from .trace import start_event
 
     if "WORLD_SIZE" not in os.environ:
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> None:
                               adapter_ranking(config.adapters, model), tokenizer)
     payload = stage_payload(model, depths, rank, adapters.get(depths[rank]), shortlist)
     L, rows = model.config.num_hidden_layers, model.config.vocab_size if shortlist is None else len(shortlist)
+    if rank == 0:  # the ranks rebuild the model from its config: say now what its generation config asks for
+        for note in ignored_settings(model.generation_config, config.generation()):
+            warnings.warn(note, GenerationConfigWarning, stacklevel=1)
     del model
     torch.set_num_threads(config.threads or default_threads(world))
     view, explorer, link = join_group(payload, device, "env://", world, 0, config.op_timeout, config.start_timeout)
