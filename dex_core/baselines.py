@@ -71,7 +71,7 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
             keep += 1
         new = verified[: keep + 1]
         for stage in (lower, upper):  # the inputs of the committed tokens stay; the rest of the chain goes
-            stage.cache.keep(list(range(stage.cache.committed + keep + 1)), stage.cache.committed + keep + 1)
+            stage.cache.retain(list(range(keep + 1)), promote=keep + 1)
         before = len(tokens)
         for t in new:
             if len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):

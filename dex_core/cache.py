@@ -4,9 +4,10 @@ A stage owns only some decoder layers, so it keeps its own small cache object th
 attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
 Entries live in preallocated buffers (grown by doubling): ``update`` writes the batch after the
 current entries and returns views over everything; ``extend``/``extend_committed`` then account for
-the batch once every layer of the stage has run. ``keep(indices)`` compacts after a collapse,
-touching only the entries past the longest unchanged prefix, so committing costs O(lattice), not
-O(context).
+the batch once every layer of the stage has run. ``retain(lattice, promote)`` compacts after a
+collapse: the committed prefix stays where it is and only lattice entries are named, moved and
+counted, so a commit costs O(lattice entries), not O(context). ``keep(indices)`` is the general form
+(any order of any entries) and costs O(len(indices)).
 """
 
 from __future__ import annotations
@@ -68,30 +69,45 @@ class StageCache:
         self.slots.extend(slots)
         self.positions.extend(positions)
 
+    def _move(self, start: int, src: list[int]) -> None:
+        """Entries ``src`` (in that order) become entries ``start``, ``start + 1``, ... of every layer."""
+        if src:
+            index = to_device(src, next(iter(self._keys.values())).device)
+            for store in (self._keys, self._values):
+                for buf in store.values():
+                    buf[:, :, start:start + len(src)] = buf[:, :, index]
+
+    def retain(self, lattice: list[int], promote: int = 0) -> None:
+        """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first
+        lattice entry, in that order); the first ``promote`` of them join the committed prefix.
+        O(len(lattice)): the committed entries are neither listed nor touched."""
+        same = 0
+        while same < len(lattice) and lattice[same] == same:
+            same += 1
+        self._move(self.committed + same, [self.committed + i for i in lattice[same:]])
+        rest = lattice[promote:]
+        self.slots = [self.slots[i] for i in rest]
+        self.positions = [self.positions[i] for i in rest]
+        self.committed += promote
+
     def keep(self, indices: list[int], committed: int) -> None:
-        """Keep the entries at ``indices`` (in that order); the first ``committed`` are committed."""
+        """Keep the entries at ``indices`` (in that order); the first ``committed`` are committed.
+        O(len(indices)); ``retain`` does the usual case (the committed prefix stays) without listing it."""
         start = 0
         while start < len(indices) and indices[start] == start:
             start += 1
-        if start < len(indices):
-            src = to_device(indices[start:], next(iter(self._keys.values())).device)
-            for store in (self._keys, self._values):
-                for buf in store.values():
-                    buf[:, :, start:len(indices)] = buf[:, :, src]
-        old_slots, old_positions = self.slots, self.positions
+        self._move(start, indices[start:])
         lattice = [i - self.committed for i in indices[committed:]]
-        self.slots = [old_slots[i] for i in lattice]
-        self.positions = [old_positions[i] for i in lattice]
+        self.slots = [self.slots[i] for i in lattice]
+        self.positions = [self.positions[i] for i in lattice]
         self.committed = committed
 
     def commit(self, slot: int, kept_slots: set[int]) -> None:
-        """Move ``slot``'s entry into the committed prefix and drop lattice entries not kept."""
-        base = self.committed
-        mine = [base + i for i, s in enumerate(self.slots) if s == slot]
+        """Move ``slot``'s entry into the committed prefix and drop lattice entries not kept: O(lattice)."""
+        mine = [i for i, s in enumerate(self.slots) if s == slot]
         if len(mine) != 1:
             raise RuntimeError(f"slot {slot} has {len(mine)} entries in this stage; expected 1")
-        kept = [base + i for i, s in enumerate(self.slots) if s in kept_slots]
-        self.keep(list(range(base)) + mine + kept, base + 1)
+        self.retain(mine + [i for i, s in enumerate(self.slots) if s in kept_slots], promote=1)
 
     def reset(self) -> None:
         self.committed = 0

@@ -8,19 +8,31 @@ from .results import matched_histogram
 
 
 class TextStream:
-    """Prints the decoded text of a growing token list, holding back incomplete characters."""
+    """Prints the text of a growing token list as it grows, in O(1) decoding work per token.
+
+    Each push decodes only a short window: the tokens printed last (for context: a tokenizer may drop
+    the leading space of a window's first token) and those not printed yet. The new text is the
+    window's decode minus its printed part's; it is held back while it ends in an incomplete UTF-8
+    character (a character split over several tokens), so the printed text is the full decode.
+    """
 
     def __init__(self, tokenizer, out=None):
-        self.tokenizer, self.out, self.tokens, self.shown = tokenizer, out or sys.stdout, [], ""
+        self.tokenizer, self.out = tokenizer, out or sys.stdout
+        self.window: list[int] = []  # the tokens printed last, then those not printed yet
+        self.printed = 0  # how many of ``window`` are printed
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def push(self, token: int) -> None:
-        self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        self.window.append(token)
+        shown, text = self._decode(self.window[:self.printed]), self._decode(self.window)
+        if len(text) <= len(shown) or text.endswith("\ufffd"):
             return
-        self.out.write(text[len(self.shown):] if text.startswith(self.shown) else "\n" + text)
+        self.out.write(text[len(shown):])
         self.out.flush()
-        self.shown = text
+        self.window = self.window[self.printed:]
+        self.printed = len(self.window)
 
 
 def log(msg: str) -> None:

@@ -53,3 +53,73 @@ def test_commit_of_a_slot_without_an_entry_is_an_error():
         assert "slot 99" in str(err)
     else:
         raise AssertionError("expected an error")
+
+
+def entry_ids(cache, layer=5):
+    """The value written into each entry of ``layer`` (keys hold +id, values -id), checked to agree."""
+    keys = cache._keys[layer][0, 1, : len(cache), 2]
+    assert torch.equal(cache._values[layer][0, 1, : len(cache), 2], -keys)
+    return keys.long().tolist()
+
+
+def grow(cache, ids, slots, positions):
+    kv = torch.tensor(ids, dtype=torch.float64)[None, None, :, None].expand(1, 2, len(ids), 3)
+    for layer in (4, 5):
+        cache.update(kv, -kv, layer)
+    cache.extend(slots, positions)
+
+
+def test_commits_match_a_full_reindex_computed_the_slow_way():
+    cache, _, _ = filled(n_committed=40, slots=(), capacity=8)
+    ref_ids, ref_slots, ref_positions = list(range(40)), [], []  # the entries as one list, rebuilt every time
+    gen, next_id, next_slot = torch.Generator().manual_seed(0), 40, 100
+    for step in range(30):
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        slots = [next_slot + i for i in range(n)] if step % 3 else ref_slots[:1] + [next_slot + i for i in range(n - 1)]
+        slots = list(dict.fromkeys(slots))[:n]
+        new_ids = list(range(next_id, next_id + len(slots)))
+        grow(cache, new_ids, slots, [1000 + i for i in new_ids])
+        ref_ids += new_ids
+        ref_slots += slots
+        ref_positions += [1000 + i for i in new_ids]
+        next_id, next_slot = next_id + len(slots), next_slot + n
+        lattice = list(dict.fromkeys(ref_slots))
+        slot = lattice[int(torch.randint(0, len(lattice), (1,), generator=gen))]
+        if ref_slots.count(slot) != 1:
+            continue
+        kept = {s for s in lattice if s != slot and torch.rand(1, generator=gen) < 0.5}
+        base = len(ref_ids) - len(ref_slots)
+        order = list(range(base)) + [base + i for i, s in enumerate(ref_slots) if s == slot] + \
+            [base + i for i, s in enumerate(ref_slots) if s in kept]
+        ref_slots = [ref_slots[i - base] for i in order[base + 1:]]
+        ref_positions = [ref_positions[i - base] for i in order[base + 1:]]
+        ref_ids = [ref_ids[i] for i in order]
+        cache.commit(slot, kept)
+        assert entry_ids(cache) == ref_ids and entry_ids(cache, layer=4) == ref_ids
+        assert cache.committed == base + 1 and cache.slots == ref_slots and cache.positions == ref_positions
+    assert cache.committed > 45  # the loop committed many times
+
+
+def test_retain_equals_keep_with_the_whole_index_list():
+    for lattice, promote in [([0, 1, 2, 3], 0), ([2, 0, 3], 1), ([0, 1], 2), ([], 0), ([3], 1), ([1, 3, 0], 0)]:
+        fast, _, _ = filled(n_committed=5, capacity=4)
+        slow, _, _ = filled(n_committed=5, capacity=4)
+        fast.retain(lattice, promote)
+        slow.keep(list(range(5)) + [5 + i for i in lattice], 5 + promote)
+        assert entry_ids(fast) == entry_ids(slow) == list(range(5)) + [5 + i for i in lattice]
+        assert (fast.committed, fast.slots, fast.positions) == (slow.committed, slow.slots, slow.positions)
+        assert fast.slots == [10 + i for i in lattice[promote:]]
+
+
+def test_a_commit_names_only_lattice_entries_however_long_the_context(monkeypatch):
+    import dex_core.cache as cache_module
+
+    sizes = []
+    real = cache_module.to_device
+    monkeypatch.setattr(cache_module, "to_device",
+                        lambda values, device: sizes.append(len(values)) or real(values, device))
+    for context in (8, 2048):
+        cache, _, _ = filled(n_committed=context, slots=(10, 11, 12, 13), capacity=8)
+        cache.commit(slot=11, kept_slots={13})
+        assert entry_ids(cache) == list(range(context)) + [context + 1, context + 3]
+    assert sizes == [2, 2]  # the moved entries only: 11's and 13's, never the committed prefix

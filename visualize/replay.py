@@ -3,7 +3,8 @@
 A round event only lists the nodes it created and the ids alive after it: the lattice during round r
 is ``alive`` after round r-1 plus the nodes round r created, before round r's collapse. ``replay``
 indexes the events once and builds each view when asked for it (no per-round copies of the run);
-``ReplayCache`` keeps the replays of the last few traces so that stepping through one is cheap.
+``ReplayCache`` keeps the replays of the last few traces so that stepping through one is cheap, and
+extends the replay of a growing live trace by its new events instead of indexing it again.
 Views share the trace's records (read them, do not change them).
 """
 
@@ -78,41 +79,74 @@ def _chain(commit: dict, seen: dict[int, dict]) -> list[tuple[int, str | None]]:
     return list(zip(commit["anchor_candidates"], texts))
 
 
+class _Index:
+    """The append-only index of one trace, shared by the replays of its growing prefixes: the round
+    events, every node by id, and per committed token its id, text, matched stage, anchor chain and
+    commit record. ``add`` indexes the events appended since the last call (under a lock, so two
+    threads showing one live trace index each event once)."""
+
+    def __init__(self, events: list[dict]):
+        self.events, self.consumed, self.lock = events, 1, threading.Lock()
+        self.rounds: list[dict] = []
+        self.seen: dict[int, dict] = {}
+        self.before: list[int] = []  # per round: tokens committed before it
+        self.tokens: list[int] = []
+        self.texts: list[str | None] = []
+        self.matched: list[int] = []
+        self.chains: list[list[tuple[int, str | None]]] = []
+        self.commits: list[dict] = []
+        self.vocab: dict[int, str] = {}
+
+    def add(self, events: list[dict]) -> tuple[int, int]:
+        """Index ``events[consumed:]``; returns how many rounds and how many events are indexed."""
+        with self.lock:
+            new = events[self.consumed:]  # one read: the list may grow meanwhile (a live run)
+            for event in new:
+                if event.get("event") == "round":
+                    self._round(event)
+            self.consumed += len(new)
+            return len(self.rounds), self.consumed
+
+    def _round(self, event: dict) -> None:
+        self.seen.update((node["id"], node) for node in event["nodes"])
+        self.vocab.update(event_texts(event))
+        self.before.append(len(self.tokens))
+        if commit := event.get("commit"):
+            self.tokens.append(commit["token"])
+            self.texts.append(commit.get("text"))
+            self.matched.append(commit["matched_stage"])
+            self.chains.append(_chain(commit, self.seen))
+            self.commits.append(commit)
+        self.rounds.append(event)  # last: a reader sees a round only once all of it is indexed
+
+
 class Replay(Sequence[RoundView]):
     """The round views of a DEX trace, built on demand from a one-time index of the events.
 
-    The index holds references, not copies: the round events, every node by id, and per committed
-    token its id, text, matched stage, anchor chain and commit record; so memory and the indexing time are linear in
-    the trace, and ``replay[i]`` costs the size of round i's lattice plus its committed tokens.
+    The index holds references, not copies, so memory and the indexing time are linear in the trace,
+    and ``replay[i]`` costs the size of round i's lattice plus its committed tokens. A live trace
+    grows: ``extended`` gives the replay of the longer trace by indexing only the new events (the
+    index is shared and only appended to; each replay shows its own number of rounds).
     """
 
-    def __init__(self, events: list[dict]):
+    def __init__(self, events: list[dict], _index: _Index | None = None):
         if not events or events[0].get("event") != "start":
             raise ValueError("a trace must begin with its start event; got "
                              f"{events[0].get('event') if events else 'an empty list'}")
         self.start = events[0]
-        self._rounds = [e for e in events if e.get("event") == "round"]
-        self._seen: dict[int, dict] = {}
-        self._before: list[int] = []  # per round: tokens committed before it
-        self._tokens: list[int] = []
-        self._texts: list[str | None] = []
-        self._matched: list[int] = []
-        self._chains: list[list[tuple[int, str | None]]] = []
-        self._commits: list[dict] = []
-        self.vocab: dict[int, str] = {}
-        for event in self._rounds:
-            self._seen.update((node["id"], node) for node in event["nodes"])
-            self.vocab.update(event_texts(event))
-            self._before.append(len(self._tokens))
-            if commit := event.get("commit"):
-                self._tokens.append(commit["token"])
-                self._texts.append(commit.get("text"))
-                self._matched.append(commit["matched_stage"])
-                self._chains.append(_chain(commit, self._seen))
-                self._commits.append(commit)
+        self._index = _index or _Index(events)
+        self._count, self.length = self._index.add(events)  # its rounds, and the trace's events it covers
+        self.vocab = self._index.vocab  # token -> text of every token the indexed events name
+
+    def extended(self, events: list[dict]) -> Replay:
+        """The replay of ``events``: this replay's trace (the same list) with events appended since."""
+        index = self._index
+        if events is not index.events or len(events) < index.consumed:
+            return Replay(events)
+        return Replay(events, index)
 
     def __len__(self) -> int:
-        return len(self._rounds)
+        return self._count
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -127,21 +161,22 @@ class Replay(Sequence[RoundView]):
     __hash__ = None
 
     def _view(self, i: int) -> RoundView:
-        event = self._rounds[i]
-        alive = self._rounds[i - 1]["alive"] if i else []
+        x = self._index
+        event = x.rounds[i]
+        alive = x.rounds[i - 1]["alive"] if i else []
         new = [node["id"] for node in event["nodes"]]
         commit, collapse = event.get("commit"), event.get("collapse")
-        n = self._before[i] + (1 if commit else 0)
+        n = x.before[i] + (1 if commit else 0)
         return RoundView(
             index=i, round=event["round"], start=self.start,
-            nodes={j: self._seen[j] for j in dict.fromkeys([*alive, *new])}, new=new,
+            nodes={j: x.seen[j] for j in dict.fromkeys([*alive, *new])}, new=new,
             dropped=list(collapse["dropped"]) if collapse else [],
             committed_ids=list(collapse["committed"]) if collapse else [],
             kept=list(collapse["kept"]) if collapse else [],
-            commit=commit, tokens=self._tokens[:n], texts=self._texts[:n], matched=self._matched[:n],
-            anchor_chains=self._chains[:n], state_before=event["state_before"], state_after=event["state_after"],
-            commit_position=len(self.start["prompt"]) + self._before[i], batches=event["batches"],
-            timings=event.get("timings", {}), vocab=self.vocab, commits=self._commits[:n])
+            commit=commit, tokens=x.tokens[:n], texts=x.texts[:n], matched=x.matched[:n],
+            anchor_chains=x.chains[:n], state_before=event["state_before"], state_after=event["state_after"],
+            commit_position=len(self.start["prompt"]) + x.before[i], batches=event["batches"],
+            timings=event.get("timings", {}), vocab=self.vocab, commits=x.commits[:n])
 
 
 def replay(events: list[dict]) -> Replay:
@@ -151,27 +186,31 @@ def replay(events: list[dict]) -> Replay:
 
 
 class ReplayCache:
-    """The replays of the last ``size`` traces, keyed by the trace list's identity and length.
+    """The replays of the last ``size`` traces, keyed by the trace list's identity.
 
     An entry holds its trace, so the list cannot be freed and its id reused while the entry lives; a
-    trace that grew (a live generation) is indexed again. Safe to share between threads.
+    trace that grew (a live generation: events are only appended) is extended by its new events, not
+    indexed again, so following a run round by round costs O(run), not O(run²). Safe to share
+    between threads.
     """
 
     def __init__(self, size: int = 4):
         self.size = size
-        self._items: OrderedDict[tuple[int, int], tuple[list[dict], Replay]] = OrderedDict()
+        self._items: OrderedDict[int, tuple[list[dict], Replay]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, events: list[dict]) -> Replay:
-        key = (id(events), len(events))
+        key = id(events)
         with self._lock:
             hit = self._items.get(key)
             if hit is not None and hit[0] is events:
                 self._items.move_to_end(key)
-                return hit[1]
-        views = replay(events)
+                if hit[1].length == len(events):
+                    return hit[1]
+        views = hit[1].extended(events) if hit is not None and hit[0] is events else replay(events)
         with self._lock:
             self._items[key] = (events, views)
+            self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return views
