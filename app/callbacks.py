@@ -21,7 +21,7 @@ from dex_core.ead import readiness
 from dex_core.lens import depth_view
 from dex_core.profile import exchange_seconds
 from dex_core.proposal import proposal_rows
-from dex_core.request import check_text
+from dex_core.request import check_text, ignored_settings
 
 from . import debugger as dbg
 from .runtime import Runtime, ui_config
@@ -105,7 +105,9 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
         check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
-        for notice in (runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens)):
+        notices = [runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens),
+                   *ignored_settings(decoder.model.generation_config, config.generation())]
+        for notice in notices:
             if notice:
                 gr.Warning(notice)
         stream = decoder.stream(ids, options=config.generation())

@@ -22,6 +22,7 @@ from .config import DexError, GenerationOptions
 from .device import Clock, to_device
 from .explorer import Explorer
 from .models import model_view
+from .reference import plain_generation
 from .request import make_request
 from .results import GenerationStats
 from .sampling import Sampler
@@ -107,18 +108,14 @@ def self_spec_layer_forwards(omega_exit: torch.Tensor, draft: int, exit_layer: i
 @torch.no_grad()
 def hf_early_exit_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int) -> list[int]:
     """Greedy ``model.generate(assistant_early_exit=E)`` with ``draft`` assistant tokens per step and no
-    confidence threshold (both read from ``model.generation_config``); returns the new tokens."""
+    confidence threshold (both read from the generation config, which ``plain_generation`` otherwise keeps
+    plain, as for ``hf_greedy``); returns the new tokens."""
     ids = torch.as_tensor(input_ids, device=model.device).reshape(1, -1)
-    config = model.generation_config
-    saved = {k: getattr(config, k, None) for k in ("num_assistant_tokens", "assistant_confidence_threshold",
-                                                   "num_assistant_tokens_schedule")}
-    try:
+    with plain_generation(model):
+        config = model.generation_config
         config.num_assistant_tokens = draft
         config.assistant_confidence_threshold = 0.0
         config.num_assistant_tokens_schedule = "constant"
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_new_tokens, assistant_early_exit=exit_layer)
-    finally:
-        for k, v in saved.items():
-            setattr(config, k, v)
     return out[0, ids.shape[1]:].tolist()

@@ -127,6 +127,7 @@ def _generate(args) -> None:
             if event["event"] == "round" and event["commit"]:
                 stream.push(event["commit"]["token"])
         elapsed = time.perf_counter() - tic
+        stream.finish()
     finally:
         decoder.close()
     print_report(events[-1]["stats"], events[0], elapsed, config.backend)

@@ -34,6 +34,14 @@ class TextStream:
         self.window = self.window[self.printed:]
         self.printed = len(self.window)
 
+    def finish(self) -> None:
+        """Print what is still held back (a run that ended inside a character shows its replacement mark)."""
+        shown, text = self._decode(self.window[:self.printed]), self._decode(self.window)
+        if len(text) > len(shown):
+            self.out.write(text[len(shown):])
+            self.out.flush()
+        self.window, self.printed = [], 0
+
 
 def log(msg: str) -> None:
     """A progress line on stderr (stdout stays for results)."""

@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> None:
             if rank == 0 and event["event"] == "round" and event["commit"]:
                 stream.push(event["commit"]["token"])
         if rank == 0:
+            stream.finish()
             start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how, prune[0])
             print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
     dist.destroy_process_group()

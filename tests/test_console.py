@@ -77,3 +77,15 @@ def test_the_default_models_tokenizer_streams_its_full_decode():
     text, prefixes = streamed(tokenizer, tokens + [tokenizer.eos_token_id])
     assert text == tokenizer.decode(tokens, skip_special_tokens=True)
     assert all("\ufffd" not in p for p in prefixes) and text.startswith("héllo wörld")
+
+
+def test_finish_prints_what_a_run_ending_inside_a_character_held_back():
+    tokenizer = byte_tokenizer()
+    ids = tokenizer("ok é")["input_ids"][:-1]  # the last byte of é is never generated
+    out = io.StringIO()
+    stream = TextStream(tokenizer, out)
+    for t in ids:
+        stream.push(t)
+    assert out.getvalue() == "ok "
+    stream.finish()
+    assert out.getvalue() == tokenizer.decode(ids) and out.getvalue().endswith("\ufffd")
