@@ -11,7 +11,8 @@ committed tokens (no lattice, no cache), logits upcast to float32, and for the t
     gap_p = max_v s_p(v) - s_p(t)     s_p = logits (greedy), or Sampler.scores(logits) + Gumbel row p
 
 certified when gap_p <= tie_gap(dtype, m_p, T), m_p the larger magnitude of the row's top logit and
-t's logit. The gap is 0 where t is the model's choice; a token beyond the gap is a bug, not rounding.
+t's logit. With top-k / top-p, membership of the filtered set is itself decided by rounding at its edge:
+there the gap is measured inside the set the filter admits once t's logit is raised by the tie gap. The gap is 0 where t is the model's choice; a token beyond the gap is a bug, not rounding.
 Sampled tokens are checked with the very noise rows the run drew (keyed by seed and position, drawn
 by the generator of the device type the run used), so they verify only on that device type.
 """
@@ -115,6 +116,14 @@ def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = No
     gaps = (best - scores.gather(-1, picked)[:, 0]).double()
     magnitude = torch.maximum(logits.amax(dim=-1).abs(), logits.gather(-1, picked)[:, 0].abs())
     allowed = tie_gap(view.dtype, magnitude.cpu(), o.temperature)
+    if not sampler.greedy and (o.top_k is not None or (o.top_p or 1.0) < 1.0):
+        # at the edge of the top-k / top-p set rounding decides membership too: filter again with the token's
+        # logit raised by the tie gap, and measure its gap inside the set that then admits it
+        raised = logits.scatter_add(1, picked, (allowed.to(logits) * o.temperature)[:, None])
+        admitted = torch.isfinite(sampler.scores(raised, final=True))
+        inside = sampler.scores(logits, final=False) + sampler.noise(positions, logits)
+        inside = inside.masked_fill(~admitted, -torch.inf)
+        gaps = torch.minimum(gaps, (inside.max(dim=-1).values - inside.gather(-1, picked)[:, 0]).double())
     gaps, top = gaps.cpu(), top.tolist()
     ok = (gaps <= allowed).tolist()
     return Certificate(tuple(TokenCheck(i, p, t, top[i], g, a, c) for i, (p, t, g, a, c) in enumerate(

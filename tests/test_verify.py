@@ -9,7 +9,8 @@ from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, DexError, save_trace
 from dex_core.cli import main
 from dex_core.reference import ar_generate, hf_greedy
-from dex_core.sampling import tie_gap
+from dex_core.config import GenerationOptions
+from dex_core.sampling import Sampler, tie_gap
 from dex_core.verify import Certificate, certify_tokens, verify_trace
 
 PROMPT = [4, 8, 15, 16, 23, 42]
@@ -82,6 +83,30 @@ def test_reduced_precision_dex_commits_only_certified_tokens_and_records_each_ma
     # a commit the engine called clear (margin beyond the gap) is the teacher-forced model's own choice
     clear = [c["index"] for c in commits if not c["near_tie"]]
     assert clear and all(cert.checks[i].token == cert.checks[i].top for i in clear)
+
+
+def test_a_token_at_the_edge_of_the_top_p_nucleus_is_a_near_tie_and_one_far_outside_is_not():
+    model = tiny_model("llama").to(torch.bfloat16)
+    tokens = hf_greedy(model, PROMPT, 8)
+    position = len(PROMPT) + len(tokens) - 1  # certify the last token under designed options
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + tokens[:-1]])).logits[0, -1].float()
+    probs, order = torch.softmax(logits, -1).sort(descending=True)
+    edge = int(order[5])  # the nucleus that ends exactly before it leaves it out: top_p = its mass before
+    top_p = float(probs[:5].sum())
+    for seed in range(500):  # a seed whose noise makes the edge token the draw once it is admitted
+        sampler = Sampler(96, 1.0, None, None, seed)
+        noisy = logits + sampler.noise([position], logits[None])[0]
+        if int(noisy[order[:6]].argmax()) == 5:
+            break
+    options = GenerationOptions(temperature=1.0, top_p=top_p, seed=seed)
+    filtered = Sampler(96, 1.0, None, top_p, seed).scores(logits[None], final=True)[0]
+    assert torch.isinf(filtered[edge])  # the plain filter drops it: only the edge rule can certify it
+    check = certify_tokens(model, PROMPT, tokens[:-1] + [edge], options).checks[-1]
+    assert check.certified and check.gap <= check.tie_gap
+    far = int(order[-1])
+    far_check = certify_tokens(model, PROMPT, tokens[:-1] + [far], options).checks[-1]
+    assert not far_check.certified and far_check.gap == float("inf")
 
 
 def test_tie_gap_is_four_units_in_the_last_place_and_scales_with_the_dtype():
