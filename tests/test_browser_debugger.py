@@ -110,7 +110,9 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     assert page.evaluate(TITLE) != last
     assert f"Round {clicked}</b>" in page.inner_html("#dbg-table")
     assert page.locator("#dbg-round input[type=number]").input_value() == str(clicked)
-    page.wait_for_function(f"() => ({BAND})()?.round === {clicked}", timeout=30_000)  # the band follows the round
+    # the band follows the round: a watcher moves it within ~300 ms of the round input changing
+    page.wait_for_function(f"() => {{ const b = ({BAND})(); return b?.round === {clicked} && b.x0 < b.lo; }}",
+                           timeout=30_000)
     band = page.evaluate(BAND)
     assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] and band["x1"] - band["x0"] < 10
 
