@@ -38,7 +38,7 @@ import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.adapters import new_adapters, save_adapters
-from dex_core.config import DEVICE_HELP, GenerationOptions
+from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import Clock
 from dex_core.models import load_model, resolve_device, tiny_model
 from dex_core.profile import decode_order_seconds, row_blocks
@@ -82,9 +82,8 @@ def setup(args, device, folder: Path):
     return model, prompts, str(adapters)
 
 
-def _depths(model, K: int) -> list[int]:
-    L = model.config.num_hidden_layers
-    return [-(-(k + 1) * L // K) for k in range(K)]
+def _depths(model, K: int) -> tuple[int, ...]:
+    return resolve_depths(model.config.num_hidden_layers, explorers=K)  # the uniform split
 
 
 def decoder(model, K: int, adapters: str, **more) -> DexDecoder:

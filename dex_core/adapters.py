@@ -34,14 +34,14 @@ class InducingAdapter(nn.Module):
         super().__init__()
         from transformers.activations import ACT2FN
 
-        where = {"device": device, "dtype": dtype}  # built where it will run (default: torch's, the CPU)
-        self.norm_weight = nn.Parameter(torch.ones(hidden, **where))
+        # built where it will run (every caller passes the model's device; None is torch's default, the CPU)
+        self.norm_weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
         self.eps = eps
-        self.up = nn.Linear(hidden, bottleneck, **where)
-        self.down = nn.Linear(bottleneck, hidden, **where)
+        self.up = nn.Linear(hidden, bottleneck, device=device, dtype=dtype)
+        self.down = nn.Linear(bottleneck, hidden, device=device, dtype=dtype)
         self.act = ACT2FN[activation]
         self.activation = activation
-        self.alpha = nn.Parameter(torch.tensor(1e-3, **where))
+        self.alpha = nn.Parameter(torch.tensor(1e-3, device=device, dtype=dtype))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (..., hidden) -> (..., hidden)
         x = h.float()

@@ -17,6 +17,7 @@ import torch
 
 from .config import DTYPES, DexError, parse_device
 from .default_model import prepare_default
+from .device import dtype_name
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 HUB_TIMEOUT = 5.0  # seconds for the hub to answer whether it has a model
@@ -122,7 +123,7 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
     else:
         source = spec
         _check_hub(spec)
-    log(f"loading {spec} ({str(dtype).split('.')[-1]}, {device})")
+    log(f"loading {spec} ({dtype_name(dtype)}, {device})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .device import Clock
+from .device import Clock, dtype_name
 
 ROWS = (1, 2, 4, 8, 16)
 TABLES = ("layer", "head", "proposal", "exchange")  # {rows: seconds} each
@@ -137,7 +137,7 @@ def _exchange_profile(hidden: int, dtype: torch.dtype, repeats: int, devices: tu
     with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
         entry = "from dex_core.profile import _exchange_rank; _exchange_rank()"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs = [subprocess.Popen([sys.executable, "-c", entry, str(r), folder, str(hidden), str(dtype).split(".")[-1],
+        procs = [subprocess.Popen([sys.executable, "-c", entry, str(r), folder, str(hidden), dtype_name(dtype),
                                    str(repeats), devices[r]], env=env, stdin=subprocess.DEVNULL) for r in range(2)]
         try:
             codes = [p.wait(timeout=300) for p in procs]
@@ -168,7 +168,7 @@ def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: 
     link = tuple(link or link_devices(device))
     backend = "nccl" if torch.device(link[0]).type == "cuda" else "gloo"
     key = (f"{ident['model_type']}-{ident['num_layers']}x{ident['hidden_size']}-{ident['fingerprint']:.4f}-"
-           f"{str(dtype).split('.')[-1]}-{_device_name(device)}-x{backend}-t{torch.get_num_threads()}-"
+           f"{dtype_name(dtype)}-{_device_name(device)}-x{backend}-t{torch.get_num_threads()}-"
            f"n{proposal_rows}-{torch.__version__}")
     path = CACHE / f"{key}.json"
     if cache and path.is_file():
