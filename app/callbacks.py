@@ -1,12 +1,17 @@
-"""Event handlers of the DEX app's Live, Race and Analysis tabs and of the page load (the Debugger's own
-are in ``app.debugger``): they call ``dex_core`` and draw with ``visualize`` (traces only).
+"""Event handlers of the DEX app's Live and Analysis tabs and of the page load (the Debugger's own are in
+``app.debugger``, the Race's in ``app.race``): they call ``dex_core`` and draw with ``visualize`` (traces only).
 
-Bad input never raises out of the Live handler: it yields only a status line ("error: …") and leaves
+The API's events pass their inputs unprocessed (``preprocess=False``): every handler checks its own
+inputs (``ui_config``, ``check_text``), so bad input from an API client gets the documented message and
+no traceback. The Live handler never raises on it: it yields only a status line ("error: …") and leaves
 every panel as it was, so the previous run stays on screen, labelled as such, with one message.
+A request's model time is bounded by the host (``Deadline``); a run past it ends with what it made.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import threading
 import time
@@ -19,36 +24,29 @@ from dex_core.adapters import choose_depths, resolve_adapters
 from dex_core.cost import ModelCost
 from dex_core.ead import readiness
 from dex_core.lens import depth_view
-from dex_core.profile import exchange_seconds
 from dex_core.proposal import proposal_rows
 from dex_core.request import check_text, ignored_settings
+from dex_core.trace import round_commits
 
 from . import debugger as dbg
+from .model_work import Deadline, StopRequests
 from .runtime import Runtime, ui_config
 
 PREVIOUS = "the panels below still show the previous run"
 LIVE = "this session's live run"  # the origin of a Live run's trace
 
 
-def _error(err: Exception):
+def short_error(err: Exception):
     return gr.Error(str(err), print_exception=False)
 
 
-def _explorer_line(err: ExplorerError) -> str:
+def explorer_line(err: ExplorerError) -> str:
     """A short message naming the rank (the cause and its traceback go to the server log only)."""
     print(f"[dex] {err}", file=sys.stderr, flush=True)
     line = str(err).splitlines()[0]
     if " failed: " in line:
         line = line.split(" failed: ")[0] + " failed (the cause is in the server log)"
     return f"{line}; the next request starts fresh explorers"
-
-
-def _guarded(stream):
-    """Yield from a decoder's stream; an explorer failure becomes a ``gr.Error`` with a short message."""
-    try:
-        yield from stream
-    except ExplorerError as err:
-        raise gr.Error(_explorer_line(err), print_exception=False) from None
 
 
 def _end(events):
@@ -65,44 +63,48 @@ def _status_only(state: str, detail: str) -> tuple:
     return (gr.skip(),) * 7 + (viz.status_html(state, detail),)
 
 
-class StopRequests:
-    """Sessions whose Stop was pressed. The Live handler checks its session after every round and ends
-    itself with a "stopped" frame (a cancelled generator could still deliver a round after the Stop
-    handler's "stopped" and overwrite it)."""
-
-    def __init__(self):
-        self._sessions: set[str] = set()
-        self._lock = threading.Lock()
-
-    def request(self, session: str) -> None:
-        with self._lock:
-            self._sessions.add(session)
-
-    def take(self, session: str) -> bool:
-        with self._lock:
-            found = session in self._sessions
-            self._sessions.discard(session)
-            return found
+def bind(fn, *bound):
+    """``functools.partial(fn, *bound)`` as Gradio needs it: Gradio fills a ``gr.Request`` parameter only
+    when it reads the annotation, which a partial hides (every session then looked the same to Stop), and
+    streams only from a generator function."""
+    if inspect.isgeneratorfunction(fn):
+        def handler(*args, **kwargs):
+            yield from fn(*bound, *args, **kwargs)
+    else:
+        def handler(*args, **kwargs):
+            return fn(*bound, *args, **kwargs)
+    functools.update_wrapper(handler, fn)
+    handler.__signature__ = inspect.signature(functools.partial(fn, *bound))
+    return handler
 
 
-def _session(request: gr.Request | None) -> str:
+def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
 
 
+def time_left(first_commit: float, now: float, tokens: int, max_new_tokens: int) -> float | None:
+    """Seconds left at the pace since the first token (None before the second one). The first token also
+    paid the prompt's prefill and the K rounds that fill the pipeline: counted from the start, the first
+    estimates came out several times too high."""
+    if tokens < 2:
+        return None
+    return (now - first_commit) / (tokens - 1) * (max_new_tokens - tokens)
+
+
 def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, depths, adapters, decs, sample,
-                temperature, top_k, top_p, seed, max_new_tokens, prune="auto", request: gr.Request = None):
+                temperature, top_k, top_p, seed, max_new_tokens, prune="auto", draft=True, request: gr.Request = None):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
-    Stop (``stops``) ends the run after the round in progress."""
-    session = _session(request)
+    Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
+    session = session_of(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
     yield _status_only("running", "starting")
     try:
-        for line in _loading(runtime):
-            yield _status_only("running", line)
         config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                           max_new_tokens=max_new_tokens, prune=prune)
-        check_text(prompt)
+                           max_new_tokens=max_new_tokens, prune=prune, draft=draft)
+        check_text(prompt)  # bad input is told before a first use loads the model
+        for line in loading(runtime):
+            yield _status_only("running", line)
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
         notices = [runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens),
@@ -110,38 +112,44 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
         for notice in notices:
             if notice:
                 gr.Warning(notice)
+        deadline = Deadline(runtime.settings.request_seconds)
         stream = decoder.stream(ids, options=config.generation())
         events = [next(stream)]
     except (DexError, ExplorerError) as err:
         yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
         return
     meta = {"model": runtime.settings.model, "prompt": prompt}
-    tokens, tic = 0, time.monotonic()
+    tokens, first = 0, None
     try:
         for event in stream:
             events.append(event)
             if event["event"] != "round":
                 continue
-            tokens += 1 if event["commit"] else 0
-            if stops.take(session):
+            if event["commit"]:
+                tokens += len(round_commits(event))  # several when a draft chain committed
+                first = first or time.monotonic()
+            why = "by you" if stops.take(session) else deadline.reason()
+            if why:
                 stream.close()
                 yield _panels(events) + (events, meta, LIVE, viz.status_html(
-                    "stopped", f"stopped by you after round {event['round']} ({tokens} tokens): the panels show the "
+                    "stopped", f"stopped {why} after round {event['round']} ({tokens} tokens): the panels show the "
                                "run so far; the Debugger holds what ran"))
                 return
-            left = (time.monotonic() - tic) / tokens * (config.max_new_tokens - tokens) if tokens >= 2 else None
+            left = time_left(first, time.monotonic(), tokens, config.max_new_tokens)
+            late = left is not None and left > deadline.left()
             yield _panels(events) + (events, meta, LIVE, viz.status_html(
                 "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"
-                           + (f" · about {left:.0f} s left" if left is not None else "")))
+                           + (f" · about {left:.0f} s left" if left is not None else "")
+                           + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else "")))
     except ExplorerError as err:
-        yield _status_only("error", f"{_explorer_line(err)}; the panels show this run up to its last round")
+        yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
         return
     stats = events[-1]["stats"] if _end(events) else {}
     yield _panels(events) + (events, meta, LIVE, viz.status_html(
         "finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"))
 
 
-def _loading(runtime: Runtime):
+def loading(runtime: Runtime):
     """Load the model in a thread (when it is not loaded yet), yielding a status line twice a second: the
     loading stage ``load_model`` reports (fetching, converting, loading) and its elapsed time."""
     if runtime.loaded:
@@ -169,8 +177,23 @@ def stop(stops: StopRequests, status: str, request: gr.Request = None):
     says "stopped" too (its last frame), so no late round can leave "running" on screen."""
     if "data-state='running'" not in (status or ""):
         return gr.skip()
-    stops.request(_session(request))
+    stops.request(session_of(request))
     return viz.status_html("stopped", "stopped by you: the run ends after the round in progress")
+
+
+def busy():
+    """A run button while its request runs or waits in the queue: not clickable (``idle`` after it ends,
+    however it ends: finished, stopped, refused or failed)."""
+    return gr.Button(interactive=False)
+
+
+def idle():
+    return gr.Button(interactive=True)
+
+
+def sampling_controls(sample):
+    """Temperature, top-k, top-p and the seed count only when sampling: not editable in greedy mode."""
+    return (gr.update(interactive=sample is True),) * 4
 
 
 def page_load(request: gr.Request):
@@ -189,100 +212,54 @@ def page_load(request: gr.Request):
             gr.Tabs(selected="debugger") if name else gr.skip())
 
 
-def race_frames(runtime: Runtime, prompt, chat, explorers, adapters, max_new_tokens):
-    """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
-    takes the next step, so both run under the same load until one finishes.
-
-    Clocks are each method's own compute time, so the two panes fill at their measured speeds. DEX's
-    projected K-device clock (each round's slowest explorer, plus the exchange between devices from this
-    machine's profile, ``dex_core.profile``) is drawn next to its measured one; the summary adds rounds
-    per token, the depth-side speedup and the cost per token of the project's cost model (heads included).
-    """
-    try:
-        config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens)
-        check_text(prompt)
-        for line in _loading(runtime):
-            yield gr.skip(), gr.skip(), gr.skip(), viz.status_html("running", line)
-        ids = runtime.encode(prompt, config.chat)
-        model, tokenizer = runtime.model()
-        decoder = runtime.decoder(config)
-        distributed = runtime.settings.backend == "distributed"
-        if not distributed and not runtime.profiled(decoder):
-            yield gr.skip(), gr.skip(), gr.skip(), viz.status_html(
-                "running", "first race: timing this machine's layers, heads and exchange for the projection (once)")
-        profile = None if distributed else runtime.profile(decoder)
-        ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
-        dex = _guarded(decoder.stream(ids, options=config.generation()))
-        next(ar), next(dex)
-    except DexError as err:
-        raise _error(err) from None
-    first = None  # the method that finished first (the other then ran alone)
-    clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
-    times = {"ar": [], "dex": [], "proj": []}
-    tokens = {"ar": [], "dex": []}
-    ends = {}
-    while len(ends) < 2:
-        side = "ar" if "dex" in ends or ("ar" not in ends and clocks["ar"] <= clocks["dex"]) else "dex"
-        event = next(ar if side == "ar" else dex)
-        if event["event"] == "end":
-            ends[side] = event
-        elif side == "ar":
-            clocks["ar"] = event["seconds"]
-            tokens["ar"].append(event["token"])
-            times["ar"].append(clocks["ar"])
-        else:
-            t = event["timings"]
-            clocks["dex"] += t["prefill"] + t["round"]
-            clocks["proj"] += t["projected"] + (exchange_seconds(profile, [len(b) for b in event["batches"]])
-                                                if profile else 0.0)
-            if event["commit"]:
-                tokens["dex"].append(event["commit"]["token"])
-                times["dex"].append(clocks["dex"])
-                times["proj"].append(clocks["proj"])
-        yield _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first)
-        first = first or side if event["event"] == "end" else first
+def example_prompt(request: gr.Request):
+    """The prompt of the run the page opens on (the bundled example or ``?trace=NAME``) for the Live prompt
+    box, so that the box and the panels below it show the same run; unchanged for a trace without one."""
+    prompt = dbg.bundled(request.query_params.get("trace") if request is not None else None).meta.get("prompt")
+    return prompt if isinstance(prompt, str) and prompt.strip() else gr.skip()
 
 
-def _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first):
-    K = decoder.K
-    series = [{"name": "AR (measured)", "times": times["ar"]},
-              {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
-               "times": times["dex"]}]
-    projected = None if distributed else f"DEX projected on {K} devices (communication included)"
-    if projected:
-        series.append({"name": projected, "times": times["proj"], "dash": True})
-    facts = None
-    if "dex" in ends:
-        stats = ends["dex"]["stats"]
-        cost = ModelCost.of(model, decoder.adapters, decoder.proposal_vocab)
-        T = max(1, stats["tokens"])
-        covered = sorted(decoder.adapters)
-        facts = {"K": K, "depths": list(decoder.depths), "rounds_per_token": stats["rounds_per_token"],
-                 "depth_speedup": stats["depth_speedup"], "ar_cost": cost.ar(), "first": first,
-                 "dex_cost": cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
-                 "dex_cost_rows": cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered)}
-    summary = viz.race_summary_html(tokens, times, len(ends) == 2, projected and projected + " — a projection", facts)
-    return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
-            tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
+METRICS = ("probability", "rank")  # the Analysis's depth view colours
+
+
+def _greedy_answer(model, ids, config, deadline: Deadline) -> tuple[list[int], str | None]:
+    """The greedy answer's tokens, and why it ended early (the host's bound), or None."""
+    tokens = []
+    for event in ar_stream(model, ids, options=config.generation()):
+        if event["event"] == "token":
+            tokens.append(event["token"])
+            if deadline.reason():
+                return tokens, deadline.reason()
+    return tokens, None
 
 
 def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability"):
     """EAD of each token of the greedy answer, the speedups and costs it predicts for K = 2..8, and the
-    depth view: the committed token's probability (or rank) at every layer, explored depths marked."""
+    depth view: the committed token's probability (or rank) at every layer, explored depths marked. An
+    answer cut at the host's bound is analysed as far as it got, and the table says so first."""
     try:
+        if metric not in METRICS:
+            raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
         config = ui_config(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
         check_text(prompt)
         ids = runtime.encode(prompt, config.chat)
         model, tokenizer = runtime.model()
-        *_, end = ar_stream(model, ids, options=config.generation())
+        notice = runtime.slow_notice(None, config.max_new_tokens)
+        if notice:
+            gr.Warning(notice)
+        tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds))
         chosen = resolve_adapters(config.adapters, model)
         cost = ModelCost.of(model, chosen, proposal_rows("auto", model.config.vocab_size))  # the decoders' default
-        result = readiness(model, ids, end["tokens"], chosen, best=True, cost=cost)
-        view = depth_view(model, ids, end["tokens"], chosen)
+        result = readiness(model, ids, tokens, chosen, best=True, cost=cost)
+        view = depth_view(model, ids, tokens, chosen)
         depths, _ = choose_depths(model, DecoderOptions(explorers=runtime.settings.explorers, adapters=config.adapters))
     except DexError as err:
-        raise _error(err) from None
+        raise short_error(err) from None
     seen = {t for row in view["top"] for layer in row for t, _ in layer} | set(view["tokens"])
     texts = {t: tokenizer.decode([t]) for t in seen}
     depth = viz.depth_figure(view, texts, depths[:-1], "rank" if metric == "rank" else "prob")
-    return viz.ead_figure(result), viz.speedup_figure(result), viz.readiness_table_html(result, chosen), depth
+    table = viz.readiness_table_html(result, chosen)
+    if cut:
+        table = viz.status_html("stopped", f"the answer stopped {cut} after {len(tokens)} of "
+                                           f"{config.max_new_tokens} tokens: this analyses those") + table
+    return viz.ead_figure(result), viz.speedup_figure(result), table, depth

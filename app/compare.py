@@ -14,6 +14,7 @@ import visualize as viz
 from visualize.markup import esc
 from dex_core import DexError
 from dex_core.cost import ModelCost
+from dex_core.trace import round_commits
 
 from . import debugger as dbg
 from .runtime import HUSH
@@ -32,7 +33,7 @@ def trace_cost(events) -> dict:
     model = ModelCost.from_weights(start["num_layers"], start.get("cost"))
     adapted = start.get("adapter_depths", [])
     rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
-    tokens = sum(1 for e in events if e.get("event") == "round" and e.get("commit"))
+    tokens = sum(len(round_commits(e)) for e in events if e.get("event") == "round")
     return {"memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
             "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted), "ar": model.ar(),
             "whole": bool(start.get("cost"))}

@@ -4,7 +4,8 @@ trace, and the exports (trace JSON, lattice GraphML, standalone HTML report). Tr
 here loads a model.
 
 The round control counts the trace's own round numbers (the ones the lattice title, the round table
-and the timeline show), from the first round to the last.
+and the timeline show), from the first round to the last. Every trace opens at its last round: a live
+run, a loaded trace and a bundled one alike.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from visualize.palette import CURRENT_ROUND_COLOR
 from dex_core import DexError, load_trace, save_trace
 
 from .runtime import Runtime
+from .sessions import COMPACT_FACTOR, REPLAYS, compact
 
 TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
 EXAMPLE = "example"
@@ -68,13 +70,13 @@ TIMELINE_JS = """() => {
   }, 300);
 }""".replace("BAND_COLOR", CURRENT_ROUND_COLOR)
 
-# Prev/Next/slider/Play reuse one replay per trace; small, since an entry keeps its trace alive (a trace
-# at the limits is a few hundred MB in memory) and re-indexing one costs tens of milliseconds
-_REPLAYS = viz.ReplayCache(size=2)
-
-
 def views(events) -> viz.Replay | list:
-    return _REPLAYS(events) if events else []
+    """The trace's replay, shared by Prev/Next/slider/Play (``sessions.REPLAYS``: traces sessions hold)."""
+    return REPLAYS(events) if events else []
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
 
 
 def _number(value) -> int:
@@ -93,17 +95,31 @@ def _index(views, round_no) -> int:
     return i
 
 
-def frame(events, round_no):
-    """Lattice, round table, FSM and text of round ``round_no`` of a trace, and the round control."""
+def frame(events, round_no, gone: str | None = None):
+    """Lattice, round table, FSM and text of round ``round_no`` of a trace, and the round control; without
+    a trace, what to do (and why the session's trace went, ``gone``)."""
     rounds = views(events)
     if not rounds:
-        hint = f"<p id='dbg-empty'>{esc(EMPTY_HINT)}</p>"
+        hint = f"<p id='dbg-empty'>{esc(_gone(gone) + EMPTY_HINT if gone else EMPTY_HINT)}</p>"
         return None, hint, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1, label="Round")
     view = rounds[_index(rounds, round_no)]
-    first, last = rounds[0].round, rounds[-1].round
     return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
-            gr.Slider(minimum=first, maximum=max(last, first + 1), value=view.round, step=1,
-                      label=f"Round (of {first}..{last})"))
+            round_control(rounds, view.round))
+
+
+def _gone(why: str) -> str:
+    return f"{why[:1].upper()}{why[1:]}. "
+
+
+def show(runtime: Runtime, events, round_no, request: gr.Request = None):
+    """``frame`` for a session's step (Prev, Next, slider, timeline): says once why its trace was dropped."""
+    return frame(events, round_no, None if events else runtime.sessions.notice(_session(request)))
+
+
+def round_control(rounds, value: int) -> gr.Slider:
+    """The round control over a trace's rounds (``views``), at round ``value``."""
+    first, last = rounds[0].round, rounds[-1].round
+    return gr.Slider(minimum=first, maximum=max(last, first + 1), value=value, step=1, label=f"Round (of {first}..{last})")
 
 
 def last_round(events) -> int:
@@ -140,7 +156,7 @@ def play_tick(events, round_no, playing):
 
 
 def timeline(events):
-    return viz.timeline_figure(events) if views(events) else None
+    return viz.timeline_figure(events, note="click a node to open its round") if views(events) else None
 
 
 def describe(meta: dict, source: str) -> str:
@@ -198,61 +214,78 @@ def read_upload(file) -> Opened:
     uploads are untrusted). Raises ``DexError`` with a message that names the file only by its own name."""
     if file is None:
         raise DexError("choose a trace file (JSON saved by DEX) first")
-    path = file if isinstance(file, str) else file.name
+    path = _path(file)
     try:
         events, meta = load_trace(path)
     except DexError as err:
         raise DexError(clean_message(err, path)) from None
     origin = f"loaded {Path(path).name!r}"
-    return Opened(events, meta, origin, describe(meta, origin))
+    return Opened(compact(events), meta, origin, describe(meta, origin))
 
 
-def load(file):
-    """A saved trace, validated: (events, meta, origin, round, status). A rejected file changes nothing but
-    the status line: the session keeps the trace it had."""
+def _path(file) -> str:
+    """An upload's path: a path string, Gradio's file object, or its FileData (an event with ``preprocess=False``)."""
+    return file if isinstance(file, str) else file["path"] if isinstance(file, dict) else file.name
+
+
+def load(runtime: Runtime, file, request: gr.Request = None):
+    """A saved trace, validated: (events, meta, origin, round, status); a rejected one changes only the status
+    line. The memory budget makes room for it first (``Sessions.admit``); the upload is deleted once read."""
+    path = None if file is None else Path(_path(file))
+    size = path.stat().st_size if path is not None and path.is_file() else 0
     try:
+        runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size))
         opened = read_upload(file)
     except DexError as err:
         return (*(gr.skip(),) * 4, viz.status_html("error", f"this trace was not loaded: {err}; "
                                                             "the Debugger still shows the previous trace"))
-    rounds = views(opened.events)
-    return (opened.events, opened.meta, opened.origin, rounds[0].round if rounds else 0,
-            viz.status_html("finished", opened.note))
+    finally:
+        if path is not None:
+            runtime.files.consumed(path)
+    runtime.sessions.record(opened.events, size)
+    rounds = views(opened.events)  # it opens at its last round, as a live run does
+    control = round_control(rounds, rounds[-1].round) if rounds else 0
+    return opened.events, opened.meta, opened.origin, control, viz.status_html("finished", opened.note)
 
 
 def _download(path: Path) -> gr.File:
     return gr.File(value=str(path), visible=True, label=f"Download {path.name}")
 
 
-def need(events):
+def need(events, gone: str | None = None):
     if not events:
-        raise gr.Error("no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
+        raise gr.Error(_gone(gone) + "Load it again or generate in the Live tab" if gone else
+                       "no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
 
 
-def save(runtime: Runtime, events, meta):
-    """The trace as a JSON file (in the server's file folder, removed after the session time-to-live)."""
-    need(events)
-    path = runtime.file("dex-trace.json")
+def _export(runtime: Runtime, events, request, name: str) -> Path:
+    """A path for an export of the session's trace (``Files.export``: the session's own, short-lived)."""
+    session = _session(request)
+    need(events, None if events else runtime.sessions.notice(session))
+    return runtime.files.export(session, name)
+
+
+def save(runtime: Runtime, events, meta, request: gr.Request = None):
+    """The trace as a JSON file, downloadable until its session ends (at most ``file_ttl`` seconds)."""
+    path = _export(runtime, events, request, "dex-trace.json")
     save_trace(path, events, meta or {})
     return _download(path)
 
 
-def export_lattice(runtime: Runtime, events):
+def export_lattice(runtime: Runtime, events, request: gr.Request = None):
     """The run's whole lattice as a GraphML file (networkx; opens in Gephi, yEd, networkx)."""
-    need(events)
-    return _download(viz.export_graph(events, runtime.file("dex-lattice.graphml")))
+    return _download(viz.export_graph(events, _export(runtime, events, request, "dex-lattice.graphml")))
 
 
-def export_report(runtime: Runtime, events, meta):
+def export_report(runtime: Runtime, events, meta, request: gr.Request = None):
     """The run as one standalone HTML file (plotly.js inlined; opens from disk, offline)."""
-    need(events)
-    if not views(events):
+    if events and not views(events):
         raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to draw", print_exception=False)
-    return _download(viz.write_run_report(events, meta, runtime.file("dex-run.html")))
+    return _download(viz.write_run_report(events, meta, _export(runtime, events, request, "dex-run.html")))
 
 
 def after_load(events, round_no, status: str):
-    """The Debugger after an upload: its first round and the timeline, or nothing changed after an error."""
+    """The Debugger after an upload: its last round and the timeline, or nothing changed after an error."""
     if "data-state='error'" in (status or "") or not views(events):
         return (gr.skip(),) * 6
     return (*frame(events, round_no), timeline(events))

@@ -7,10 +7,11 @@ readiness: EAD and the speedups it predicts). Building ``demo`` is cheap; the mo
 Each page load shows the bundled example trace (``?trace=NAME`` another one from ``assets/traces``)
 without a model. Model work runs one request at a time (queue); traces are per session.
 
-Uploaded traces are untrusted: ``main()`` launches with ``max_file_size=UPLOAD_LIMIT``
-(``TraceLimits.max_file_bytes``, 64 MB, in ``dex_core.trace_schema``), so Gradio refuses larger files,
-and the Debugger validates every file it loads against the trace schema and its limits. The
-development mode ``gradio app/main.py`` launches ``demo`` itself, without that upload limit.
+Uploaded traces are untrusted: every launch of ``demo`` (``app.server.SessionBlocks``) sets
+``max_file_size`` to ``TraceLimits.max_file_bytes`` (64 MB, in ``dex_core.trace_schema``), so Gradio
+refuses larger files, and the Debugger validates every file it loads against the trace schema and its
+limits. What a visitor holds is bounded too: memory (``app.sessions``: a closed tab frees its session,
+one budget for all traces) and disk (``app.files``: uploads, downloads only while their session lasts).
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ import gradio as gr
 from app import callbacks as cb
 from app import compare as cmp
 from app import debugger as dbg
+from app import race
+from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS
 from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, control
+from app.server import SessionBlocks
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
-from dex_core.config import add_flags, from_args
+from dex_core.flags import add_flags, from_args
 from dex_core.trace_schema import TRACE_LIMITS
 
 EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy, 96 tokens)
@@ -37,12 +41,14 @@ EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy
 
 
 def _sampling_controls():
-    with gr.Row():
-        sample = gr.Checkbox(label="Sample (else greedy)", value=False)
-        temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature")
-        top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)")
-        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
-        seed = gr.Number(value=DexConfig.seed, precision=0, label="Seed")
+    with gr.Row():  # the sampling settings are editable only while Sample is on
+        sample = gr.Checkbox(label="Sample (else greedy)", value=False, elem_id="live-sample")
+        temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature", interactive=False,
+                                elem_id="live-temperature")
+        top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", interactive=False, elem_id="live-top-k")
+        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p")
+        seed = gr.Number(value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed")
+    sample.change(cb.sampling_controls, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
     return sample, temperature, top_k, top_p, seed
 
 
@@ -50,6 +56,11 @@ def _explorers(runtime: Runtime, elem_id: str | None = None) -> gr.Slider:
     c = control(DecoderOptions, "explorers")
     return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K",
                      elem_id=elem_id)
+
+
+def _draft_box(elem_id: str) -> gr.Checkbox:
+    return gr.Checkbox(label="Draft chains", value=True, elem_id=elem_id,
+                       info="prompt lookup on the token axis: several exact commits per round")
 
 
 def _adapters_box(runtime: Runtime) -> gr.Checkbox:
@@ -64,6 +75,15 @@ def _max_new(label: str, elem_id: str) -> gr.Slider:
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
 PLAY_PERIOD = 0.6  # seconds between two rounds while the Debugger plays
+RACE_HINT = ("Press Race to run this prompt through plain autoregressive decoding and through DEX side by side: "
+             "both texts, their clocks and whether the outputs are identical appear here.")
+ANALYSIS_HINT = ("Press Analyse to see, for each token of the model's greedy answer, the earliest layer that already "
+                 "predicts it (EAD), the speedup that predicts for K = 2..8, and the token's probability at every layer.")
+
+
+def _hint(elem_id: str, text: str) -> str:
+    """What an empty tab does, in one line, until its first result replaces it."""
+    return f"<p id='{elem_id}' style='color: #5a5a5a; margin: 4px 0;'>{text}</p>"
 
 
 def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.State):
@@ -78,7 +98,8 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round", scale=1)
     timer = gr.Timer(PLAY_PERIOD, active=False)
     playing = gr.State(False)  # what Pause writes and every tick reads
-    timeline = gr.Plot(label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline")
+    timeline = gr.Plot(label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline",
+                       show_label=False)  # the figure's title says it; a label would take 100 px over the plot
     goto = gr.Textbox(visible="hidden", elem_id="dbg-goto")
     goto_b = gr.Button("Open round", visible="hidden", elem_id="dbg-goto-go")
     with gr.Row():
@@ -98,7 +119,7 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         download = gr.File(label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1)
     compare = cmp.section(trace, meta, origin, pin_b, runtime.settings.session_ttl)
     frame = [lattice, table, fsm, text, slider]
-    show = dbg.frame
+    show = cb.bind(dbg.show, runtime)
     slider.release(show, [trace, slider], frame, **HUSH)
     for button, delta in ((prev_b, -1), (next_b, +1)):
         button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **HUSH).then(
@@ -107,23 +128,32 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
     play_b.click(dbg.play, None, [playing, timer], **HUSH)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
     timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **HUSH)
-    save_b.click(functools.partial(dbg.save, runtime), [trace, meta], download, **HUSH)
-    graph_b.click(functools.partial(dbg.export_lattice, runtime), trace, download, **HUSH)
-    html_b.click(functools.partial(dbg.export_report, runtime), [trace, meta], download, **HUSH)
+    save_b.click(cb.bind(dbg.save, runtime), [trace, meta], download, **HUSH)
+    graph_b.click(cb.bind(dbg.export_lattice, runtime), trace, download, **HUSH)
+    html_b.click(cb.bind(dbg.export_report, runtime), [trace, meta], download, **HUSH)
     # a rejected file changes only the status line: the session keeps its trace and the panels stay
-    loaded.upload(dbg.load, loaded, [trace, meta, origin, slider, status], **HUSH).then(
+    loaded.upload(cb.bind(dbg.load, runtime), loaded, [trace, meta, origin, slider, status],  # the file as uploaded:
+                  preprocess=False, **HUSH).then(  # Gradio's preprocess leaves an empty temp file per upload
         dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH).then(
         *compare, **HUSH)
     return frame, timeline, status, compare
 
 
+def _run_on(button: gr.Button, fn, inputs, outputs, **event):
+    """``button`` runs ``fn`` (a model request), greyed out from its click until the request ends, however
+    it ends; returns the request's event."""
+    run = button.click(cb.busy, None, button, queue=False, **HUSH).then(fn, inputs, outputs, **event)
+    run.then(cb.idle, None, button, queue=False, **HUSH)
+    return run
+
+
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
     runtime = Runtime(settings)
-    bind = functools.partial
+    bind = cb.bind  # a partial that keeps the gr.Request annotation Gradio reads
     ttl = runtime.settings.session_ttl
-    with gr.Blocks(title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
+    with SessionBlocks(runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
         demo.runtime = runtime
-        trace = gr.State([], time_to_live=ttl)  # a session's traces go ttl seconds after it closes
+        trace = gr.State([], time_to_live=ttl)  # ttl s after it was set; a closed tab frees it at once (app.sessions)
         meta = gr.State({}, time_to_live=ttl)
         origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
         live_source = gr.State(cb.LIVE)  # outside gr.Tabs: a State between two tabs doubled the last tab's label
@@ -150,6 +180,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
                                             info="new branches per round; auto: 1 on CPU, none on GPUs",
                                             elem_id="live-prune")
+                        draft = _draft_box("live-draft")
                     sampling = _sampling_controls()
                 gr.Examples(EXAMPLES, inputs=prompt)
                 live_status = gr.HTML(elem_id="live-status")
@@ -161,10 +192,11 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         numbers = gr.HTML(elem_id="live-stats")
                 live_panels = [text, lattice, fsm, numbers]
                 stops = cb.StopRequests()
-                run = generate.click(bind(cb.live_frames, runtime, stops),
-                                     [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune],
-                                     [*live_panels, trace, meta, origin, live_status], api_name="generate",
-                                     concurrency_id="model", concurrency_limit=1, show_progress="hidden")
+                run = _run_on(generate, bind(cb.live_frames, runtime, stops),
+                              [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
+                              [*live_panels, trace, meta, origin, live_status], api_name="generate",
+                              concurrency_id="model", concurrency_limit=1, show_progress="hidden",
+                              preprocess=False)  # the handlers check their inputs (app.callbacks)
                 stop.click(bind(cb.stop, stops), live_status, live_status, **QUIET)
 
             with gr.Tab("Race", id="race"):
@@ -174,17 +206,22 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         race_k = _explorers(runtime)
                         race_new = _max_new("Max new tokens", "race-new")
                         race_go = gr.Button("Race", variant="primary", elem_id="race-go")
+                        race_stop = gr.Button("Stop", elem_id="race-stop")
                 with gr.Row():
                     race_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
                     race_adapters = _adapters_box(runtime)
-                race_summary = gr.HTML(elem_id="race-summary")
+                    race_draft = _draft_box("race-draft")
+                race_summary = gr.HTML(_hint("race-empty", RACE_HINT), elem_id="race-summary")
                 with gr.Row():
                     ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
                     dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
                 race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-                race_go.click(bind(cb.race_frames, runtime), [race_prompt, race_chat, race_k, race_adapters, race_new],
-                              [ar_text, dex_text, race_plot, race_summary], api_name="race",
-                              concurrency_id="model", concurrency_limit=1)
+                race_stops = cb.StopRequests()
+                _run_on(race_go, bind(race.race_frames, runtime, race_stops),
+                        [race_prompt, race_chat, race_k, race_adapters, race_new, race_draft],
+                        [ar_text, dex_text, race_plot, race_summary], api_name="race",
+                        concurrency_id="model", concurrency_limit=1, preprocess=False)
+                race_stop.click(bind(race.stop, race_stops), None, None, **QUIET)
 
             with gr.Tab("Debugger", id="debugger"):
                 dbg_frame, dbg_timeline, dbg_status, compare = _debugger_tab(runtime, trace, meta, origin)
@@ -199,18 +236,22 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 with gr.Row():
                     an_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
                     an_adapters = _adapters_box(runtime)
-                    an_metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours")
+                    an_metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours",
+                                         elem_id="an-metric")
                 with gr.Row():
                     ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
                     speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
-                an_table = gr.HTML(elem_id="an-table")
+                an_table = gr.HTML(_hint("an-empty", ANALYSIS_HINT), elem_id="an-table")
                 depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
-                an_go.click(bind(cb.analyse, runtime), [an_prompt, an_chat, an_adapters, an_new, an_metric],
-                            [ead_plot, speed_plot, an_table, depth_plot],
-                            api_name="analyse", concurrency_id="model", concurrency_limit=1)
+                _run_on(an_go, bind(cb.analyse, runtime), [an_prompt, an_chat, an_adapters, an_new, an_metric],
+                        [ead_plot, speed_plot, an_table, depth_plot], api_name="analyse",
+                        concurrency_id="model", concurrency_limit=1, preprocess=False)
+                an_metric.change(None, an_metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
         demo.load(cb.page_load, None, [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline,
                                        dbg_status, tabs], show_progress="hidden", **QUIET)
+        demo.load(cb.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
         demo.load(None, js=dbg.TIMELINE_JS, **QUIET)
+        demo.load(None, js=FIT_PLOTS_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 
@@ -223,6 +264,7 @@ def main(argv=None) -> None:
     parser.set_defaults(**asdict(AppSettings.from_env()))
     settings = from_args(AppSettings, parser.parse_args(argv))
     app = build_demo(settings)
+    app.runtime.files.exit_on_sigterm()  # SIGTERM removes the app's folder too
     app.launch(server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT)
 
 

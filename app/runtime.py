@@ -1,27 +1,26 @@
 """The app's server-side state and option handling: server settings, UI values to a validated config, and
 one shared, read-only model per process, loaded on first use.
 
-Sessions keep only plain trace records (in ``gr.State``); the model, its tokenizer and distributed
-explorer groups live here. Model work is serialized by the app's event concurrency settings.
+Sessions keep only plain trace records (in ``gr.State``), bounded by ``app.sessions`` (memory) and
+``app.files`` (disk), which the runtime holds; the model, its tokenizer and distributed explorer groups
+live here. Model work is serialized by the app's event concurrency settings.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
-import shutil
-import tempfile
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
 from dex_core.adapters import choose_depths
 from dex_core.profile import measure_profile
 from dex_core.config import DEVICE_HELP, flag, integer, option
+
+from .files import Files
+from .sessions import Sessions
 
 
 @dataclass
@@ -40,14 +39,23 @@ class AppSettings:
     max_groups: int = option(1, "distributed: explorer groups kept alive at once (least recently used closed first)",
                              env="DEX_MAX_GROUPS")
     queue_size: int = option(16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE")
-    session_ttl: int = option(3600, "seconds a browser session's traces are kept after it closes",
-                              env="DEX_SESSION_TTL")
+    session_ttl: int = option(3600, "seconds an idle browser session keeps its traces (a closed tab frees them "
+                                    "at once)", env="DEX_SESSION_TTL")
+    trace_memory_mb: int = option(1024, "MB of server memory for all sessions' traces together; the least recently "
+                                        "used session's go first", env="DEX_TRACE_MEMORY_MB")
+    upload_mb: int = option(256, "MB of uploads not yet loaded, all visitors together; more are refused until "
+                                 "they are loaded or expire", env="DEX_UPLOAD_MB")
+    file_ttl: int = option(600, "seconds a download (saved trace, export) or an upload never loaded stays on the "
+                                "server; a download also goes when its session ends", env="DEX_FILE_TTL")
+    request_seconds: int = option(180, "seconds of model time one request may take (Live, Race, Analysis); a run "
+                                       "past it ends with what it made so far (0: no bound)", env="DEX_REQUEST_SECONDS")
 
     def __post_init__(self):
         self.device = DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype,
                                 device=self.device).device
-        for name in ("max_groups", "queue_size", "session_ttl"):
+        for name in ("max_groups", "queue_size", "session_ttl", "trace_memory_mb", "upload_mb", "file_ttl"):
             integer(getattr(self, name), name, 1)
+        integer(self.request_seconds, "request_seconds", 0)
 
     @classmethod
     def from_env(cls, environ=None) -> AppSettings:
@@ -98,12 +106,12 @@ def _whole(value, name: str, cls=None) -> int:
 
 def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapters=True, decs=True,
               sample=False, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-              max_new_tokens=DexConfig.max_new_tokens, prune=DecoderOptions.prune) -> DexConfig:
+              max_new_tokens=DexConfig.max_new_tokens, prune=DecoderOptions.prune, draft=True) -> DexConfig:
     """The app's control values -> a validated DexConfig (DexError on bad input).
 
     Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
     empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none';
-    ``prune`` is one of ``PRUNE_CHOICES``.
+    ``prune`` is one of ``PRUNE_CHOICES``; ``draft`` turns draft chains on ('auto') or off ('none').
     Explorers and max_new_tokens must lie in the range their sliders offer (``ui_min``/``ui_max``).
     """
     if prune not in PRUNE_CHOICES:
@@ -117,7 +125,8 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
         adapters="auto" if flag(adapters, "adapters") else "none", decs=decs,
         temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
         top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
-        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP, prune=prune)
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP, prune=prune,
+        draft="auto" if flag(draft, "draft chains") else "none")
 
 
 def control(cls, name: str) -> dict:
@@ -128,7 +137,8 @@ def control(cls, name: str) -> dict:
 
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
-SLOW_SECONDS = 60  # a Live run expected to take longer gets a warning
+SLOW_SECONDS = 60  # a Live run, race or analysis expected to take longer gets a warning
+CPU_RATE = 1.5e9  # parameters one CPU thread runs a second when decoding (SmolLM2-135M: ~0.09 s a token)
 PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
 QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not part of the documented API
 HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
@@ -140,7 +150,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._model = self._tokenizer = None
         self._groups: OrderedDict[tuple, DexDecoder] = OrderedDict()  # least recently used first
-        self._files: Path | None = None  # saved traces and graphs handed to browsers, pruned by age
+        self.files = Files(self.settings)  # exports, uploads, the file gate
+        self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
 
     @property
@@ -169,19 +180,31 @@ class Runtime:
                 self._profiles[decoder.proposal_vocab] = measure_profile(model, decoder.proposal_vocab, log=lambda _: None)
             return self._profiles[decoder.proposal_vocab]
 
-    def slow_notice(self, decoder: DexDecoder, max_new_tokens: int) -> str | None:
-        """A warning (not a refusal) for settings that will take over a minute here. On CPU the sequential
-        schedule runs the K explorers one after another: a token costs about K stage passes, and one
-        thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per explorer); an
-        unpruned lattice at K >= 6 computes several times more rows (counted 4x)."""
-        if decoder.backend != "sequential" or decoder.view.device.type != "cpu":
+    def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
+        """A warning (not a refusal) for settings that will take over a minute here: DEX with ``decoder`` (Live),
+        AR beside it (``ar``: the Race), or AR and the logit lens alone (``decoder`` None: the Analysis). On
+        CPU the sequential schedule runs the K explorers one after another: a token costs about K stage
+        passes, and one thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per
+        explorer); an unpruned lattice at K >= 6 computes several times more rows (counted 4x); the
+        Analysis's lens passes are counted as half an AR pass per token. Past the host's bound on a
+        request's model time it says that the request will end there."""
+        model, _ = self.model()
+        if model.device.type != "cpu" or (decoder is not None and decoder.backend != "sequential"):
             return None
-        params = sum(p.numel() for p in decoder.model.parameters())
-        seconds = max_new_tokens * decoder.K * params / 1.5e9 * (4 if decoder.prune is None and decoder.K >= 6 else 1)
+        passes = 1.5 if decoder is None else decoder.K * (4 if decoder.prune is None and decoder.K >= 6 else 1) + ar
+        seconds = max_new_tokens * passes * sum(p.numel() for p in model.parameters()) / CPU_RATE
         if seconds < SLOW_SECONDS:
             return None
-        return (f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one after "
-                "another here; fewer tokens or a smaller K is faster (the status line shows the time left).")
+        bound = self.settings.request_seconds
+        end = (f" This host ends a request after {bound} s of model time, keeping what it made by then."
+               if bound and seconds > bound else "")
+        if decoder is None:
+            return f"analysing {max_new_tokens} tokens on CPU: about {seconds:.0f} s; fewer tokens is faster.{end}"
+        what = (f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one "
+                "after another here")
+        if ar:
+            return f"a race of {what} and AR beside them; fewer tokens or a smaller K is faster.{end}"
+        return f"{what}; fewer tokens or a smaller K is faster (the status line shows the time left).{end}"
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         _, tokenizer = self.model()
@@ -223,18 +246,6 @@ class Runtime:
                 self._groups.popitem(last=False)[1].close()
             self._groups[key] = DexDecoder(model, options, tokenizer=tokenizer, depths=depths)
             return self._groups[key]
-
-    def file(self, name: str) -> Path:
-        """A fresh path for a file handed to a browser (the folder keeps files for ``session_ttl`` seconds)."""
-        with self._lock:
-            if self._files is None:
-                self._files = Path(tempfile.mkdtemp(prefix="dex-app-"))
-                atexit.register(shutil.rmtree, self._files, True)
-        now = time.time()
-        for old in self._files.glob("*/*"):
-            if now - old.stat().st_mtime > self.settings.session_ttl:
-                shutil.rmtree(old.parent, ignore_errors=True)
-        return Path(tempfile.mkdtemp(dir=self._files)) / name
 
     def close(self) -> None:
         with self._lock:

@@ -45,6 +45,7 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
     from dex_core import DexDecoder
     from dex_core.console import TextStream
     from dex_core.models import tiny_model, tiny_tokenizer
+    from dex_core.trace import round_commits
 
     model = tiny_model("llama", layers=4, hidden_size=64, intermediate_size=128, max_position_embeddings=8192,
                        seed=seed).to(torch.float32)
@@ -61,8 +62,8 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
         cache(events)[-1]
         parts["replay"].append(time.perf_counter() - tic)
         tic = time.perf_counter()
-        if event["commit"]:
-            stream.push(event["commit"]["token"])
+        for commit in round_commits(event):
+            stream.push(commit["token"])
         parts["stream"].append(time.perf_counter() - tic)
         t = event["timings"]
         for name in ENGINE:

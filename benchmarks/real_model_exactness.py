@@ -34,6 +34,7 @@ from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data import prompt_set
 from dex_core.request import encode_item
 from dex_core.sampling import TIE_ULPS
+from dex_core.trace import round_commits
 from dex_core.verify import verify_trace
 
 # round timings that are totals of other entries, not components of the round
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         hf = None if sampled else hf_greedy(model, prompt, args.max_new_tokens)
         result = decoder.generate(prompt, args.max_new_tokens, **options)
         dex_cert, ar_cert = verify_trace(result.trace, model=model), verify_trace(ar.trace, model=model)
-        commits = [e["commit"] for e in result.trace if e["event"] == "round" and e["commit"]]
+        commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
         row = {"id": item["id"], "prompt_tokens": len(prompt), "seed": options.get("seed"),
                "tokens": len(result.tokens), "ar_tokens": len(ar.tokens), "identical_ar": result.tokens == ar.tokens,
                "identical_hf": None if hf is None else result.tokens == hf,

@@ -53,8 +53,8 @@ def _shift(ids, by: int) -> list[int]:
 
 def long_trace(rounds: int, tokens_per_copy: int = 24) -> list[dict]:
     """A valid DEX trace of ``rounds`` rounds: a real trace's rounds repeated with fresh ids."""
-    base = DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4],
-                                                                                            tokens_per_copy).trace
+    base = DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), draft="none").generate(
+        [1, 2, 3, 4], tokens_per_copy).trace  # one commit per round: the copies shift one commit record
     start, body = base[0], [e for e in base if e["event"] == "round"]
     ids = 1 + max(n["id"] for e in body for n in e["nodes"])
     slots = 1 + max(n["slot"] for e in body for n in e["nodes"])
@@ -69,6 +69,7 @@ def long_trace(rounds: int, tokens_per_copy: int = 24) -> list[dict]:
             e["round"] += copy * len(body)
             e["batches"] = [_shift(b, node_off) for b in e["batches"]]
             e["alive"] = _shift(e["alive"], node_off)
+            e["commits"] = [e["commit"]] if e["commit"] else []
             if c := e["commit"]:
                 c.update(index=c["index"] + tok_off, position=c["position"] + tok_off,
                          anchor_nodes=_shift(c["anchor_nodes"], node_off))

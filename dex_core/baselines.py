@@ -1,5 +1,6 @@
-"""Depth-selection baselines DEX is compared with: LayerSkip-style self-speculation on our stage runner,
-and Hugging Face's built-in ``assistant_early_exit``.
+"""Baselines DEX is compared with: LayerSkip-style self-speculation on our stage runner, Hugging Face's
+built-in ``assistant_early_exit`` (depth selection) and its prompt lookup (``prompt_lookup_num_tokens``, token-axis
+drafts copied from the prompt and the text so far, no draft model).
 
 Self-speculation with exit E and draft length n (paper App. D; LayerSkip): each step drafts n tokens
 one by one through layers [0, E) (and the inducing adapter at E, when given) and the LM head, then
@@ -119,3 +120,27 @@ def hf_early_exit_generate(model, input_ids, max_new_tokens: int, exit_layer: in
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_new_tokens, assistant_early_exit=exit_layer)
     return out[0, ids.shape[1]:].tolist()
+
+
+@torch.no_grad()
+def hf_prompt_lookup_generate(model, input_ids, max_new_tokens: int, lookup: int) -> dict:
+    """Greedy ``model.generate(prompt_lookup_num_tokens=lookup)`` under ``plain_generation`` (as ``hf_greedy``:
+    the same ids, new tokens and EOS). A draft is the up to ``lookup`` tokens that followed the first earlier
+    occurrence of the text's last n-gram (n = 2, else 1: HF's default ``max_matching_ngram_size``), verified
+    in one forward, so the output is greedy AR's. Returns ``{"tokens", "steps", "rows"}``: the new tokens,
+    the model's forwards (the prefill counts as one, as AR's first token) and the rows they ran (prefill 1,
+    then 1 + the draft length each), read by a pre-hook that only counts."""
+    ids = torch.as_tensor(input_ids, device=model.device).reshape(1, -1)
+    widths: list[int] = []
+
+    def count(module, args, kwargs):
+        widths.append(kwargs["input_ids"].shape[1] if kwargs.get("input_ids") is not None else args[0].shape[1])
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        with plain_generation(model):
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, prompt_lookup_num_tokens=lookup)
+    finally:
+        hook.remove()
+    return {"tokens": out[0, ids.shape[1]:].tolist(), "steps": len(widths), "rows": 1 + sum(widths[1:])}

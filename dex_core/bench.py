@@ -1,4 +1,4 @@
-"""``dex bench``: DEX against autoregressive decoding and depth-selection baselines, side by side.
+"""``dex bench``: DEX against autoregressive decoding, depth-selection and token-axis baselines, side by side.
 
 Methods (every output compared token by token with HF ``generate``, greedy):
 
@@ -11,7 +11,9 @@ Methods (every output compared token by token with HF ``generate``, greedy):
   ``dex_core.profile``); ``dex-distributed``: the distributed schedule's measured wall clock;
 - ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
-- ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way.
+- ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way;
+- ``hf-prompt-lookup``: HF's prompt lookup (``--prompt-lookup-num-tokens`` drafts copied from the text so far,
+  verified in one forward), with its forwards (steps) and rows per token counted.
 
 Metrics: ``identical`` (prompts whose tokens equal HF greedy's) and ``certified`` (tokens that one
 teacher-forced forward of the unmodified model confirms as its choice or a near-tie, ``dex_core.verify``;
@@ -19,8 +21,8 @@ teacher-forced forward of the unmodified model confirms as its choice or a near-
 total time; ``measured`` or ``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
 DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
 counts once, explorers working in the same round count once); self-speculation: n * E + L per
-draft-verify step over the tokens committed; and the cost per token of ``dex_core.cost`` (heads and
-adapters included, both views). The EAD oracle (mean stable EAD) is a reference line.
+draft-verify step over the tokens committed; prompt lookup: L per forward; and the cost per token of
+``dex_core.cost`` (heads and adapters included, both views; prompt lookup: AR's per forward, or per row). The EAD oracle (mean stable EAD) is a reference line.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from .reference import hf_greedy
 from .verify import Certificate, certify_tokens
 from .request import encode_item
 
-METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit")
+METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit", "hf-prompt-lookup")
 DRAFTS = (1, 2, 3, 4, 6, 8)
 QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3),
          "profile": False}
@@ -51,7 +53,8 @@ class BenchConfig:
     device: str = option(DexConfig.device, DEVICE_HELP + "; every method runs there (dex-distributed: one "
                                            "device per explorer, cpu ones when this is cpu)")
     sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: humaneval, chat (ShareGPT held-out), "
-                                                          "builtin")
+                                                          "builtin, grounded (MT-bench and HumanEval prompts "
+                                                          "whose answer repeats the input)")
     prompts: int = option(20, "prompts per set, from the set's eval split")
     tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
     max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
@@ -60,8 +63,9 @@ class BenchConfig:
     adapters: str = option("auto", "inducing adapters for DEX and self-speculation: auto, default, none or a file")
     variants: str = option("shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters "
                                       "on/off x DECS on/off)")
-    methods: tuple[str, ...] = option(("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"),
+    methods: tuple[str, ...] = option(("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"),
                                       "methods to run: " + ", ".join(METHODS))
+    prompt_lookup_num_tokens: int = option(10, "hf-prompt-lookup: at most this many looked-up draft tokens per step")
     drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
     threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
     profile: bool = option(True, "time layers, heads and the distributed exchange on this machine (cached) and add "
@@ -71,6 +75,8 @@ class BenchConfig:
     prune: tuple[str, ...] = option(("auto",), "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
                                                "at most B new branches per round; auto = the library's default: 1 "
                                                "on CPU, off on accelerators)")
+    draft: str = option("none;auto", "DEX draft-chain settings to compare, ';'-separated: none (off), auto or "
+                                     "bounds like 'length=8,min_ngram=2'")
     quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
                                 "synthetic prompts (seconds; for tests)")
 
@@ -84,6 +90,9 @@ class BenchConfig:
         self.prune = tuple(DecoderOptions(prune=b).prune for b in parse_list(self.prune, "prune"))
         if not self.prune:
             raise DexError("prune needs at least one bound: 'none' or a positive integer")
+        self.draft = tuple(dict.fromkeys(d.strip() for d in str(self.draft).split(";") if d.strip())) or ("none",)
+        for d in self.draft:
+            DecoderOptions(draft=d)  # a bad bound is a DexError now, before the model loads
         if self.quick:
             for key, value in QUICK.items():
                 setattr(self, key, value)
@@ -96,8 +105,8 @@ class BenchConfig:
                            f"got {list(self.methods)}")
         if self.variants not in ("shipped", "all"):
             raise DexError(f"variants must be 'shipped' or 'all'; got {self.variants!r}")
-        if self.prompts < 1 or self.tune_prompts < 1 or self.max_new_tokens < 1:
-            raise DexError("prompts, tune_prompts and max_new_tokens must be positive")
+        if min(self.prompts, self.tune_prompts, self.max_new_tokens, self.prompt_lookup_num_tokens) < 1:
+            raise DexError("prompts, tune_prompts, max_new_tokens and prompt_lookup_num_tokens must be positive")
 
 
 def _quick_setup(device: torch.device):
@@ -160,7 +169,7 @@ def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
 def run_bench(cfg: BenchConfig, log=print) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
     from .adapters import resolve_adapters
-    from .baselines import hf_early_exit_generate, self_spec_generate
+    from .baselines import hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate
     from .ead import matches
     from .lens import layer_candidates
     from .decoder import DexDecoder
@@ -213,10 +222,10 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             runs.append(("dex-distributed", bool(adapters), True, {"backend": "distributed", "threads": cfg.threads,
                                                                    "devices": None if device.type == "cuda" else
                                                                    ("cpu",) * len(depths)}))
-        for (method, use, decs, more), prune in itertools.product(runs, cfg.prune):
+        for (method, use, decs, more), prune, draft in itertools.product(runs, cfg.prune, cfg.draft):
             d = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer,
-                           prune=prune, **light, **more)
-            key = (method, depths, use, decs, d.prune)  # keyed by the bound it resolved to ('auto' may equal 1)
+                           prune=prune, draft=draft, **light, **more)
+            key = (method, depths, use, decs, d.prune, draft)  # keyed by the bound it resolved to ('auto' may equal 1)
             if key in decoders:
                 d.close()
             else:
@@ -236,6 +245,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             (lambda p, n: (lambda t: (t, {"steps": len(t), "layer_forwards": L * len(t)}))(stage_ar.generate(p, n).tokens))
     if hf:
         runners["hf-early-exit"] = lambda p, n: (hf_early_exit_generate(model, p, n, hf["exit"], hf["draft"]), {})
+    runners["hf-prompt-lookup"] = lambda p, n: (lambda r: (r["tokens"], r))(hf_prompt_lookup_generate(
+        model, p, n, cfg.prompt_lookup_num_tokens))
     runners = {k: v for k, v in runners.items() if (k if isinstance(k, str) else k[0]) in cfg.methods}
 
     warm = next(iter(sets.values()))[0]
@@ -258,6 +269,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
                           for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
             ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r], device="cpu"), "L": L, "ss": ss, "hf": hf,
+                   "lookup": cfg.prompt_lookup_num_tokens,
                    "cost": ModelCost.of(model, adapters), "dex_cost": {k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
                    "proposal_vocab": {k: d.proposal_vocab for k, d in decoders.items()},
                    "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters, "profile": profile}

@@ -24,6 +24,7 @@ def headline(report: dict) -> list[dict]:
                bool(report["adapter_depths"])]
         ar = next(r for r in rows if r["method"] == "ar-hf")
         ss = next((r for r in rows if r["method"] == "self-spec"), None)
+        lookup = next((r for r in rows if r["method"] == "hf-prompt-lookup"), None)
         if not dex:
             continue
         best = min(dex, key=lambda r: r["cost_per_token"])
@@ -50,6 +51,10 @@ def headline(report: dict) -> list[dict]:
                          self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
                          dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
                          dex_over_self_spec_layers_only=ss["layer_forwards_per_token"] / best["layer_forwards_per_token"])
+        if lookup:
+            block.update(prompt_lookup_tokens_per_second=lookup["tokens_per_second"],
+                         prompt_lookup_over_ar=lookup["speedup_vs_ar"],
+                         dex_over_prompt_lookup=best["tokens_per_second"] / lookup["tokens_per_second"])
         out.append(block)
     return out
 
@@ -71,7 +76,9 @@ def headline_lines(report: dict) -> list[str]:
         line += (f"; tokens/s measured on one device {h['dex_tokens_per_second']:.2f} vs AR {h['ar_tokens_per_second']:.2f}"
                  + (f", projected on {h['dex_devices']} devices {h['dex_projected_tokens_per_second']:.2f} = "
                     f"{h['dex_projected_tokens_per_second'] / h['ar_tokens_per_second']:.3f}x AR ({comm})"
-                    if h.get("dex_projected_tokens_per_second") else "") + ".")
+                    if h.get("dex_projected_tokens_per_second") else "")
+                 + (f"; HF prompt lookup {h['prompt_lookup_tokens_per_second']:.2f} tokens/s = "
+                    f"{h['prompt_lookup_over_ar']:.3f}x AR" if "prompt_lookup_over_ar" in h else "") + ".")
         if h.get("fastest_config"):
             line += (f" Fastest projected DEX on this machine: {h['fastest_config']} — "
                      f"{h['fastest_projected_tokens_per_second']:.2f} tokens/s on {h['fastest_devices']} devices = "
@@ -86,7 +93,11 @@ def _config_text(row: dict) -> str:
     if row["method"].startswith("dex"):
         return (f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
                 f"DECS {'on' if row['decs'] else 'off'}, proposal rows {row.get('proposal_vocab', 'full')}"
-                + (f", prune {row['prune']}" if row.get("prune") else ""))
+                + (f", prune {row['prune']}" if row.get("prune") else "")
+                + (f", draft chains {row['draft']} ({row['drafted_share']:.0%} of tokens drafted)"
+                   if row.get("draft", "none") != "none" else ", no draft chains"))
+    if row["method"] == "hf-prompt-lookup":
+        return f"up to {row['draft']} looked-up tokens per step ({row['rows_per_step']:.2f} rows per step)"
     if "exit" in row and row["exit"] is None:
         return "no speculation (plain AR was cheapest on the tune split)"
     if "exit" in row:
@@ -115,7 +126,7 @@ def markdown(report: dict) -> str:
                      f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_ar']:.3f}",
                      _fmt(r.get("projected_tokens_per_second"), 2), f"{r['cost_per_token']:.2f}",
                      f"{r['cost_share_of_ar']:.3f}", f"{r['cost_per_token_rows']:.2f}", f"{r['layer_forwards_per_token']:.2f}",
-                     _fmt(r.get("rounds_per_token"), 3),
+                     _fmt(r.get("rounds_per_token", r.get("steps_per_token")), 3),
                      " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r)]
             lines.append("| " + " | ".join(cells) + " |")
         lines += [f"| EAD oracle | stable EAD at every depth (layers only; a reference, not a bound: DEX also "
@@ -151,13 +162,14 @@ def result_row(key, outs: list, ctx: dict) -> dict:
            "layer_forwards_per_token": float(L), "devices": 1, "cost_per_token": cost.ar(),
            "cost_per_token_rows": cost.ar()}
     if method in ("dex", "dex-distributed"):
-        _, depths, use, decs, prune = key
+        _, depths, use, decs, prune, draft = key
         stats = [o[1] for o in outs]
         rounds = sum(s.rounds for s in stats)
         covered = [d for d in ctx["adapters"] if use and d in depths[:-1]]
         batches = [b for s in stats for b in s.batch_sizes]
         cost = ctx["dex_cost"][key]
-        row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, prune=prune,
+        row.update(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, prune=prune, draft=draft,
+                   drafted_share=sum(s.drafted for s in stats) / T, tokens_per_round=T / rounds,
                    rows_per_round=sum(map(sum, batches)) / rounds, rounds_per_token=rounds / T,
                    proposal_vocab=ctx["proposal_vocab"][key], cost_per_token_full_heads=cost.full_heads().dex(depths, batches, T, "memory", covered),
                    depth_speedup=len(depths) * T / rounds, devices=len(depths),
@@ -165,7 +177,8 @@ def result_row(key, outs: list, ctx: dict) -> dict:
                    cost_per_token=cost.dex(depths, batches, T, "memory", covered),
                    cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
         if method == "dex":
-            predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs])
+            predicted = set_cost(ctx["cands"][use], flat, depths, decs, [len(r) for r in refs]) if draft == "none" \
+                else {"depth_speedup": None}  # EAD predicts pure depth exploration: chains' lookups are not in it
             projected = sum(s.projected_seconds for s in stats)
             comm = sum(exchange_seconds(ctx["profile"], b) for b in batches) if ctx.get("profile") else 0.0
             row.update(schedule="sequential (one device)", predicted_depth_speedup=predicted["depth_speedup"],
@@ -192,6 +205,11 @@ def result_row(key, outs: list, ctx: dict) -> dict:
                    layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
                    **{f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
                       for suffix, view in (("", "memory"), ("_rows", "rows"))})
+    elif method == "hf-prompt-lookup":  # a forward of n rows: AR's weights once (memory-bound), n times (rows)
+        steps, rows = sum(o[1]["steps"] for o in outs), sum(o[1]["rows"] for o in outs)
+        row.update(draft=ctx["lookup"], steps_per_token=steps / T, rows_per_step=rows / steps,
+                   layer_forwards_per_token=steps * L / T, cost_per_token=steps * cost.ar() / T,
+                   cost_per_token_rows=rows * cost.ar() / T)
     return row
 
 

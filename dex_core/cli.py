@@ -12,7 +12,9 @@ from pathlib import Path
 
 from . import serve
 from .bench import BenchConfig
-from .config import DTYPES, DexConfig, DexError, add_flags, from_args
+from .config import DTYPES, DexConfig, DexError
+from .flags import add_flags, from_args
+from .trace import round_commits
 from .console import log
 from .ead import EadConfig
 from .group import ExplorerError
@@ -70,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     ead.add_argument("--out", help="write the JSON report here (default: print it)")
     bench = sub.add_parser("bench", help="DEX vs AR vs depth-selection baselines, exactness checked",
                            description="Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally "
-                                       "distributed), self-speculation (tuned on a separate split) and HF "
-                                       "assistant_early_exit over prompt sets; report exactness, tokens/s and "
+                                       "distributed; with and without draft chains), self-speculation (tuned on a "
+                                       "separate split), HF assistant_early_exit and HF prompt lookup over prompt "
+                                       "sets (humaneval, chat, grounded); report exactness, tokens/s and "
                                        "critical-path layer forwards per token as JSON and markdown "
                                        "(python -m visualize.report draws the JSON as a chart).")
     add_flags(bench, BenchConfig)
@@ -124,8 +127,8 @@ def _generate(args) -> None:
         tic = time.perf_counter()
         for event in decoder.stream(ids, options=config.generation()):
             events.append(event)
-            if event["event"] == "round" and event["commit"]:
-                stream.push(event["commit"]["token"])
+            for commit in round_commits(event) if event["event"] == "round" else []:
+                stream.push(commit["token"])
         elapsed = time.perf_counter() - tic
         stream.finish()
     finally:

@@ -5,18 +5,16 @@
 - ``DexConfig``: both, plus what a command or the app needs to get a model (spec, dtype, chat template).
 
 A field's metadata holds its help text (CLI flags and UI labels) and, for numbers, the range the app's
-controls offer (``ui_min``/``ui_max``). ``add_flags`` turns fields into argparse flags.
+controls offer (``ui_min``/``ui_max``). ``dex_core.flags`` turns fields into argparse flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import operator
 import os
 import re
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +112,32 @@ class GenerationOptions:
         return pick(cls, base or cls(), **overrides)
 
 
+@dataclass(frozen=True)
+class DraftBounds:
+    """Bounds of draft chains (prompt lookup on the token axis inside the lattice, ``dex_core.draft``)."""
+    ngram: int = 3  # longest n-gram of a branch's text looked up in its context
+    min_ngram: int = 2  # shortest match that starts a chain (1-grams match nearly everywhere: rows for nothing)
+    length: int = 8  # looked-up tokens per chain
+    chains: int = 1  # new chains per round
+    rows: int = 24  # chain slots alive in the lattice at once (each is one row per stage per round)
+    gate: int = 0  # 1: cut a chain slot once its predecessor's candidates all differ from its input; 0: never
+
+    @classmethod
+    def parse(cls, value) -> DraftBounds | None:
+        """'auto' (the defaults), 'none' (off, None), a DraftBounds, or 'length=6,chains=2' (the rest default)."""
+        if isinstance(value, cls) or value in (None, "none", "auto"):
+            return cls() if value == "auto" else None if value == "none" else value
+        try:
+            pairs = dict(item.split("=") for item in _items(value, "draft"))
+            out = cls(**{k.strip(): integer(int(v), f"draft {k.strip()}", k.strip() != "gate") for k, v in pairs.items()})
+        except (TypeError, ValueError, AttributeError) as err:
+            raise DexError(f"draft must be auto, none or bounds like 'length=6,chains=2' ({', '.join(f.name for f in dataclasses.fields(cls))}: "
+                           f"integers >= 1); got {value!r:.80}") from (None if isinstance(err, DexError) else err)
+        if out.min_ngram > out.ngram or out.gate > 1:
+            raise DexError(f"draft needs min_ngram <= ngram and gate 0 or 1; got {value!r:.80}")
+        return out
+
+
 @dataclass
 class DecoderOptions:
     depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the model's "
@@ -128,6 +152,8 @@ class DecoderOptions:
                                             "candidates first (lattice pruning; exact: a pruned branch only loses "
                                             "reuse); auto: 1 on CPU explorers, off on accelerators; none: off",
                                      kind=str)
+    draft: str | DraftBounds | None = option("auto", "draft chains (prompt lookup inside the lattice; several exact "
+                                             "commits per round): auto, none, or bounds like 'length=8,chains=1'", kind=str)
     trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
     backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
                                       "(one process per explorer on torch.distributed)")
@@ -150,6 +176,7 @@ class DecoderOptions:
         elif not isinstance(self.adapters, Mapping):
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
         self.decs = flag(self.decs, "decs")
+        self.draft = DraftBounds.parse(self.draft)
         self.trace_top = integer(self.trace_top, "trace_top", 0)
         self.prune = rows_option("none" if self.prune is None else self.prune, "prune", ("auto", "none"))
         self.prune = None if self.prune == "none" else self.prune
@@ -271,30 +298,3 @@ def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -
 def stage_bounds(depths, stage: int) -> tuple[int, int]:
     """Layers [start, stop) of stage ``stage`` of exploration set ``depths``."""
     return (0 if stage == 0 else depths[stage - 1]), depths[stage]
-
-
-def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
-    """Command-line flags for the fields of dataclass ``cls`` (all, or those in ``names``)."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if (names is not None and f.name not in names) or f.metadata.get("cli") is False:
-            continue
-        flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
-        if hint is bool or hint == bool | None:  # None: decided where the option is used
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata["help"])
-            continue
-        args = typing.get_args(hint)
-        if typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args) or "kind" in f.metadata:
-            kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
-        else:
-            kind = next((t for t in (int, float) if hint is t or t in args), str)
-        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
-                            help=f"{f.metadata['help']} (default: {shown})")
-
-
-def from_args(cls, args: argparse.Namespace, **extra):
-    """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra)
-

@@ -10,15 +10,14 @@ import torch
 from .adapters import choose_depths, resolve_adapters
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .cost import ModelCost
-from .device import dtype_name
 from .engine import run_rounds
 from .explorer import Explorer
-from .lattice import resolve_prune
+from .device import dtype_name, resolve_prune
 from .models import model_view
 from .proposal import adapter_ranking, proposal_heads
 from .request import make_request
 from .results import GenerationResult
-from .trace import start_event
+from .trace import round_commits, start_event
 from .transport import LocalLink
 
 
@@ -96,13 +95,14 @@ class DexDecoder:
         request = make_request(self.view, input_ids, opts)
         yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
                           self.proposal_vocab, self.depth_choice, self.prune, self.cost,
-                          dtype=dtype_name(self.view.dtype), device=self._device())
+                          dtype=dtype_name(self.view.dtype), device=self._device(), draft=self.options.draft)
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
-                              self.trace_top, self._text if self.tokenizer is not None else None, self.prune)
+                              self.trace_top, self._text if self.tokenizer is not None else None, self.prune,
+                              self.options.draft)
 
     def _device(self) -> str:
         """Where the token choices are made: this model's device, or the final explorer's."""
@@ -114,8 +114,8 @@ class DexDecoder:
             for node in event["nodes"]:
                 node["text"] = self._text(node["token"])
                 node["top"] = [[t, p, self._text(t)] for t, p, *_ in node["top"]]
-            if event["commit"]:
-                event["commit"]["text"] = self._text(event["commit"]["token"])
+            for commit in round_commits(event) + [event["commit"] or {"token": 0}]:  # "commit": the first
+                commit["text"] = self._text(commit["token"])
         return event
 
     def close(self) -> None:

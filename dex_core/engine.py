@@ -100,11 +100,12 @@ def _margin(plan, outputs: dict, node_id: int) -> dict:
 
 
 def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request: Request, decs: bool,
-               trace_top: int, text=None, prune: int | None = None) -> Iterator[dict]:
+               trace_top: int, text=None, prune: int | None = None, draft=None) -> Iterator[dict]:
     """The round loop, shared by every schedule: yields one event per round, then the end event.
 
     ``explorers`` are the ones this process runs (all of them in the sequential schedule, one per
-    process in the distributed one); ``link`` moves hidden states and candidates between them.
+    process in the distributed one); ``link`` moves hidden states and candidates between them. With
+    ``draft`` (``DraftBounds``) the lattice runs draft chains and a round may commit several tokens.
     """
     K, prompt, o = len(depths), list(request.prompt), request.options
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
@@ -117,7 +118,7 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
     with clock.span("prefill"):
         if len(prompt) > 1:
             link.prefill(explorers, view, prompt[:-1])
-    lattice = Lattice(K, prompt[-1], len(prompt))
+    lattice = Lattice(K, prompt[-1], len(prompt), draft, prompt, len(prompt) + o.max_new_tokens - 1)
     tokens: list[int] = []
     while True:
         with clock.span("round"):
@@ -131,10 +132,12 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
             with clock.span("plan"):
                 lattice.record({n.id: tok for k, out in outputs.items() for n, tok in zip(plan.batches[k], out.tokens)},
                                {n.id: p for k, out in outputs.items() for n, p in zip(plan.batches[k], out.probs or [])})
+                if lattice.cut:  # chain slots their predecessor's candidates contradicted
+                    link.keep(lattice.nodes)
             with clock.span("trace"):
                 records = _node_records(plan, outputs, lattice, decs, K, text)
-            commit = collapse = None
-            if lattice.ready():
+            commits, cplans = [], []
+            while lattice.ready() and stats.stop == "length" and len(tokens) < o.max_new_tokens:  # along a chain
                 with clock.span("commit"):
                     cplan = lattice.commit()
                 with clock.span("collapse"):
@@ -144,9 +147,10 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
                     sampler.forget_before(cplan.position + 1)
                 tokens.append(cplan.token)
                 stats.matched_stages.append(cplan.matched_stage)
-                commit = commit_record(cplan, len(tokens) - 1, text(cplan.token) if text else None,
-                                       **_margin(plan, outputs, cplan.anchor_nodes[-1]))
-                collapse = collapse_record(cplan)
+                stats.drafted += cplan.drafted
+                cplans.append(cplan)
+                commits.append(commit_record(cplan, len(tokens) - 1, text(cplan.token) if text else None,
+                                             **_margin(plan, outputs, cplan.anchor_nodes[-1])))
                 if cplan.token in request.eos:
                     stats.stop = "eos"
             if link.cancelled:
@@ -158,7 +162,7 @@ def run_rounds(view: ModelView, depths, explorers: list[Explorer], link, request
                                 **{k: v for k, v in t.items() if not isinstance(k, tuple)})
         stats.prefill_seconds += timings["prefill"]
         stats.add_round(timings, [len(b) for b in plan.batches])
-        yield round_event(plan, lattice, records, commit, collapse, timings)
+        yield round_event(plan, lattice, records, commits, collapse_record(cplans), timings)
         if stats.stop != "length" or len(tokens) >= o.max_new_tokens:
             break
     stats.finish(len(tokens), clock.since(start))

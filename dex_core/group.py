@@ -111,7 +111,7 @@ class ExplorerGroup:
         self.count = len(self.depths)
         self.devices = resolve_devices(options.devices, self.count)
         self.threads = options.threads or default_threads(self.count)
-        self.decs, self.trace_top, self.prune = options.decs, options.trace_top, options.prune
+        self.decs, self.trace_top, self.prune, self.draft = options.decs, options.trace_top, options.prune, options.draft
         self.op_timeout, self.start_timeout = options.op_timeout, options.start_timeout
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
@@ -145,7 +145,8 @@ class ExplorerGroup:
             self._conns[k] = self._connect(k, key, deadline)
             self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,
                                  "init_method": (self._tmp / "rendezvous").as_uri(), "depths": self.depths,
-                                 "decs": self.decs, "trace_top": self.trace_top, "prune": self.prune, "op_timeout": self.op_timeout,
+                                 "decs": self.decs, "trace_top": self.trace_top, "prune": self.prune, "draft": self.draft,
+                                 "op_timeout": self.op_timeout,
                                  "start_timeout": self.start_timeout, "share": True, "stage": self.stage_rows})
         ready: set[int] = set()
         while len(ready) < self.count:

@@ -12,29 +12,36 @@ Vocabulary (DESIGN.md):
   collapses onto that child's subtree. A token matched at stage k thus costs k + 1 rounds; with no
   earlier match (k = K - 1) the next anchor starts from scratch and the token costs K rounds.
 
-The engine drives it: ``plan_round`` -> compute the planned nodes -> ``record`` their candidates ->
-``commit`` once ``ready`` is true.
+The engine drives it: ``plan_round``, compute, ``record`` the candidates, ``commit`` while ``ready``.
 
 Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per round, those
 whose parent's candidate was the most probable first; the root and depth children are never pruned, so
 every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
 position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on
-the device (``resolve_prune``): where a forward's cost grows with its rows (CPUs) B = 1 keeps every
+the device (``device.resolve_prune``): where a forward's cost grows with its rows (CPUs) B = 1 keeps every
 explorer at one row; where a batch costs its weights once (accelerators at small batch) extra rows are
 nearly free and pruning only adds rounds.
+
+Draft chains (``draft``, see ``dex_core.draft``): a new stage-0 slot X (root or position child) whose
+prefix ends with an n-gram seen earlier in the context gets a *chain*: slots X_1..X_m with the looked-up
+continuation d_1..d_m as inputs (X_j predicts X's position + j, parent X_{j-1}), entering stage 0 with X
+and moving down the stages with it; a chain whose last slot's prefix still finds a draft grows by more
+slots the next round. A chain slot is *cut* (with all under it) once the slot before it has
+candidates and none equals its input; until then that slot starts no position children (its child is the
+chain slot, further along; if the chain breaks there, the next anchor starts from scratch). At a commit of y the next anchor is the anchor's child with input y:
+its chain slot, else the position child of the shallowest stage whose candidate is y. A chain slot is as
+deep as its predecessor, so it is complete when that one commits, and commits in the same round.
+Exact: that child's prefix is the committed prefix followed by y, the new committed prefix. Its final
+token was computed by the model's layers under exactly that prefix (tree attention over the committed KV
+and its own ancestors) and chosen by the final sampler with its position's noise row: the token AR emits
+there. The lookup only chose which prefixes to compute.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-def resolve_prune(prune, device_types) -> int | None:
-    """The bound a decoder uses for option ``prune``: 'auto' is 1 when every explorer runs on CPU and off
-    (None) on accelerators; a number or None is taken as given."""
-    if prune != "auto":
-        return prune
-    return 1 if all(str(t).split(":")[0] == "cpu" for t in device_types) else None
+from .draft import PromptLookup
 
 
 @dataclass
@@ -45,6 +52,8 @@ class Slot:
     parent: int | None  # slot whose candidate is input_token (None for a root slot)
     path: tuple[int, ...]  # uncommitted slots from the anchor down to this one, inclusive
     nodes: list[int] = field(default_factory=list)  # node id per computed stage
+    drafted: bool = False  # a chain slot: its input token was looked up, not proposed
+    chain_child: int | None = None  # the next slot of this slot's chain
 
 
 @dataclass
@@ -52,7 +61,7 @@ class Node:
     id: int
     slot: int
     stage: int
-    kind: str  # "root" | "depth" | "position"
+    kind: str  # "root" | "depth" | "position" | "chain" (a chain slot's stage-0 node)
     parent: int | None  # depth parent (same slot) or the node whose candidate started this slot
     position: int
     input_token: int
@@ -76,6 +85,7 @@ class RoundPlan:
     state_before: int
     batches: list[list[Node]]  # per stage, the nodes to compute this round
     pruned: list[int] = field(default_factory=list)  # nodes whose position child was not started
+    chains: list[list[int]] = field(default_factory=list)  # per chain started this round, its stage-0 nodes
 
 
 @dataclass
@@ -91,24 +101,31 @@ class CommitPlan:
     kept_slots: set[int]
     new_anchor: int | None  # node id of the next anchor's first node when it was already computed
     state_after: int
+    drafted: bool = False  # the committed slot was a chain slot (its input a looked-up token)
+    via: str = "root"  # how the next anchor was found: "chain", "position" or "root" (from scratch)
 
 
 class Lattice:
     """Lattice of one decoding run for ``explorers`` stages.
 
-    ``root_token`` is the last prompt token and ``root_position`` the first position to generate.
+    ``root_token`` is the last prompt token, ``root_position`` the first position to generate. With ``draft``
+    (``DraftBounds``) chains are looked up in ``context`` (the prompt) and the commits, up to ``stop_position``.
     """
 
-    def __init__(self, explorers: int, root_token: int, root_position: int):
+    def __init__(self, explorers: int, root_token: int, root_position: int, draft=None,
+                 context: list[int] | None = None, stop_position: int | None = None):
         if explorers < 1:
             raise ValueError(f"need at least one explorer; got {explorers}")
         self.K = explorers
+        self.draft, self.stop_position = draft, stop_position
+        self.lookup = PromptLookup(list(context or [root_token]), draft.ngram) if draft else None
+        self.cut: list[int] = []  # node ids the last record() cut (chain slots their predecessor contradicted);
+        self._gone, self._gone_nodes = {}, {}  # their slots and nodes by id, until the next record()
         self.nodes: dict[int, Node] = {}
         self.slots: dict[int, Slot] = {}
         self.rounds = 0
         self.anchor: int | None = None  # slot id, set when the root is computed
-        self._next_node = 0
-        self._next_slot = 0
+        self._next_node = self._next_slot = self._reserved = 0
         self._pending: list[_Pending] = [_Pending("root", None, root_token, root_position)]
         self._latest: list[Node] = []
 
@@ -129,6 +146,8 @@ class Lattice:
         state_before = self.state
         self.rounds += 1
         pruned: list[int] = []
+        self._reserved = 0
+        extend = self._extensions() if self.draft is not None else []
         branches = [p for p in self._pending if p.kind == "position"]
         if prune is not None and len(branches) > prune:
             ranked = sorted(branches, key=lambda p: (-self.nodes[p.parent].prob, p.parent))
@@ -142,12 +161,52 @@ class Lattice:
             batches[node.stage].append(node)
             new.append(node)
         self._pending = []
+        chains = [self._grow(self.nodes[slot.nodes[0]], tokens) for slot, tokens in extend]
+        heads = sorted((n for n in new if n.kind in ("root", "position") and self.draft is not None),
+                       key=lambda n: (n.kind != "root", -(self.nodes[n.parent].prob if n.parent in self.nodes else 1)))
+        for head in heads:
+            if len(chains) < self.draft.chains and (tokens := self._draft(self.slots[head.slot])):
+                chains.append(self._grow(head, tokens))
+        for chain in chains:
+            batches[0] += chain
+            new += chain
         self._latest = new
-        return RoundPlan(self.rounds, state_before, batches, pruned)
+        return RoundPlan(self.rounds, state_before, batches, pruned, [[n.id for n in c] for c in chains])
+
+    def _extensions(self) -> list[tuple[Slot, list[int]]]:
+        """Chains whose last slot's prefix still finds a draft go on (at most ``chains``, the shallowest
+        first): (slot, tokens). That slot's pending position children are dropped: its child is now the
+        chain's next slot."""
+        ends = sorted((s for s in self.slots.values() if s.drafted and s.chain_child is None), key=lambda s: s.position)
+        out = [(s, t) for s in ends[:self.draft.chains] if (t := self._draft(s))]
+        grown = {s.id for s, _ in out}
+        self._pending = [p for p in self._pending if p.kind != "position" or self.nodes[p.parent].slot not in grown]
+        return out
+
+    def _draft(self, slot: Slot) -> list[int]:
+        """The looked-up continuation of ``slot``'s prefix, within the bounds (rows reserved this round count)."""
+        d, stop = self.draft, self.stop_position
+        room = min(d.length, d.rows - sum(s.drafted for s in self.slots.values()) - self._reserved,
+                   d.length if stop is None else stop - slot.position)
+        tokens = self.lookup.draft([self.slots[s].input_token for s in slot.path[1:]], room, d.min_ngram)
+        self._reserved += len(tokens)
+        return tokens
+
+    def _grow(self, head: Node, tokens: list[int]) -> list[Node]:
+        """Chain slots with inputs ``tokens`` after ``head``'s slot, at stage 0 this round."""
+        chain, parent = [], head
+        for token in tokens:
+            pslot = self.slots[parent.slot]
+            sid, nid = self._next_slot, self._next_node
+            self._next_slot, self._next_node = sid + 1, nid + 1
+            self.slots[sid] = Slot(sid, pslot.position + 1, token, pslot.id, pslot.path + (sid,), [nid], drafted=True)
+            pslot.chain_child = sid
+            parent = self.nodes[nid] = Node(nid, sid, 0, "chain", parent.id, pslot.position + 1, token, self.rounds)
+            chain.append(parent)
+        return chain
 
     def _materialize(self, item: _Pending) -> Node:
-        nid = self._next_node
-        self._next_node += 1
+        nid, self._next_node = self._next_node, self._next_node + 1
         if item.kind == "depth":
             parent = self.nodes[item.parent]
             slot = self.slots[parent.slot]
@@ -161,10 +220,8 @@ class Lattice:
                 pslot = self.slots[parent.slot]
                 token, position, parent_slot, path_head = parent.token, pslot.position + 1, pslot.id, pslot.path
                 parent.position_child = nid
-            sid = self._next_slot
-            self._next_slot += 1
-            slot = Slot(sid, position, token, parent_slot, path_head + (sid,))
-            self.slots[sid] = slot
+            sid, self._next_slot = self._next_slot, self._next_slot + 1
+            self.slots[sid] = Slot(sid, position, token, parent_slot, path_head + (sid,))
             if item.kind == "root":
                 self.anchor = sid
             node = Node(nid, sid, 0, item.kind, item.parent, position, token, self.rounds)
@@ -174,21 +231,39 @@ class Lattice:
 
     def prior_tokens(self, node: Node) -> list[int]:
         """Candidates of the shallower stages of the node's slot chain (what DECS masks)."""
-        slot = self.slots[node.slot]
-        return [self.nodes[n].token for n in slot.nodes[: node.stage]]
+        slot = self.slots.get(node.slot) or self._gone[node.slot]
+        return [(self.nodes.get(n) or self._gone_nodes[n]).token for n in slot.nodes[: node.stage]]
 
     def record(self, tokens: dict[int, int], probs: dict[int, float] | None = None) -> None:
         """Set the candidates (and their probabilities) of this round's nodes and queue their children."""
-        missing = [n.id for n in self._latest if n.id not in tokens]
-        if missing:
+        if missing := [n.id for n in self._latest if n.id not in tokens]:
             raise ValueError(f"no candidate recorded for nodes {missing}")
         for node in self._latest:
             node.token = int(tokens[node.id])
             node.prob = float(probs.get(node.id, 1.0)) if probs else 1.0
+        self.cut, self._gone, self._gone_nodes = [], {}, {}
+        for node in self._latest:
+            child = self.slots[node.slot].chain_child if node.id in self.nodes else None
+            if child is not None and self.draft.gate and self.slots[child].input_token not in \
+                    self.prior_tokens(node) + [node.token]:
+                self._cut(child)
+        for node in self._latest:
+            if node.id not in self.nodes:
+                continue
             if node.stage < self.K - 1:
                 self._pending.append(_Pending("depth", node.id))
-            self._pending.append(_Pending("position", node.id))
+            if self.slots[node.slot].chain_child is None:  # a chain slot's child is the next chain slot
+                self._pending.append(_Pending("position", node.id))
         self._latest = []
+
+    def _cut(self, slot_id: int) -> None:
+        """Drop chain slot ``slot_id`` and every slot under it (called before their children are queued)."""
+        gone = {s.id for s in self.slots.values() if slot_id in s.path}
+        self.slots[self.slots[slot_id].parent].chain_child = None
+        nodes = sorted(n.id for n in self.nodes.values() if n.slot in gone)
+        self.cut += nodes
+        self._gone_nodes.update((n, self.nodes.pop(n)) for n in nodes)
+        self._gone.update((s, self.slots.pop(s)) for s in gone)
 
     def commit(self) -> CommitPlan:
         """Commit the anchor's final-stage token and collapse onto the matched subtree."""
@@ -197,13 +272,17 @@ class Lattice:
         anchor = self.slots[self.anchor]
         chain = list(anchor.nodes)
         candidates = [self.nodes[n].token for n in chain]
-        y = candidates[-1]
-        k = candidates.index(y)
-        new_root = self.nodes[chain[k]].position_child if k < self.K - 1 else None
-        kept_slots: set[int] = set()
-        if new_root is not None:
-            root_slot = self.nodes[new_root].slot
-            kept_slots = {s.id for s in self.slots.values() if root_slot in s.path}
+        y, k = candidates[-1], candidates.index(candidates[-1])
+        child = self.slots.get(anchor.chain_child)
+        if child is not None and child.input_token == y:
+            new_root, via = child.nodes[0], "chain"
+        else:
+            new_root = self.nodes[chain[k]].position_child if k < self.K - 1 else None
+            via = "root" if new_root is None else "position"
+        if self.lookup is not None:
+            self.lookup.extend(y)
+        root_slot = None if new_root is None else self.nodes[new_root].slot
+        kept_slots = {s.id for s in self.slots.values() if root_slot is not None and root_slot in s.path}
         kept = sorted(n.id for n in self.nodes.values() if n.slot in kept_slots)
         dropped = sorted(n.id for n in self.nodes.values()
                          if n.slot not in kept_slots and n.slot != anchor.id)
@@ -218,4 +297,4 @@ class Lattice:
             for slot in self.slots.values():
                 slot.path = slot.path[slot.path.index(self.anchor):]
         return CommitPlan(anchor.position, y, k, chain, candidates, anchor.id, kept, dropped,
-                          kept_slots, new_root, self.state)
+                          kept_slots, new_root, self.state, anchor.drafted, via)

@@ -206,10 +206,11 @@ def warm_up(link: DistLink) -> None:
     link.reset()
 
 
-def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int, prune=None):
+def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int, prune=None,
+                  draft=None):
     """Run one generation request on this rank; yields the trace events (identical on every rank)."""
     with torch.no_grad():
-        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top, prune=prune)
+        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top, prune=prune, draft=draft)
 
 
 class _Cancel:
@@ -276,7 +277,7 @@ def main(argv=None) -> None:
             request = msg[1]
             cancel.current = request.id
             for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"],
-                                       opts["prune"]):
+                                       opts["prune"], opts["draft"]):
                 if rank == 0:
                     send("event", request.id, event)
     except BaseException as err:  # report, and leave at once so the peers notice

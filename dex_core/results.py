@@ -22,6 +22,7 @@ class GenerationStats:
     rounds_per_token: float = 0.0
     depth_speedup: float = 0.0  # K / (rounds/token); AR through K stages = 1
     matched_stages: list[int] = field(default_factory=list)  # per committed token
+    drafted: int = 0  # tokens committed from draft-chain slots (looked-up inputs), in the round before them
     batch_sizes: list[list[int]] = field(default_factory=list)  # per round, per explorer
     compute_seconds: list[float] = field(default_factory=list)  # per explorer, expansion only
     bookkeeping_seconds: float = 0.0  # plan + masks + commit + collapse

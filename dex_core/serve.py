@@ -16,7 +16,8 @@ import warnings
 
 import torch
 
-from .config import DexConfig, DexError, add_flags, from_args
+from .config import DexConfig, DexError
+from .flags import add_flags, from_args
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = ("model", "depths", "adapters", "decs", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
@@ -64,12 +65,12 @@ def run(args: argparse.Namespace) -> None:
     from .adapters import choose_depths, resolve_adapters
     from .group import default_threads
     from .console import TextStream, print_report
-    from .lattice import resolve_prune
+    from .device import resolve_prune
     from .models import load_model
     from .proposal import adapter_ranking, shortlist_ids
     from .rank import join_group, serve_request, stage_payload
     from .request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
-    from .trace import start_event
+    from .trace import round_commits, start_event
 
     if "WORLD_SIZE" not in os.environ:
         raise DexError(f"dex serve runs one explorer per process under torchrun, e.g. {USAGE}")
@@ -110,9 +111,9 @@ def run(args: argparse.Namespace) -> None:
         if box[0] is None:
             break
         stream, tic = TextStream(tokenizer), time.perf_counter()
-        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, prune[0]):
-            if rank == 0 and event["event"] == "round" and event["commit"]:
-                stream.push(event["commit"]["token"])
+        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, prune[0], config.draft):
+            for commit in round_commits(event) if rank == 0 and event["event"] == "round" else []:
+                stream.push(commit["token"])
         if rank == 0:
             stream.finish()
             start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how, prune[0])

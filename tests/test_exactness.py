@@ -5,6 +5,7 @@ import torch
 
 from conftest import tiny_model
 from dex_core import DexDecoder, ar_generate, hf_greedy
+from dex_core.trace import round_commits
 
 FAMILIES = {
     "llama": {},
@@ -29,8 +30,11 @@ def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_
         result = DexDecoder(family_model, explorers=K, prune="none").generate(prompt, NEW)
         assert result.tokens == reference, f"K={K}"
         assert len(result.stats.matched_stages) == NEW
-        # the round law of the unpruned lattice (a pruned match restarts its anchor)
-        expected_rounds = K + sum(k + 1 for k in result.stats.matched_stages[:-1])
+        # the round law of the unpruned lattice (a pruned match restarts its anchor): a token matched at
+        # stage k costs the next one k + 1 rounds; one whose draft chain carried on, none (same round)
+        commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
+        assert [c["matched_stage"] for c in commits] == result.stats.matched_stages
+        expected_rounds = K + sum(0 if c["via"] == "chain" else c["matched_stage"] + 1 for c in commits[:-1])
         assert result.stats.rounds == expected_rounds
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dex_core import DexDecoder, hf_greedy, load_model
+from dex_core.trace import round_commits
 from dex_core.adapters import DEFAULT_ADAPTERS
 from dex_core.data import humaneval_prompts
 from dex_core.proposal import DEFAULT_PROPOSAL_VOCAB
@@ -32,10 +33,13 @@ def test_dex_k4_equals_hf_generate_on_humaneval_prompts(default_model):
         prompt = tokenizer(item["prompt"])["input_ids"]
         result = decoder.generate(prompt, 32)
         assert result.tokens == hf_greedy(model, prompt, 32), item["id"]
-        matched = [e["commit"]["matched_stage"] for e in result.trace if e["event"] == "round" and e["commit"]]
+        commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
+        matched = [c["matched_stage"] for c in commits]
         assert len(matched) == len(result.tokens) and set(matched) != {3}, matched  # some tokens commit early
-        # the first token takes the 4 rounds of the pipeline, each next one the stage that matched before it + 1
-        assert result.stats.rounds == 4 + sum(k + 1 for k in matched[:-1]), item["id"]
+        # the first token takes the 4 rounds of the pipeline, each next one the stage that matched before it + 1,
+        # or none when a draft chain carried on (the next token commits in the same round)
+        assert result.stats.rounds == 4 + sum(0 if c["via"] == "chain" else c["matched_stage"] + 1
+                                              for c in commits[:-1]), item["id"]
         assert result.stats.rounds_per_token == pytest.approx(result.stats.rounds / len(result.tokens))
 
 
@@ -50,7 +54,7 @@ def test_every_figure_of_a_default_model_trace_builds_with_at_most_15_lattice_no
 
     model, tokenizer = default_model
     prompt = tokenizer("def fibonacci(n):")["input_ids"]
-    trace = DexDecoder(model, explorers=4, tokenizer=tokenizer).generate(prompt, 24).trace
+    trace = DexDecoder(model, explorers=4, tokenizer=tokenizer, draft="none").generate(prompt, 24).trace
     views, rounds = viz.replay(trace), [e for e in trace if e["event"] == "round"]
     assert len(views) == len(rounds) == trace[-1]["stats"]["rounds"] and views[-1].tokens == trace[-1]["tokens"]
     alive = []

@@ -5,12 +5,20 @@ import json
 import pytest
 
 from dex_core import DexDecoder, DexError, load_trace, save_trace
-from dex_core.trace import TRACE_VERSION
+from dex_core.trace import TRACE_VERSION, round_commits
 
 
-@pytest.fixture(scope="module")
-def trace(llama):
-    return DexDecoder(llama, explorers=4, trace_top=5, prune="none").generate([4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2).trace
+CHAINED = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a prompt that repeats itself: lookups find drafts
+
+
+@pytest.fixture(scope="module", params=["sampled", "chains"])
+def trace(llama, request):
+    if request.param == "sampled":
+        return DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="none").generate(
+            [4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2).trace
+    events = DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="gate=0").generate(CHAINED, 24).trace
+    assert any(len(round_commits(e)) > 1 for e in events if e["event"] == "round")  # the test must see chains
+    return events
 
 
 def test_events_are_plain_json_and_survive_a_round_trip(trace, tmp_path):
@@ -39,22 +47,30 @@ def test_replaying_rounds_rebuilds_the_lattice_and_the_output(trace):
             continue
         for node in event["nodes"]:
             assert node["id"] not in alive
-            assert node["kind"] in ("root", "depth", "position")
+            assert node["kind"] in ("root", "depth", "position", "chain")
             assert node["top"] == sorted(node["top"], key=lambda tp: -tp[1])
             alive[node["id"]] = node
         assert sorted(i for b in event["batches"] for i in b) == sorted(n["id"] for n in event["nodes"])
         for k, batch in enumerate(event["batches"]):
             assert all(alive[i]["stage"] == k for i in batch)
+        for i in event.get("cut", []):
+            del alive[i]
         if event["collapse"] is None:
-            assert len(alive) == 2 ** event["state_after"] - 1
+            if not any(n["kind"] == "chain" for n in alive.values()):
+                assert len(alive) == 2 ** event["state_after"] - 1
         else:
             c = event["collapse"]
             assert set(c["kept"]) | set(c["dropped"]) | set(c["committed"]) == set(alive)
-            commit = event["commit"]
-            assert [alive[i]["token"] for i in commit["anchor_nodes"]] == commit["anchor_candidates"]
-            assert commit["token"] == commit["anchor_candidates"][-1]
-            assert commit["anchor_candidates"].index(commit["token"]) == commit["matched_stage"]
-            committed.append(commit["token"])
+            commits = round_commits(event)
+            assert commits[0] is event["commit"] and c["committed"] == [i for m in commits for i in m["anchor_nodes"]]
+            for commit, after in zip(commits, commits[1:] + [None]):
+                assert [alive[i]["token"] for i in commit["anchor_nodes"]] == commit["anchor_candidates"]
+                assert commit["token"] == commit["anchor_candidates"][-1]
+                assert commit["anchor_candidates"].index(commit["token"]) == commit["matched_stage"]
+                if after is not None:  # a second commit in a round is a chain slot fed the token just committed
+                    assert commit["via"] == "chain" and after["drafted"]
+                    assert alive[after["anchor_nodes"][0]]["input_token"] == commit["token"]
+                committed.append(commit["token"])
             alive = {i: alive[i] for i in c["kept"]}
         assert sorted(alive) == event["alive"]
     assert committed == trace[-1]["tokens"]
@@ -71,15 +87,17 @@ def test_decs_masks_are_recorded_and_respected(trace):
 def test_dtype_device_and_commit_margins_are_recorded_and_optional(trace, tmp_path):
     start = trace[0]
     assert (start["dtype"], start["device"]) == ("float64", "cpu")
-    commits = [e["commit"] for e in trace if e["event"] == "round" and e["commit"]]
+    commits = [c for e in trace if e["event"] == "round" for c in round_commits(e)]
     assert len(commits) == 24 and all(type(c["near_tie"]) is bool and c["margin"] >= 0 for c in commits)
     assert all(c["near_tie"] == (c["margin"] <= c["tie_gap"]) for c in commits)
-    old = json.loads(json.dumps(trace))  # a trace made before these keys existed
+    old = json.loads(json.dumps(trace))  # a trace made before these keys existed (and before draft chains)
     for key in ("dtype", "device"):
         del old[0][key]
-    for e in old:
+    for e in old if not any(len(round_commits(e)) > 1 for e in old if e["event"] == "round") else []:
+        for key in ("commits", "chains", "cut"):
+            e.pop(key, None)
         if e["event"] == "round" and e["commit"]:
-            for key in ("margin", "near_tie", "tie_gap"):
+            for key in ("margin", "near_tie", "tie_gap", "drafted", "via"):
                 del e["commit"][key]
     save_trace(tmp_path / "old.json", old)
     assert load_trace(tmp_path / "old.json")[0] == old

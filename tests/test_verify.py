@@ -11,6 +11,7 @@ from dex_core.cli import main
 from dex_core.reference import ar_generate, hf_greedy
 from dex_core.config import GenerationOptions
 from dex_core.sampling import Sampler, tie_gap
+from dex_core.trace import round_commits
 from dex_core.verify import Certificate, certify_tokens, verify_trace
 
 PROMPT = [4, 8, 15, 16, 23, 42]
@@ -73,7 +74,7 @@ def test_reduced_precision_dex_commits_only_certified_tokens_and_records_each_ma
     model = tiny_model("llama", layers=6, vocab=96, seed=2).to(dtype)
     dex = DexDecoder(model, explorers=3, trace_top=3)
     result = dex.generate(PROMPT, 32)
-    commits = [e["commit"] for e in result.trace if e["event"] == "round" and e["commit"]]
+    commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
     assert [c["token"] for c in commits] == result.tokens and len(commits) == 32
     assert all(c["margin"] >= 0 and c["near_tie"] == (c["margin"] <= c["tie_gap"]) for c in commits)
     nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
@@ -144,7 +145,10 @@ def test_dex_verify_passes_a_real_trace_and_fails_a_corrupted_one(tiny_dir, tmp_
     assert lines[-1] == "certified: 12 of 12 tokens within the tie gap (worst gap 0)" and len(lines) == 2
     assert lines[0].startswith("dex trace, greedy; float32 on cpu")
     doc = json.loads(path.read_text())
-    commits = [e["commit"] for e in doc["events"] if e["event"] == "round" and e["commit"]]
+    commits = [c for e in doc["events"] if e["event"] == "round" for c in round_commits(e)]
+    for e in doc["events"]:  # read from JSON, "commit" is a copy of "commits"[0]: one record to corrupt
+        if e["event"] == "round" and e["commit"]:
+            e["commit"] = e["commits"][0]
     old = commits[4]["token"]
     new = (old + 1) % 96
     commits[4]["token"] = doc["events"][-1]["tokens"][4] = new

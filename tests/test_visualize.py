@@ -12,22 +12,25 @@ import pytest
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
+from test_visualize_chains import chains, cut_chains  # noqa: F401  (the draft-chain traces, fixtures)
 from visualize import (FATE_COLORS, OKABE_ITO, STATUS_COLORS, ead_figure, export_graph, fsm_html, lattice_figure,
                        lattice_graph, lattice_size, node_status, race_figure, race_summary_html, replay,
                        round_table_html, run_report_html, speedup_figure, stage_color, stats_html, status_html,
                        timeline_figure, tokens_html)
+from visualize import palette
 from visualize.lattice import EDGE_GROUPS
+from visualize.replay import commits_of
 
 
 @pytest.fixture(scope="module")
 def greedy(llama):
-    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none").generate(
+    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="none").generate(
         [1, 2, 3, 4], 16).trace
 
 
 @pytest.fixture(scope="module")
 def sampled(llama):
-    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5)
+    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, draft="none")
     return decoder.generate([1, 2, 3, 4], 16, temperature=0.8, seed=1).trace
 
 
@@ -37,7 +40,7 @@ def deep():
     return decoder.generate([1, 2, 3, 4], 2).trace
 
 
-@pytest.fixture(params=["greedy", "sampled"])
+@pytest.fixture(params=["greedy", "sampled", "chains", "cut_chains"])
 def trace(request):
     return request.getfixturevalue(request.param)
 
@@ -88,7 +91,9 @@ def test_replay_holds_the_lattice_before_collapse(trace):
     assert pruned == (trace[0]["sampling"]["temperature"] > 0)
     for view in replay(trace):
         if view.commit:
-            assert lattice_size(view) == len(view.committed_ids) + len(view.kept) + len(view.dropped)
+            assert lattice_size(view) == len(view.committed_ids) + len(view.kept) + len(view.dropped) + len(view.cut)
+        elif any(n["kind"] == "chain" for n in view.nodes.values()):  # draft chains add slots to the lattice
+            assert lattice_size(view) > 2 ** view.state_after - 1 or view.cut
         elif pruned:  # a full lattice at state q holds 2^q - 1 nodes; pruning leaves out branches
             assert lattice_size(view) <= 2 ** view.state_after - 1
         else:
@@ -126,14 +131,15 @@ def test_lattice_figure_draws_one_marker_per_node_in_one_trace_per_status(trace)
 def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
     views = replay(trace)
     view = first_commit_with(views, lambda v: v.commit["matched_stage"] < 3 and v.dropped)
-    final, matched = view.commit["anchor_nodes"][-1], view.commit["anchor_nodes"][view.commit["matched_stage"]]
-    assert node_status(view, final) == "final"
-    assert node_status(view, matched) == "accepted"
+    for c in view.round_commits:  # a round along a draft chain commits several tokens
+        final, matched = c["anchor_nodes"][-1], c["anchor_nodes"][c["matched_stage"]]
+        assert node_status(view, final) == "final"
+        assert node_status(view, matched) == ("final" if matched == final else "accepted")
     assert all(node_status(view, i) == "accepted" for i in view.kept)
     assert all(node_status(view, i) == "discarded" for i in view.dropped)
     fig = lattice_figure(view)
     by_name = {t.name: t for t in fig.data}
-    assert len(by_name["final"].x) == 1 and len(by_name["discarded"].x) == len(view.dropped)
+    assert len(by_name["final"].x) == len(view.round_commits) and len(by_name["discarded"].x) == len(view.dropped)
     assert by_name["discarded"].opacity == pytest.approx(0.25)
     assert by_name["accepted"].opacity == 1
     for status, color in STATUS_COLORS.items():
@@ -186,7 +192,8 @@ def test_tokens_html_has_one_span_per_token_and_escapes_markup(greedy):
     shown = [(style["background"], text) for cls, style, text in spans if cls == "dex-tok"]
     assert shown == [(stage_color(k), tiny_tokenizer().decode([t])) for k, t in zip(matched, view.tokens)]
     keys = [(style["background"], text) for cls, style, text in spans if cls == "dex-key"]
-    assert keys == [(stage_color(k), f"matched at E{k} (depth {d})") for k, d in enumerate(greedy[0]["depths"])]
+    assert keys == [(stage_color(k), f"E{k} · d={d}") for k, d in enumerate(greedy[0]["depths"])]
+    assert "matched at:</span>" in html
     chain = view.anchor_chains[0]
     assert f"E0 &#x27;{chain[0][1]}&#x27; · E1" in html and f"final &#x27;{chain[3][1]}&#x27;" in html
     evil = dataclasses.replace(view, texts=["<script>"] + view.texts[1:])
@@ -293,6 +300,8 @@ def test_lattice_graph_holds_every_node_of_the_run_as_a_dag_with_each_nodes_fate
     assert fates.count("matched") + fates.count("final") + fates.count("committed") == K * len(tokens)
     dropped = {i for e in rounds if e["collapse"] for i in e["collapse"]["dropped"]}
     assert {i for i, d in graph.nodes(data=True) if d["fate"] == "discarded"} == dropped
+    cut = {i: e["round"] for e in rounds for i in e.get("cut", [])}  # draft-chain nodes their predecessor contradicted
+    assert {i: d["cut_round"] for i, d in graph.nodes(data=True) if d["fate"] == "cut"} == cut
     assert {i for i, d in graph.nodes(data=True) if d["fate"] == "pending"} == set(rounds[-1]["alive"])
     for parent, child, kind in graph.edges(data="kind"):
         p, c = graph.nodes[parent], graph.nodes[child]
@@ -318,10 +327,32 @@ def test_lattice_graph_exports_as_graphml_and_node_link_json(greedy, tmp_path):
 
 def test_race_summary_says_identical_only_when_both_finished_with_the_same_tokens():
     times = {"ar": [0.1, 0.2], "dex": [0.3, 0.5], "proj": [0.1, 0.15]}
-    same = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, "DEX projected on 4 devices")
-    assert "identical output" in same and "projected on 4 devices: 2 tokens in 0.15 s" in same
-    assert "outputs differ" in race_summary_html({"ar": [1, 2], "dex": [1, 3]}, times, True, None)
-    assert "racing" in race_summary_html({"ar": [1], "dex": []}, times, False, None)
+    facts = {"K": 4, "first": "AR"}
+    same = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, facts)
+    assert "identical output" in same and "DEX on 4 devices (one per explorer) 2 tokens in 0.15 s" in same
+    assert "outputs differ" in race_summary_html({"ar": [1, 2], "dex": [1, 3]}, times, True, facts)
+    assert "racing" in race_summary_html({"ar": [1], "dex": []}, times, False, facts)
+    stopped = race_summary_html({"ar": [1, 2], "dex": [1]}, times, False, facts, "by you")
+    assert "stopped by you: AR made 2 tokens, DEX 1 (the first 1 agree)" in stopped and "racing" not in stopped
+
+
+def test_race_summary_leads_with_the_measured_speed_and_folds_the_jargon_away():
+    times = {"ar": [0.1, 0.2], "dex": [0.3, 0.5], "proj": [0.1, 0.125]}  # AR 10 tokens/s, DEX 4, projected 16
+    facts = {"K": 4, "first": "AR", "depths": [8, 15, 23, 30], "rounds_per_token": 2.5, "depth_speedup": 1.6,
+             "ar_cost": 38.0, "dex_cost": 26.0, "dex_cost_rows": 40.0}
+    html = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, facts)
+    head = re.search(r"<div id='race-headline'[^>]*>(.*?)</div>", html).group(1)
+    assert head == ("On this machine DEX ran at <b>0.40×</b> AR's speed (measured); on 4 devices it would be about "
+                    "1.60× — a projection.")
+    assert html.index("race-headline") < html.index("race-measured") < html.index("race-projected") < \
+        html.index("<details id='race-how'") < html.index("layer-equivalents") < html.index("memory-bound")
+    fold = html[html.index("<details"):]
+    assert "How this is counted" in fold and "until AR finished" in fold and "Where DEX wins" in fold
+    assert "layer-times" not in html and "until ar " not in html
+    alone = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, {"K": 1, "first": "DEX"})
+    assert "on 1 device it would be" in alone and "1 devices" not in alone
+    real = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, {"K": 2, "distributed": True})
+    assert "DEX ran at <b>0.40×</b> AR's speed (measured)." in real and "projection" not in real.split("<details")[0]
 
 
 def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
@@ -346,14 +377,56 @@ def test_every_stage_colour_is_an_okabe_ito_colour_and_the_same_in_every_panel(g
     view = first_commit_with(replay(greedy), lambda v: True)
     depths = greedy[0]["depths"]
     assert len(set(OKABE_ITO)) == 8 and [stage_color(k) for k in range(8)] == list(OKABE_ITO)
-    assert set(STATUS_COLORS.values()) | set(FATE_COLORS.values()) <= set(OKABE_ITO) | {"#BBBBBB"}
     panels = tokens_html(view) + fsm_html(view) + stats_html(view)
     ticks = lattice_figure(view).layout.yaxis.ticktext + timeline_figure(greedy).layout.yaxis.ticktext
     for k in range(len(depths)):
         assert panels.count(f"background: {stage_color(k)}") >= 3  # legend key, FSM row, histogram bar
         assert sum(f"color:{stage_color(k)}" in t for t in ticks) == 2
     backgrounds = {c.upper() for c in re.findall(r"background: (#[0-9a-fA-F]{6})", panels)}
-    assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", "#EAECEE"}, backgrounds  # table heads, id chips
+    assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", palette.DARK, palette.PALE}, backgrounds  # table heads, id chips
+
+
+def grey(colour: str) -> bool:
+    return colour.upper() in ("WHITE", "BLACK") or (colour[0] == "#" and colour[1:3] == colour[3:5] == colour[5:7])
+
+
+def figure_colours(fig) -> set[str]:
+    """Every colour a figure's traces draw with: markers, their outlines, lines and bars."""
+    out = set()
+    for t in fig.data:
+        for part in (getattr(t, "marker", None), getattr(getattr(t, "marker", None), "line", None), getattr(t, "line", None)):
+            colour = getattr(part, "color", None) if part is not None else None
+            out |= {colour} if isinstance(colour, str) else set(colour or ())
+    return out
+
+
+def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colour(greedy, deep, cut_chains):
+    from visualize import palette
+
+    for marks in (palette.STATUS_MARKS, palette.FATE_MARKS):
+        assert all(grey(c) for m in marks.values() for c in (m.fill, m.line, m.ink))
+        assert len({(m.fill, m.symbol, m.width) for m in marks.values()}) == len(marks)  # shade, shape or outline
+        assert len({m.fill for m in marks.values()} | {m.symbol for m in marks.values()}) >= 4
+    others = [palette.CUT_COLOR, palette.CURRENT_ROUND_COLOR, *palette.RUN_COLORS, *(c for c, _, _ in palette.SERIES)]
+    assert all(grey(c) for c in others), others
+    views = replay(deep)
+    figures = [lattice_figure(v) for v in (views[0], first_commit_with(views, lambda v: True))]
+    figures += [timeline_figure(greedy), timeline_figure(deep), timeline_figure(cut_chains)]
+    figures += [lattice_figure(v) for v in replay(cut_chains) if v.cut and len(v.round_commits) > 1]  # chains, cuts
+    for fig in figures:
+        drawn = figure_colours(fig)
+        assert drawn and not drawn & set(OKABE_ITO), drawn & set(OKABE_ITO)
+        assert all(grey(c) for c in drawn), drawn
+
+
+def test_the_stage_legend_keeps_each_key_on_one_line_and_k8_in_one_row_of_short_keys(deep):
+    from visualize import stage_legend_html
+
+    spans = Spans(stage_legend_html(deep[0]["depths"])).spans
+    keys = [(style, text) for cls, style, text in spans if cls == "dex-key"]
+    assert [text for _, text in keys] == [f"E{k} · d={k + 1}" for k in range(8)]
+    assert all(style["white-space"] == "nowrap" and style["display"] == "inline-block" for style, _ in keys)
+    assert sum(len(text) for _, text in keys) <= 80  # about 700 px of keys at 12 px: one row at 1,400 px
 
 
 def test_k8_panels_fold_node_ids_and_labels_are_whole_or_absent(deep):
@@ -412,7 +485,7 @@ def test_timeline_draws_every_node_once_at_its_position_with_its_round_and_fate(
     commits = [e for e in trace if e.get("event") == "round" and e["commit"]]
     cuts = next(t for t in fig.data if t.name == "collapses")
     assert list(cuts.customdata) == [e["round"] for e in commits]
-    assert [x - 0.5 for x in cuts.x] == [e["commit"]["position"] for e in commits]
+    assert [x - 0.5 for x in cuts.x] == [commits_of(e)[-1]["position"] for e in commits]  # after the round's last
     hover = " ".join(nodes["matched"].hovertext)
     assert "top: &#39;" in hover or "top: '" in hover or "top: #" in hover
     assert "fate: matched" in hover and "round " in hover
@@ -442,7 +515,8 @@ def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(gre
     index = next(i for i, e in enumerate(greedy) if e is commits[2])
     marked = json.loads(json.dumps(greedy))
     marked[0]["dtype"] = "bfloat16"
-    marked[index]["commit"].update(margin=0.125, near_tie=True, tie_gap=0.5)
+    for commit in (marked[index]["commit"], marked[index]["commits"][0]):  # the first commit is recorded in both
+        commit.update(margin=0.125, near_tie=True, tie_gap=0.5)
     views = replay(marked)
     html = tokens_html(views)
     assert html.count('data-near-tie="1"') == 1 and html.count("dashed") == 2 and "1 near-tie commit:" in html
@@ -452,12 +526,31 @@ def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(gre
                 "<code>dex verify</code> certifies such tokens against the unmodified model.")
     tables = {v.round: round_table_html(v) for v in views}
     assert [r for r, t in tables.items() if sentence in t and "≈ near-tie</span>" in t] == [marked[index]["round"]]
-    older = json.loads(json.dumps(greedy))  # traces made before commits carried the key show nothing
+    older = json.loads(json.dumps(greedy))  # traces made before commits carried the key (or a commits list) show nothing
     for e in older:
         if e["event"] == "round" and e["commit"]:
+            e.pop("commits")
             for key in ("margin", "near_tie", "tie_gap"):
                 e["commit"].pop(key)
     for trace in (greedy, older):
         views = replay(trace)
         assert "near-tie" not in tokens_html(views) and "dashed" not in tokens_html(views)
         assert not any("near-tie" in round_table_html(v).lower() for v in views)
+
+
+def test_the_timeline_height_follows_k_and_its_legend_sits_above_the_plot(llama, deep):
+    from visualize.timeline import MIN_PLOT_PX
+
+    k2 = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none").generate([1, 2, 3, 4], 6).trace
+    plots = {}
+    for K, trace in ((2, k2), (8, deep)):
+        fig = timeline_figure(trace)
+        layout = fig.layout
+        plots[K] = layout.height - layout.margin.t - layout.margin.b
+        span = abs(layout.yaxis.range[0] - layout.yaxis.range[1])  # y units: K stage rows and the collapse row
+        assert plots[K] >= MIN_PLOT_PX >= 120 and plots[K] / span >= 20, (K, plots[K])  # labels >= 20 px apart
+        assert layout.legend.orientation == "h" and layout.legend.y >= 1 and layout.legend.yanchor == "bottom"
+        legend = sorted((t for t in fig.data if t.showlegend is not False), key=lambda t: t.legendrank)
+        assert [t.name for t in legend] == ["matched", "final", "committed", "discarded", "pending", "collapses",
+                                            "edges", "edges into discarded nodes"]
+    assert plots[8] > plots[2]

@@ -2,19 +2,31 @@
 charts and the standalone run report.
 
 Everything here draws from trace records (plain dicts, see ``dex_core.trace``) alone; it imports no
-model code, so the app can render saved traces without torch.
+model code, so the app can render saved traces without torch. The modules that are also commands
+(``python -m visualize.report``, ``python -m visualize.graph``) and the timeline, which imports the
+graph, load on first use of one of their names: imported here eagerly, runpy would find them loaded
+before it runs them and warn.
 """
+
+import importlib
 
 from .compare import RunSide, compare_figure, compare_html
 from .charts import depth_figure, ead_figure, race_figure, speedup_figure
-from .graph import export_graph, lattice_graph
 from .lattice import lattice_figure, node_status, node_statuses
 from .palette import FATE_COLORS, OKABE_ITO, STATUS_COLORS, stage_color, stage_legend_html
 from .panels import fsm_html, round_table_html, stats_html, tokens_html
 from .replay import Replay, ReplayCache, RoundView, lattice_size, replay
-from .report import run_report_html, write_run_report
 from .summary import race_summary_html, readiness_table_html, status_html
-from .timeline import timeline_figure
+
+_ON_FIRST_USE = {"export_graph": "graph", "lattice_graph": "graph", "run_report_html": "report",
+                 "write_run_report": "report", "timeline_figure": "timeline"}
+
+
+def __getattr__(name: str):
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'visualize' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
+
 
 __all__ = ["RoundView", "Replay", "ReplayCache", "replay", "lattice_size", "OKABE_ITO", "STATUS_COLORS", "FATE_COLORS",
            "stage_color", "stage_legend_html", "node_status", "node_statuses", "lattice_figure", "timeline_figure",

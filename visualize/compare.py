@@ -62,6 +62,12 @@ def _cost(side: RunSide) -> str:
             + ("" if c.get("whole") else " (decoder layers only: an older trace without the heads' weights)"))
 
 
+def _draft(start: dict) -> str:
+    d = start.get("draft")
+    return "off (or a trace made before them)" if not isinstance(d, dict) else \
+        f"chains of up to {d.get('length')} looked-up tokens, n-grams {d.get('min_ngram')}–{d.get('ngram')}"
+
+
 def _rows(side: RunSide) -> list[tuple[str, str]]:
     """(label, escaped value) of one run, in table order."""
     start, n = side.view.start, run_numbers(side.view)
@@ -80,10 +86,13 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
         ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
         ("lattice pruning", esc(f"at most {start['prune']} new branch{'es' * (start['prune'] > 1)} a round" if start.get("prune")
                                 else "none")),
+        ("draft chains", esc(_draft(start))),
         ("ended", esc(side.ended or "stopped before its end")),
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
-        ("rounds/token", num(n.rounds_per_token, ".3f")),
+        ("rounds/token", num(n.rounds_per_token, ".3f") + esc(f" ({n.tokens / n.rounds:.2f} tokens per round, "
+                                                             f"{sum(c.get('drafted', False) for c in side.view.commits)} "
+                                                             "drafted)" if n.rounds else "")),
         ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".3f") + "×"),
         ("cost per token (layer-equivalents, all the work)", _cost(side)),
     ]

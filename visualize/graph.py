@@ -8,11 +8,15 @@ position, the round that computed it, its candidate and text, and its fate:
   is matched at the last stage);
 - ``committed``: the other anchor nodes of a committed token;
 - ``discarded``: dropped by a collapse (``cut_round`` says which);
+- ``cut``: a draft-chain node dropped because the slot before it proposed another token (``cut_round``);
 - ``pending``: still in the lattice when the run ended.
 
-Edges go from a node to its depth child (``kind`` "depth") and to the first node of the slot its
-candidate started (``kind`` "position"). ``python -m visualize.graph TRACE.json OUT.graphml`` (or
-``OUT.json``) exports a saved trace.
+A round with draft chains commits several tokens: every commit marks its own anchor nodes. ``drafted``
+says a node belongs to a chain slot (its input was a looked-up token: the slot's stage-0 node has kind
+"chain", its deeper nodes follow it down the stages). Edges go from a node to its depth child (``kind``
+"depth"), to the first node of the slot its candidate started (``kind`` "position"), and along a chain
+to the next chain slot's stage-0 node (``kind`` "chain", one position on). ``python -m visualize.graph
+TRACE.json OUT.graphml`` (or ``OUT.json``) exports a saved trace.
 """
 
 from __future__ import annotations
@@ -24,32 +28,38 @@ from pathlib import Path
 
 import networkx as nx
 
-FATES = ("matched", "final", "committed", "discarded", "pending")
+from .replay import commits_of
+
+FATES = ("matched", "final", "committed", "discarded", "cut", "pending")
 
 
 def lattice_graph(events: list[dict]) -> nx.DiGraph:
     """The DAG of every node of a DEX trace (an AR trace gives an empty graph)."""
     start = events[0] if events and events[0].get("event") == "start" else {}
     graph = nx.DiGraph(depths=json.dumps(start.get("depths", [])), explorers=int(start.get("explorers", 0)))
+    chain_slots: set[int] = set()
     for event in events:
         if event.get("event") != "round":
             continue
         for n in event["nodes"]:
+            if n["kind"] == "chain":
+                chain_slots.add(int(n["slot"]))
             graph.add_node(int(n["id"]), stage=int(n["stage"]), position=int(n["position"]),
                            round=int(event["round"]), kind=str(n["kind"]), token=int(n["token"]),
-                           text="" if n.get("text") is None else str(n["text"]), fate="pending", cut_round=-1)
+                           text="" if n.get("text") is None else str(n["text"]), fate="pending", cut_round=-1,
+                           drafted=int(n["slot"]) in chain_slots)
             if n.get("parent") is not None:
                 graph.add_edge(int(n["parent"]), int(n["id"]), kind=str(n["kind"]))
-        commit, collapse = event.get("commit"), event.get("collapse")
-        if commit:
+        for commit in commits_of(event):
             anchors = [int(i) for i in commit["anchor_nodes"]]
             for i in anchors:
                 graph.nodes[i]["fate"] = "committed"
             graph.nodes[anchors[-1]]["fate"] = "final"
             graph.nodes[anchors[int(commit["matched_stage"])]]["fate"] = "matched"
-        for i in (collapse or {}).get("dropped", []):
+        gone = [(i, "discarded") for i in (event.get("collapse") or {}).get("dropped", [])]
+        for i, fate in gone + [(i, "cut") for i in event.get("cut", [])]:
             if int(i) in graph:
-                graph.nodes[int(i)].update(fate="discarded", cut_round=int(event["round"]))
+                graph.nodes[int(i)].update(fate=fate, cut_round=int(event["round"]))
     return graph
 
 

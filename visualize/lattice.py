@@ -5,7 +5,10 @@ x is the node's position relative to the round's anchor slot (the anchor sits at
 different branches; they are laid out on a small grid inside the cell, in slot order, with marker
 sizes fitted to the cell. A marker's label is its whole token text or nothing (hover shows it);
 edges are drawn for the nodes this round created and those its collapse keeps, the rest on a
-legend toggle, so a K = 8 lattice of 255 nodes stays legible. Plotly renders a subset of HTML in
+legend toggle, so a K = 8 lattice of 255 nodes stays legible. Draft chains: every node of a chain slot
+is framed by a dotted outline (``palette.CHAIN_LINE``) over its status, a chain's edges run dashed along
+the position axis, and a round that commits several tokens (along a chain) marks each commit's final
+and matched nodes. Plotly renders a subset of HTML in
 titles, tick labels, marker labels and hover texts, so every trace value placed there passes
 ``markup.plot_text``.
 """
@@ -17,7 +20,7 @@ import math
 import plotly.graph_objects as go
 
 from .markup import plot_text
-from .palette import STATUS_COLORS, stage_tick
+from .palette import CHAIN_EDGE, CHAIN_LINE, PALE, STATUS_MARKS, frames, stage_tick
 from .replay import RoundView
 
 DISCARDED_OPACITY = 0.25
@@ -26,33 +29,51 @@ STAGE_HEIGHT_PX = 70         # per stage up to K = 5; larger K share MAX_STAGES_
 MAX_STAGES_PX = 360
 FONT_PX = 11
 EDGE_GROUPS = ("edges: this round", "edges: kept", "edges: other")
+CHAIN_EDGES, CHAIN_FRAMES = "edges: draft chain", "draft chain"  # drawn when the round's lattice has chain slots
 
 
 def stage_height(K: int) -> float:
     return min(STAGE_HEIGHT_PX, MAX_STAGES_PX / max(K, 1))
 
 
-def node_statuses(view: RoundView) -> dict[int, str]:
-    """Status of every node in the view (see ``STATUS_COLORS``).
+def view_commits(view: RoundView) -> list[dict]:
+    """The round's commits in order (several along a draft chain), also for a view built without them."""
+    return view.round_commits or ([view.commit] if view.commit else [])
 
-    On a commit round the final node is "final" even when it is also the matched node (a match at
-    the last stage); the other committed anchor nodes keep "anchor".
+
+def chain_nodes(view: RoundView) -> set[int]:
+    """The nodes of the view's draft-chain slots: each chain slot's stage-0 node (kind "chain") and the
+    deeper nodes of the same slot."""
+    slots = {n["slot"] for n in view.nodes.values() if n["kind"] == "chain"}
+    return {i for i, n in view.nodes.items() if n["slot"] in slots}
+
+
+def node_statuses(view: RoundView) -> dict[int, str]:
+    """Status of every node in the view (see ``palette.STATUS_MARKS``).
+
+    On a commit round each commit's final node is "final" even when it is also its matched node (a
+    match at the last stage); the other committed anchor nodes keep "anchor". Chain nodes this round
+    cut (the slot before them proposed another token) are "cut", on any round.
     """
-    if view.commit:
+    cut, commits = set(view.cut), view_commits(view)
+    if commits:
         dropped, kept = set(view.dropped), set(view.kept)
-        final, matched = view.final_node, view.matched_node
+        finals = {c["anchor_nodes"][-1] for c in commits}
+        matched = {c["anchor_nodes"][c["matched_stage"]] for c in commits}
         out = {}
         for i in view.nodes:
-            if i == final:
+            if i in finals:
                 out[i] = "final"
+            elif i in cut:
+                out[i] = "cut"
             elif i in dropped:
                 out[i] = "discarded"
-            elif i == matched or i in kept:
+            elif i in matched or i in kept:
                 out[i] = "accepted"
             else:
                 out[i] = "anchor"
         return out
-    return {i: "anchor" if n["position"] == view.commit_position else "pending"
+    return {i: "cut" if i in cut else "anchor" if n["position"] == view.commit_position else "pending"
             for i, n in view.nodes.items()}
 
 
@@ -82,11 +103,12 @@ def _describe(token: int, vocab: dict[int, str | None]) -> str:
     return f"{text!r} ({token})" if text is not None else f"#{token}"
 
 
-def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None]) -> str:
+def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None], chained: bool = False) -> str:
     top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in node.get("top") or [])
     masked = ", ".join(_describe(t, vocab) for t in node.get("masked") or []) or "none"
     head = f"node {node['id']}"
-    lines = [f"({node['kind']}, slot {node['slot']}, parent {node['parent']})",
+    chain = ", a draft-chain slot: its input was looked up" if chained else ""
+    lines = [f"({node['kind']}, slot {node['slot']}, parent {node['parent']}{chain})",
              f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
              f"candidate {_describe(node['token'], vocab)} (input {node['input_token']})",
              f"top: {top}", f"DECS-masked: {masked}"]
@@ -94,8 +116,8 @@ def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None]) -> st
 
 
 def _layout_cells(view: RoundView, window: int, columns: int):
-    """Per node: (x, y, marker size, label width in characters) with same-cell nodes on a grid, in
-    slot order."""
+    """Per node: (x, y, marker size, label width in characters, the half width and half height of its
+    place on the grid) with same-cell nodes on a grid, in slot order."""
     cells: dict[tuple[int, int], list[dict]] = {}
     for node in view.nodes.values():
         rel = node["position"] - view.commit_position
@@ -113,16 +135,24 @@ def _layout_cells(view: RoundView, window: int, columns: int):
             r, c = divmod(k, cols)
             dx = (c - (cols - 1) / 2) * (0.8 / cols)
             dy = (r - (rows - 1) / 2) * (0.76 / rows)
-            place[node["id"]] = (rel + dx, stage + dy, size, chars)
+            place[node["id"]] = (rel + dx, stage + dy, size, chars, 0.4 / cols, 0.38 / rows)
     return place
+
+
+def _shown(commit: dict) -> str:
+    return repr(commit["text"]) if commit.get("text") is not None else str(commit["token"])
 
 
 def _title(view: RoundView) -> str:
     title = f"Round {view.round} · state q={view.state_before}→{view.state_after}"
-    if view.commit:
-        text = view.commit.get("text")
-        shown = repr(text) if text is not None else str(view.commit["token"])
-        title += f" · commit {shown} matched at stage {view.commit['matched_stage']}"
+    commits = view_commits(view)
+    drafted = sum(c.get("drafted") is True for c in commits)
+    if len(commits) == 1:
+        c = commits[0]
+        title += f" · commit {_shown(c)} matched at stage {c['matched_stage']}" + (" (drafted)" if drafted else "")
+    elif commits:
+        shown = " ".join(_shown(c) for c in commits[:6]) + (" …" if len(commits) > 6 else "")
+        title += f" · committed {len(commits)} tokens {shown} ({drafted} drafted)"
     return plot_text(title)
 
 
@@ -133,25 +163,29 @@ def _edge_group(node_id: int, new: set[int], kept: set[int]) -> str:
     return EDGE_GROUPS[1] if node_id in kept else EDGE_GROUPS[2]
 
 
-def lattice_figure(view: RoundView, window: int = 12) -> go.Figure:
+def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
     """The lattice during one round: one scatter trace per status plus three edge traces (the round's
-    new edges and, on a commit round, the kept ones drawn; the others behind a legend toggle).
+    new edges and, on a commit round, the kept ones drawn; the others behind a legend toggle) and, with
+    chain slots, their edges and frames (line traces, so every marker is a node).
 
-    Only nodes less than ``window`` positions ahead of the anchor are drawn; a lattice of K stages
-    never reaches further than K - 1 ahead, so the default draws every node for K <= 12 (and the
-    node-marker count then equals ``lattice_size(view)``).
+    Only nodes less than ``window`` positions ahead of the anchor are drawn; without draft chains a
+    lattice of K stages never reaches further than K - 1 ahead, and a chain reaches its length further
+    (8 by default), so the default draws every node (the node-marker count is ``lattice_size(view)``).
     """
     depths = view.start["depths"]
     K = len(depths)
-    columns = min(window, K)
+    reach = max((n["position"] - view.commit_position for n in view.nodes.values()), default=0) + 1
+    columns = min(window, max(K, reach))
     place = _layout_cells(view, window, columns)
     status = node_statuses(view)
     vocab = token_texts(view)
-    new, kept = set(view.new), set(view.kept) | set(view.committed_ids)
+    new, kept, chained = set(view.new), set(view.kept) | set(view.committed_ids), chain_nodes(view)
     groups: dict[str, dict[str, list]] = {s: {"x": [], "y": [], "size": [], "text": [], "hover": []}
-                                          for s in STATUS_COLORS}
-    edges: dict[str, tuple[list, list]] = {name: ([], []) for name in EDGE_GROUPS}
-    for i, (x, y, size, chars) in place.items():
+                                          for s in STATUS_MARKS}
+    edges: dict[str, tuple[list, list]] = {name: ([], []) for name in (*EDGE_GROUPS, CHAIN_EDGES)}
+    cell_w, cell_h = PLOT_WIDTH_PX / columns, stage_height(K)  # px per x and y unit
+    boxes: dict[bool, list] = {False: [], True: []}  # chain frames of live and of dropped nodes
+    for i, (x, y, size, chars, room_x, room_y) in place.items():
         node = view.nodes[i]
         g = groups[status[i]]
         g["x"].append(x)
@@ -159,34 +193,46 @@ def lattice_figure(view: RoundView, window: int = 12) -> go.Figure:
         g["size"].append(size)
         label = _label(node.get("text"), node["token"])
         g["text"].append(plot_text(label) if len(label) <= chars else "")
-        g["hover"].append(_hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab))
+        g["hover"].append(_hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab,
+                                 i in chained))
+        if i in chained:
+            box = (x, y, min((size / 2 + 3) / cell_w, room_x), min((size / 2 + 3) / cell_h, room_y))
+            boxes[status[i] in ("discarded", "cut")].append(box)
         parent = node["parent"]
-        if parent in place and node["kind"] in ("depth", "position"):
-            xs, ys = edges[_edge_group(i, new, kept)]
+        if parent in place and node["kind"] in ("depth", "position", "chain"):
+            xs, ys = edges[CHAIN_EDGES if node["kind"] == "chain" else _edge_group(i, new, kept)]
             px, py, *_ = place[parent]
             xs += [px, x, None]
             ys += [py, y, None]
     traces = [go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
                          visible="legendonly" if name == EDGE_GROUPS[2] else True,
-                         line=dict(color="#7f8c8d" if name != EDGE_GROUPS[2] else "#bfc9ca", width=1))
-              for name, (xs, ys) in edges.items()]
+                         line=CHAIN_EDGE if name == CHAIN_EDGES else
+                         dict(color="#8C8C8C" if name != EDGE_GROUPS[2] else "#C8C8C8", width=1))
+              for name, (xs, ys) in edges.items() if name in EDGE_GROUPS or chained]
     for s, g in groups.items():
+        mark = STATUS_MARKS[s]
         traces.append(go.Scatter(
             x=g["x"], y=g["y"], mode="markers+text", name=s, text=g["text"], hovertext=g["hover"],
             hovertemplate="%{hovertext}<extra></extra>", textposition="middle center",
-            textfont=dict(size=FONT_PX, color="#1b2631"),
-            marker=dict(color=STATUS_COLORS[s], size=g["size"], symbol="square",
-                        line=dict(color="#5d6d7e", width=1)),
-            opacity=DISCARDED_OPACITY if s == "discarded" else 1.0))
+            textfont=dict(size=FONT_PX, color=mark.ink),
+            marker=dict(color=mark.fill, size=g["size"], symbol=mark.symbol,
+                        line=dict(color=mark.line, width=mark.width)),
+            opacity=DISCARDED_OPACITY if s in ("discarded", "cut") else 1.0))
+    if chained:
+        for gone, group in boxes.items():  # a dropped node's frame fades with it
+            xs, ys = frames(group)
+            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", line=CHAIN_LINE,
+                                     legendgroup="chains", showlegend=not gone,
+                                     opacity=DISCARDED_OPACITY if gone else 1.0))
     fig = go.Figure(data=traces)
     fig.update_layout(
         title=dict(text=_title(view)), uirevision="lattice", height=round(130 + stage_height(K) * K),
-        margin=dict(l=90, r=20, t=60, b=40), plot_bgcolor="white", legend=dict(title=dict(text="status")),
+        margin=dict(l=90, r=20, t=60, b=40), plot_bgcolor="white", legend=dict(title=dict(text="status"), tracegroupgap=0),
         xaxis=dict(title=dict(text="position relative to the anchor"), tickvals=list(range(columns)),
                    ticktext=[f"+{j}" for j in range(columns)], range=[-0.6, columns - 0.4],
                    showgrid=False, zeroline=False),
         yaxis=dict(tickvals=list(range(K)), ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
                    range=[K - 0.5, -0.5], showgrid=False, zeroline=False),
         shapes=[dict(type="rect", xref="x", yref="paper", x0=-0.5, x1=0.5, y0=0, y1=1,
-                     fillcolor="#fdf2e9", line=dict(width=0), layer="below")])
+                     fillcolor=PALE, opacity=0.6, line=dict(width=0), layer="below")])
     return fig

@@ -1,33 +1,77 @@
-"""The one palette of ``visualize``: stage colours, node status and fate colours, and the stage legend.
+"""The one palette of ``visualize``: stage colours, and the neutral marks of node status and fate.
 
-Every colour is from the Okabe–Ito set (Okabe & Ito, *Color Universal Design*, 2008), which stays
-distinguishable under the common colour-vision deficiencies. A stage (an explorer) has the same
-colour everywhere it is coloured: the streamed text, the matched-stage histogram, the FSM panel and
-the stage labels of the lattice and timeline figures. Eight colours cover the app's K = 1..8; a
-larger K reuses them in order.
+A colour names a stage, nothing else. Stages take the Okabe–Ito set (Okabe & Ito, *Color Universal
+Design*, 2008), which stays distinguishable under the common colour-vision deficiencies; a stage (an
+explorer) has the same colour everywhere it is coloured: the streamed text, the matched-stage
+histogram, the FSM panel and the stage labels of the lattice and timeline figures. Eight colours
+cover the app's K = 1..8; a larger K reuses them in order.
+
+Everything else is drawn in greys, which no stage uses: a node's status in one round and its fate
+over the run are a ``Mark`` (fill shade, outline, symbol), readable without colour vision and
+without a legend's colour chips; collapse cuts, the current-round band, compared runs and chart
+series are greys and dash patterns too. A draft chain's nodes are framed by a dotted outline over
+whatever status or fate they have (``CHAIN_LINE``), and a chain's edges are dashed (``CHAIN_EDGE``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .markup import esc
 
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
 _DARK = frozenset({"#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000"})  # white text reads better on these
-GREY = "#BBBBBB"
+INK, DARK, MID, LIGHT, PALE, WHITE = "#1F1F1F", "#4D4D4D", "#7A7A7A", "#B4B4B4", "#E6E6E6", "#FFFFFF"
+GREY = "#BBBBBB"  # discarded nodes (drawn faded)
 
-STATUS_COLORS = {                # a node during one round (``lattice.node_statuses``)
-    "anchor": "#E69F00",         # the anchor slot's nodes while its token is pending
-    "pending": "#56B4E9",        # other live speculative nodes
-    "accepted": "#009E73",       # commit round: the matched anchor node and the kept subtree
-    "discarded": GREY,           # dropped by this round's collapse (drawn faded)
-    "final": "#CC79A7",          # commit round: the anchor's final-stage reference node
+
+@dataclass(frozen=True)
+class Mark:
+    """How a node of one status or fate is drawn: fill, outline colour and width, Plotly symbol, and
+    the colour of a label drawn on it."""
+
+    fill: str
+    line: str
+    width: float
+    symbol: str
+    ink: str = INK
+
+
+STATUS_MARKS = {                                     # a node during one round (``lattice.node_statuses``)
+    "anchor": Mark(WHITE, INK, 2.5, "square"),       # the anchor slot's nodes while its token is pending
+    "pending": Mark(PALE, MID, 1, "square"),         # other live speculative nodes
+    "accepted": Mark(DARK, INK, 1, "square", WHITE),  # commit round: the matched anchor node and the kept subtree
+    "discarded": Mark(GREY, MID, 1, "square"),       # dropped by this round's collapse (drawn faded)
+    "final": Mark(LIGHT, INK, 2.5, "diamond-wide"),  # commit round: the anchor's final-stage reference node
+    "cut": Mark(GREY, MID, 1, "x"),                  # a chain node dropped: the slot before it proposed another token
 }
-FATE_COLORS = {                  # a node over the whole run (``graph.FATES``)
-    "matched": "#009E73", "final": "#CC79A7", "committed": "#E69F00", "discarded": GREY, "pending": "#56B4E9",
+FATE_MARKS = {                                       # a node over the whole run (``graph.FATES``)
+    "matched": Mark(DARK, INK, 1, "square"),
+    "final": Mark(LIGHT, INK, 1.5, "diamond-wide"),
+    "committed": Mark(WHITE, INK, 1.5, "circle"),
+    "discarded": Mark(GREY, MID, 0.5, "circle"),
+    "cut": Mark(GREY, MID, 0.5, "x"),
+    "pending": Mark(PALE, MID, 1, "circle"),
 }
-CUT_COLOR = "#D55E00"            # collapses drawn as cuts in the timeline
-RUN_COLORS = ("#0072B2", "#E69F00")  # run A and run B of a comparison
-CURRENT_ROUND_COLOR = "#F0E442"  # the band over the round the Debugger shows, on the timeline
+CHAIN_LINE = dict(color=INK, width=1.5, dash="dot")  # the frame around every node of a draft-chain slot
+CHAIN_EDGE = dict(color=MID, width=1.5, dash="dash")  # a chain's edges, along the token axis
+STATUS_COLORS = {name: mark.fill for name, mark in STATUS_MARKS.items()}
+FATE_COLORS = {name: mark.fill for name, mark in FATE_MARKS.items()}
+CUT_COLOR = DARK                 # collapses drawn as cuts in the timeline
+RUN_COLORS = (DARK, "#767676")   # run A and run B of a comparison (white text reads on both)
+CURRENT_ROUND_COLOR = "#BFBFBF"  # the band over the round the Debugger shows, on the timeline (at half opacity)
+SERIES = ((DARK, "solid", "circle"), (MID, "dot", "square"), (LIGHT, "dashdot", "diamond"), (INK, "dash", "x"))
+"""A chart's non-stage series in order: (colour, dash, marker symbol)."""
+
+
+def frames(boxes) -> tuple[list, list]:
+    """The x and y of one line trace drawing a rectangle per box ``(x, y, half width, half height)``, in
+    data units, with ``None`` between rectangles (how the chain frames are drawn)."""
+    xs, ys = [], []
+    for x, y, w, h in boxes:
+        xs += [x - w, x + w, x + w, x - w, x - w, None]
+        ys += [y - h, y - h, y + h, y + h, y - h, None]
+    return xs, ys
 
 
 def stage_color(stage: int) -> str:
@@ -46,8 +90,10 @@ def stage_tick(stage: int, depth: int) -> str:
 
 
 def stage_legend_html(depths, label: str = "matched at") -> str:
-    """One key per stage: its colour, its name and its depth."""
+    """The stage key: ``label``, then one chip per stage in its colour, named as the figures name it
+    (``E<stage> · d=<depth>``); a chip never breaks across lines, so K = 8 keys wrap between chips."""
     keys = "".join(f"<span class=\"dex-key\" style=\"background: {stage_color(k)}; color: {stage_ink(k)}; "
-                   f"padding: 0 6px; margin-right: 6px; border-radius: 3px;\">{esc(label)} E{k} (depth {esc(d)})</span>"
-                   for k, d in enumerate(depths))
-    return f"<div class='dex-legend' style='margin-top: 6px; font-size: 12px;'>{keys}</div>"
+                   f"padding: 0 6px; margin: 0 6px 2px 0; border-radius: 3px; display: inline-block; "
+                   f"white-space: nowrap;\">E{k} · d={esc(d)}</span>" for k, d in enumerate(depths))
+    return (f"<div class='dex-legend' style='margin-top: 6px; font-size: 12px;'>"
+            f"<span style='margin-right: 6px;'>{esc(label)}:</span>{keys}</div>")

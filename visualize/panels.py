@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .lattice import token_texts
+from .lattice import token_texts, view_commits
 from .markup import esc, join, num
-from .palette import stage_color, stage_ink, stage_legend_html
+from .palette import DARK, PALE, stage_color, stage_ink, stage_legend_html
 from .replay import RoundView
 
 _BOX = "font-family: system-ui, sans-serif; font-size: 13px; line-height: 1.5;"
@@ -39,6 +39,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 _NEAR_TIE = "outline: 2px dashed #c0392b; outline-offset: -1px;"  # a near-tie commit's token
+_DRAFTED = "text-decoration: underline; text-decoration-thickness: 2px; text-underline-offset: 3px;"  # from a chain slot
 
 
 def near_tie_sentence(commit: dict, dtype: str | None) -> str:
@@ -53,26 +54,32 @@ def near_tie_sentence(commit: dict, dtype: str | None) -> str:
 
 def tokens_html(view_or_views) -> str:
     """The committed text, one ``<span class="dex-tok">`` per token coloured by its matched stage (a
-    near-tie commit outlined, with ≈ in its hover text); hovering a token shows every stage's anchor
-    candidate for its position."""
+    near-tie commit outlined, with ≈ in its hover text; a drafted one, committed from a draft-chain slot,
+    underlined); hovering a token shows every stage's anchor candidate for its position."""
     view = _last(view_or_views)
     if view is None:
         return f"<div style='{_BOX} color: #7f8c8d;'>no tokens yet</div>"
     depths = view.start["depths"]
     K = len(depths)
-    spans, ties = [], 0
+    spans, ties, drafts = [], 0, 0
     for i, (token, text, stage, chain) in enumerate(zip(view.tokens, view.texts, view.matched, view.anchor_chains)):
         title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
-        near = i < len(view.commits) and view.commits[i].get("near_tie") is True
-        ties += near
+        commit = view.commits[i] if i < len(view.commits) else {}
+        near, drafted = commit.get("near_tie") is True, commit.get("drafted") is True
+        ties, drafts = ties + near, drafts + drafted
         shown = text if text is not None else f"⟨{token}⟩"
-        mark = (' data-near-tie="1"', " · ≈ near-tie", _NEAR_TIE) if near else ("", "", "")
-        spans.append(f"<span class=\"dex-tok\"{mark[0]} title=\"{esc(title)}{mark[1]}\" style=\"background: "
-                     f"{stage_color(stage)}; color: {stage_ink(stage)}; border-radius: 3px;{mark[2]}\">{esc(shown)}</span>")
+        attrs = (' data-near-tie="1"' if near else "") + (' data-drafted="1"' if drafted else "")
+        title += (" · ≈ near-tie" if near else "") + (" · drafted: its input came from a draft chain" if drafted else "")
+        spans.append(f"<span class=\"dex-tok\"{attrs} title=\"{esc(title)}\" style=\"background: {stage_color(stage)}; "
+                     f"color: {stage_ink(stage)}; border-radius: 3px;{_NEAR_TIE if near else ''}"
+                     f"{_DRAFTED if drafted else ''}\">{esc(shown)}</span>")
     note = (f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
             f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
             f"within {esc(view.start.get('dtype') or 'the model dtype')} rounding (each round's table says by how "
             f"much)</div>") if ties else ""
+    note += (f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d;'><span style='{_DRAFTED}'>{drafts} "
+             f"drafted token{'s' if drafts != 1 else ''}</span>: committed from draft-chain slots, whose input was "
+             f"looked up in the text so far (exact like every token)</div>") if drafts else ""
     return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
             f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
             f"{''.join(spans)}</div>{note}{stage_legend_html(depths)}</div>")
@@ -81,7 +88,7 @@ def tokens_html(view_or_views) -> str:
 def _chip(node_id: int, new: bool) -> str:
     style = ("display: inline-block; min-width: 22px; text-align: center; margin: 1px; padding: 0 3px; "
              "border-radius: 3px; font-size: 11px; ")
-    style += "background: #E69F00; font-weight: bold;" if new else "background: #eaecee;"
+    style += f"background: {DARK}; color: #fff; font-weight: bold;" if new else f"background: {PALE};"  # greys: colours name stages
     return f"<span style='{style}'>{esc(node_id)}</span>"
 
 
@@ -91,8 +98,8 @@ def _stage_key(k: int, depth) -> str:
 
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
-    """Per explorer: (committed KV entries before this round's commit, lattice KV entries)."""
-    committed = len(view.start["prompt"]) - 1 + len(view.tokens) - (1 if view.commit else 0)
+    """Per explorer: (committed KV entries before this round's commits, lattice KV entries)."""
+    committed = len(view.start["prompt"]) - 1 + len(view.tokens) - len(view_commits(view))
     per_stage = [0] * view.num_stages
     for node in view.nodes.values():
         per_stage[node["stage"]] += 1
@@ -101,13 +108,19 @@ def kv_counts(view: RoundView) -> list[tuple[int, int]]:
 
 def fsm_html(view: RoundView) -> str:
     """FSM state q before → after and, per explorer, its lattice nodes as counts (new this round in
-    bold) with the ids on demand (``<details>``), and its KV view: committed prefix + lattice entries."""
+    bold) with the ids on demand (``<details>``), and its KV view: committed prefix + lattice entries.
+    A round along a draft chain commits several tokens: it says how many, and which were drafted."""
     depths = view.start["depths"]
-    new = set(view.new)
-    after = "commit" if view.commit else "no commit"
+    new, commits = set(view.new), view_commits(view)
+    n = len(commits)
+    after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
     parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={esc(view.state_before)}</b> → "
-             f"<b>q={esc(view.state_after)}</b> <span style='color: #7f8c8d;'>({after}; lattice "
+             f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
              f"{len(view.nodes)} nodes)</span></div>"]
+    if n > 1 or any(c.get("drafted") is True for c in commits):
+        listed = ", ".join(f"{_quoted(c.get('text'), c['token'])} at {c['position']}"
+                           + (" (drafted)" if c.get("drafted") is True else "") for c in commits)
+        parts.append(f"<div class='dex-fsm-commits' style='font-size: 12px; margin-bottom: 4px;'>{esc(listed)}</div>")
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
         by_stage[node["stage"]].append(i)
@@ -120,12 +133,13 @@ def fsm_html(view: RoundView) -> str:
                  else "<span style='color: #aab7b8;'>empty</span>")
         bar = (f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
                f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>")
-        plus = " +1" if view.commit else ""
+        plus = f" +{n}" if n else ""
         rows.append([_stage_key(k, depths[k]), nodes,
                      f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + <b>{esc(lattice)}</b></span>"])
     parts.append(_table(["explorer", "nodes (new this round)", "KV entries: committed + lattice"], rows))
-    if view.commit:
-        parts.append("<div style='font-size: 11px; color: #7f8c8d;'>+1: the token this round commits</div>")
+    if n:
+        parts.append(f"<div style='font-size: 11px; color: #7f8c8d;'>+{n}: the token{'s' if n != 1 else ''} this round "
+                     f"commit{'s' if n == 1 else ''}</div>")
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
 
@@ -163,12 +177,15 @@ def run_numbers(view: RoundView) -> RunNumbers:
 
 
 def stats_html(view: RoundView, end: dict | None = None) -> str:
-    """Tokens, rounds, rounds/token, depth-side speedup K/(rounds/token), the matched-stage histogram,
-    and (given the end event) measured and projected tokens/s."""
+    """Tokens, rounds, rounds/token, depth-side speedup K/(rounds/token), the tokens committed from draft
+    chains (runs with chains), the matched-stage histogram, and (given the end event) measured and
+    projected tokens/s."""
     n = run_numbers(view)
     items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
              ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
              ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none"))]
+    if view.start.get("draft"):
+        items.append(("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits))))
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
@@ -189,12 +206,14 @@ def _cand(token: int, vocab: dict[int, str | None]) -> str:
 
 
 OPEN_ROWS = 8  # an explorer's batch is listed open up to this many nodes, else folded
+_VIA = {"chain": "its chain slot", "position": "the matched stage's position child", "root": "a new root (from scratch)"}
 
 
 def round_table_html(view: RoundView) -> str:
     """Each explorer's batch this round (node, kind, position, candidate, top-k, DECS mask; a large
-    batch folded), then the commit decision and the collapse sets, or "no commit this round". The
-    whole table scrolls inside a bounded box."""
+    batch folded), then each commit's decision (several along a draft chain; drafted ones marked) and the
+    collapse sets, or "no commit this round", and the chain nodes cut. The whole table scrolls inside a
+    bounded box."""
     depths = view.start["depths"]
     K = len(depths)
     vocab = token_texts(view)
@@ -215,20 +234,28 @@ def round_table_html(view: RoundView) -> str:
         table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
         opened = " open" if len(rows) <= OPEN_ROWS else ""
         parts.append(f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>")
-    if view.commit:
-        c = view.commit
+    commits = view_commits(view)
+    for j, c in enumerate(commits):
         rows = [[_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
                 for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))]
         near = near_tie_sentence(c, view.start.get("dtype"))
         badge = f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>" if near else ""
-        parts.append(f"<div><b>Commit</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
+        if c.get("drafted") is True:
+            badge += f" · <span class='dex-drafted' style='{_DRAFTED}'>drafted</span> (its input came from a draft chain)"
+        badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
+        which = f" {j + 1} of {len(commits)}" if len(commits) > 1 else ""
+        parts.append(f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
                      f"matched at stage {esc(c['matched_stage'])}{badge}</div>")
         if near:
             parts.append(f"<div style='font-size: 12px;'>{near}</div>")
         parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
+    if commits:
         parts.append(f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
                      f"kept ({len(view.kept)}): {join(view.kept) or '—'}"
                      f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>")
     else:
         parts.append("<div><b>no commit this round</b></div>")
+    if view.cut:
+        parts.append(f"<details class='dex-cut'><summary><b>Cut</b> {len(view.cut)} draft-chain nodes: the slot before "
+                     f"each proposed another token</summary>{join(view.cut)}</details>")
     return f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"

@@ -28,7 +28,7 @@ class RoundView:
     dropped: list[int]              # ids this round's collapse discarded (empty without a commit)
     committed_ids: list[int]        # anchor node ids committed this round (empty without a commit)
     kept: list[int]                 # ids surviving this round's collapse (empty without a commit)
-    commit: dict | None             # the round's commit record
+    commit: dict | None             # the round's (first) commit record
     tokens: list[int]               # committed token ids up to and including this round
     texts: list[str | None]         # their texts
     matched: list[int]              # matched stage of each committed token
@@ -40,6 +40,8 @@ class RoundView:
     timings: dict = field(default_factory=dict)
     vocab: dict[int, str] = field(default_factory=dict)  # token -> text of every token the run names (shared)
     commits: list[dict] = field(default_factory=list)  # the commit record of each committed token (near_tie, margin)
+    round_commits: list[dict] = field(default_factory=list)  # this round's commits (several along a draft chain)
+    cut: list[int] = field(default_factory=list)  # chain nodes this round dropped (their predecessor proposed another token)
 
     @property
     def num_stages(self) -> int:
@@ -69,9 +71,15 @@ def event_texts(event: dict):
         for entry in node.get("top") or []:
             if len(entry) > 2 and isinstance(entry[2], str):
                 yield entry[0], entry[2]
-    commit = event.get("commit")
-    if commit and isinstance(commit.get("text"), str):
-        yield commit["token"], commit["text"]
+    for commit in commits_of(event):
+        if isinstance(commit.get("text"), str):
+            yield commit["token"], commit["text"]
+
+
+def commits_of(event: dict) -> list[dict]:
+    """A round's commits in order: ``commits`` (draft chains commit several; ``commit`` is the first), or
+    the one ``commit`` of a trace made before draft chains (``dex_core.trace.round_commits``)."""
+    return event.get("commits") or ([event["commit"]] if event.get("commit") else [])
 
 
 def _chain(commit: dict, seen: dict[int, dict]) -> list[tuple[int, str | None]]:
@@ -111,7 +119,7 @@ class _Index:
         self.seen.update((node["id"], node) for node in event["nodes"])
         self.vocab.update(event_texts(event))
         self.before.append(len(self.tokens))
-        if commit := event.get("commit"):
+        for commit in commits_of(event):
             self.tokens.append(commit["token"])
             self.texts.append(commit.get("text"))
             self.matched.append(commit["matched_stage"])
@@ -165,8 +173,8 @@ class Replay(Sequence[RoundView]):
         event = x.rounds[i]
         alive = x.rounds[i - 1]["alive"] if i else []
         new = [node["id"] for node in event["nodes"]]
-        commit, collapse = event.get("commit"), event.get("collapse")
-        n = x.before[i] + (1 if commit else 0)
+        commit, collapse, commits = event.get("commit"), event.get("collapse"), commits_of(event)
+        n = x.before[i] + len(commits)
         return RoundView(
             index=i, round=event["round"], start=self.start,
             nodes={j: x.seen[j] for j in dict.fromkeys([*alive, *new])}, new=new,
@@ -176,7 +184,8 @@ class Replay(Sequence[RoundView]):
             commit=commit, tokens=x.tokens[:n], texts=x.texts[:n], matched=x.matched[:n],
             anchor_chains=x.chains[:n], state_before=event["state_before"], state_after=event["state_after"],
             commit_position=len(self.start["prompt"]) + x.before[i], batches=event["batches"],
-            timings=event.get("timings", {}), vocab=self.vocab, commits=x.commits[:n])
+            timings=event.get("timings", {}), vocab=self.vocab, commits=x.commits[:n], round_commits=commits,
+            cut=list(event.get("cut", [])))
 
 
 def replay(events: list[dict]) -> Replay:
@@ -190,8 +199,10 @@ class ReplayCache:
 
     An entry holds its trace, so the list cannot be freed and its id reused while the entry lives; a
     trace that grew (a live generation: events are only appended) is extended by its new events, not
-    indexed again, so following a run round by round costs O(run), not O(run²). Safe to share
-    between threads.
+    indexed again, so following a run round by round costs O(run), not O(run²). ``retain`` drops the
+    entries of traces no one else holds any more (the app calls it as sessions let go of theirs), so the
+    cache does not keep a trace alive on its own; an entry adds only its index (references: about 3% of
+    the trace's records). Safe to share between threads.
     """
 
     def __init__(self, size: int = 4):
@@ -214,3 +225,19 @@ class ReplayCache:
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return views
+
+    def __contains__(self, events) -> bool:
+        """Whether the cache holds a replay of this very list."""
+        with self._lock:
+            hit = self._items.get(id(events))
+        return hit is not None and hit[0] is events
+
+    def retain(self, held) -> int:
+        """Keep only the replays of the event lists in ``held`` (by identity: an entry keeps its list alive,
+        so no other list has its id); returns how many entries were dropped."""
+        keep = {id(events) for events in held}
+        with self._lock:
+            gone = [key for key in self._items if key not in keep]
+            for key in gone:
+                del self._items[key]
+        return len(gone)

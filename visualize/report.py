@@ -52,7 +52,9 @@ def run_report_html(events: list[dict], meta: dict | None = None) -> str:
     facts = [("model", meta.get("model", "not recorded")), ("prompt", meta.get("prompt", "not recorded")),
              ("depths", ", ".join(map(str, start["depths"]))),
              ("adapters at depths", ", ".join(map(str, start.get("adapter_depths") or [])) or "none"),
-             ("DECS", "on" if start.get("decs") else "off"), ("rounds", len(views)),
+             ("DECS", "on" if start.get("decs") else "off"),
+             ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.get("draft") or {}).items()) or "off"),
+             ("rounds", len(views)),
              ("finished", end["stop"] if end else "no (stopped early)")]
     rows = "".join(f"<tr><th style='text-align: left; padding-right: 12px;'>{esc(k)}</th><td>{esc(v)}</td></tr>"
                    for k, v in facts)

@@ -1,5 +1,6 @@
-"""HTML for whole-run summaries: the race between AR and DEX, and the readiness (EAD) table. Every
-value passes ``markup.esc``/``markup.num``."""
+"""HTML for whole-run summaries: the race between AR and DEX (what was measured first, the projection
+after it, the jargon in a fold), and the readiness (EAD) table. Every value passes
+``markup.esc``/``markup.num``."""
 
 from __future__ import annotations
 
@@ -8,50 +9,95 @@ from .markup import esc, join, num
 _BADGE = "padding:6px 10px;border-radius:6px;display:inline-block;margin:4px 0;background:"
 
 
-def race_summary_html(tokens: dict, times: dict, done: bool, projected_label: str | None, facts: dict | None = None) -> str:
-    """The identical-output badge, one line per clock, and (``facts``, once DEX finished) its rounds per
-    token, depth-side speedup and cost per token against AR's from the cost model, with what the
-    K-device projection assumes and where DEX wins. ``tokens``/``times``: ``{"ar", "dex"}`` (and
-    ``times["proj"]``, DEX's projected clock, labelled ``projected_label``) per committed token."""
-    if done and tokens["ar"] == tokens["dex"]:
+def _devices(K) -> str:
+    return f"{esc(K)} device{'s' * (K != 1)}"
+
+
+def _clock(label: str, tokens: list, times: list) -> tuple[str, float]:
+    """The line "LABEL n tokens in t s (r tokens/s)" and the rate r (0 before the first token)."""
+    n, t = len(tokens), (times[-1] if times else 0.0)
+    rate = n / t if t else 0.0
+    return f"{label} {esc(n)} tokens in {num(t, '.2f')} s ({num(rate, '.1f')} tokens/s)", rate
+
+
+def race_summary_html(tokens: dict, times: dict, done: bool, facts: dict, stopped: str | None = None) -> str:
+    """What the race measured, first and plainly: the identical-output badge (or why the race stopped:
+    ``stopped``, e.g. "by you"), then DEX's measured speed against AR's on this machine, then the K-device
+    projection as a projection, then (once DEX finished) its rounds per token; how all of it is counted
+    (clocks, the projection's assumptions, the cost model's layer-equivalents, where DEX would win) is in
+    a "how this is counted" fold. ``tokens``/``times``: ``{"ar", "dex"}`` (and ``times["proj"]``, DEX's
+    projected clock) per committed token; ``facts``: ``K``, ``distributed``, ``first`` (the method that
+    finished first) and, once DEX finished, ``depths``, ``rounds_per_token``, ``depth_speedup``,
+    ``ar_cost``, ``dex_cost``, ``dex_cost_rows``."""
+    ar, dex = tokens["ar"], tokens["dex"]
+    if stopped:
+        differ = next((i for i, (x, y) in enumerate(zip(ar, dex)) if x != y), None)
+        agree = (f"the first {esc(min(len(ar), len(dex)))} agree" if differ is None
+                 else f"they differ from token {esc(differ)} on")
+        badge = (f"<div id='race-badge' data-state='stopped' style='{_BADGE}#fdebd0'>■ stopped {esc(stopped)}: AR "
+                 f"made {esc(len(ar))} tokens, DEX {esc(len(dex))} ({agree}); the panes keep them</div>")
+    elif done and ar == dex:
         badge = f"<div id='race-badge' style='{_BADGE}#d9f7d9'>✓ identical output: DEX emitted exactly AR's tokens</div>"
     elif done:
         badge = f"<div id='race-badge' style='{_BADGE}#fbdada'>✗ outputs differ</div>"
     else:
         badge = f"<div id='race-badge' style='{_BADGE}#eeeeff'>racing…</div>"
-    clocks = [("AR", tokens["ar"], times["ar"]), ("DEX", tokens["dex"], times["dex"])]
-    if projected_label and times.get("proj"):
-        clocks.append((projected_label, tokens["dex"], times["proj"]))
-    lines = []
-    for label, toks, ts in clocks:
-        n, t = len(toks), (ts[-1] if ts else 0.0)
-        lines.append(f"{esc(label)}: {esc(n)} tokens in {num(t, '.2f')} s ({num(n / t if t else 0, '.1f')} tokens/s)")
-    return badge + "<div>" + "<br>".join(lines) + "</div>" + (_race_facts(facts) if facts else "")
+    K, distributed = facts["K"], facts.get("distributed", False)
+    how = (f"distributed over {_devices(K)}, one explorer each" if distributed
+           else f"sequential: its {esc(K)} explorers one after another on one device")
+    ar_line, ar_rate = _clock("AR", ar, times["ar"])
+    dex_line, dex_rate = _clock(f"DEX ({how})", dex, times["dex"])
+    parts = [badge]
+    if ar_rate and dex_rate:
+        head = f"On this machine DEX ran at <b>{num(dex_rate / ar_rate, '.2f')}×</b> AR's speed (measured)"
+        _, proj_rate = _clock("", dex, times.get("proj") or [])
+        if not distributed and proj_rate:
+            head += f"; on {_devices(K)} it would be about {num(proj_rate / ar_rate, '.2f')}× — a projection"
+        parts.append(f"<div id='race-headline' style='font-size:15px;margin:4px 0'>{head}.</div>")
+    parts.append(f"<div id='race-measured'><b>Measured</b>: {ar_line}; {dex_line}.</div>")
+    if not distributed and times.get("proj"):
+        proj_line, _ = _clock(f"DEX on {_devices(K)} (one per explorer)", dex, times["proj"])
+        parts.append(f"<div id='race-projected'><b>Projected, not measured</b>: {proj_line}.</div>")
+    if "rounds_per_token" in facts:
+        parts.append(f"<div>DEX needed {num(facts['rounds_per_token'], '.2f')} rounds per token where a token that "
+                     f"walks all {esc(K)} explorers needs {esc(K)}: tokens came {num(facts['depth_speedup'], '.2f')}× "
+                     f"sooner in rounds (depths {join(facts['depths'])}).</div>")
+    return "".join(parts) + _how_counted(facts)
 
 
-def _race_facts(f: dict) -> str:
-    share = f["dex_cost"] / f["ar_cost"]
+def _how_counted(f: dict) -> str:
+    """The "how this is counted" fold: clocks, the projection, and (once DEX finished) the cost model."""
+    K = f["K"]
     order = (f"AR and DEX were interleaved step by step under the same load until {esc(f['first'])} finished; "
-             "the other then ran alone." if f.get("first") else "AR and DEX were interleaved step by step.")
-    if share < 1:
-        slack = (f["ar_cost"] - f["dex_cost"]) / f["rounds_per_token"]
-        wins = (f"DEX K={esc(f['K'])} does {num(share, '.2f')} of AR's work per token, so on {esc(f['K'])} memory-bound "
-                f"devices (a GPU at batch 1: a forward costs its weights) it would reach {num(1 / share, '.2f')}× AR's "
-                f"tokens/s if exchanging hidden states between devices were free, and break even while one round's "
-                f"exchange stays under {num(slack, '.1f')} layer-times.")
-    else:
-        wins = (f"DEX K={esc(f['K'])} does {num(share, '.2f')}× AR's work per token on this prompt: no device count "
-                "makes it faster here. Better proposals (adapters), a cost-balanced exploration set or fewer "
-                "explorers change that.")
-    return (f"<div style='margin-top:6px'>Rounds per token {num(f['rounds_per_token'], '.3f')}; depth-side speedup "
-            f"K / rounds per token = {num(f['depth_speedup'], '.3f')}× (depths {join(f['depths'])}). Cost per token "
-            f"(the project's cost model: layer-equivalents, LM heads and adapters included): DEX "
-            f"{num(f['dex_cost'], '.2f')} (memory-bound; {num(f['dex_cost_rows'], '.2f')} when every row counts, as on a "
-            f"CPU) vs AR {num(f['ar_cost'], '.2f')}.</div>"
-            f"<div style='margin-top:6px'><b>Where DEX wins</b> (a projection from the cost model): {wins} The "
-            f"projected clock above assumes one device per explorer, each as fast as this one, running its stage "
-            f"as measured here, plus each round's exchange between devices as timed on this machine (its "
-            f"profile; the distributed backend measures it for real). {order}</div>")
+             "the other then ran alone." if f.get("first") else "AR and DEX are interleaved step by step under the "
+                                                                   "same load.")
+    items = [f"<li><b>Clocks</b>: each method's own compute time. {order} Loading the model and timing this "
+             "machine for the projection happen before both clocks start.</li>"]
+    if not f.get("distributed"):
+        items.append(f"<li><b>The projection</b> assumes {_devices(K)}, one per explorer, each as fast as this one: a "
+                     "round lasts as long as its slowest explorer ran here, plus the exchange of hidden states "
+                     "between devices as timed on this machine (its profile; the distributed backend measures it "
+                     "for real).</li>")
+    if "dex_cost" in f:
+        share = f["dex_cost"] / f["ar_cost"]
+        items.append(f"<li><b>Cost per token</b> (the project's cost model) in layer-equivalents, the weights of one "
+                     f"decoder layer, LM heads and adapters included: DEX {num(f['dex_cost'], '.2f')} vs AR "
+                     f"{num(f['ar_cost'], '.2f')} when a forward of several rows costs its weights once "
+                     f"(memory-bound, as on a GPU at small batch); DEX {num(f['dex_cost_rows'], '.2f')} when every "
+                     "row counts, as on a CPU.</li>")
+        if share < 1:
+            slack = (f["ar_cost"] - f["dex_cost"]) / f["rounds_per_token"]
+            wins = (f"DEX K={esc(K)} does {num(share, '.2f')} of AR's work per token, so on {_devices(K)} where a "
+                    f"forward costs its weights it would reach {num(1 / share, '.2f')}× AR's tokens/s if exchanging "
+                    f"hidden states were free, and stay ahead of AR while one round's exchange takes less than "
+                    f"{num(slack, '.1f')} decoder layers do.")
+        else:
+            wins = (f"DEX K={esc(K)} does {num(share, '.2f')}× AR's work per token on this prompt: no device count "
+                    "makes it faster here. Better proposals (adapters), a cost-balanced exploration set or fewer "
+                    "explorers change that.")
+        items.append(f"<li><b>Where DEX wins</b> (a projection from the cost model): {wins}</li>")
+    return ("<details id='race-how' style='margin-top:6px'><summary>How this is counted</summary><ul "
+            f"style='font-size:13px'>{''.join(items)}</ul></details>")
 
 
 def readiness_table_html(result: dict, adapter_depths) -> str:

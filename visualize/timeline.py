@@ -1,13 +1,18 @@
 """The timeline: every node of a run on one canvas, laid out from the run's lattice DAG (``graph``).
 
 x is the node's absolute position, y its stage (stage 0 at the top); the nodes that shared a
-(position, stage) cell over the run sit on a small grid inside it, in round order. Colour is the
-node's fate (``palette.FATE_COLORS``: matched, final, committed, discarded, pending). Each collapse
+(position, stage) cell over the run sit on a small grid inside it, in round order. The node's fate
+is its mark (``palette.FATE_MARKS``, greys and shapes: matched, final, committed, discarded, cut (named
+only where draft chains cut nodes), pending), named in a legend above the plot, in view at every K; the
+plot's height grows with K. Each collapse
 is drawn as a cut: a dashed line after the committed position across the stages whose branches it
-dropped, and a marker above the lattice whose hover says what it kept and dropped. Hover on a node
+dropped, and a marker above the lattice whose hover says what it kept and dropped. A round that
+committed several tokens (along a draft chain) cuts after its last one, and its marker is labelled
+×N. Every node of a draft-chain slot is framed by a dotted outline over its fate mark, and the chain's
+edges run dashed along the position axis (``palette.CHAIN_LINE``, ``CHAIN_EDGE``). Hover on a node
 shows its round, stage, candidate, top-k with text and fate; every point carries its round in
 ``customdata`` so a click can open that round (the app does). Surviving edges are drawn, the edges
-into discarded nodes sit behind a legend toggle. Trace values in Plotly text pass ``plot_text``.
+into discarded (or cut) nodes sit behind a legend toggle. Trace values in Plotly text pass ``plot_text``.
 """
 
 from __future__ import annotations
@@ -18,12 +23,27 @@ import plotly.graph_objects as go
 
 from .graph import FATES, lattice_graph
 from .markup import plot_text
-from .palette import CUT_COLOR, FATE_COLORS, stage_tick
-from .replay import event_texts
+from .palette import CHAIN_EDGE, CHAIN_LINE, CUT_COLOR, FATE_MARKS, frames, stage_tick
+from .replay import commits_of, event_texts
 
 PLOT_WIDTH_PX = 1100   # nominal width used to fit marker sizes
-STAGE_PX = 28
+TOP_PX = 70            # the title, then the legend in one row, above the plot
+BOTTOM_PX = 55         # the x axis and its title
+ROW_PX = 22            # per y unit (a stage row) when K is large: stage labels stay apart
+MIN_PLOT_PX = 150      # the plot area at small K, so its few rows and stage labels stay apart
+EDGE_COLOR = "#C8C8C8"
 CUT_ROW = -0.8         # y of the collapse markers, above stage 0
+GONE_EDGES, CHAIN_FRAMES = "edges into discarded nodes", "draft chain"
+Y_TOP = CUT_ROW - 0.4  # the y axis runs from K - 0.5 (below the last stage) up to here
+
+
+def y_units(K: int) -> float:
+    return max(K, 1) - 0.5 - Y_TOP
+
+
+def plot_height(K: int) -> int:
+    """Pixel height of the plot area for K stages (the figure adds ``TOP_PX + BOTTOM_PX``)."""
+    return max(MIN_PLOT_PX, round(ROW_PX * y_units(K)))
 
 
 def _describe(token: int, vocab: dict[int, str]) -> str:
@@ -33,15 +53,17 @@ def _describe(token: int, vocab: dict[int, str]) -> str:
 
 def _hover(node: dict, record: dict, depths, vocab: dict[int, str]) -> str:
     top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in record.get("top") or []) or "not recorded"
-    fate = node["fate"] + (f" (cut in round {node['cut_round']})" if node["fate"] == "discarded" else "")
-    lines = [f"node {record['id']} · round {node['round']}",
+    fate = node["fate"] + (f" (in round {node['cut_round']})" if node["fate"] in ("discarded", "cut") else "")
+    chain = " · draft chain (its input was looked up)" if node["drafted"] else ""
+    lines = [f"node {record['id']} · round {node['round']}{chain}",
              f"E{node['stage']} · d={depths[node['stage']]} · position {node['position']}",
              f"candidate {_describe(node['token'], vocab)}", f"top: {top}", f"fate: {fate}"]
     return "<br>".join(plot_text(line) for line in lines)
 
 
-def _place(graph) -> dict[int, tuple[float, float, float]]:
-    """Per node: (x, y, marker size), same-cell nodes on a grid in (round, id) order."""
+def _place(graph, row_px: float) -> dict[int, tuple[float, float, float]]:
+    """Per node: (x, y, marker size), same-cell nodes on a grid in (round, id) order; ``row_px`` is a
+    stage row's height in pixels."""
     cells: dict[tuple[int, int], list[int]] = {}
     for i, node in graph.nodes(data=True):
         cells.setdefault((node["position"], node["stage"]), []).append(i)
@@ -52,7 +74,7 @@ def _place(graph) -> dict[int, tuple[float, float, float]]:
         ids.sort(key=lambda i: (graph.nodes[i]["round"], i))
         cols = math.ceil(math.sqrt(len(ids)))
         rows = math.ceil(len(ids) / cols)
-        size = max(4.0, min(12.0, 0.7 * min(cell_w / cols, STAGE_PX / rows)))
+        size = max(4.0, min(12.0, 0.7 * min(cell_w / cols, row_px / rows)))
         for k, i in enumerate(ids):
             r, c = divmod(k, cols)
             place[i] = (position + (c - (cols - 1) / 2) * (0.8 / cols), stage + (r - (rows - 1) / 2) * (0.8 / rows), size)
@@ -60,27 +82,34 @@ def _place(graph) -> dict[int, tuple[float, float, float]]:
 
 
 def _cuts(events: list[dict], graph) -> tuple[dict, dict]:
-    """Collapse lines (x, y with None breaks) and one marker per collapse (x, round, hover)."""
+    """Collapse lines (x, y with None breaks) and one marker per collapse (x, round, label, hover), after
+    the round's last commit; a round of several commits is labelled ×N and its hover says which were drafted."""
     lines: dict[str, list] = {"x": [], "y": []}
-    marks: dict[str, list] = {"x": [], "round": [], "hover": []}
+    marks: dict[str, list] = {"x": [], "round": [], "label": [], "hover": []}
     for event in events:
-        collapse, commit = event.get("collapse"), event.get("commit")
-        if event.get("event") != "round" or not collapse or not commit:
+        collapse, commits = event.get("collapse"), commits_of(event) if event.get("event") == "round" else []
+        if not collapse or not commits:
             continue
-        x = commit["position"] + 0.5
+        last = commits[-1]["position"]
+        x = last + 0.5
         stages = [graph.nodes[i]["stage"] for i in collapse.get("dropped", []) if i in graph]
         if stages:
             lines["x"] += [x, x, None]
             lines["y"] += [min(stages) - 0.45, max(stages) + 0.45, None]
         marks["x"].append(x)
         marks["round"].append(event["round"])
-        marks["hover"].append(plot_text(f"round {event['round']}: collapse after position {commit['position']}, "
+        marks["label"].append(f"×{len(commits)}" if len(commits) > 1 else "")
+        drafted = [c["position"] for c in commits if c.get("drafted") is True]
+        what = (f"committed {len(commits)} tokens at positions {commits[0]['position']}–{last} "
+                f"(drafted: {', '.join(map(str, drafted)) or 'none'}), " if len(commits) > 1 else "")
+        marks["hover"].append(plot_text(f"round {event['round']}: {what}collapse after position {last}, "
                                         f"kept {len(collapse.get('kept', []))}, dropped {len(stages)}"))
     return lines, marks
 
 
-def timeline_figure(events: list[dict]) -> go.Figure:
-    """The whole run's lattice as one figure (an AR trace or a run without rounds gives an empty one)."""
+def timeline_figure(events: list[dict], note: str = "") -> go.Figure:
+    """The whole run's lattice as one figure (an AR trace or a run without rounds gives an empty one);
+    ``note`` (plain text, e.g. what a click does where the figure is shown) ends its title."""
     start = events[0] if events and events[0].get("event") == "start" else {}
     depths = start.get("depths", [])
     K = len(depths)
@@ -90,37 +119,59 @@ def timeline_figure(events: list[dict]) -> go.Figure:
         if event.get("event") == "round":
             records.update((n["id"], n) for n in event["nodes"])
             vocab.update(event_texts(event))
-    place = _place(graph)
-    traces = []
-    for name, keep in (("edges", True), ("edges into discarded nodes", False)):
-        xs, ys = [], []
-        for a, b in graph.edges:
-            if (graph.nodes[b]["fate"] != "discarded") == keep:
-                xs += [place[a][0], place[b][0], None]
-                ys += [place[a][1], place[b][1], None]
-        traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
-                                 visible=True if keep else "legendonly", line=dict(color="#c8cfd4", width=1)))
-    for fate in FATES:
+    plot_px = plot_height(K)
+    place = _place(graph, plot_px / y_units(K))
+    edges: dict[str, tuple[list, list]] = {"edges": ([], []), GONE_EDGES: ([], []), "chain": ([], [])}
+    for a, b, kind in graph.edges(data="kind"):
+        gone = graph.nodes[b]["fate"] in ("discarded", "cut")
+        xs, ys = edges[GONE_EDGES if gone else "chain" if kind == "chain" else "edges"]
+        xs += [place[a][0], place[b][0], None]
+        ys += [place[a][1], place[b][1], None]
+    traces = [go.Scatter(x=edges[name][0], y=edges[name][1], mode="lines", name=name, hoverinfo="skip", legendrank=300,
+                         visible=True if name == "edges" else "legendonly", line=dict(color=EDGE_COLOR, width=1))
+              for name in ("edges", GONE_EDGES)]
+    for rank, fate in enumerate(FATES):  # the fates lead the legend, then the chains, collapses and edges
         ids = [i for i, n in graph.nodes(data=True) if n["fate"] == fate]
+        if fate == "cut" and not ids:  # named only where draft chains cut nodes
+            continue
         nodes = [graph.nodes[i] for i in ids]
+        mark = FATE_MARKS[fate]
         traces.append(go.Scatter(
             x=[place[i][0] for i in ids], y=[place[i][1] for i in ids], mode="markers", name=fate,
-            customdata=[n["round"] for n in nodes], hovertext=[_hover(n, records[i], depths, vocab) for i, n in zip(ids, nodes)],
-            hovertemplate="%{hovertext}<extra></extra>", opacity=0.45 if fate == "discarded" else 1.0,
-            marker=dict(color=FATE_COLORS[fate], size=[place[i][2] for i in ids], line=dict(color="#5d6d7e", width=0.5))))
+            legendrank=100 + rank, customdata=[n["round"] for n in nodes],
+            hovertext=[_hover(n, records[i], depths, vocab) for i, n in zip(ids, nodes)],
+            hovertemplate="%{hovertext}<extra></extra>", opacity=0.45 if fate in ("discarded", "cut") else 1.0,
+            marker=dict(color=mark.fill, size=[place[i][2] for i in ids], symbol=mark.symbol,
+                        line=dict(color=mark.line, width=mark.width))))
+    drafted = [i for i, n in graph.nodes(data=True) if n["drafted"]]
+    if drafted:  # one legend entry toggles the chains' frames and edges
+        cell_w = PLOT_WIDTH_PX / max(len({n["position"] for _, n in graph.nodes(data=True)}), 1)
+        row_px = plot_px / y_units(K)
+        for gone in (False, True):  # a dropped node's frame fades with it
+            xs, ys = frames((place[i][0], place[i][1], (place[i][2] / 2 + 2) / cell_w, (place[i][2] / 2 + 2) / row_px)
+                            for i in drafted if (graph.nodes[i]["fate"] in ("discarded", "cut")) == gone)
+            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", legendrank=150,
+                                     legendgroup="chains", showlegend=not gone, opacity=0.3 if gone else 1.0,
+                                     line=CHAIN_LINE))
+        traces.append(go.Scatter(x=edges["chain"][0], y=edges["chain"][1], mode="lines", name="chain edges",
+                                 hoverinfo="skip", legendgroup="chains", showlegend=False, line=CHAIN_EDGE))
     lines, marks = _cuts(events, graph)
     traces.append(go.Scatter(x=lines["x"], y=lines["y"], mode="lines", name="collapse cuts", hoverinfo="skip",
-                             line=dict(color=CUT_COLOR, width=1, dash="dot")))
-    traces.append(go.Scatter(x=marks["x"], y=[CUT_ROW] * len(marks["x"]), mode="markers", name="collapses",
-                             customdata=marks["round"], hovertext=marks["hover"], hovertemplate="%{hovertext}<extra></extra>",
+                             legendgroup="collapses", showlegend=False, line=dict(color=CUT_COLOR, width=1, dash="dot")))
+    traces.append(go.Scatter(x=marks["x"], y=[CUT_ROW] * len(marks["x"]), mode="markers+text", name="collapses",
+                             legendgroup="collapses", legendrank=200, text=marks["label"], textposition="middle right",
+                             textfont=dict(size=10, color=CUT_COLOR), customdata=marks["round"], hovertext=marks["hover"],
+                             hovertemplate="%{hovertext}<extra></extra>",
                              marker=dict(color=CUT_COLOR, symbol="triangle-down", size=7)))
     fig = go.Figure(data=traces)
     rounds = sum(1 for e in events if e.get("event") == "round")
+    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (f" · {plot_text(note)}" if note else "")
     fig.update_layout(
-        title=dict(text=f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds"),
-        uirevision="timeline", height=90 + STAGE_PX * max(K, 1), plot_bgcolor="white", hovermode="closest",
-        margin=dict(l=90, r=20, t=40, b=35), legend=dict(title=dict(text="fate")),
+        title=dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=8)),
+        uirevision="timeline", height=TOP_PX + plot_px + BOTTOM_PX, plot_bgcolor="white", hovermode="closest",
+        margin=dict(l=90, r=20, t=TOP_PX, b=BOTTOM_PX),
+        legend=dict(title=dict(text="fate:"), orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
         xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),
         yaxis=dict(tickvals=list(range(K)), ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
-                   range=[K - 0.5, CUT_ROW - 0.4], showgrid=False, zeroline=False))
+                   range=[K - 0.5, Y_TOP], showgrid=False, zeroline=False))
     return fig

@@ -1,0 +1,156 @@
+"""The Race tab's handler: one prompt through AR and DEX, interleaved in this process, with Stop and the
+host's bound on a request's model time.
+
+The clocks start only after the model is loaded and this machine's profile (``dex_core.profile``, for
+the K-device projection) is measured or read from its cache, so neither first-use cost is in either
+clock. A race that is stopped (by its visitor, or at the bound) ends with what both made so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gradio as gr
+
+import visualize as viz
+from dex_core import DexError, ExplorerError, ar_stream
+from dex_core.cost import ModelCost
+from dex_core.profile import exchange_seconds
+from dex_core.request import check_text
+from dex_core.trace import round_commits
+
+from .callbacks import explorer_line, loading, session_of, short_error
+from .model_work import Deadline, StopRequests
+from .runtime import Runtime, ui_config
+
+NAMES = {"ar": "AR", "dex": "DEX"}
+
+
+def _status(line: str) -> tuple:
+    return gr.skip(), gr.skip(), gr.skip(), viz.status_html("running", line)
+
+
+def _profiling(runtime: Runtime, decoder):
+    """Measure (or read) the profile in a thread, yielding a status line twice a second while it runs."""
+    if runtime.profiled(decoder):
+        return
+    failed, done = [], threading.Event()
+
+    def work():
+        try:
+            runtime.profile(decoder)
+        except Exception as err:  # raised again in the request's own thread
+            failed.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    tic = time.monotonic()
+    while not done.wait(0.5):
+        yield (f"first race: timing this machine's layers, heads and exchange for the projection (once; "
+               f"outside both clocks) ({time.monotonic() - tic:.0f} s)")
+    if failed:
+        raise failed[0]
+
+
+def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, adapters, max_new_tokens, draft=True,
+                request: gr.Request = None):
+    """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
+    takes the next step, so both run under the same load until one finishes.
+
+    Clocks are each method's own compute time, so the two panes fill at their measured speeds. DEX's
+    projected K-device clock (each round's slowest explorer, plus the exchange between devices from this
+    machine's profile) is drawn next to its measured one. Stop (``stops``) or the host's bound
+    (``request_seconds``) ends the race after the step in progress, keeping both panes.
+    """
+    session = session_of(request)
+    stops.take(session)  # a Stop pressed before this race started does not apply to it
+    try:
+        config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft)
+        check_text(prompt)
+        for line in loading(runtime):
+            yield _status(line)
+        ids = runtime.encode(prompt, config.chat)
+        model, tokenizer = runtime.model()
+        decoder = runtime.decoder(config)
+        distributed = runtime.settings.backend == "distributed"
+        notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
+        if notice:
+            gr.Warning(notice)
+        if not distributed:
+            yield from map(_status, _profiling(runtime, decoder))
+        profile = None if distributed else runtime.profile(decoder)
+        deadline = Deadline(runtime.settings.request_seconds)  # model time from here: loading and profiling are not in it
+        ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
+        dex = decoder.stream(ids, options=config.generation())
+        next(ar), next(dex)
+    except DexError as err:
+        raise short_error(err) from None
+    first = None  # the method that finished first (the other then ran alone)
+    clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
+    times = {"ar": [], "dex": [], "proj": []}
+    tokens = {"ar": [], "dex": []}
+    ends = {}
+    view = (tokenizer, tokens, times, ends, distributed, decoder, model)
+    while len(ends) < 2:
+        why = "by you" if stops.take(session) else deadline.reason()
+        if why:
+            ar.close()
+            dex.close()
+            yield _race_view(*view, first, stopped=why)
+            return
+        side = "ar" if "dex" in ends or ("ar" not in ends and clocks["ar"] <= clocks["dex"]) else "dex"
+        try:
+            event = next(ar if side == "ar" else dex)
+        except ExplorerError as err:
+            raise gr.Error(explorer_line(err), print_exception=False) from None
+        if event["event"] == "end":
+            ends[side] = event
+            first = first or NAMES[side]
+        elif side == "ar":
+            clocks["ar"] = event["seconds"]
+            tokens["ar"].append(event["token"])
+            times["ar"].append(clocks["ar"])
+        else:
+            t = event["timings"]
+            clocks["dex"] += t["prefill"] + t["round"]
+            clocks["proj"] += t["projected"] + (exchange_seconds(profile, [len(b) for b in event["batches"]])
+                                                if profile else 0.0)
+            for commit in round_commits(event):  # several when a draft chain committed
+                tokens["dex"].append(commit["token"])
+                times["dex"].append(clocks["dex"])
+                times["proj"].append(clocks["proj"])
+        yield _race_view(*view, first)
+
+
+def _devices(K: int) -> str:
+    return f"{K} device{'s' * (K != 1)}"
+
+
+def _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first, stopped=None):
+    K = decoder.K
+    series = [{"name": "AR (measured)", "times": times["ar"]},
+              {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
+               "times": times["dex"]}]
+    if not distributed:
+        series.append({"name": f"DEX projected on {_devices(K)} (communication included)", "times": times["proj"],
+                       "dash": True})
+    facts = {"K": K, "first": first, "distributed": distributed}
+    if "dex" in ends:
+        stats = ends["dex"]["stats"]
+        cost = ModelCost.of(model, decoder.adapters, decoder.proposal_vocab)
+        T = max(1, stats["tokens"])
+        covered = sorted(decoder.adapters)
+        facts.update(depths=list(decoder.depths), rounds_per_token=stats["rounds_per_token"],
+                     depth_speedup=stats["depth_speedup"], ar_cost=cost.ar(),
+                     dex_cost=cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
+                     dex_cost_rows=cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered))
+    summary = viz.race_summary_html(tokens, times, len(ends) == 2, facts, stopped)
+    return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
+            tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
+
+
+def stop(stops: StopRequests, request: gr.Request = None) -> None:
+    """The Race's Stop: this session's running race ends after its current step and says so."""
+    stops.request(session_of(request))

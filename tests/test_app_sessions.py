@@ -1,0 +1,282 @@
+"""What a visitor's session holds on the server: memory freed when the tab closes, one budget for all
+sessions' traces, files served only while their session lasts, uploads bounded (``app.sessions``,
+``app.files``, ``app.server``). The app runs for real; sessions are gradio_client clients, whose
+heartbeat Gradio watches as it watches a browser tab's."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import free_port, launch_app, tiny_model, tiny_tokenizer
+from dex_core import DexDecoder, load_trace, save_trace
+
+HEARTBEAT = "1"  # seconds between Gradio's heartbeats: a closed client is noticed within about one
+
+
+def make_trace(path: Path, megabytes: float, tokens: int = 40) -> Path:
+    """A K=8 unpruned trace of a tiny 8-layer model of ``megabytes`` within a factor of 1.25 (a random model's
+    lattice grows unevenly with its length, so the length is found in a few runs)."""
+    decoder = DexDecoder(tiny_model("llama", layers=8, max_position_embeddings=4096), explorers=8,
+                         tokenizer=tiny_tokenizer(), trace_top=5, prune=None)
+    for _ in range(4):
+        save_trace(path, decoder.generate([1, 2, 3, 4], tokens).trace, {"model": "tiny"})
+        ratio = megabytes * 2**20 / path.stat().st_size
+        if 1 / 1.25 < ratio < 1.25:
+            return path
+        tokens = max(10, min(4000, int(tokens * ratio)))
+    raise AssertionError(f"no trace of about {megabytes} MB in four runs (the last: {1 / ratio:.2f} of it)")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return make_trace(tmp_path_factory.mktemp("traces") / "small.json", 0.7)
+
+
+@pytest.fixture(scope="module")
+def app(tiny_dir, tmp_path_factory):
+    """The app, with Gradio's temp folder of its own."""
+    from app.runtime import AppSettings
+
+    temp = tmp_path_factory.mktemp("gradio-temp")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GRADIO_TEMP_DIR", str(temp))
+        env.setenv("GRADIO_HEARTBEAT_INTERVAL", HEARTBEAT)
+        demo, url = launch_app(AppSettings(model=str(tiny_dir)))
+        yield demo, url, temp.resolve()
+        demo.close()
+
+
+@contextlib.contextmanager
+def tuned(settings, **values):
+    """The shared app's settings changed for one test."""
+    before = {name: getattr(settings, name) for name in values}
+    for name, value in values.items():
+        setattr(settings, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(settings, name, value)
+
+
+def visit(url: str, trace: Path):
+    """A session that loads ``trace`` in the Debugger (and draws it, as the page does); returns the client."""
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, download_files=False)
+    control, status = client.predict(handle_file(str(trace)), api_name="/load")
+    assert "data-state='finished'" in status, status
+    client.predict(control["value"] if isinstance(control, dict) else control, "ok", api_name="/after_load")
+    return client
+
+
+def until(check, seconds: float = 10.0):
+    """Poll ``check`` until it returns something true (returned) or ``seconds`` pass (its last value)."""
+    end = time.monotonic() + seconds
+    while not (result := check()) and time.monotonic() < end:
+        time.sleep(0.25)
+    return result
+
+
+def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app, small):
+    from app.sessions import LARGE_OUTPUT, REPLAYS, traces_in
+
+    demo, url, _ = app
+    client = visit(url, small)
+    session, holder = client.session_hash, demo.state_holder
+    held = [t for v in holder.session_data[session].state_data.values() for t in traces_in(v)]
+    assert len(held) == 1 and demo.runtime.sessions.usage()[session] > 0
+    outputs = lambda: [c.get("props", {}).get("value") for c in holder.session_data[session].config_values.values()]
+    assert until(lambda: all(len(json.dumps(v, default=str)) < 2 * LARGE_OUTPUT for v in outputs()), 5)
+    client.close()
+    assert until(lambda: session not in holder.session_data, 10)
+    assert session not in demo.runtime.sessions.usage()
+    assert until(lambda: held[0] not in REPLAYS, 5)
+
+
+def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app, small):
+    from app.sessions import COMPACT_FACTOR
+
+    demo, url, _ = app
+    sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
+    megabytes = -(-3 * each // 2**20)  # room for 3 of the 8 traces, or a few more when rounded up
+    fits = megabytes * 2**20 // each
+    clients = []
+    with tuned(demo.runtime.settings, trace_memory_mb=megabytes):
+        for _ in range(8):
+            clients.append(visit(url, small))
+            assert sum(sessions.usage().values()) <= megabytes * 2**20
+        usage = sessions.usage()
+        assert [c for c in clients if usage.get(c.session_hash, 0) > 0] == clients[-fits:]  # the oldest went first
+        table = clients[0].predict(1, api_name="/show")[1]
+    assert "dropped to free memory" in table and f"{megabytes} MB of traces" in table
+    shown = clients[-1].predict(1, api_name="/show")[1]
+    assert "dbg-empty" not in shown and "dropped" not in shown
+    for client in clients:
+        client.close()
+
+
+def test_the_bundled_example_that_sessions_share_is_nobodys_to_drop(app):
+    from gradio_client import Client
+
+    demo, url, _ = app
+    first, second = (Client(url, verbose=False, download_files=False) for _ in range(2))
+    first.predict(api_name="/page_load")  # the page's load event: the bundled example in the session's State
+    assert demo.runtime.sessions.usage()[first.session_hash] > 0
+    second.predict(api_name="/page_load")
+    usage = demo.runtime.sessions.usage()
+    assert usage[first.session_hash] == usage[second.session_hash] == 0
+    first.close(), second.close()
+
+
+def test_a_trace_larger_than_the_whole_budget_is_refused_with_the_setting_named(app, small):
+    demo, url, _ = app
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, download_files=False)
+    with tuned(demo.runtime.settings, trace_memory_mb=1):
+        status = client.predict(handle_file(str(small)), api_name="/load")[1]
+    assert "data-state='error'" in status and "DEX_TRACE_MEMORY_MB" in status and "1 MB" in status
+    client.close()
+
+
+def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
+    demo, url, temp = app
+    client = visit(url, small)
+    saved = client.predict(api_name="/save")["value"]
+    path = Path(saved["path"])
+    assert path.parent.parent.parent == temp and len(path.parent.name) >= 22  # 128 random bits
+    got = httpx.get(saved["url"])
+    assert got.status_code == 200 and json.loads(got.content)["events"] == json.loads(small.read_text())["events"]
+    guessed = saved["url"].replace(path.parent.name, "A" * len(path.parent.name))
+    assert httpx.get(guessed).status_code == 403
+    client.close()
+    assert until(lambda: httpx.get(saved["url"]).status_code == 403, 10)
+    assert not path.parent.exists()
+
+
+def test_a_download_expires_after_file_ttl(tiny_dir, tmp_path, monkeypatch):
+    from app.files import Files
+    from app.runtime import AppSettings
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    files = Files(AppSettings(model=str(tiny_dir), file_ttl=1))
+    path = files.export("a session", "dex-trace.json")
+    path.write_text("{}")
+    assert files.serves(path.resolve())
+    time.sleep(1.2)
+    assert not files.serves(path.resolve())
+    files.expire()
+    assert not path.parent.exists()
+    files.remove()
+    assert not list(tmp_path.glob("dex-app-*"))
+
+
+def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app):
+    _, url, temp = app
+    other = temp / "another-process" / "secret.txt"
+    other.parent.mkdir(exist_ok=True)
+    other.write_text("not this app's")
+    assert httpx.get(f"{url}gradio_api/file={other}").status_code == 403
+    assert httpx.get(f"{url}gradio_api/file/{other}").status_code == 403
+    stored = httpx.post(f"{url}gradio_api/upload", files={"files": ("up.json", b"{}")}).json()[0]
+    assert httpx.get(f"{url}gradio_api/file={stored}").status_code == 403  # uploads are not served back
+    assert httpx.get(f"{url}gradio_api/deep_link", params={"session_hash": "x"}).status_code == 404
+
+
+def test_anonymous_uploads_are_bounded_in_total_and_expire(app):
+    demo, url, _ = app
+    upload = lambda body, name="up.bin": httpx.post(f"{url}gradio_api/upload", files={"files": (name, body)})
+    with tuned(demo.runtime.settings, upload_mb=1, file_ttl=2):
+        until(lambda: demo.runtime.files.uploaded_bytes() == 0, 5)  # earlier tests' uploads expire
+        first = upload(os.urandom(600_000))
+        assert first.status_code == 200 and Path(first.json()[0]).is_file()
+        refused = upload(os.urandom(600_000), "more.bin")
+        assert refused.status_code == 413 and "DEX_UPLOAD_MB" in refused.text
+        assert until(lambda: not Path(first.json()[0]).exists(), 6)
+        status, text = demo.runtime.files.refusal("POST", "/gradio_api/upload", 66 * 2**20)  # said before it is sent
+        assert status == 413 and "at most 64 MB" in text
+        assert upload(os.urandom(600_000), "later.bin").status_code == 200
+        chunked = httpx.post(f"{url}gradio_api/upload", content=iter([b"x" * 10]),
+                             headers={"content-type": "multipart/form-data; boundary=b"})
+        assert chunked.status_code == 411
+
+
+def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app, small):
+    demo, _, temp = app
+    with tuned(demo.runtime.settings, file_ttl=1):
+        client = visit(app[1], small)
+        assert until(lambda: not [p for p in temp.rglob("*") if p.is_file() and p.suffix == ".json"
+                                  and "dex-app-" not in str(p)], 6)
+    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]
+    client.close()
+
+
+def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_path):
+    from app.sessions import COMPACT_FACTOR, JSON_FACTOR, compact
+
+    size = small.stat().st_size
+    tracemalloc.start()
+    events, _ = load_trace(small)
+    loaded = tracemalloc.get_traced_memory()[0]
+    original = json.dumps(events)
+    compact(events)
+    compacted = tracemalloc.get_traced_memory()[0] - len(original)
+    tracemalloc.stop()
+    assert json.dumps(events) == original
+    assert loaded <= JSON_FACTOR * size and compacted <= COMPACT_FACTOR * size and compacted < 0.85 * loaded
+
+
+@pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
+def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_120_mb_and_sigterm_removes_the_folder(
+        tiny_dir, small, tmp_path):
+    import psutil
+
+    big = make_trace(tmp_path / "big.json", 20, tokens=700)
+    temp, port = tmp_path / "gradio-temp", free_port()
+    env = dict(os.environ, GRADIO_TEMP_DIR=str(temp), GRADIO_HEARTBEAT_INTERVAL=HEARTBEAT, DEX_TRACE_MEMORY_MB="2048")
+    server = subprocess.Popen([sys.executable, "app/main.py", "--model", str(tiny_dir), "--port", str(port)],
+                              env=env, cwd=Path(__file__).resolve().parents[1])
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        assert until(lambda: _answers(url), 120), "the app did not start"
+        rss = lambda: psutil.Process(server.pid).memory_info().rss
+        warm = visit(url, small)  # imports and first-use caches, and an export: the app's folder exists
+        warm.predict(api_name="/save")
+        warm.close()
+        time.sleep(3)
+        fresh = rss()
+        visit(url, big).close()  # the first big trace's caches (and allocator pages) are the server's, not theirs
+        time.sleep(3)
+        base = rss()
+        clients = [visit(url, big) for _ in range(4)]
+        held = rss() - base
+        for client in clients:
+            client.close()
+        freed = until(lambda: rss() - base <= 120 * 2**20, 20)
+        print(f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
+              f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "
+              "server before its first big trace)")
+        assert freed
+        assert list(temp.glob("dex-app-*"))
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 128 + signal.SIGTERM
+        assert not list(temp.glob("dex-app-*"))
+    finally:
+        server.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
