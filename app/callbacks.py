@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 import time
 
 import gradio as gr
@@ -29,7 +28,7 @@ from dex_core.request import check_text, ignored_settings
 from dex_core.trace import round_commits
 
 from . import debugger as dbg
-from .model_work import Deadline, StopRequests
+from .model_work import Deadline, StopRequests, in_background
 from .runtime import Runtime, ui_config
 
 PREVIOUS = "the panels below still show the previous run"
@@ -154,22 +153,9 @@ def loading(runtime: Runtime):
     loading stage ``load_model`` reports (fetching, converting, loading) and its elapsed time."""
     if runtime.loaded:
         return
-    stage, failed, done = [f"loading {runtime.settings.model}"], [], threading.Event()
-
-    def work():
-        try:
-            runtime.model(log=lambda line: stage.__setitem__(0, line))
-        except Exception as err:  # raised again in the request's own thread
-            failed.append(err)
-        finally:
-            done.set()
-
-    threading.Thread(target=work, daemon=True).start()
-    tic = time.monotonic()
-    while not done.wait(0.5):
-        yield f"first use: {stage[0]} ({time.monotonic() - tic:.0f} s)"
-    if failed:
-        raise failed[0]
+    stage = [f"loading {runtime.settings.model}"]
+    yield from in_background(lambda: runtime.model(log=lambda line: stage.__setitem__(0, line)),
+                             lambda s: f"first use: {stage[0]} ({s:.0f} s)")
 
 
 def stop(stops: StopRequests, status: str, request: gr.Request = None):

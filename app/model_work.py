@@ -43,3 +43,24 @@ class Deadline:
     def reason(self) -> str | None:
         """Why the request must end now ("at this host's limit …"), or None while it may go on."""
         return f"at this host's limit of {self.seconds} s of model time per request" if self.left() < 0 else None
+
+
+def in_background(work, status):
+    """Run ``work()`` in a thread, yielding ``status(elapsed seconds)`` twice a second until it is done; an
+    exception it raised is raised again here, in the request's own thread."""
+    failed, done = [], threading.Event()
+
+    def run():
+        try:
+            work()
+        except Exception as err:
+            failed.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    tic = time.monotonic()
+    while not done.wait(0.5):
+        yield status(time.monotonic() - tic)
+    if failed:
+        raise failed[0]

@@ -8,8 +8,6 @@ clock. A race that is stopped (by its visitor, or at the bound) ends with what b
 
 from __future__ import annotations
 
-import threading
-import time
 
 import gradio as gr
 
@@ -21,7 +19,7 @@ from dex_core.request import check_text
 from dex_core.trace import round_commits
 
 from .callbacks import explorer_line, loading, session_of, short_error
-from .model_work import Deadline, StopRequests
+from .model_work import Deadline, StopRequests, in_background
 from .runtime import Runtime, ui_config
 
 NAMES = {"ar": "AR", "dex": "DEX"}
@@ -35,23 +33,9 @@ def _profiling(runtime: Runtime, decoder):
     """Measure (or read) the profile in a thread, yielding a status line twice a second while it runs."""
     if runtime.profiled(decoder):
         return
-    failed, done = [], threading.Event()
-
-    def work():
-        try:
-            runtime.profile(decoder)
-        except Exception as err:  # raised again in the request's own thread
-            failed.append(err)
-        finally:
-            done.set()
-
-    threading.Thread(target=work, daemon=True).start()
-    tic = time.monotonic()
-    while not done.wait(0.5):
-        yield (f"first race: timing this machine's layers, heads and exchange for the projection (once; "
-               f"outside both clocks) ({time.monotonic() - tic:.0f} s)")
-    if failed:
-        raise failed[0]
+    yield from in_background(lambda: runtime.profile(decoder), lambda s: (
+        f"first race: timing this machine's layers, heads and exchange for the projection (once; outside both "
+        f"clocks) ({s:.0f} s)"))
 
 
 def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, adapters, max_new_tokens, draft=True,

@@ -122,7 +122,7 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
                      "text": _text(lim.max_text_chars), "seconds": _num()})
     seconds, stop = ("bookkeeping", "communication", "round", "projected", "prefill", "wall"), {"enum": list(STOPS)}
     stats = {"type": "object", "maxProperties": 64, "properties": {  # GenerationStats.to_dict(), each optional
-        "explorers": _int(1, K), "depths": _list(_int(1), K), "tokens": _int(), "rounds": _int(),
+        "explorers": _int(1, K), "depths": _list(_int(1), K), "tokens": _int(), "rounds": _int(), "drafted": _int(),
         "matched_stages": _list(_int(0, K - 1), lim.max_tokens), "batch_sizes": _list(_list(_int(), K), lim.max_rounds),
         "compute_seconds": _list(_num(), K), "stop": stop,
         **{k: _num() for k in ("rounds_per_token", "depth_speedup", "tokens_per_second")},

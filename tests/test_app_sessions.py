@@ -110,6 +110,7 @@ def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app
     sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
     megabytes = -(-3 * each // 2**20)  # room for 3 of the 8 traces, or a few more when rounded up
     fits = megabytes * 2**20 // each
+    assert 3 <= fits < 8
     clients = []
     with tuned(demo.runtime.settings, trace_memory_mb=megabytes):
         for _ in range(8):
