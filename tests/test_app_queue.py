@@ -286,7 +286,7 @@ def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_fol
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(served.url, timeout=60_000)
         shown = bundled(None).meta["prompt"]  # the prompt box holds the prompt of the example the panels show
-        page.wait_for_function(f"() => document.querySelector('#live-prompt textarea').value === {shown!r}",
+        page.wait_for_function(f"() => document.querySelector('#live-prompt textarea')?.value === {shown!r}",
                                timeout=60_000)
         page.locator("text=Exploration and sampling").click()
         assert [page.locator(s).is_disabled() for s in sampling] == [True] * 4  # greedy
