@@ -59,8 +59,7 @@ def _explorers(runtime: Runtime, elem_id: str | None = None) -> gr.Slider:
 
 
 def _draft_box(elem_id: str) -> gr.Checkbox:
-    return gr.Checkbox(label="Draft chains", value=True, elem_id=elem_id,
-                       info="prompt lookup on the token axis: several exact commits per round")
+    return gr.Checkbox(label="Draft chains", value=True, elem_id=elem_id)
 
 
 def _adapters_box(runtime: Runtime) -> gr.Checkbox:
@@ -175,12 +174,13 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                         explorers = _explorers(runtime, "live-k")
                         depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
                         adapters = _adapters_box(runtime)
-                        decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
+                        with gr.Column(min_width=160):  # stacked: one more control in the row, no wider
+                            decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
+                            draft = _draft_box("live-draft")
                         max_new = _max_new("Max new tokens", "live-new")
                         prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
                                             info="new branches per round; auto: 1 on CPU, none on GPUs",
                                             elem_id="live-prune")
-                        draft = _draft_box("live-draft")
                     sampling = _sampling_controls()
                 gr.Examples(EXAMPLES, inputs=prompt)
                 live_status = gr.HTML(elem_id="live-status")

@@ -119,12 +119,13 @@ class DraftBounds:
     min_ngram: int = 2  # shortest match that starts a chain (1-grams match nearly everywhere: rows for nothing)
     length: int = 8  # looked-up tokens per chain
     chains: int = 1  # new chains per round
-    rows: int = 24  # chain slots alive in the lattice at once (each is one row per stage per round)
-    gate: int = 0  # 1: cut a chain slot once its predecessor's candidates all differ from its input; 0: never
+    rows: int = 24  # chain slots alive at once (each a row per stage per round); gate 1: cut a chain slot once
+    gate: int = 0  # its predecessor's candidates all differ from its input (0: never)
 
     @classmethod
     def parse(cls, value) -> DraftBounds | None:
-        """'auto' (the defaults), 'none' (off, None), a DraftBounds, or 'length=6,chains=2' (the rest default)."""
+        """'auto' (the defaults), 'none' (off, None), a DraftBounds (or its dict), or 'length=6,chains=2'."""
+        value = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, Mapping) else value  # asdict's
         if isinstance(value, cls) or value in (None, "none", "auto"):
             return cls() if value == "auto" else None if value == "none" else value
         try:
@@ -175,8 +176,7 @@ class DecoderOptions:
                 adapter_file(self.adapters)
         elif not isinstance(self.adapters, Mapping):
             raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
-        self.decs = flag(self.decs, "decs")
-        self.draft = DraftBounds.parse(self.draft)
+        self.decs, self.draft = flag(self.decs, "decs"), DraftBounds.parse(self.draft)
         self.trace_top = integer(self.trace_top, "trace_top", 0)
         self.prune = rows_option("none" if self.prune is None else self.prune, "prune", ("auto", "none"))
         self.prune = None if self.prune == "none" else self.prune

@@ -52,7 +52,7 @@ def test_dex_matches_at_the_predicted_stage_with_and_without_decs():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     for depths, decs in itertools.product([(2, 4, 6), (1, 2, 3, 4, 5, 6), (3, 6)], [False, True]):
         chosen = {d: a for d, a in adapters.items() if d in depths[:-1]}
-        result = DexDecoder(model, depths=depths, decs=decs, adapters=chosen, prune="none").generate(prompt, 40)
+        result = DexDecoder(model, depths=depths, decs=decs, adapters=chosen, prune="none", draft="none").generate(prompt, 40)
         cands = layer_candidates(model, prompt, result.tokens, chosen)
         assert result.stats.matched_stages == matched_stages(cands, result.tokens, depths, decs).tolist()
         predicted = set_cost(cands, result.tokens, depths, decs)

@@ -263,7 +263,7 @@ def test_bad_generation_options_are_dex_errors_saying_what_is_wrong(options, mes
     ({"depths": ["2", "6"]}, "depths must be comma-separated integers"),
     ({"depths": [2, "x"]}, "depths must be comma-separated integers"),
     ({"decs": "no"}, "decs must be True or False; got 'no'"),
-    ({"explorer": 3}, "unknown option(s) explorer; valid: adapters, backend, decs, depths, devices, explorers"),
+    ({"explorer": 3}, "unknown option(s) explorer; valid: adapters, backend, decs, depths, devices, draft, explorers"),
 ])
 def test_bad_decoder_options_are_dex_errors_saying_what_is_wrong(options, message):
     with pytest.raises(DexError, match=re.escape(message)):

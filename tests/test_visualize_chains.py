@@ -25,7 +25,7 @@ def chains(llama):
 @pytest.fixture(scope="module")
 def cut_chains(llama):
     """The default draft bounds: chains whose predecessor proposed another token are cut."""
-    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="auto")
+    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="min_ngram=1,gate=1")
     return decoder.generate(PROMPT, 24).trace
 
 
@@ -149,7 +149,7 @@ def test_the_fsm_panel_says_how_many_tokens_a_round_committed_and_which_were_dra
     for view in several(views):
         html, n = fsm_html(view), len(view.round_commits)
         assert f"(committed {n} tokens this round; lattice {len(view.nodes)} nodes)" in html
-        listed = re.search(r"class='dex-fsm-commits'[^>]*>(.*?)</div>", html).group(1)
+        listed = re.search(r"class='dex-fsm-commits'[^>]*>(.*?)</span>", html).group(1)
         assert listed.count("(drafted)") == sum(c["drafted"] for c in view.round_commits) >= 1
         assert [int(p) for p in re.findall(r" at (\d+)", listed)] == [c["position"] for c in view.round_commits]
         committed = len(chains[0]["prompt"]) - 1 + len(view.tokens) - n

@@ -77,12 +77,13 @@ def tokens_html(view_or_views) -> str:
             f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
             f"within {esc(view.start.get('dtype') or 'the model dtype')} rounding (each round's table says by how "
             f"much)</div>") if ties else ""
-    note += (f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d;'><span style='{_DRAFTED}'>{drafts} "
-             f"drafted token{'s' if drafts != 1 else ''}</span>: committed from draft-chain slots, whose input was "
-             f"looked up in the text so far (exact like every token)</div>") if drafts else ""
+    inside = (f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d; font-family: system-ui, sans-serif;'>"
+              f"<span style='{_DRAFTED}'>{drafts} drafted token{'s' if drafts != 1 else ''}</span>: committed from "
+              f"draft-chain slots, whose input was looked up in the text so far (exact like every token)</div>"
+              ) if drafts else ""  # inside the box: its second line, free under a short text (a K=8 page's height)
     return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
             f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
-            f"{''.join(spans)}</div>{note}{stage_legend_html(depths)}</div>")
+            f"{''.join(spans)}{inside}</div>{note}{stage_legend_html(depths)}</div>")
 
 
 def _chip(node_id: int, new: bool) -> str:
@@ -114,13 +115,14 @@ def fsm_html(view: RoundView) -> str:
     new, commits = set(view.new), view_commits(view)
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
+    listed = ""
+    if n > 1 or any(c.get("drafted") is True for c in commits):  # on the same line: a K=8 page keeps its height
+        listed = " <span class='dex-fsm-commits' style='font-size: 12px;'>" + esc(", ".join(
+            f"{_quoted(c.get('text'), c['token'])} at {c['position']}" + (" (drafted)" if c.get("drafted") is True
+                                                                          else "") for c in commits)) + "</span>"
     parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={esc(view.state_before)}</b> → "
              f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
-             f"{len(view.nodes)} nodes)</span></div>"]
-    if n > 1 or any(c.get("drafted") is True for c in commits):
-        listed = ", ".join(f"{_quoted(c.get('text'), c['token'])} at {c['position']}"
-                           + (" (drafted)" if c.get("drafted") is True else "") for c in commits)
-        parts.append(f"<div class='dex-fsm-commits' style='font-size: 12px; margin-bottom: 4px;'>{esc(listed)}</div>")
+             f"{len(view.nodes)} nodes)</span>{listed}</div>"]
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
         by_stage[node["stage"]].append(i)
@@ -184,8 +186,9 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
              ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
              ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none"))]
-    if view.start.get("draft"):
-        items.append(("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits))))
+    if view.start.get("draft"):  # in the tokens row: a row more would push a K=8 page past its height
+        items[0] = ("tokens · drafted tokens (draft chains)", esc(n.tokens) + " · <b>" +
+                    esc(sum(c.get("drafted") is True for c in view.commits)) + "</b>")
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
