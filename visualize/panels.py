@@ -186,9 +186,8 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
              ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
              ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none"))]
-    if view.start.get("draft"):  # in the tokens row: a row more would push a K=8 page past its height
-        items[0] = ("tokens · drafted tokens (draft chains)", esc(n.tokens) + " · <b>" +
-                    esc(sum(c.get("drafted") is True for c in view.commits)) + "</b>")
+    if view.start.get("draft"):
+        items.append(("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits))))
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
