@@ -13,7 +13,6 @@ Vocabulary (DESIGN.md):
   earlier match (k = K - 1) the next anchor starts from scratch and the token costs K rounds.
 
 The engine drives it: ``plan_round``, compute, ``record`` the candidates, ``commit`` while ``ready``.
-
 Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per round, those
 whose parent's candidate was the most probable first; the root and depth children are never pruned, so
 every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
@@ -26,11 +25,12 @@ Draft chains (``draft``, see ``dex_core.draft``): a new stage-0 slot X (root or 
 prefix ends with an n-gram seen earlier in the context gets a *chain*: slots X_1..X_m with the looked-up
 continuation d_1..d_m as inputs (X_j predicts X's position + j, parent X_{j-1}), entering stage 0 with X
 and moving down the stages with it; a chain whose last slot's prefix still finds a draft grows by more
-slots the next round. A chain slot is *cut* (with all under it) once the slot before it has
-candidates and none equals its input; until then that slot starts no position children (its child is the
-chain slot, further along; if the chain breaks there, the next anchor starts from scratch). At a commit of y the next anchor is the anchor's child with input y:
-its chain slot, else the position child of the shallowest stage whose candidate is y. A chain slot is as
-deep as its predecessor, so it is complete when that one commits, and commits in the same round.
+slots the next round. With ``gate=1`` a chain slot is *cut* (with all under it) once the slot before it
+has candidates and none equals its input. A slot with a chain child starts no position children (that
+child is its branch, further along; if the chain breaks there, the next anchor starts from scratch). At
+a commit of y the next anchor is the anchor's child with input y: its chain slot, else the position child
+of the shallowest stage whose candidate is y. A chain slot started with its predecessor is as deep, so it
+commits in the same round; one grown later commits once it has its K stages, within K - 1 rounds.
 Exact: that child's prefix is the committed prefix followed by y, the new committed prefix. Its final
 token was computed by the model's layers under exactly that prefix (tree attention over the committed KV
 and its own ancestors) and chosen by the final sampler with its position's noise row: the token AR emits
@@ -119,13 +119,13 @@ class Lattice:
         self.K = explorers
         self.draft, self.stop_position = draft, stop_position
         self.lookup = PromptLookup(list(context or [root_token]), draft.ngram) if draft else None
-        self.cut: list[int] = []  # node ids the last record() cut (chain slots their predecessor contradicted);
-        self._gone, self._gone_nodes = {}, {}  # their slots and nodes by id, until the next record()
+        self.cut: list[int] = []  # node ids the last record() cut; their slots and nodes by id until the next:
+        self._gone, self._gone_nodes = {}, {}
         self.nodes: dict[int, Node] = {}
         self.slots: dict[int, Slot] = {}
         self.rounds = 0
         self.anchor: int | None = None  # slot id, set when the root is computed
-        self._next_node = self._next_slot = self._reserved = 0
+        self._next_node = self._next_slot = self._room = 0
         self._pending: list[_Pending] = [_Pending("root", None, root_token, root_position)]
         self._latest: list[Node] = []
 
@@ -146,7 +146,8 @@ class Lattice:
         state_before = self.state
         self.rounds += 1
         pruned: list[int] = []
-        self._reserved = 0
+        if self.draft is not None:  # chain rows still free this round (the alive chain slots counted once)
+            self._room = self.draft.rows - sum(s.drafted for s in self.slots.values())
         extend = self._extensions() if self.draft is not None else []
         branches = [p for p in self._pending if p.kind == "position"]
         if prune is not None and len(branches) > prune:
@@ -162,8 +163,8 @@ class Lattice:
             new.append(node)
         self._pending = []
         chains = [self._grow(self.nodes[slot.nodes[0]], tokens) for slot, tokens in extend]
-        heads = sorted((n for n in new if n.kind in ("root", "position") and self.draft is not None),
-                       key=lambda n: (n.kind != "root", -(self.nodes[n.parent].prob if n.parent in self.nodes else 1)))
+        heads = [] if self.draft is None else sorted((n for n in new if n.kind in ("root", "position")), key=lambda n: (
+            n.kind != "root", -(self.nodes[n.parent].prob if n.parent in self.nodes else 1)))
         for head in heads:
             if len(chains) < self.draft.chains and (tokens := self._draft(self.slots[head.slot])):
                 chains.append(self._grow(head, tokens))
@@ -184,12 +185,11 @@ class Lattice:
         return out
 
     def _draft(self, slot: Slot) -> list[int]:
-        """The looked-up continuation of ``slot``'s prefix, within the bounds (rows reserved this round count)."""
+        """The looked-up continuation of ``slot``'s prefix, within the bounds (it takes rows from ``_room``)."""
         d, stop = self.draft, self.stop_position
-        room = min(d.length, d.rows - sum(s.drafted for s in self.slots.values()) - self._reserved,
-                   d.length if stop is None else stop - slot.position)
+        room = min(d.length, self._room, d.length if stop is None else stop - slot.position)
         tokens = self.lookup.draft([self.slots[s].input_token for s in slot.path[1:]], room, d.min_ngram)
-        self._reserved += len(tokens)
+        self._room -= len(tokens)
         return tokens
 
     def _grow(self, head: Node, tokens: list[int]) -> list[Node]:
