@@ -289,12 +289,12 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
             raise _reject(f"{where}.{at}", f"must name one anchor node and candidate per explorer ({K})")
         if c["matched_stage"] >= K:
             raise _reject(f"{where}.{at}.matched_stage", f"must be below the {K} explorers")
-        for key, ids in [(f"{at}.anchor_nodes", c["anchor_nodes"])] + [
-                (f"collapse.{k}", collapse[k]) for k in ("committed", "kept", "dropped")]:
-            if not present.issuperset(ids):
-                raise _reject(f"{where}.{key}", "names a node that is not in the lattice")
-    if not present.issuperset(event.get("cut", [])):
-        raise _reject(f"{where}.cut", "names a node that is not in the lattice")
+        if not present.issuperset(c["anchor_nodes"]):
+            raise _reject(f"{where}.{at}.anchor_nodes", "names a node that is not in the lattice")
+    for key, ids in [(f"collapse.{k}", collapse[k]) for k in ("committed", "kept", "dropped") if collapse] + [
+            ("cut", event.get("cut", []))]:  # once per round, not once per commit
+        if not present.issuperset(ids):
+            raise _reject(f"{where}.{key}", "names a node that is not in the lattice")
     if not present.issuperset(event["alive"]):
         raise _reject(f"{where}.alive", "names a node that is not in the lattice")
     return set(event["alive"])
