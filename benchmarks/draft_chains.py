@@ -2,7 +2,8 @@
 with and without chains, per prompt set and K (counts, not clocks: the same on any machine).
 
     python benchmarks/draft_chains.py [--sets grounded,chat,humaneval] [--prompts 3] [--tokens 64]
-                                      [--explorers 2,4] [--drafts "none;auto"] [--out runs/draft-chains.json]
+                                      [--explorers 2,4] [--drafts "none;auto"] [--prune auto]
+                                      [--out runs/draft-chains.json]
 
 Each run is checked token for token against HF greedy. Cost per token is the cost model's
 (``dex_core.cost``): layer-equivalents with heads, adapters and every row counted, memory-bound (a batch
@@ -29,6 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--explorers", default="2,4")
     parser.add_argument("--drafts", default="none;auto")
+    parser.add_argument("--prune", default="auto", help="lattice pruning: auto (1 on this CPU), none, or B")
     parser.add_argument("--out", default="runs/draft-chains.json")
     args = parser.parse_args(argv)
     model, tokenizer = load_model("default", device="cpu")
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
     rows = []
     for K in map(int, args.explorers.split(",")):
         for draft in args.drafts.split(";"):
-            dex = DexDecoder(model, explorers=K, tokenizer=tokenizer, draft=draft)
+            dex = DexDecoder(model, explorers=K, tokenizer=tokenizer, draft=draft, prune=args.prune)
             cost = ModelCost.of(model, dex.adapters, dex.proposal_vocab)
             covered = [d for d in dex.adapters if d in dex.depths[:-1]]
             for name, prompts in sets.items():
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
                 T = sum(len(r.tokens) for r in results)
                 rounds = sum(r.stats.rounds for r in results)
                 batches = [b for r in results for b in r.stats.batch_sizes]
-                row = {"set": name, "explorers": K, "depths": list(dex.depths), "draft": draft, "tokens": T,
+                row = {"set": name, "explorers": K, "prune": args.prune, "depths": list(dex.depths), "draft": draft, "tokens": T,
                        "identical": sum(r.tokens == ref for r, ref in zip(results, refs[name])), "prompts": len(prompts),
                        "rounds_per_token": rounds / T, "tokens_per_round": T / rounds,
                        "drafted_share": sum(r.stats.drafted for r in results) / T,

@@ -17,20 +17,20 @@ Pruning (``plan_round(prune=B)``) starts at most B new slots (position children)
 whose parent's candidate was the most probable first; the root and depth children are never pruned, so
 every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
 position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on
-the device (``device.resolve_prune``): where a forward's cost grows with its rows (CPUs) B = 1 keeps every
-explorer at one row; where a batch costs its weights once (accelerators at small batch) extra rows are
-nearly free and pruning only adds rounds.
+the device (``device.resolve_prune``): B = 1 where a forward's cost grows with its rows (CPUs); none where
+a batch costs its weights once (accelerators at small batch) and pruning only adds rounds.
 
 Draft chains (``draft``, see ``dex_core.draft``): a new stage-0 slot X (root or position child) whose
 prefix ends with an n-gram seen earlier in the context gets a *chain*: slots X_1..X_m with the looked-up
 continuation d_1..d_m as inputs (X_j predicts X's position + j, parent X_{j-1}), entering stage 0 with X
 and moving down the stages with it; a chain whose last slot's prefix still finds a draft grows by more
 slots the next round. With ``gate=1`` a chain slot is *cut* (with all under it) once the slot before it
-has candidates and none equals its input. A slot with a chain child starts no position children (that
-child is its branch, further along; if the chain breaks there, the next anchor starts from scratch). At
-a commit of y the next anchor is the anchor's child with input y: its chain slot, else the position child
-of the shallowest stage whose candidate is y. A chain slot started with its predecessor is as deep, so it
-commits in the same round; one grown later commits once it has its K stages, within K - 1 rounds.
+has candidates and none equals its input. A node whose slot has a chain child starts a position child
+only where its candidate differs from the chain's next input: the *recovery* branch, already under way
+where the chain breaks (without it the next anchor would start from scratch). At a commit of y the next
+anchor is the anchor's child with input y: its chain slot, else the position child of the shallowest
+stage whose candidate is y. A chain slot started with its predecessor is as deep, so it commits in
+the same round; one grown later commits once it has its K stages, within K - 1 rounds.
 Exact: that child's prefix is the committed prefix followed by y, the new committed prefix. Its final
 token was computed by the model's layers under exactly that prefix (tree attention over the committed KV
 and its own ancestors) and chosen by the final sampler with its position's noise row: the token AR emits
@@ -176,12 +176,11 @@ class Lattice:
 
     def _extensions(self) -> list[tuple[Slot, list[int]]]:
         """Chains whose last slot's prefix still finds a draft go on (at most ``chains``, the shallowest
-        first): (slot, tokens). That slot's pending position children are dropped: its child is now the
-        chain's next slot."""
+        first): (slot, tokens)."""
         ends = sorted((s for s in self.slots.values() if s.drafted and s.chain_child is None), key=lambda s: s.position)
         out = [(s, t) for s in ends[:self.draft.chains] if (t := self._draft(s))]
-        grown = {s.id for s, _ in out}
-        self._pending = [p for p in self._pending if p.kind != "position" or self.nodes[p.parent].slot not in grown]
+        first = {s.id: t[0] for s, t in out}  # pending branches that the chain's first slot repeats are dropped
+        self._pending = [p for p in self._pending if p.kind != "position" or first.get(self.nodes[p.parent].slot) != self.nodes[p.parent].token]
         return out
 
     def _draft(self, slot: Slot) -> list[int]:
@@ -252,7 +251,8 @@ class Lattice:
                 continue
             if node.stage < self.K - 1:
                 self._pending.append(_Pending("depth", node.id))
-            if self.slots[node.slot].chain_child is None:  # a chain slot's child is the next chain slot
+            child = self.slots[node.slot].chain_child  # a recovery branch only where the chain's input differs
+            if child is None or self.slots[child].input_token != node.token:
                 self._pending.append(_Pending("position", node.id))
         self._latest = []
 

@@ -17,6 +17,8 @@ PROMPT = "hello world the prime number"
 STATUS = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
 TITLE = "() => document.querySelector('#dbg-lattice .js-plotly-plot')?.layout?.title?.text || ''"
 HEIGHT = "() => document.documentElement.scrollHeight"
+TALL = """() => [...document.querySelectorAll('[id^=live-], [id^=dbg-]')].filter(e => e.offsetHeight > 0)
+  .map(e => `${e.id}:${e.offsetHeight}`).join(' ')"""  # what a page over its height budget is made of
 WIDTHS = """id => { const gd = document.querySelector(`#${id} .js-plotly-plot`);
   return [gd._fullLayout.width, gd.parentElement.clientWidth]; }"""  # a figure's width and its box's
 ROUND = "() => Number(document.querySelector('#dbg-round input[type=number]').value)"
@@ -97,7 +99,7 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # the example has draft chains, cut ones too
+    fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # the example has draft chains (cut ones need gate 1)
     drawn = page.evaluate(f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
                           f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
     assert drawn == example_nodes()
@@ -119,7 +121,7 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     page.wait_for_function(f"() => {{ const b = ({BAND})(); return b?.round === {clicked} && b.x0 < b.lo; }}",
                            timeout=30_000)
     band = page.evaluate(BAND)
-    assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] and band["x1"] - band["x0"] < 10
+    assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] < band["hi"] + 5 and band["lo"] - 5 < band["x0"]
 
 
 def generate(page, tokens: int, depths: str = "", prune: str = "", draft: bool = True):
@@ -144,12 +146,11 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_th
     plot_ready(page, "dbg-timeline")
     page.get_by_role("tab", name="Live").click()
     plot_ready(page, "live-lattice")
-    generate(page, 12, prune="none", draft=False)  # the full lattice: up to 255 nodes a round (with chains the
-    # Debugger's round table lists each commit and this page is 1609 px: over the budget, an open item)
+    generate(page, 12, prune="none")  # the full lattice (up to 255 nodes a round), draft chains on
     page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=300_000)
     assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
-    assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
+    assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
     page.wait_for_function("() => document.querySelector('#dbg-status')?.textContent.includes('live run')",
                            timeout=120_000)  # drawn while the Debugger was hidden
     page.get_by_role("tab", name="Debugger").click()
@@ -157,7 +158,7 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_th
     page.wait_for_function(f"() => ({fitted})().every(([fig, box]) => Math.abs(fig - box) <= 2)", timeout=10_000)
     assert all(box > 500 for _, box in page.evaluate(fitted)), page.evaluate(fitted)
     assert page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.yaxis.ticktext.length") == 8
-    assert page.evaluate(HEIGHT) <= 1600, page.evaluate(HEIGHT)
+    assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
 
 
 def test_stop_shows_stopped_and_an_error_keeps_the_previous_run_labelled(app_url, page):

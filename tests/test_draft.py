@@ -18,13 +18,15 @@ from dex_core.trace import round_commits
 LAYERS, VOCAB = 6, 48
 
 
-def test_lookup_prefers_the_longest_match_and_its_latest_earlier_occurrence():
+def test_lookup_prefers_the_longest_match_and_its_first_occurrence():
     look = PromptLookup([1, 2, 3, 9, 2, 3, 4, 5, 2, 3], ngram=3)
     assert look.find([9, 2, 3], 1, 4) == (3, [4, 5, 2, 3])  # "9 2 3" occurred once: what followed it
-    assert look.find([7, 2, 3], 1, 2) == (2, [4, 5])  # "2 3": the latest occurrence that has a continuation
+    assert look.find([7, 2, 3], 1, 2) == (2, [9, 2])  # "2 3": its first occurrence, not the later "2 3 4"
     assert look.find([7, 8], 1, 3) == (0, [])
     assert look.find([7, 5], 2, 3) == (0, [])  # "5" alone is too short a match at min_ngram 2
-    look.extend(6)  # the context's own suffix "2 3" now has a continuation too
+    look = PromptLookup([1, 2, 3], ngram=3)
+    assert look.find([2, 3], 1, 2) == (0, [])  # the context's own suffix never matches itself
+    look.extend(6)  # until a committed token follows it
     assert look.find([2, 3], 1, 2) == (2, [6])
 
 
@@ -74,6 +76,22 @@ def test_a_contradicted_chain_is_cut_and_its_predecessor_branches_as_usual():
     assert lat.cut == [first.id, second.id] and set(lat.nodes) == {root.id}
     nxt = lat.plan_round()
     assert [(n.kind, n.input_token) for n in nxt.batches[0]][0] == ("position", 3)
+
+
+def test_a_chain_slot_whose_candidate_differs_starts_the_recovery_branch_that_commits_at_the_break():
+    context = [5, 6, 7, 8, 5, 6]  # the lookup drafts 7 8 after the root
+    lat = Lattice(2, 6, len(context), DraftBounds(length=2, gate=0), context)
+    plan = lat.plan_round()
+    root, first, second = plan.batches[0]
+    lat.record({root.id: 7, first.id: 4, second.id: 1})  # the first chain slot proposes 4, not the drafted 8
+    pending = {lat.nodes[p.parent].slot: lat.nodes[p.parent].token for p in lat._pending if p.kind == "position"}
+    assert pending == {first.slot: 4, second.slot: 1}  # no branch under the root: its chain slot repeats 7
+    nxt = lat.plan_round()
+    recovery = next(n for n in nxt.batches[0] if n.kind == "position" and n.input_token == 4)
+    lat.record({n.id: {root.slot: 7, first.slot: 4}.get(n.slot, 2) for b in nxt.batches for n in b})
+    commits = [lat.commit() for _ in range(2) if lat.ready()]
+    assert [(c.token, c.via) for c in commits] == [(7, "chain"), (4, "position")]  # 4 breaks the chain ...
+    assert lat.anchor == recovery.slot and lat.state == 1  # ... and the next anchor is a stage deep already
 
 
 @functools.cache

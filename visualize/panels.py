@@ -116,11 +116,12 @@ def fsm_html(view: RoundView) -> str:
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
     listed = ""
-    if n > 1 or any(c.get("drafted") is True for c in commits):  # on the same line: a K=8 page keeps its height
-        listed = " <span class='dex-fsm-commits' style='font-size: 12px;'>" + esc(", ".join(
-            f"{_quoted(c.get('text'), c['token'])} at {c['position']}" + (" (drafted)" if c.get("drafted") is True
-                                                                          else "") for c in commits)) + "</span>"
-    parts = [f"<div style='font-size: 15px; margin-bottom: 6px;'>state <b>q={esc(view.state_before)}</b> → "
+    if n > 1 or any(c.get("drafted") is True for c in commits):  # one line (cut short, in full on hover): a K=8
+        text = ", ".join(f"{_quoted(c.get('text'), c['token'])} at {c['position']}"  # page keeps its height
+                         + (" (drafted)" if c.get("drafted") is True else "") for c in commits)
+        listed = f" <span class='dex-fsm-commits' style='font-size: 12px;' title='{esc(text)}'>{esc(text)}</span>"
+    parts = [f"<div style='font-size: 15px; margin-bottom: 6px; white-space: nowrap; overflow: hidden; "
+             f"text-overflow: ellipsis;'>state <b>q={esc(view.state_before)}</b> → "
              f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
              f"{len(view.nodes)} nodes)</span>{listed}</div>"]
     by_stage: list[list[int]] = [[] for _ in depths]
