@@ -1,6 +1,8 @@
-"""Scripts the page runs in the visitor's browser, installed by ``app.main`` (the Debugger's timeline
-watcher is ``app.debugger.TIMELINE_JS``). They change how figures are drawn, never what a handler
-returns, and ask the server for nothing."""
+"""Scripts the page runs in the visitor's browser, installed by ``app.main``. They change how figures are
+drawn, never what a handler returns, and ask the server for nothing (the timeline's click presses a
+hidden button of the page)."""
+
+from visualize.palette import CURRENT_ROUND_COLOR
 
 # A figure drawn while its tab is hidden gets Plotly's fallback width (700 px) and keeps it until the window
 # is resized. Each figure's box is watched instead: when it changes (its tab opens), the figure is fitted to it.
@@ -23,3 +25,45 @@ DEPTH_COLOURS_JS = """(metric) => {
   const colouring = gd?.layout?.meta?.colourings?.[metric === 'rank' ? 'rank' : 'prob'];
   if (colouring && window.Plotly) window.Plotly.restyle(gd, colouring, [0]);
 }"""
+
+# Plotly reports clicks on the timeline's points; the point's customdata is its round. The handler writes
+# the round into a hidden box and presses a hidden button, whose event moves the Debugger there. The same
+# watcher marks the round the Debugger shows on the timeline: a translucent band over the positions of the
+# nodes that round created, moved in the browser when the round control changes (no server work, no
+# redraw of the figure) and laid again when a new timeline arrives.
+TIMELINE_JS = """() => {
+  if (window.__dexTimeline) return;
+  const band = (gd, round) => {
+    let lo = Infinity, hi = -Infinity;
+    for (const t of gd.data) {
+      if (t.mode !== 'markers' || t.name === 'collapses' || !t.customdata) continue;
+      t.customdata.forEach((r, i) => { if (r === round) { lo = Math.min(lo, t.x[i]); hi = Math.max(hi, t.x[i]); } });
+    }
+    return lo <= hi ? [lo - 0.5, hi + 0.5] : null;
+  };
+  window.__dexTimeline = setInterval(() => {
+    const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
+    if (!gd || !gd.on || !gd.data || !gd.layout) return;
+    if (!gd.__dexClick) {
+      gd.__dexClick = true;
+      gd.on('plotly_click', (ev) => {
+        const point = ev && ev.points && ev.points[0];
+        if (!point || point.customdata === undefined || point.customdata === null) return;
+        const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
+        box.value = String(point.customdata);
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+        setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50);
+      });
+    }
+    const input = document.querySelector('#dbg-round input[type=number]');
+    const round = input ? Number(input.value) : NaN;
+    const seen = gd.__dexBand;
+    if (!window.Plotly || (seen && seen.data === gd.data && seen.round === round)) return;
+    gd.__dexBand = {data: gd.data, round: round};
+    const x = band(gd, round);
+    const shapes = (gd.layout.shapes || []).filter(s => s.name !== 'current round');
+    if (x) shapes.push({name: 'current round', type: 'rect', xref: 'x', yref: 'paper', x0: x[0], x1: x[1],
+                        y0: 0, y1: 1, fillcolor: 'BAND_COLOR', opacity: 0.5, line: {width: 0}, layer: 'below'});
+    window.Plotly.relayout(gd, {shapes: shapes});
+  }, 300);
+}""".replace("BAND_COLOR", CURRENT_ROUND_COLOR)

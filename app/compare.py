@@ -16,6 +16,7 @@ from dex_core import DexError
 from dex_core.cost import ModelCost
 from dex_core.trace import round_commits
 
+from . import callbacks as cb
 from . import debugger as dbg
 from .runtime import HUSH
 
@@ -58,10 +59,11 @@ def pin(events, meta, origin):
     return run, viz.status_html("finished", f"run A pinned: {run['origin']}"), gr.Accordion(open=True)
 
 
-def load_pinned(file):
-    """A trace file as run A, validated; a refused file changes only the compare status line."""
+def load_pinned(runtime, file, request: gr.Request = None):
+    """A trace file as run A, validated and admitted like the Debugger's (``debugger.open_upload``); a refused
+    file changes only the compare status line."""
     try:
-        opened = dbg.read_upload(file)
+        opened = dbg.open_upload(runtime, file, request)
     except DexError as err:
         return gr.skip(), viz.status_html("error", f"this trace was not loaded: {err}; run A is unchanged"), gr.skip()
     if not dbg.views(opened.events):
@@ -79,10 +81,10 @@ def update(pinned, events, meta, origin):
     return viz.compare_html(sides), gr.Plot(value=viz.compare_figure(sides), visible=True)
 
 
-def section(trace: gr.State, meta: gr.State, origin: gr.State, pin_button: gr.Button, ttl: int) -> tuple:
+def section(runtime, trace: gr.State, meta: gr.State, origin: gr.State, pin_button: gr.Button) -> tuple:
     """The comparison's layout (a folded accordion the pin opens) and its events; returns the event
     (fn, inputs, outputs) that redraws it, for whatever changes the Debugger's run."""
-    pinned = gr.State(None, time_to_live=ttl)
+    pinned = gr.State(None, time_to_live=runtime.settings.session_ttl)
     with gr.Accordion("Compare two runs: A (pinned) and B (the run shown above)", open=False,
                       elem_id="dbg-compare") as fold:
         status = gr.HTML(elem_id="dbg-compare-status")
@@ -92,5 +94,6 @@ def section(trace: gr.State, meta: gr.State, origin: gr.State, pin_button: gr.Bu
                        height=100)
     refresh = (update, [pinned, trace, meta, origin], [panel, plot])
     pin_button.click(pin, [trace, meta, origin], [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
-    slot.upload(load_pinned, slot, [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
+    slot.upload(cb.bind(load_pinned, runtime), slot, [pinned, status, fold], preprocess=False,  # no temp file
+                **HUSH).then(*refresh, **HUSH)
     return refresh

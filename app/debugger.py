@@ -18,7 +18,6 @@ import gradio as gr
 
 import visualize as viz
 from visualize.markup import esc
-from visualize.palette import CURRENT_ROUND_COLOR
 from dex_core import DexError, load_trace, save_trace
 
 from .runtime import Runtime
@@ -28,47 +27,7 @@ TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
 EXAMPLE = "example"
 EMPTY_HINT = ("No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "
               "one with ?trace=NAME in the address.")
-# Plotly reports clicks on the timeline's points; the point's customdata is its round. The handler writes
-# the round into a hidden box and presses a hidden button, whose event moves the Debugger there. The same
-# watcher marks the round the Debugger shows on the timeline: a translucent band over the positions of the
-# nodes that round created, moved in the browser when the round control changes (no server work, no
-# redraw of the figure) and laid again when a new timeline arrives.
-TIMELINE_JS = """() => {
-  if (window.__dexTimeline) return;
-  const band = (gd, round) => {
-    let lo = Infinity, hi = -Infinity;
-    for (const t of gd.data) {
-      if (t.mode !== 'markers' || t.name === 'collapses' || !t.customdata) continue;
-      t.customdata.forEach((r, i) => { if (r === round) { lo = Math.min(lo, t.x[i]); hi = Math.max(hi, t.x[i]); } });
-    }
-    return lo <= hi ? [lo - 0.5, hi + 0.5] : null;
-  };
-  window.__dexTimeline = setInterval(() => {
-    const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
-    if (!gd || !gd.on || !gd.data || !gd.layout) return;
-    if (!gd.__dexClick) {
-      gd.__dexClick = true;
-      gd.on('plotly_click', (ev) => {
-        const point = ev && ev.points && ev.points[0];
-        if (!point || point.customdata === undefined || point.customdata === null) return;
-        const box = document.querySelector('#dbg-goto textarea, #dbg-goto input');
-        box.value = String(point.customdata);
-        box.dispatchEvent(new Event('input', {bubbles: true}));
-        setTimeout(() => document.querySelector('#dbg-goto-go').click(), 50);
-      });
-    }
-    const input = document.querySelector('#dbg-round input[type=number]');
-    const round = input ? Number(input.value) : NaN;
-    const seen = gd.__dexBand;
-    if (!window.Plotly || (seen && seen.data === gd.data && seen.round === round)) return;
-    gd.__dexBand = {data: gd.data, round: round};
-    const x = band(gd, round);
-    const shapes = (gd.layout.shapes || []).filter(s => s.name !== 'current round');
-    if (x) shapes.push({name: 'current round', type: 'rect', xref: 'x', yref: 'paper', x0: x[0], x1: x[1],
-                        y0: 0, y1: 1, fillcolor: 'BAND_COLOR', opacity: 0.5, line: {width: 0}, layer: 'below'});
-    window.Plotly.relayout(gd, {shapes: shapes});
-  }, 300);
-}""".replace("BAND_COLOR", CURRENT_ROUND_COLOR)
+
 
 def views(events) -> viz.Replay | list:
     """The trace's replay, shared by Prev/Next/slider/Play (``sessions.REPLAYS``: traces sessions hold)."""
@@ -228,21 +187,29 @@ def _path(file) -> str:
     return file if isinstance(file, str) else file["path"] if isinstance(file, dict) else file.name
 
 
-def load(runtime: Runtime, file, request: gr.Request = None):
-    """A saved trace, validated: (events, meta, origin, round, status); a rejected one changes only the status
-    line. The memory budget makes room for it first (``Sessions.admit``); the upload is deleted once read."""
+def open_upload(runtime: Runtime, file, request: gr.Request = None) -> Opened:
+    """An uploaded trace (a path or the FileData of an event with ``preprocess=False``), validated; the memory
+    budget makes room for it first (``Sessions.admit``) and the upload is deleted once read. Raises DexError."""
     path = None if file is None else Path(_path(file))
     size = path.stat().st_size if path is not None and path.is_file() else 0
     try:
         runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size))
         opened = read_upload(file)
-    except DexError as err:
-        return (*(gr.skip(),) * 4, viz.status_html("error", f"this trace was not loaded: {err}; "
-                                                            "the Debugger still shows the previous trace"))
     finally:
         if path is not None:
             runtime.files.consumed(path)
     runtime.sessions.record(opened.events, size)
+    return opened
+
+
+def load(runtime: Runtime, file, request: gr.Request = None):
+    """A saved trace, validated: (events, meta, origin, round, status); a rejected one changes only the status
+    line."""
+    try:
+        opened = open_upload(runtime, file, request)
+    except DexError as err:
+        return (*(gr.skip(),) * 4, viz.status_html("error", f"this trace was not loaded: {err}; "
+                                                            "the Debugger still shows the previous trace"))
     rounds = views(opened.events)  # it opens at its last round, as a live run does
     control = round_control(rounds, rounds[-1].round) if rounds else 0
     return opened.events, opened.meta, opened.origin, control, viz.status_html("finished", opened.note)

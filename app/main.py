@@ -26,7 +26,7 @@ from app import callbacks as cb
 from app import compare as cmp
 from app import debugger as dbg
 from app import race
-from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS
+from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, TIMELINE_JS
 from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, control
 from app.server import SessionBlocks
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
@@ -116,17 +116,18 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
             html_b = gr.Button("Export run as HTML (works offline)", elem_id="dbg-html", size="sm")
             pin_b = gr.Button("Pin this run for comparison (run A)", elem_id="dbg-pin", size="sm")
         download = gr.File(label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1)
-    compare = cmp.section(trace, meta, origin, pin_b, runtime.settings.session_ttl)
+    compare = cmp.section(runtime, trace, meta, origin, pin_b)
     frame = [lattice, table, fsm, text, slider]
     show = cb.bind(dbg.show, runtime)
-    slider.release(show, [trace, slider], frame, **HUSH)
+    raw = {**HUSH, "preprocess": False}  # round values arrive as sent: the handlers read them (debugger._number)
+    slider.release(show, [trace, slider], frame, **raw)
     for button, delta in ((prev_b, -1), (next_b, +1)):
-        button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **HUSH).then(
-            show, [trace, slider], frame, **HUSH)
-    goto_b.click(show, [trace, goto], frame, **HUSH)
+        button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw).then(
+            show, [trace, slider], frame, **raw)
+    goto_b.click(show, [trace, goto], frame, **raw)
     play_b.click(dbg.play, None, [playing, timer], **HUSH)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
-    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **HUSH)
+    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
     save_b.click(cb.bind(dbg.save, runtime), [trace, meta], download, **HUSH)
     graph_b.click(cb.bind(dbg.export_lattice, runtime), trace, download, **HUSH)
     html_b.click(cb.bind(dbg.export_report, runtime), [trace, meta], download, **HUSH)
@@ -250,7 +251,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
         demo.load(cb.page_load, None, [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline,
                                        dbg_status, tabs], show_progress="hidden", **QUIET)
         demo.load(cb.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
-        demo.load(None, js=dbg.TIMELINE_JS, **QUIET)
+        demo.load(None, js=TIMELINE_JS, **QUIET)
         demo.load(None, js=FIT_PLOTS_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 

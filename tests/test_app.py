@@ -212,6 +212,7 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
     from app import compare as cmp
     from app import debugger as dbg
+    from app.runtime import AppSettings, Runtime
     from dex_core import save_trace
 
     example = dbg.bundled(None)
@@ -237,10 +238,11 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table and "all the work" in table
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "dex-trace"')
-    kept, refused, _ = cmp.load_pinned(str(bad))
+    runtime = Runtime(AppSettings())  # its sessions' memory budget admits run A like any loaded trace
+    kept, refused, _ = cmp.load_pinned(runtime, str(bad))
     assert kept == {"__type__": "update"} and "not loaded" in refused and str(tmp_path) not in refused
     save_trace(tmp_path / "k2.json", events, {"model": "tiny"})
-    loaded, note, _ = cmp.load_pinned(str(tmp_path / "k2.json"))
+    loaded, note, _ = cmp.load_pinned(runtime, str(tmp_path / "k2.json"))
     assert loaded["origin"] == "loaded 'k2.json'" and "identical outputs" in cmp.update(loaded, events, {}, "")[0]
 
 

@@ -222,6 +222,27 @@ def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app, small):
     client.close()
 
 
+def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no_traceback(app, small, capfd):
+    demo, url, temp = app
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False, download_files=False)
+    capfd.readouterr()
+    with tuned(demo.runtime.settings, trace_memory_mb=1):  # run A counts against the budget like any trace
+        refused = client.predict(handle_file(str(small)), api_name="/load_pinned")
+    assert "data-state='error'" in str(refused) and "DEX_TRACE_MEMORY_MB" in str(refused) and "run A is unchanged" in str(refused)
+    with tuned(demo.runtime.settings, file_ttl=1):  # a read upload goes within file_ttl
+        pinned = client.predict(handle_file(str(small)), api_name="/load_pinned")
+        assert "data-state='finished'" in str(pinned) and "run A: " in str(pinned)
+        assert until(lambda: not [p for p in temp.rglob("*.json") if "dex-app-" not in str(p)], 6)  # both deleted
+    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]  # no empty temp file
+    frame = client.predict("round three", api_name="/show")  # a Debugger round as text: clamped, no traceback
+    assert "dbg-empty" in str(frame)
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out and "Could not preprocess" not in log.err + log.out
+    client.close()
+
+
 def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_path):
     from app.sessions import COMPACT_FACTOR, JSON_FACTOR, compact
 
