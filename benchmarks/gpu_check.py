@@ -47,6 +47,8 @@ from dex_core.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PROMPTS = ("Give three tips for staying focused while studying.", "Write a Python function that reverses a list.",
+           "Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and votes "
+           "on new projects.",  # an answer that repeats its input: draft chains commit several tokens a round
            "Explain what a hash table is in two sentences.", "Summarize why the sky is blue.")
 
 
@@ -141,6 +143,7 @@ def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
         rounds = sum(r.stats.rounds for r in results)
         rows.append({"method": f"DEX K={K} (sequential, one device)", "tokens_per_second": n / seconds,
                      "vs_ar": (n / seconds) / (ar_tokens / ar_seconds), "rounds_per_token": rounds / n,
+                     "drafted_share": sum(r.stats.drafted for r in results) / n,
                      "projected_tokens_per_second": n / projected,
                      "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
                      "identical_to_ar": [r.tokens for r in results] == hf})
@@ -184,13 +187,13 @@ def markdown(report: dict) -> str:
         hf = ("n/a (sampled)",) * 2 if "sampled" in name else (r["dex_eq_hf"], r["ar_eq_hf"])
         lines.append(f"| {name} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
                      f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |")
-    lines += ["", f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | projected tokens/s "
-                  "(exchange left out) | projected vs AR |", "|---|---|---|---|---|---|"]
+    lines += ["", f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | drafted | projected "
+                  "tokens/s (exchange left out) | projected vs AR |", "|---|---|---|---|---|---|---|"]
     for r in report["speed"]:
         projected = (f"{r['projected_tokens_per_second']:.1f} | {r['projected_vs_ar']:.2f}"
                      if "projected_vs_ar" in r else "– | –")
         lines.append(f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f} | "
-                     f"{r.get('rounds_per_token', 1.0):.2f} | {projected} |")
+                     f"{r.get('rounds_per_token', 1.0):.2f} | {r.get('drafted_share', 0.0):.0%} | {projected} |")
     names = list(next(iter(report["profile"].values())))
     lines += ["", "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
     for n, r in report["profile"].items():
