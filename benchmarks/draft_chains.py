@@ -47,7 +47,8 @@ def main(argv=None) -> int:
                 T = sum(len(r.tokens) for r in results)
                 rounds = sum(r.stats.rounds for r in results)
                 batches = [b for r in results for b in r.stats.batch_sizes]
-                row = {"set": name, "explorers": K, "prune": args.prune, "depths": list(dex.depths), "draft": draft, "tokens": T,
+                row = {"set": name, "explorers": K, "prune": args.prune, "depths": list(dex.depths), "draft": draft,
+                       "tokens": T,
                        "identical": sum(r.tokens == ref for r, ref in zip(results, refs[name])), "prompts": len(prompts),
                        "rounds_per_token": rounds / T, "tokens_per_round": T / rounds,
                        "drafted_share": sum(r.stats.drafted for r in results) / T,

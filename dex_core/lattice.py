@@ -175,12 +175,12 @@ class Lattice:
         return RoundPlan(self.rounds, state_before, batches, pruned, [[n.id for n in c] for c in chains])
 
     def _extensions(self) -> list[tuple[Slot, list[int]]]:
-        """Chains whose last slot's prefix still finds a draft go on (at most ``chains``, the shallowest
-        first): (slot, tokens)."""
+        """Chains whose last slot still finds a draft go on (at most ``chains``, shallowest first): (slot, tokens)."""
         ends = sorted((s for s in self.slots.values() if s.drafted and s.chain_child is None), key=lambda s: s.position)
         out = [(s, t) for s in ends[:self.draft.chains] if (t := self._draft(s))]
         first = {s.id: t[0] for s, t in out}  # pending branches that the chain's first slot repeats are dropped
-        self._pending = [p for p in self._pending if p.kind != "position" or first.get(self.nodes[p.parent].slot) != self.nodes[p.parent].token]
+        self._pending = [p for p in self._pending if p.kind != "position"
+                         or first.get(self.nodes[p.parent].slot) != self.nodes[p.parent].token]
         return out
 
     def _draft(self, slot: Slot) -> list[int]:

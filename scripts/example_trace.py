@@ -6,8 +6,8 @@ A real run of the default model through the app's own settings (the shipped adap
 the app's ``TRACE_TOP`` candidates per node), saved with ``save_trace``; unpruned by default
 (``--prune none``), so the example shows the whole lattice, as a GPU host runs it, with draft chains at
 their default bounds (``--draft auto``). The prompt asks for a rewrite, whose answer repeats its input,
-so the example holds draft chains and rounds that commit several tokens (cut chain nodes need ``gate=1``). The default
-model must be available (it is fetched once and cached; later loads are offline).
+so the example holds draft chains and rounds that commit several tokens (cut chain nodes need ``gate=1``).
+The default model must be available (it is fetched once and cached; later loads are offline).
 """
 
 from __future__ import annotations

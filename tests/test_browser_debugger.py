@@ -99,7 +99,7 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # the example has draft chains (cut ones need gate 1)
+    fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # cut ones need gate 1
     drawn = page.evaluate(f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
                           f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
     assert drawn == example_nodes()
