@@ -14,8 +14,10 @@ newer sessions push the session out. ``Sessions`` bounds that:
   replays of traces no session holds (``REPLAYS``); freed heap pages go back to the OS (``_trim``).
 
 A trace's memory is estimated from its JSON: Python's records take at most about ``JSON_FACTOR`` bytes per
-byte of JSON and ``COMPACT_FACTOR`` after ``compact``, which every loaded trace gets (measured on traces of
-K=3..8, 0.05 to 25 MB: 5.1 to 8.0 and 3.6 to 6.0; a K=8 trace of 24.8 MB holds 173 MB, 121 MB compacted).
+byte of JSON and ``COMPACT_FACTOR`` after ``compact``, which every loaded trace gets. Measured with
+tracemalloc on traces of K=3..8, 0.05 to 25 MB: 5.1 to 8.0 and 3.6 to 6.0. The process's RSS grows more,
+by the allocator's own overhead: 8.9x for a compacted 17 MB trace with the system allocator that
+``app/main.py`` runs the server with (8.1x with CPython's), so ``COMPACT_FACTOR`` is that.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dex_core import DexError
 from .files import Files
 
 JSON_FACTOR = 9
-COMPACT_FACTOR = 6.5
+COMPACT_FACTOR = 9
 RESERVE_SECONDS = 60  # a load's reservation counts until its trace is in the session's State
 RECORD_SECONDS = 5  # a size recorded for a loaded trace is kept this long for its session to hold it
 RECENT_SECONDS = 60  # sessions used this recently get their large output values dropped

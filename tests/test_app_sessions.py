@@ -260,7 +260,7 @@ def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_p
 
 
 @pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
-def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_120_mb_and_sigterm_removes_the_folder(
+def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_removes_the_folder(
         tiny_dir, small, tmp_path):
     import psutil
 
@@ -285,7 +285,7 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_120_mb_and_sigterm_
         held = rss() - base
         for client in clients:
             client.close()
-        freed = until(lambda: rss() - base <= 120 * 2**20, 20)
+        freed = until(lambda: rss() - base <= 40 * 2**20, 20)  # CPython's allocator would keep 50-150 MB
         print(f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
               f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "
               "server before its first big trace)")
