@@ -22,7 +22,7 @@ import sys
 if __name__ == "__main__" and sys.platform.startswith("linux") and "PYTHONMALLOC" not in os.environ:
     # A closed session's trace must give its memory back. CPython's small-object allocator keeps a 1 MiB arena
     # while one object in it lives, so four closed sessions of a 17 MB trace left 50-150 MB; with the system
-    # allocator and the sweep's malloc_trim, 0-2 MB (docs/APP.md). PYTHONMALLOC is read only at start-up.
+    # allocator and the sweep's malloc_trim, 0-2 MB (README, Memory). PYTHONMALLOC is read only at start-up.
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONMALLOC": "malloc"})
 
 import argparse
