@@ -107,7 +107,7 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
         notices = [runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens),
-                   *ignored_settings(decoder.model.generation_config, config.generation())]
+                   *ignored_settings(decoder.view.model.generation_config, config.generation())]
         for notice in notices:
             if notice:
                 gr.Warning(notice)
@@ -154,7 +154,7 @@ def loading(runtime: Runtime):
     if runtime.loaded:
         return
     stage = [f"loading {runtime.settings.model}"]
-    yield from in_background(lambda: runtime.model(log=lambda line: stage.__setitem__(0, line)),
+    yield from in_background(lambda: runtime.prepare(log=lambda line: stage.__setitem__(0, line)),
                              lambda s: f"first use: {stage[0]} ({s:.0f} s)")
 
 
@@ -228,8 +228,9 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="pr
             raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
         config = ui_config(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
         check_text(prompt)
+        runtime.need_whole_model("the Analysis")
         ids = runtime.encode(prompt, config.chat)
-        model, tokenizer = runtime.model()
+        model, tokenizer = runtime.model("the Analysis")
         notice = runtime.slow_notice(None, config.max_new_tokens)
         if notice:
             gr.Warning(notice)

@@ -13,7 +13,6 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ExplorerError, ar_stream
-from dex_core.cost import ModelCost
 from dex_core.profile import exchange_seconds
 from dex_core.request import check_text
 from dex_core.trace import round_commits
@@ -53,18 +52,17 @@ def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
     try:
         config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft)
         check_text(prompt)
+        runtime.need_whole_model("the Race (its AR lane)")
         for line in loading(runtime):
             yield _status(line)
         ids = runtime.encode(prompt, config.chat)
-        model, tokenizer = runtime.model()
+        model, tokenizer = runtime.model("the Race (its AR lane)")
         decoder = runtime.decoder(config)
-        distributed = runtime.settings.backend == "distributed"
         notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
         if notice:
             gr.Warning(notice)
-        if not distributed:
-            yield from map(_status, _profiling(runtime, decoder))
-        profile = None if distributed else runtime.profile(decoder)
+        yield from map(_status, _profiling(runtime, decoder))
+        profile = runtime.profile(decoder)
         deadline = Deadline(runtime.settings.request_seconds)  # model time from here: loading and profiling are not in it
         ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
         dex = decoder.stream(ids, options=config.generation())
@@ -76,7 +74,7 @@ def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
     times = {"ar": [], "dex": [], "proj": []}
     tokens = {"ar": [], "dex": []}
     ends = {}
-    view = (tokenizer, tokens, times, ends, distributed, decoder, model)
+    view = (tokenizer, tokens, times, ends, decoder)
     while len(ends) < 2:
         why = "by you" if stops.take(session) else deadline.reason()
         if why:
@@ -99,8 +97,7 @@ def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
         else:
             t = event["timings"]
             clocks["dex"] += t["prefill"] + t["round"]
-            clocks["proj"] += t["projected"] + (exchange_seconds(profile, [len(b) for b in event["batches"]])
-                                                if profile else 0.0)
+            clocks["proj"] += t["projected"] + exchange_seconds(profile, [len(b) for b in event["batches"]])
             for commit in round_commits(event):  # several when a draft chain committed
                 tokens["dex"].append(commit["token"])
                 times["dex"].append(clocks["dex"])
@@ -112,18 +109,17 @@ def _devices(K: int) -> str:
     return f"{K} device{'s' * (K != 1)}"
 
 
-def _race_view(tokenizer, tokens, times, ends, distributed, decoder, model, first, stopped=None):
+def _race_view(tokenizer, tokens, times, ends, decoder, first, stopped=None):
+    """The Race's panes: AR and DEX on one device (sequential schedule), and DEX's projected K-device clock."""
     K = decoder.K
     series = [{"name": "AR (measured)", "times": times["ar"]},
-              {"name": "DEX " + ("distributed (measured)" if distributed else "sequential, one device (measured)"),
-               "times": times["dex"]}]
-    if not distributed:
-        series.append({"name": f"DEX projected on {_devices(K)} (communication included)", "times": times["proj"],
-                       "dash": True})
-    facts = {"K": K, "first": first, "distributed": distributed}
+              {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
+              {"name": f"DEX projected on {_devices(K)} (communication included)", "times": times["proj"],
+               "dash": True}]
+    facts = {"K": K, "first": first, "distributed": False}
     if "dex" in ends:
         stats = ends["dex"]["stats"]
-        cost = ModelCost.of(model, decoder.adapters, decoder.proposal_vocab)
+        cost = decoder.cost_model
         T = max(1, stats["tokens"])
         covered = sorted(decoder.adapters)
         facts.update(depths=list(decoder.depths), rounds_per_token=stats["rounds_per_token"],

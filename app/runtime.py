@@ -15,7 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
 
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
+from transformers import AutoConfig
+
 from dex_core.adapters import choose_depths
+from dex_core.checkpoint import Checkpoint, locate
+from dex_core.models import load_tokenizer
+from dex_core.stage_load import checkpoint_identity
 from dex_core.profile import measure_profile
 from dex_core.config import DEVICE_HELP, flag, integer, option
 
@@ -144,29 +149,60 @@ QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not pa
 HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
 
 
+WHOLE_MODEL = ("{what} runs the whole model in this server's process, and this server runs DEX distributed "
+               "(DEX_BACKEND=distributed): each explorer process holds only its part of the model, and this process "
+               "none of it. Serve the app with the sequential backend (DEX_BACKEND=sequential) for {what}.")
+
+
 class Runtime:
     def __init__(self, settings: AppSettings | None = None):
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
-        self._model = self._tokenizer = None
+        self._model = self._tokenizer = self._folder = self._identity = None
         self._groups: OrderedDict[tuple, DexDecoder] = OrderedDict()  # least recently used first
         self.files = Files(self.settings)  # exports, uploads, the file gate
         self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
 
     @property
-    def loaded(self) -> bool:
-        return self._model is not None
+    def distributed(self) -> bool:
+        return self.settings.backend == "distributed"
 
-    def model(self, log=None):
-        """(model, tokenizer), loading them on first use (the default model is fetched and cached once);
-        ``log`` gets a line per loading stage (fetch, convert, load) when this call loads the model."""
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def prepare(self, log=None) -> None:
+        """What a first request needs, loaded once: sequential, the whole model and its tokenizer; distributed,
+        the model's folder (the default model and .gguf files converted once) and its tokenizer, and no weights
+        (each explorer process reads its own part). ``log`` gets a line per stage (fetch, convert, load)."""
         with self._lock:
-            if self._model is None:
-                more = {"log": log} if log is not None else {}
+            if self._tokenizer is not None:
+                return
+            more = {"log": log} if log is not None else {}
+            if self.distributed:
+                self._folder = locate(self.settings.model, log or (lambda line: None))
+                self._identity = checkpoint_identity(AutoConfig.from_pretrained(self._folder), Checkpoint(self._folder))
+                self._tokenizer = load_tokenizer(self._folder, self.settings.model)
+            else:
                 self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype,
                                                           device=self.settings.device, **more)
-            return self._model, self._tokenizer
+
+    def tokenizer(self):
+        self.prepare()
+        return self._tokenizer
+
+    def need_whole_model(self, what: str) -> None:
+        """DexError under the distributed backend, where no process holds the whole model (``what``: the feature
+        that needs it)."""
+        if self.distributed:
+            raise DexError(WHOLE_MODEL.format(what=what))
+
+    def model(self, what: str = "this"):
+        """(model, tokenizer) of the sequential backend, loading them on first use (``need_whole_model``)."""
+        self.need_whole_model(what)
+        self.prepare()
+        return self._model, self._tokenizer
 
     def profiled(self, decoder: DexDecoder) -> bool:
         return decoder.proposal_vocab in self._profiles
@@ -174,7 +210,7 @@ class Runtime:
     def profile(self, decoder: DexDecoder) -> dict:
         """This machine's seconds profile for the decoder's model and proposal heads (``dex_core.profile``:
         measured once, about half a minute, then cached on disk and here)."""
-        model, _ = self.model()
+        model, _ = self.model("the seconds profile")
         with self._lock:
             if decoder.proposal_vocab not in self._profiles:
                 self._profiles[decoder.proposal_vocab] = measure_profile(model, decoder.proposal_vocab, log=lambda _: None)
@@ -188,8 +224,10 @@ class Runtime:
         explorer); an unpruned lattice at K >= 6 computes several times more rows (counted 4x); the
         Analysis's lens passes are counted as half an AR pass per token. Past the host's bound on a
         request's model time it says that the request will end there."""
-        model, _ = self.model()
-        if model.device.type != "cpu" or (decoder is not None and decoder.backend != "sequential"):
+        if decoder is not None and decoder.backend != "sequential":
+            return None
+        model, _ = self.model("the Analysis")
+        if model.device.type != "cpu":
             return None
         passes = 1.5 if decoder is None else decoder.K * (4 if decoder.prune is None and decoder.K >= 6 else 1) + ar
         seconds = max_new_tokens * passes * sum(p.numel() for p in model.parameters()) / CPU_RATE
@@ -207,8 +245,7 @@ class Runtime:
         return f"{what}; fewer tokens or a smaller K is faster (the status line shows the time left).{end}"
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
-        _, tokenizer = self.model()
-        return encode_prompt(tokenizer, prompt, chat)
+        return encode_prompt(self.tokenizer(), prompt, chat)
 
     def device_notice(self, count: int) -> str | None:
         """Why a distributed run uses CPU explorers on a machine with too few GPUs (None when it does not)."""
@@ -230,21 +267,23 @@ class Runtime:
     def decoder(self, config: DexConfig) -> DexDecoder:
         """A decoder for the config's exploration. Distributed groups are kept, keyed by the resolved depths,
         DECS, adapters and pruning, at most ``max_groups`` at once: the least recently used one is closed first."""
-        model, tokenizer = self.model()
         options = replace(config.decoder(), backend=self.settings.backend)
         if options.backend == "sequential":
+            model, tokenizer = self.model()
             return DexDecoder(model, options, tokenizer=tokenizer)
-        depths, _ = choose_depths(model, options)
-        if model.device.type == "cpu":  # DEX_DEVICE=cpu: CPU explorers, even where GPUs are visible
-            options = replace(options, devices=("cpu",) * len(depths))
-        key = (depths, options.decs, options.adapters, options.prune)
+        tokenizer = self.tokenizer()
+        depths, _ = choose_depths(self._identity, options)
+        key = (depths, options.decs, options.adapters, options.prune, options.draft)
         with self._lock:
             if key in self._groups:
                 self._groups.move_to_end(key)
                 return self._groups[key]
             while len(self._groups) >= self.settings.max_groups:
                 self._groups.popitem(last=False)[1].close()
-            self._groups[key] = DexDecoder(model, options, tokenizer=tokenizer, depths=depths)
+            # each explorer reads its own part of the checkpoint; DEX_DEVICE=cpu: CPU explorers, even beside GPUs
+            self._groups[key] = DexDecoder.from_pretrained(str(self._folder), replace(options, depths=depths),
+                                                           dtype=self.settings.dtype, device=self.settings.device,
+                                                           tokenizer=tokenizer)
             return self._groups[key]
 
     def close(self) -> None:

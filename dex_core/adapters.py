@@ -16,9 +16,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
@@ -50,12 +53,23 @@ class InducingAdapter(nn.Module):
         return h + (self.alpha * delta).to(h.dtype)
 
 
+def identity(config, embedding_rows: torch.Tensor, vocab_size: int) -> dict:
+    """What an adapter file must match: the model's shapes, and a fingerprint of its embedding matrix from its
+    first 64 rows (``embedding_rows``, at least 64 x 64 or the whole matrix when smaller)."""
+    return {"model_type": config.model_type, "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+            "vocab_size": vocab_size, "fingerprint": float(embedding_rows.detach()[:64, :64].double().abs().sum())}
+
+
 def model_identity(model) -> dict:
-    """What an adapter file must match: shapes and a fingerprint of the embedding matrix."""
-    cfg = model.config
-    emb = model.model.embed_tokens.weight
-    return {"model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
-            "vocab_size": emb.shape[0], "fingerprint": float(emb.detach()[:64, :64].double().abs().sum())}
+    """The identity (``identity``) of a loaded model."""
+    emb = model.get_input_embeddings().weight
+    return identity(model.config, emb, emb.shape[0])
+
+
+def identity_of(model) -> dict:
+    """``model``'s identity: a loaded model's (``model_identity``), or an identity dict as it is (a model known
+    only by its checkpoint, ``stage_load.checkpoint_identity``)."""
+    return model if isinstance(model, dict) else model_identity(model)
 
 
 def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, InducingAdapter]:
@@ -72,8 +86,6 @@ def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, Indu
 def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict, ranking=None) -> None:
     """One safetensors file (float16 weights) with the model identity and training facts as metadata, and
     the token ranking of light proposal heads (``dex_core.proposal``) as tensor 'shortlist'."""
-    from safetensors.torch import save_file
-
     tensors = {f"{d}.{k}": v.detach().to(torch.float16).contiguous()
                for d, a in adapters.items() for k, v in a.state_dict().items()}
     if ranking is not None:
@@ -92,10 +104,8 @@ def adapter_shapes(hidden: int, bottleneck: int) -> dict[str, tuple[int, ...]]:
             "down.weight": (hidden, bottleneck), "down.bias": (hidden,), "alpha": ()}
 
 
-def _header(path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+def header(path) -> tuple[dict, dict[str, tuple[int, ...]]]:
     """(metadata, {tensor name: shape}) of a safetensors file, from its header alone."""
-    from safetensors import SafetensorError, safe_open
-
     path = adapter_file(path)
     try:
         with safe_open(str(path), "pt") as fh:
@@ -151,7 +161,7 @@ METADATA = {"identity": _identity, "depths": _depths, "bottleneck": _positive(in
 
 def read_metadata(path) -> dict:
     """The checked DEX metadata of an adapter file; DexError says what is wrong with the file."""
-    meta, _ = _header(path)
+    meta, _ = header(path)
     if meta.get("format") != "dex-adapters":
         raise DexError(f"{path} is not a DEX adapter file (no 'format: dex-adapters' metadata)")
     out = {}
@@ -170,7 +180,7 @@ def read_metadata(path) -> dict:
     return out
 
 
-def _check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+def check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
     """DexError unless ``path`` holds every tensor its metadata promises, with the right shape."""
     hidden = meta["identity"]["hidden_size"]
     want = {f"{d}.{k}": shape for d in meta["depths"]
@@ -200,44 +210,94 @@ def _mismatch(want: dict, have: dict, name: str) -> str | None:
 
 
 def shipped_adapters_fit(model) -> bool:
-    """Whether the shipped adapter file exists and was trained for ``model`` (the default model)."""
+    """Whether the shipped adapter file exists and was trained for ``model`` (a model or its identity: the
+    default model)."""
     return DEFAULT_ADAPTERS.is_file() and _mismatch(read_metadata(DEFAULT_ADAPTERS)["identity"],
-                                                    model_identity(model), DEFAULT_ADAPTERS.name) is None
+                                                    identity_of(model), DEFAULT_ADAPTERS.name) is None
 
 
-def resolve_adapters(spec, model, depths=None) -> dict:
-    """The one resolver of an adapter choice: 'auto' (the shipped set when it fits ``model``, else none),
-    'none', 'default' (the shipped set), a file, or a mapping {depth: module} (modules are moved to the
-    model's device). Only the non-final depths of exploration set ``depths`` are kept; a mapping with others
-    is an error."""
+def named_file(spec, model) -> Path | None:
+    """The adapter file that choice ``spec`` names for ``model`` (a model or its identity): 'auto' the shipped
+    file when it fits, else none; 'default' the shipped file; 'none' none; any other text that file. A mapping
+    of modules names no file (None)."""
+    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
+        return None
+    return adapter_file(DEFAULT_ADAPTERS if str(spec).strip() in ("auto", "default") else str(spec).strip())
+
+
+@dataclass(frozen=True)
+class AdapterSet:
+    """A run's inducing adapters, resolved once: the depths they serve, and where they come from — a file
+    (every explorer builds only its own depth's, on its own device) or modules built in memory by the caller
+    (explorer processes receive theirs pickled from their parent). ``size``: one adapter's parameters."""
+
+    depths: tuple[int, ...] = ()
+    file: str | None = None
+    modules: Mapping[int, nn.Module] | None = None
+    size: int = 0
+
+    def only(self, depth: int) -> AdapterSet:
+        """This set restricted to ``depth`` (what one explorer needs; a mapping's other modules left out)."""
+        kept = tuple(d for d in self.depths if d == depth)
+        modules = None if self.modules is None else {d: self.modules[d] for d in kept}
+        return AdapterSet(kept, self.file, modules, self.size)
+
+    def build(self, depths, device, dtype) -> dict:
+        """The adapters of ``depths`` (those this set has) as modules on ``device``: a file's in ``dtype``, a
+        mapping's moved there as they are."""
+        wanted = [d for d in self.depths if d in depths]
+        if self.modules is not None:
+            for d in wanted:
+                if isinstance(self.modules[d], nn.Module):
+                    self.modules[d].to(device)  # adapters follow the layers they serve
+            return {d: self.modules[d] for d in wanted}
+        if self.file is None or not wanted:
+            return {}
+        return _build(Path(self.file), wanted, device, dtype)
+
+
+def adapter_set(spec, model, depths=None) -> AdapterSet:
+    """The one resolver of an adapter choice for ``model`` (a loaded model or its identity): 'auto' (the shipped
+    set when it fits, else none), 'none', 'default' (the shipped set), a file (checked against the model), or a
+    mapping {depth: module}. Only the non-final depths of exploration set ``depths`` are kept; a mapping with
+    others is an error."""
     if isinstance(spec, Mapping):
         bad = [d for d, a in spec.items() if isinstance(d, bool) or not isinstance(d, int) or not callable(a)]
         if bad:
             raise DexError(f"an adapter mapping takes layer depths (ints) to modules; got {bad[0]!r:.40}: "
                            f"{spec[bad[0]]!r:.40}")
-        adapters = dict(spec)
         if depths is not None:
-            extra = sorted(set(adapters) - set(depths[:-1]))
+            extra = sorted(set(spec) - set(depths[:-1]))
             if extra:
                 raise DexError(f"adapters given for depths {extra}; only the non-final explored depths "
                                f"{list(depths[:-1])} take adapters")
-        for a in adapters.values():
-            if isinstance(a, nn.Module):
-                a.to(model.model.norm.weight.device)  # adapters follow the layers they serve
-        return adapters
-    spec = "none" if spec is None else str(spec).strip()
-    if spec == "none" or (spec == "auto" and not shipped_adapters_fit(model)):
-        return {}
-    adapters = load_adapters("default" if spec == "auto" else spec, model)
-    return {d: a for d, a in adapters.items() if depths is None or d in depths[:-1]}
+        first = next(iter(spec.values()), None)
+        size = sum(p.numel() for p in first.parameters()) if isinstance(first, nn.Module) else 0
+        return AdapterSet(tuple(sorted(spec)), None, dict(spec), size)
+    path = named_file(spec, model)
+    if path is None:
+        return AdapterSet()
+    meta = read_metadata(path)
+    reason = _mismatch(meta["identity"], identity_of(model), path.name)
+    if reason:
+        raise DexError(reason)
+    check_tensors(path, meta, header(path)[1])
+    kept = tuple(d for d in meta["depths"] if depths is None or d in depths[:-1])
+    size = sum(math.prod(shape) for shape in adapter_shapes(meta["identity"]["hidden_size"], meta["bottleneck"]).values())
+    return AdapterSet(kept, str(path), None, size)
+
+
+def resolve_adapters(spec, model, depths=None) -> dict:
+    """The adapters of choice ``spec`` (``adapter_set``) as modules on the loaded ``model``'s device and in its
+    dtype (a mapping's modules are moved there)."""
+    return adapter_set(spec, model, depths).build(depths or range(model.config.num_hidden_layers),
+                                                  model.model.norm.weight.device, model.model.norm.weight.dtype)
 
 
 def rewrite_adapters(path, model, tensors=None, metadata=None) -> None:
     """Add or replace ``tensors`` and ``metadata`` entries of adapter file ``path`` (checked for ``model``)."""
-    from safetensors.torch import load_file, save_file
-
     load_adapters(path, model)  # every check of the file and of its fit to ``model``
-    raw, _ = _header(path)
+    raw, _ = header(path)
     save_file({**load_file(str(path)), **(tensors or {})}, str(path), metadata={**raw, **(metadata or {})})
 
 
@@ -250,13 +310,12 @@ def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
 def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
     """The exploration set of decoder ``options`` and how it was chosen: explicit ``depths`` win; else
     the best set for K recorded with the adapter file ('auto'/'default'/a file), else the uniform split."""
-    L = model.config.num_hidden_layers
+    L = identity_of(model)["num_layers"]
     if options.depths is not None:
         return resolve_depths(L, options.depths), DEPTH_CHOICES[0]
-    spec = options.adapters
-    if isinstance(spec, str) and spec != "none" and not (spec == "auto" and not shipped_adapters_fit(model)):
-        path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
-        raw = _header(path)[0].get("best_sets")
+    path = named_file(options.adapters, model)
+    if path is not None:
+        raw = header(path)[0].get("best_sets")
         try:
             best = json.loads(raw)[str(options.explorers)] if raw else None
         except (ValueError, KeyError, TypeError):
@@ -268,24 +327,22 @@ def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:
     """Adapters from ``path`` ('default' = the shipped set for the default model) for ``model``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = adapter_file(DEFAULT_ADAPTERS if str(path) == "default" else path)
+    chosen = adapter_set(str(path), model)
+    return chosen.build(chosen.depths, model.model.norm.weight.device, model.model.norm.weight.dtype)
+
+
+def _build(path: Path, depths, device, dtype) -> dict[int, InducingAdapter]:
+    """The adapters of ``depths`` from file ``path`` (checked already) as modules on ``device`` in ``dtype``."""
     meta = read_metadata(path)
-    reason = _mismatch(meta["identity"], model_identity(model), path.name)
-    if reason:
-        raise DexError(reason)
-    _check_tensors(path, meta, _header(path)[1])
+    adapters = {}
     try:
-        tensors = load_file(str(path))
+        with safe_open(str(path), "pt") as fh:
+            for d in depths:
+                adapter = InducingAdapter(meta["identity"]["hidden_size"], meta["bottleneck"], meta["activation"],
+                                          meta["eps"], device=device, dtype=dtype)
+                adapter.load_state_dict({k: fh.get_tensor(f"{d}.{k}").float() for k in adapter.state_dict()})
+                adapters[d] = adapter.eval().requires_grad_(False)
     except (SafetensorError, OSError) as err:
         raise DexError(f"{path} could not be read ({err}); save it again with 'dex train-adapters'") from None
-    where = {"device": model.model.norm.weight.device, "dtype": model.model.norm.weight.dtype}  # the model's
-    adapters = {}
-    for d in meta["depths"]:
-        adapter = InducingAdapter(meta["identity"]["hidden_size"], meta["bottleneck"], meta["activation"],
-                                  meta["eps"], **where)
-        adapter.load_state_dict({k: tensors[f"{d}.{k}"].float() for k in adapter.state_dict()})  # copied over
-        adapters[d] = adapter.eval().requires_grad_(False)
     return adapters

@@ -18,6 +18,7 @@ from .trace import round_commits
 from .console import log
 from .ead import EadConfig
 from .group import ExplorerError
+from .plan import PlanConfig
 from .train import TrainConfig
 
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
@@ -80,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(bench, BenchConfig)
     bench.add_argument("--out", help="JSON report (with a 'results' list)")
     bench.add_argument("--markdown", help="markdown tables (default: printed)")
+    plan = sub.add_parser("plan", help="does a model fit its explorers' GPUs? memory per rank from the config alone",
+                          description="Count, from the model's configuration alone (no weights), what each explorer "
+                                      "process will hold: its layers, the LM head (or its light head's rows), rank 0 "
+                                      "the embeddings, adapters, the KV cache for --context tokens plus the lattice's "
+                                      "rows and the round's work buffers; per GPU with the CUDA context. Exit 1 when "
+                                      "a GPU does not fit --gpu-memory.")
+    plan.add_argument("model", nargs="?", default=None, help="model spec, as for dex generate (or give --config)")
+    add_flags(plan, PlanConfig, tuple(n for n in PlanConfig.__dataclass_fields__ if n != "model"))
     verify = sub.add_parser("verify", help="certify a trace's tokens against the unmodified model (exit 1 if any fails)",
                             description="Run the unmodified model teacher-forced over the trace's prompt and committed "
                                         "tokens (one forward, logits in float32) and check that every token is the "
@@ -112,16 +121,17 @@ def _writable(path: str | None) -> None:
 def _generate(args) -> None:
     from .console import TextStream, print_report
     from .decoder import DexDecoder
-    from .models import load_model
     from .request import check_text, encode_prompt
     from .trace import save_trace
 
     config = from_args(DexConfig, args)
     _writable(args.trace)
     check_text(args.prompt)
-    model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
+    # distributed: this process reads config and tokenizer, each explorer its own part of the checkpoint
+    decoder = DexDecoder.from_pretrained(config.model, config.decoder(), dtype=config.dtype, device=config.device,
+                                         log=log)
+    tokenizer = decoder.tokenizer
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
-    decoder = DexDecoder(model, config.decoder(), tokenizer=tokenizer)
     stream, events = TextStream(tokenizer), []
     try:
         tic = time.perf_counter()
@@ -145,7 +155,7 @@ def _train(args) -> None:
 
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
-    model, tokenizer = load_model(args.model, device=args.device)  # float32: the trainer autocasts
+    model, tokenizer = load_model(args.model, dtype="float32", device=args.device)  # the trainer autocasts
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
           f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}")
@@ -195,6 +205,12 @@ def _bench(args) -> None:
     print(markdown(report))
 
 
+def _plan(args) -> int:
+    from .plan import run_plan
+
+    return run_plan(from_args(PlanConfig, args), log)
+
+
 def _verify(args) -> int:
     from .sampling import TIE_ULPS
     from .trace import load_trace
@@ -216,7 +232,7 @@ def _verify(args) -> int:
 
 
 COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train, "ead": _ead, "bench": _bench,
-            "shortlist": _shortlist, "verify": _verify}
+            "shortlist": _shortlist, "plan": _plan, "verify": _verify}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

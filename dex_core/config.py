@@ -195,7 +195,8 @@ class DexConfig(DecoderOptions, GenerationOptions):
     model: str = option("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
                                  ".gguf file or a Hugging Face hub id")
     chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
-    dtype: str = option("float32", "model dtype: " + ", ".join(DTYPES))
+    dtype: str = option("auto", "model dtype: auto (float32 on CPU; on CUDA the checkpoint's bfloat16/float16, "
+                                "float32 checkpoints as bfloat16), " + ", ".join(DTYPES))
     device: str = option("auto", DEVICE_HELP)
 
     def __post_init__(self):
@@ -204,8 +205,8 @@ class DexConfig(DecoderOptions, GenerationOptions):
         if not isinstance(self.model, str) or not self.model.strip():
             raise DexError(f"model must be 'default', a directory, a .gguf file or a hub id; got {self.model!r}")
         self.chat = flag(self.chat, "chat")
-        if self.dtype not in DTYPES:
-            raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise DexError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         self.device = parse_device(self.device)
 
     def decoder(self) -> DecoderOptions:

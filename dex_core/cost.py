@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .adapters import AdapterSet
+
 VIEWS = ("memory", "rows")
 
 
@@ -50,13 +52,18 @@ class ModelCost:
     @classmethod
     def of(cls, model, adapters=None, proposal_rows: int | None = None) -> ModelCost:
         """Parameter counts of ``model``'s layers, head, (first) adapter and a light proposal head of
-        ``proposal_rows`` rows (None or the vocabulary size: full), in layer-equivalents."""
+        ``proposal_rows`` rows (None or the vocabulary size: full), in layer-equivalents. ``model`` may be a
+        skeleton on the meta device (only shapes are counted); ``adapters`` a mapping of modules or an
+        ``AdapterSet``."""
         layers = model.model.layers
         per_layer = sum(p.numel() for p in layers.parameters()) / len(layers)
         norm = sum(p.numel() for p in model.model.norm.parameters())
         head = model.lm_head.weight.numel() + (model.lm_head.bias.numel() if model.lm_head.bias is not None else 0)
-        adapter = next(iter((adapters or {}).values()), None)
-        size = sum(p.numel() for p in adapter.parameters()) if adapter is not None else 0
+        if isinstance(adapters, AdapterSet):
+            size = adapters.size
+        else:
+            adapter = next(iter((adapters or {}).values()), None)
+            size = sum(p.numel() for p in adapter.parameters()) if adapter is not None else 0
         vocab = model.lm_head.out_features
         light = None if proposal_rows is None or proposal_rows >= vocab else (head * proposal_rows / vocab + norm) / per_layer
         return cls(len(layers), (head + norm) / per_layer, size / per_layer, light)

@@ -3,22 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import torch
+from transformers import AutoConfig, GenerationConfig
 
-from .adapters import choose_depths, resolve_adapters
+from .checkpoint import Checkpoint, locate
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .cost import ModelCost
+from .device import dtype_name, resolve_dtype
 from .engine import run_rounds
 from .explorer import Explorer
-from .device import dtype_name, resolve_prune
-from .models import model_view
-from .proposal import adapter_ranking, proposal_heads
+from .group import ExplorerGroup
+from .models import load_model, load_tokenizer, model_view
+from .proposal import ProposalHead
 from .request import make_request
 from .results import GenerationResult
+from .run_settings import RunSettings, resolve_run
+from .stage_load import checkpoint_identity, skeleton
 from .trace import round_commits, start_event
 from .transport import LocalLink
+
+
+def _options(options, overrides) -> DecoderOptions:
+    if options is not None and not isinstance(options, DecoderOptions):
+        raise DexError(f"options must be a DecoderOptions (or a DexConfig); got {type(options).__name__}")
+    return pick(DecoderOptions, options or DecoderOptions(), **overrides)
+
+
+def _device_type(options: DecoderOptions, device: str = "auto") -> str:
+    """Where the explorers of a distributed run live: the kind of ``options.devices``, else CPU for device
+    'cpu' or a machine without GPUs, else CUDA."""
+    if options.devices:
+        return torch.device(options.devices[0]).type
+    return "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
 
 
 class DexDecoder:
@@ -27,53 +44,89 @@ class DexDecoder:
     Options are the fields of ``DecoderOptions`` (pass ``options=``, keywords, or both: keywords win):
     ``depths`` is the exploration set (strictly increasing, ending at the model's layer count), or
     ``explorers`` = K asks for the best set for K stored with the adapter file when there is one (the
-    shipped adapters carry K = 2 and K = 4), else a uniform split (``depth_choice`` says which). ``adapters`` — 'auto' (the shipped set when the model
-    is the default model), 'default', 'none', an adapter file, or a mapping from non-final depths to
-    modules — are applied to a depth's hidden state before the LM head; they change only which branch
-    survives, never the committed tokens. ``proposal_vocab`` sets the rows of the non-final stages'
-    light proposal heads (``dex_core.proposal``; the final stage always scores the whole vocabulary).
-    ``tokenizer`` (optional) adds token text to traces and derives a token ranking when no adapter
-    file stores one.
+    shipped adapters carry K = 2 and K = 4), else a uniform split (``depth_choice`` says which). ``adapters`` —
+    'auto' (the shipped set when the model is the default model), 'default', 'none', an adapter file, or a
+    mapping from non-final depths to modules — are applied to a depth's hidden state before the LM head; they
+    change only which branch survives, never the committed tokens. ``proposal_vocab`` sets the rows of the
+    non-final stages' light proposal heads (``dex_core.proposal``; the final stage always scores the whole
+    vocabulary). ``tokenizer`` (optional) adds token text to traces and derives a token ranking when no adapter
+    file stores one. The options are resolved once into ``settings`` (``RunSettings``).
 
     ``backend="sequential"`` runs every explorer in this process, one after another each round.
     ``backend="distributed"`` starts K explorer processes on torch.distributed (one per device in
     ``devices``: default ``cuda:0..K-1``, taking the GPUs in turn when fewer are visible (rows staged
-    through the host), else CPU with ``threads`` threads each); they stay up across calls until ``close()`` (or the end of a ``with`` block). Same API,
-    same tokens, same trace events.
+    through the host), else CPU with ``threads`` threads each); they stay up across calls until ``close()``
+    (or the end of a ``with`` block). Same API, same tokens, same trace events.
+
+    ``DexDecoder(model)`` takes a loaded model (its explorer processes receive their parts' tensors from this
+    process). ``DexDecoder.from_pretrained(spec)`` takes a model spec: distributed, this process then holds the
+    config and tokenizer only and each explorer reads its own part from the checkpoint — the way to run a
+    model that does not fit one device.
     """
 
     def __init__(self, model, options: DecoderOptions | None = None, *, tokenizer=None, **overrides):
-        if options is not None and not isinstance(options, DecoderOptions):
-            raise DexError(f"options must be a DecoderOptions (or a DexConfig); got {type(options).__name__}")
-        self.options = pick(DecoderOptions, options or DecoderOptions(), **overrides)
-        self.model = model
-        self.view = model_view(model)
-        self.depths, self.depth_choice = choose_depths(model, self.options)
-        self.decs = self.options.decs
-        self.tokenizer = tokenizer
-        self.trace_top = self.options.trace_top
-        if self.trace_top > self.view.vocab:
-            raise DexError(f"trace_top must be at most the model's vocabulary of {self.view.vocab} tokens; "
-                           f"got {self.trace_top}")
-        self.adapters = resolve_adapters(self.options.adapters, model, self.depths)
-        heads = proposal_heads(self.view, self.depths, self.options.proposal_vocab,
-                               adapter_ranking(self.options.adapters, model), tokenizer)
-        self.proposal_vocab = len(heads[0]) if heads else self.view.vocab
-        self.shortlist = heads[0].ids.cpu() if heads else None  # the light heads' token ids
-        self.cost = ModelCost.of(model, self.adapters, self.proposal_vocab).weights()  # for the trace's start event
-        self.backend = self.options.backend
-        self.group = None
-        self.explorers: list[Explorer] = []
-        if self.backend == "distributed":
-            from .group import ExplorerGroup, resolve_devices
+        options = _options(options, overrides)
+        view = model_view(model)
+        kind = _device_type(options) if options.backend == "distributed" else view.device.type
+        settings = resolve_run(model, view.vocab, options, [kind], view.dtype, tokenizer)
+        self._setup(view, settings, options, tokenizer, model=model)
 
-            self.prune = resolve_prune(self.options.prune, resolve_devices(self.options.devices, self.K))
-            self.group = ExplorerGroup(model, self.depths, self.adapters, replace(self.options, prune=self.prune),
-                                       self.shortlist)
-        else:
-            self.prune = resolve_prune(self.options.prune, [self.view.device.type])
-            self.explorers = [Explorer(self.view, k, self.K, *stage_bounds(self.depths, k),
-                                       self.adapters.get(self.depths[k]), heads.get(k)) for k in range(self.K)]
+    @classmethod
+    def from_pretrained(cls, spec: str = "default", options: DecoderOptions | None = None, *, dtype="auto",
+                        device="auto", tokenizer=None, log=None, **overrides) -> DexDecoder:
+        """A decoder for model ``spec`` ('default', a directory, a .gguf file or a hub id) in ``dtype`` ('auto':
+        float32 on CPU, the checkpoint's half precision on CUDA). Sequential: the model is loaded in this process
+        on ``device``. Distributed: this process reads the config, the tokenizer and 64 rows of the embedding
+        (the adapters' fit) and no other weights; each explorer process reads its own part of the checkpoint
+        (``device`` 'cpu' puts every explorer on the CPU)."""
+        options = _options(options, overrides)
+        more = {} if log is None else {"log": log}
+        if options.backend == "sequential":
+            model, loaded = load_model(spec, dtype=dtype, device=device, **more)
+            return cls(model, options, tokenizer=tokenizer or loaded)
+        folder = locate(spec, log or (lambda line: None))
+        tokenizer = tokenizer or load_tokenizer(folder, spec)
+        config = AutoConfig.from_pretrained(folder)
+        kind = _device_type(options, device)
+        dtype = resolve_dtype(dtype, kind, config)
+        shape = skeleton(config, dtype)  # the model's shapes on the meta device: no weights
+        try:
+            shape.generation_config = GenerationConfig.from_pretrained(folder)
+        except OSError:  # no generation_config.json: the config's defaults
+            pass
+        view = model_view(shape)
+        settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view.vocab, options, [kind], dtype,
+                               tokenizer)
+        if device == "cpu" and options.devices is None:
+            options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
+        decoder = cls.__new__(cls)
+        decoder._setup(view, settings, options, tokenizer, folder=folder)
+        return decoder
+
+    def _setup(self, view, settings: RunSettings, options: DecoderOptions, tokenizer, *, model=None, folder=None):
+        self.options, self.view, self.settings, self.tokenizer = options, view, settings, tokenizer
+        self.model = model  # None when explorer processes read the checkpoint themselves
+        self.cost_model = ModelCost.of(view.model, settings.adapters, settings.proposal_vocab)
+        self.cost = self.cost_model.weights()  # for the trace's start event
+        self.backend, self.group, self.explorers = options.backend, None, []
+        if self.backend == "distributed":
+            self.group = ExplorerGroup(settings, view.model, options, folder)
+            self._adapters = dict.fromkeys(settings.adapters.depths)  # the modules live in the explorer processes
+            return
+        self._adapters = settings.adapters.build(settings.depths, view.device, view.dtype)
+        head = None if settings.shortlist is None else ProposalHead(view, settings.shortlist)  # shared by stages
+        self.explorers = [Explorer(view, k, self.K, *stage_bounds(settings.depths, k), self._adapters.get(d),
+                                   head) for k, d in enumerate(settings.depths)]
+
+    depths = property(lambda self: self.settings.depths)
+    depth_choice = property(lambda self: self.settings.depth_choice)
+    decs = property(lambda self: self.settings.decs)
+    trace_top = property(lambda self: self.settings.trace_top)
+    prune = property(lambda self: self.settings.prune)
+    adapters = property(lambda self: self._adapters, doc="depth -> adapter module (None: in an explorer process)")
+    proposal_vocab = property(lambda self: self.settings.proposal_vocab or self.view.vocab)
+    shortlist = property(lambda self: None if self.settings.shortlist is None else torch.tensor(
+        self.settings.shortlist, dtype=torch.long, device="cpu"), doc="the light heads' token ids (None: full heads)")
 
     @property
     def K(self) -> int:
@@ -95,14 +148,14 @@ class DexDecoder:
         request = make_request(self.view, input_ids, opts)
         yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
                           self.proposal_vocab, self.depth_choice, self.prune, self.cost,
-                          dtype=dtype_name(self.view.dtype), device=self._device(), draft=self.options.draft)
+                          dtype=dtype_name(self.view.dtype), device=self._device(), draft=self.settings.draft)
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
         yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
                               self.trace_top, self._text if self.tokenizer is not None else None, self.prune,
-                              self.options.draft)
+                              self.settings.draft)
 
     def _device(self) -> str:
         """Where the token choices are made: this model's device, or the final explorer's."""

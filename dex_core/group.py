@@ -2,11 +2,18 @@
 
 The parent (``DexDecoder(..., backend="distributed")``) starts K rank processes that run
 ``dex_core.rank.main`` (fresh interpreters, as torchrun starts its ranks), so they never re-import the caller's
-``__main__``: a plain script without a ``__main__`` guard works. It writes each rank only its stage's
-weights (a safetensors file in a private folder), talks to each over an authenticated local
-connection, sends typed ``Request``s and receives rank 0's trace events. The processes idle between
+``__main__``: a plain script without a ``__main__`` guard works. It talks to each over an authenticated local
+connection: one start message (the run's ``RunSettings`` and where the rank's part of the model comes from),
+then typed ``Request``s; it receives rank 0's trace events. It writes no weights anywhere: ranks read their
+own tensors from the checkpoint (``DexDecoder.from_pretrained``: the parent holds config and tokenizer only),
+or, for a model built in memory, receive their part's tensors over the connection. The processes idle between
 calls and end with ``close()``, at interpreter exit, or by themselves within a second of the parent's
 death (idle or busy).
+
+Starting is bounded by silence, not by a flat deadline: each rank reports its loading progress (bytes of its
+part placed) at least every ``REPORT_SECONDS``; a rank silent for ``start_timeout`` while loading is named and
+the group ends. Importing torch before the first report has its own bound (``IMPORT_SECONDS``), and the whole
+start a total one that grows with the bytes the ranks load (``LOAD_RATE``).
 
 Faults end the call with an ``ExplorerError`` that names the rank at fault, in this order: a rank that
 died without reporting (its exit code or signal), a rank whose process is stopped, a rank that raised
@@ -20,6 +27,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -34,8 +42,10 @@ from pathlib import Path
 import torch
 
 from .config import DecoderOptions, DexError
-from .rank import KEY_ENV, stage_payload, write_payload
+from .rank import KEY_ENV, Start
 from .request import Request
+from .run_settings import RunSettings
+from .stage_load import PartSource, StateDict, part_bytes
 
 _PEER_LOSS = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out", "Timeout",
               "NCCL communicator was aborted")
@@ -101,18 +111,25 @@ def default_threads(count: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, count))
 
 
+IMPORT_SECONDS = 120.0  # a rank's interpreter start and imports, before it can report anything
+LOAD_RATE = 20 * 2**20  # bytes a second a rank is granted for its part, at least, in the total start bound
+
+
 class ExplorerGroup:
-    """K explorer processes owned by this (parent) process; see the module docstring."""
+    """K explorer processes owned by this (parent) process; see the module docstring. ``model`` is the loaded model,
+    whose parts' tensors the ranks receive, or, with a checkpoint ``folder`` the ranks read their parts from, the
+    model's skeleton on the meta device."""
 
     stage_rows = False  # stage hidden rows through the host even on CPU or one GPU each (tests run that path)
 
-    def __init__(self, model, depths, adapters: dict, options: DecoderOptions, shortlist=None):
-        self.model, self.depths, self.adapters, self.shortlist = model, list(depths), dict(adapters), shortlist
-        self.count = len(self.depths)
+    def __init__(self, settings: RunSettings, model, options: DecoderOptions, folder=None):
+        self.settings, self.model, self.folder, self.config = settings, model, folder, model.config
+        self.count = settings.K
         self.devices = resolve_devices(options.devices, self.count)
         self.threads = options.threads or default_threads(self.count)
-        self.decs, self.trace_top, self.prune, self.draft = options.decs, options.trace_top, options.prune, options.draft
         self.op_timeout, self.start_timeout = options.op_timeout, options.start_timeout
+        self.part_bytes = [sum(part_bytes(model, settings.part(k)).values()) for k in range(self.count)]
+        self.loaded: list[dict] = []  # per rank, once started: the checkpoint keys it read and the bytes it placed
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
         self.start()
@@ -123,6 +140,19 @@ class ExplorerGroup:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs or []]
+
+    def _source(self, rank: int) -> PartSource:
+        if self.folder is not None:
+            return PartSource(self.config, folder=str(self.folder))
+        return PartSource(self.config, blob=StateDict.of(self.model, self.settings.part(rank)).to_bytes())
+
+    def _start_message(self, rank: int, join_timeout: float) -> bytes:
+        depth = self.settings.depths[rank]
+        settings = dataclasses.replace(self.settings, adapters=self.settings.adapters.only(depth))
+        return pickle.dumps(Start(settings=settings, source=self._source(rank), device=self.devices[rank],
+                                  threads=self.threads, count=self.count,
+                                  init_method=(self._tmp / "rendezvous").as_uri(), op_timeout=self.op_timeout,
+                                  join_timeout=join_timeout, share=True, stage=self.stage_rows))
 
     def start(self) -> None:
         if not _LIVE:
@@ -137,47 +167,74 @@ class ExplorerGroup:
         _LIVE.add(self)
         self._conns: list = [None] * self.count
         self._progress, self._activity = [0] * self.count, time.monotonic()
-        deadline = time.monotonic() + self.start_timeout
+        self._status = [("starting", 0, 0, "")] * self.count  # per rank: (phase, bytes done, of bytes, tensor)
+        self._heard = [time.monotonic()] * self.count
+        self._begun = time.monotonic()
+        self._bound = IMPORT_SECONDS + self.start_timeout + max(self.part_bytes) / LOAD_RATE
         for k in range(self.count):
-            write_payload(stage_payload(self.model, self.depths, k, self.adapters.get(self.depths[k]),
-                                       self.shortlist), self._tmp)
-        for k in range(self.count):
-            self._conns[k] = self._connect(k, key, deadline)
-            self._conns[k].send({"device": self.devices[k], "threads": self.threads, "count": self.count,
-                                 "init_method": (self._tmp / "rendezvous").as_uri(), "depths": self.depths,
-                                 "decs": self.decs, "trace_top": self.trace_top, "prune": self.prune, "draft": self.draft,
-                                 "op_timeout": self.op_timeout,
-                                 "start_timeout": self.start_timeout, "share": True, "stage": self.stage_rows})
+            self._conns[k] = self._connect(k, key)
+            self._conns[k].send_bytes(self._start_message(k, self._bound))
+        self.loaded = [{}] * self.count
         ready: set[int] = set()
         while len(ready) < self.count:
-            kind, rank, link = self._get(deadline, "starting")
+            kind, rank, (link, report) = self._get(self._check_start)
             if kind == "ready":
                 ready.add(rank)
+                self._status[rank] = ("ready", 0, 0, "")
+                self.loaded[rank] = report
                 self.data_link = link  # rank.DataLink, alike on every rank: (backend, staged)
 
-    def _connect(self, rank: int, key: bytes, deadline: float):
+    def _connect(self, rank: int, key: bytes):
         address = str(self._tmp / f"rank-{rank}.sock")
         while True:
             try:
                 return Client(address, family="AF_UNIX", authkey=key)
             except (FileNotFoundError, ConnectionRefusedError):
-                self._check(deadline, "starting")
+                self._check_start()
                 time.sleep(0.05)
 
-    def _check(self, deadline: float | None, doing: str) -> None:
-        """Raise for a dead rank, or when the deadline passed (or, with none, every rank fell silent)."""
+    def _doing(self, rank: int) -> str:
+        """What rank ``rank`` was last heard doing while starting."""
+        phase, done, total, key = self._status[rank]
+        if phase == "loading":
+            where = f"; last tensor {key}" if key else ""
+            total = total or self.part_bytes[rank]
+            return f"loading its part of the model ({done / 1e6:.0f} of {total / 1e6:.0f} MB placed{where})"
+        return {"starting": "starting (its interpreter and imports)", "joining": "joining the process group",
+                "ready": "ready"}[phase]
+
+    def _check_start(self) -> None:
+        """While starting: raise for a dead rank, a rank silent for ``start_timeout`` while it loads (or for
+        ``IMPORT_SECONDS`` before its first report), ranks that do not join within ``start_timeout`` once all are
+        loaded, or a start past the total bound."""
         dead = [(k, p.poll()) for k, p in enumerate(self._procs) if p.poll() is not None]
         if dead:
             self._fail([], dead)
         now = time.monotonic()
-        if deadline is not None and now > deadline:
-            self._fail([], [], f"did not answer within {self.start_timeout:.0f} s while {doing}; raise "
-                               "start_timeout or check the devices")
-        if deadline is None and now - self._activity > self.op_timeout:
-            self._fail([], [], f"sent nothing for {self.op_timeout:.0f} s (op_timeout) while {doing}")
+        for k, (phase, *_) in enumerate(self._status):
+            limit = IMPORT_SECONDS if phase == "starting" else self.start_timeout
+            if phase in ("starting", "loading") and now - self._heard[k] > limit:
+                self._fail([], [], f"sent nothing for {limit:.0f} s while {self._doing(k)}; raise start_timeout "
+                                   "if its storage is that slow, or check the device", rank=k)
+        waiting = [k for k, (phase, *_) in enumerate(self._status) if phase == "joining"]
+        if len(waiting) == self.count and now - max(self._heard) > self.start_timeout:
+            self._fail([], [], f"loaded their parts but did not join within {self.start_timeout:.0f} s (start_timeout)")
+        if now - self._begun > self._bound:
+            slow = min(range(self.count), key=lambda k: self._status[k][1] - (self._status[k][0] == "ready"))
+            self._fail([], [], f"did not start within {self._bound:.0f} s (the bound for {max(self.part_bytes) / 1e6:.0f} "
+                               f"MB a rank); rank {slow} was {self._doing(slow)}")
 
-    def _get(self, deadline: float | None, doing: str):
-        """Next message from the explorers (progress reports are noted, not returned)."""
+    def _check_run(self) -> None:
+        """While serving: raise for a dead rank, or when every rank fell silent for ``op_timeout``."""
+        dead = [(k, p.poll()) for k, p in enumerate(self._procs) if p.poll() is not None]
+        if dead:
+            self._fail([], dead)
+        if time.monotonic() - self._activity > self.op_timeout:
+            self._fail([], [], f"sent nothing for {self.op_timeout:.0f} s (op_timeout) while generating")
+
+    def _get(self, check):
+        """Next message from the explorers (status and progress reports are noted, not returned); ``check`` raises
+        when the explorers fail or fall silent."""
         while True:
             for conn in wait([c for c in self._conns if c is not None], timeout=0.1):
                 try:
@@ -189,12 +246,15 @@ class ExplorerGroup:
                 if msg[0] == "progress":
                     self._progress[msg[1]] = msg[2]
                     continue
+                if msg[0] == "status":
+                    self._status[msg[1]], self._heard[msg[1]] = msg[2], time.monotonic()
+                    continue
                 if msg[0] == "error":
                     self._fail([msg])
                 return msg
-            self._check(deadline, doing)
+            check()
 
-    def _blame(self, errors: list, dead, silent: str | None) -> str:
+    def _blame(self, errors: list, dead, silent: str | None, rank: int | None = None) -> str:
         """The message naming the rank at fault (see the module docstring for the order)."""
         reported = {e[1] for e in errors}
         for k, code in dead:
@@ -213,12 +273,14 @@ class ExplorerGroup:
         if len(behind) < self.count:
             return (f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
                     f"round {min(self._progress) + 1} while the others waited at round {max(self._progress)}")
+        if silent and rank is not None:
+            return f"explorer rank {rank} {silent}"
         if silent:
             return f"explorer ranks {', '.join(map(str, range(self.count)))} {silent}"
         _, rank, (cause, tb) = errors[0]
         return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
 
-    def _fail(self, errors: list, dead=(), silent: str | None = None) -> None:
+    def _fail(self, errors: list, dead=(), silent: str | None = None, rank: int | None = None) -> None:
         """Collect the reports for a moment, name the rank at fault, end every process, and raise."""
         settle = time.monotonic() + (1.0 if errors or dead else 0.0)
         while time.monotonic() < settle:
@@ -232,7 +294,7 @@ class ExplorerGroup:
                     errors.append(msg)
         dead = list(dead) + [(k, p.poll()) for k, p in enumerate(self._procs)
                              if p.poll() is not None and k not in {d[0] for d in dead}]
-        message = self._blame(errors, dead, silent)
+        message = self._blame(errors, dead, silent, rank)
         self.close()
         raise ExplorerError(message)
 
@@ -246,7 +308,7 @@ class ExplorerGroup:
         finished = False
         try:
             while True:
-                kind, key, event = self._get(None, "generating")
+                kind, key, event = self._get(self._check_run)
                 if kind == "event" and key == rid:
                     finished = event["event"] == "end"
                     yield event
@@ -256,7 +318,7 @@ class ExplorerGroup:
             if not finished and self._procs is not None:  # the caller stopped early: stop the ranks too
                 self._send_all(("cancel", rid))
                 while self._procs is not None:
-                    kind, key, event = self._get(None, "stopping")
+                    kind, key, event = self._get(self._check_run)
                     if kind == "event" and key == rid and event["event"] == "end":
                         break
 

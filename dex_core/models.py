@@ -1,4 +1,4 @@
-"""Loading causal LMs (the default, a directory, a .gguf file, a hub id) and their stage view.
+"""Loading whole causal LMs (the default, a directory, a .gguf file, a hub id) and their stage view.
 
 The stage view exposes what an explorer needs from a Hugging Face decoder-only model without forking
 its modeling code: the embeddings, the decoder layers ``model.model.layers[i]`` (called directly with
@@ -8,19 +8,17 @@ explicit masks, positions and a duck-typed cache), the rotary embedding, the fin
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import DTYPES, DexError, parse_device
-from .default_model import prepare_default
-from .device import dtype_name
+from .checkpoint import check_hub, is_hub_id, locate
+from .config import DexError, parse_device
+from .device import check_dtype, dtype_name, resolve_dtype
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-HUB_TIMEOUT = 5.0  # seconds for the hub to answer whether it has a model
 
 
 class UnsupportedModelError(DexError):
@@ -29,49 +27,6 @@ class UnsupportedModelError(DexError):
 
 def _log(msg: str) -> None:
     print(f"[dex] {msg}", file=sys.stderr, flush=True)
-
-
-def _hub_offline() -> bool:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads them once, at import)."""
-    from huggingface_hub import constants
-
-    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return constants.HF_HUB_OFFLINE or any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
-                                           for n in names)
-
-
-def _check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
-    """Fail fast with a clear message when a hub id is malformed, or not cached and the hub is offline,
-    unreachable or without that model. The hub is asked through ``huggingface_hub`` (``HfApi.model_info``),
-    so HF_ENDPOINT, HF_TOKEN and proxies (HTTPS_PROXY) apply as they do to the download itself."""
-    from huggingface_hub import HfApi, constants, try_to_load_from_cache
-    from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError:
-        raise DexError(f"model {repo_id!r:.120} is not a local directory or .gguf file, nor a Hugging Face hub "
-                       f"id like 'org/name'") from None
-    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
-        return
-    offline = (f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-               f"pass a local directory or .gguf file, or 'default'")
-    if _hub_offline():
-        raise DexError(offline)
-    try:
-        HfApi().model_info(repo_id, timeout=timeout)
-    except OfflineModeIsEnabled:
-        raise DexError(offline) from None
-    except RepositoryNotFoundError:  # also a private or gated model the token does not grant
-        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
-                       f"({constants.ENDPOINT}) has no model by that name that you may read; check the name, "
-                       f"or log in (hf auth login, or HF_TOKEN) for a private model") from None
-    except Exception as err:  # no route, DNS, proxy, TLS, timeout, a server error: the hub cannot tell
-        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
-                       f"({constants.ENDPOINT}) cannot be reached ({reason}); download the model where the "
-                       f"hub is reachable and pass its directory, or use 'default'") from None
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -91,42 +46,28 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     return torch.device("cuda", index)
 
 
-def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, device: str | torch.device = "auto",
+def load_model(spec: str = "default", dtype: str | torch.dtype | None = "auto", device: str | torch.device = "auto",
                log=_log):
-    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id, the model in
-    ``dtype`` on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
-    that takes a while (fetching, converting, loading weights); stderr by default."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id, the whole model
+    in one process, in ``dtype`` (``resolve_dtype``: 'auto' is float32 on CPU, the checkpoint's half precision on
+    CUDA) on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
+    that takes a while (fetching, converting, loading weights); stderr by default. The default model and
+    .gguf files are converted once into the DEX cache (``checkpoint.locate``) and read from there."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if not isinstance(spec, str) or not spec.strip():
-        raise DexError(f"model must be 'default', a local directory, a .gguf file or a hub id; got {spec!r}")
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise DexError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-        dtype = getattr(torch, dtype)
-    dtype = dtype or torch.float32
     device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
-    kwargs: dict = {}
-    if spec == "default":
-        source = prepare_default(log)
-    elif spec.endswith(".gguf"):
-        path = Path(spec)
-        if not os.path.isfile(path):  # os.path: False, not an error, for names that cannot exist
-            raise DexError(f"no such GGUF file: {spec}")
-        source, kwargs = path.parent, {"gguf_file": path.name}
-    elif os.path.isdir(spec):
-        source = Path(spec)
-        if not os.path.isfile(source / "config.json"):
-            raise DexError(f"{spec} is a directory without config.json; point --model at a saved model")
-    elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path, not an 'org/name' hub id
-        raise DexError(f"no such model directory or file: {spec}")
+    check_dtype(dtype)
+    if is_hub_id(spec):
+        source = spec  # from_pretrained fetches it (any weight format) into the HF cache
+        check_hub(spec)
     else:
-        source = spec
-        _check_hub(spec)
-    log(f"loading {spec} ({dtype_name(dtype)}, {device})")
+        source = locate(spec, log)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        config = AutoConfig.from_pretrained(source)
+        dtype = resolve_dtype(dtype, device.type, config)
+        log(f"loading {spec} ({dtype_name(dtype)}, {device})")
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except Exception as err:  # model files are untrusted input: any failure to parse them is a bad model
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         where = ("its files are missing, corrupt or inconsistent" if isinstance(source, Path)  # local files
@@ -135,6 +76,18 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = None, de
         raise DexError(f"could not load model {spec!r}: {where} ({reason}){again}") from None
     check_supported(model)
     return model.eval().to(device), tokenizer
+
+
+def load_tokenizer(folder, spec: str | None = None):
+    """The tokenizer of the model in ``folder`` (``spec`` names the model in errors) and nothing else of it."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # model files are untrusted input
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise DexError(f"could not load the tokenizer of model {spec or str(folder)!r}: its files are missing, "
+                       f"corrupt or inconsistent ({reason})") from None
 
 
 def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: int = 0, **overrides):

@@ -26,13 +26,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
-
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
-from .adapters import DEFAULT_ADAPTERS, RANKING, _check_tensors, _header, read_metadata, rewrite_adapters, shipped_adapters_fit
-from .config import DexError, adapter_file
+from .adapters import RANKING, check_tensors, header, named_file, read_metadata, rewrite_adapters
+from .config import DexError
 from .console import log
 from .data import installed
 
@@ -113,18 +112,22 @@ def token_ranking(tokenizer, vocab: int, conversations: int = RANK_CONVERSATIONS
 
 
 class ProposalHead:
-    """Final norm + the LM head's rows for ``ids``: hidden (n, h) -> logits (n, N) over those ids."""
+    """Final norm + the LM head's rows for ``ids``: hidden (n, h) -> logits (n, N) over those ids. The rows are
+    cut from the view's LM head, or given (``rows``: weight and bias rows in ``ids``' order, as an explorer
+    process that holds only them reads them: ``dex_core.stage_load``)."""
 
-    def __init__(self, view, ids: torch.Tensor):
+    def __init__(self, view, ids, rows: tuple[torch.Tensor, torch.Tensor | None] | None = None):
         ids = torch.as_tensor(ids, dtype=torch.long, device="cpu")  # checked on the host, then moved once
         if ids.ndim != 1 or len(ids) == 0 or len(set(ids.tolist())) != len(ids) or not (
                 0 <= int(ids.min()) and int(ids.max()) < view.vocab):
             raise DexError(f"a shortlist must be distinct token ids below the vocabulary of {view.vocab}")
-        head = view.model.lm_head
         self.norm = view.model.model.norm
         self.ids = ids.to(view.device)
-        self.weight = head.weight.detach()[self.ids].contiguous()
-        self.bias = None if head.bias is None else head.bias.detach()[self.ids].contiguous()
+        if rows is None:
+            head = view.model.lm_head
+            rows = head.weight.detach()[self.ids], None if head.bias is None else head.bias.detach()[self.ids]
+        self.weight = rows[0].contiguous()
+        self.bias = None if rows[1] is None else rows[1].contiguous()
         self.index = torch.full((view.vocab,), -1, dtype=torch.long, device=view.device)
         self.index[self.ids] = torch.arange(len(ids), device=view.device)
 
@@ -168,15 +171,14 @@ def store_ranking(path, model, ranking) -> None:
 
 
 def adapter_ranking(spec, model) -> torch.Tensor | None:
-    """The token ranking stored with the adapter file that ``spec`` names (None for none, a mapping,
-    'auto' for a model the shipped set does not fit, or a file without one): long (vocab,)."""
-    from safetensors import safe_open
-
-    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
+    """The token ranking stored with the adapter file that ``spec`` names for ``model`` (a model or its
+    identity; None for none, a mapping, 'auto' for a model the shipped set does not fit, or a file without
+    one): long (vocab,)."""
+    path = named_file(spec, model)
+    if path is None:
         return None
-    path = adapter_file(DEFAULT_ADAPTERS if spec in ("auto", "default") else spec)
     meta = read_metadata(path)
-    _check_tensors(path, meta, _header(path)[1])
+    check_tensors(path, meta, header(path)[1])
     with safe_open(str(path), "pt") as fh:
         if RANKING not in fh.keys():
             return None

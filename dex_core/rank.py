@@ -1,18 +1,19 @@
-"""One explorer rank: its stage's weights, joining the process group, serving requests, and ``main``, the
+"""One explorer rank: its part of the model, joining the process group, serving requests, and ``main``, the
 body of a rank process that ``ExplorerGroup`` starts in a fresh interpreter (never re-importing the
 caller's ``__main__``).
 
-A started rank listens on a unix socket in the group's private folder, accepts its parent (the
-connection is authenticated with a key the parent passes in the environment), loads its stage from a
-safetensors file the parent wrote (stage 0 also the embeddings; every rank the final norm and LM head),
-joins torch.distributed and then serves typed ``Request``s until told to close. It ends itself within
-a second when its parent dies, idle or busy.
+A started rank listens on a unix socket in the group's private folder and accepts its parent (the connection
+is authenticated with a key the parent passes in the environment). Its parent sends one start message: the
+run's settings (``RunSettings``), where its part of the model comes from (``PartSource``: a checkpoint folder
+it reads its own tensors from, or the tensors themselves for a model built in memory) and how to join. The
+rank builds its part (``dex_core.stage_load``), reporting progress as the bytes arrive, joins
+torch.distributed and then serves typed ``Request``s until told to close. It ends itself within a second
+when its parent dies, idle or busy.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import inspect
 import json
 import os
@@ -23,8 +24,8 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -35,67 +36,42 @@ from .explorer import Explorer
 from .models import model_view
 from .proposal import ProposalHead
 from .request import Request
+from .run_settings import RunSettings
+from .stage_load import PartSource, load_stage
 from .transport import DistLink
 
 KEY_ENV = "DEX_GROUP_KEY"
-SHORTLIST = "proposal.shortlist"  # payload tensor: the token ids of a light proposal head
+REPORT_SECONDS = 0.25  # a loading rank reports its progress at most this often (and once it is done)
 
 
-def stage_payload(model, depths, rank: int, adapter=None, shortlist=None) -> dict:
-    """The config and the tensors explorer ``rank`` needs (its layers, norm, LM head; rank 0 embeddings;
-    the shortlist of its light proposal head, if it has one)."""
-    start, stop = stage_bounds(depths, rank)
-    prefixes = tuple(f"model.layers.{i}." for i in range(start, stop)) + ("model.norm.", "lm_head.")
-    if rank == 0:
-        prefixes += ("model.embed_tokens.",)
-    state = model.state_dict()
-    tensors = {k: v for k, v in state.items() if k.startswith(prefixes)}
-    if "lm_head.weight" not in tensors:  # tied embeddings saved once
-        tensors["lm_head.weight"] = state["model.embed_tokens.weight"]
-    if shortlist is not None and rank < len(depths) - 1:
-        tensors[SHORTLIST] = shortlist
-    adapter = None if adapter is None else copy.deepcopy(adapter).cpu()  # a rank places it on its own device
-    return {"config": model.config, "tensors": {k: v.cpu() for k, v in tensors.items()}, "depths": list(depths),
-            "rank": rank, "adapter": adapter}
+@dataclass(frozen=True)
+class Start:
+    """What a rank's parent sends it once: the run's settings, where its part of the model comes from, and how to
+    join its peers."""
+
+    settings: RunSettings  # with only this rank's adapter, when the adapters are modules
+    source: PartSource
+    device: str
+    threads: int
+    count: int  # explorers in the group
+    init_method: str  # the rendezvous
+    op_timeout: float  # seconds one exchange may wait for a peer
+    join_timeout: float  # seconds the rendezvous and the first exchanges may wait (the group's start bound)
+    share: bool  # whether ranks may share a GPU (rows staged through the host)
+    stage: bool  # stage the rows through the host whatever the devices (the shared-GPU path, tested on CPU)
 
 
-def write_payload(payload: dict, folder: Path) -> Path:
-    """Save a stage payload for a rank process: tensors as safetensors (mapped, not pickled), the rest pickled."""
-    from safetensors.torch import save_file
-
-    rank = payload["rank"]
-    seen, tensors = {}, {}
-    for k, v in payload["tensors"].items():  # tied weights share storage; safetensors wants them apart
-        ptr = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-        tensors[k] = v.detach().clone() if ptr in seen else v.detach().contiguous()
-        seen[ptr] = k
-    save_file(tensors, str(folder / f"stage-{rank}.safetensors"))
-    path = folder / f"stage-{rank}.pkl"
-    path.write_bytes(pickle.dumps({k: v for k, v in payload.items() if k != "tensors"}))
-    return path
-
-
-def read_payload(path: Path) -> dict:
-    from safetensors.torch import load_file
-
-    payload = pickle.loads(path.read_bytes())  # written by this rank's own parent into its private folder
-    payload["tensors"] = load_file(str(path.with_suffix(".safetensors")))
-    return payload
-
-
-def build_stage_model(payload: dict, device: str):
-    """A model skeleton on the meta device holding real tensors only for this stage."""
-    from transformers import AutoModelForCausalLM
-
-    config = payload["config"]
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    tensors = {k: v.to(device) for k, v in payload["tensors"].items() if k != SHORTLIST}
-    model.load_state_dict(tensors, strict=False, assign=True)
-    with torch.device(device):  # the rotary buffers are computed, not loaded
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    adapter = payload["adapter"]
-    return model.eval(), (adapter.to(device) if adapter is not None else None)
+def open_part(settings: RunSettings, source: PartSource, rank: int, device: str, progress=None):
+    """Build explorer ``rank``'s part of the model on ``device``; return (view, explorer, the loading report:
+    the checkpoint keys read, each with the number of rows read or None for all, and the bytes placed)."""
+    dtype = getattr(torch, settings.dtype)
+    stage = load_stage(source.config, settings.part(rank), source.open(), device, dtype, progress)
+    view = model_view(stage.model)
+    depth = settings.depths[rank]
+    adapter = settings.adapters.build([depth], device, dtype).get(depth)
+    head = None if stage.head_rows is None else ProposalHead(view, settings.shortlist, stage.head_rows)
+    explorer = Explorer(view, rank, settings.K, *stage_bounds(settings.depths, rank), adapter, head)
+    return view, explorer, {"read": stage.read, "bytes": stage.bytes}
 
 
 def device_report(device: str, share: bool = False, stage: bool = False) -> dict:
@@ -154,10 +130,10 @@ def init_options(backend: str, device: str) -> dict:
 
 
 def init_world(device: str, init_method: str, rank: int, count: int, timeout: timedelta, share: bool = False,
-               stage: bool = False) -> DataLink:
+               stage: bool = False):
     """Rendezvous, agree on the data link over the rendezvous store (before any communicator exists, so a
     disagreement is a clear error on every rank, not a hang in ``new_group``), start the default process
-    group on its backend, and return the link."""
+    group on its backend, and return (the link, the store)."""
     import torch.distributed as dist
 
     store, _, _ = next(dist.rendezvous(init_method, rank, count, timeout=timeout))
@@ -169,31 +145,19 @@ def init_world(device: str, init_method: str, rank: int, count: int, timeout: ti
         torch.cuda.set_device(device)
     dist.init_process_group(link.backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
                             timeout=timeout, **init_options(link.backend, device))
-    return link
+    return link, store
 
 
-def join_group(payload: dict, device: str, init_method: str | None, count: int, trace_top: int,
-               op_timeout: float, start_timeout: float, cancel=None, progress=None, share=False, stage=False):
-    """Join the process group as explorer ``payload['rank']``; return (view, explorer, link), warmed up.
-    ``share``/``stage``: see ``device_report``."""
+def connect(view, rank: int, count: int, data: DataLink, device: str, trace_top: int, op_timeout: float,
+            cancel=None, progress=None) -> DistLink:
+    """This rank's link to its peers on an initialized world (``init_world``, or torchrun's), warmed up."""
     import torch.distributed as dist
 
-    rank = payload["rank"]
-    if dist.is_initialized():  # a world started elsewhere: rows on a GPU over gloo go through the host
-        backend = dist.get_backend()
-        data = DataLink(backend, stage or (backend == "gloo" and torch.device(device).type == "cuda"))
-    else:
-        data = init_world(device, init_method, rank, count, timedelta(seconds=start_timeout), share, stage)
     ctrl = dist.new_group(backend="gloo") if data.backend == "nccl" else None
-    model, adapter = build_stage_model(payload, device)
-    view = model_view(model)
-    start, stop = stage_bounds(payload["depths"], rank)
-    shortlist = payload["tensors"].get(SHORTLIST)
-    explorer = Explorer(view, rank, count, start, stop, adapter, None if shortlist is None else ProposalHead(view, shortlist))
-    link = DistLink(rank, count, model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout, cancel,
-                    progress, data.staged)
+    link = DistLink(rank, count, view.model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout,
+                    cancel, progress, data.staged)
     warm_up(link)
-    return view, explorer, link
+    return link
 
 
 def warm_up(link: DistLink) -> None:
@@ -206,11 +170,11 @@ def warm_up(link: DistLink) -> None:
     link.reset()
 
 
-def serve_request(view, depths, explorer, link, request: Request, decs: bool, trace_top: int, prune=None,
-                  draft=None):
+def serve_request(view, explorer, link, request: Request, settings: RunSettings):
     """Run one generation request on this rank; yields the trace events (identical on every rank)."""
     with torch.no_grad():
-        yield from run_rounds(view, depths, [explorer], link, request, decs, trace_top, prune=prune, draft=draft)
+        yield from run_rounds(view, settings.depths, [explorer], link, request, settings.decs, settings.trace_top,
+                              prune=settings.prune, draft=settings.draft)
 
 
 class _Cancel:
@@ -242,6 +206,19 @@ def _read(conn, inbox: queue.Queue, cancel: _Cancel) -> None:
         os._exit(0)
 
 
+def _reporter(send, rank: int):
+    """``progress(done, total, key)`` for ``load_stage``: a "loading" status at most every ``REPORT_SECONDS``
+    (and when done), so that the parent sees a loading rank alive and knows how far it got."""
+    last = [0.0]
+
+    def progress(done: int, total: int, key: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= REPORT_SECONDS or done >= total:
+            last[0] = now
+            send("status", rank, ("loading", done, total, key))
+    return progress
+
+
 def main(argv=None) -> None:
     """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
     from multiprocessing.connection import Listener
@@ -254,9 +231,9 @@ def main(argv=None) -> None:
     parser.add_argument("--folder", required=True)
     args = parser.parse_args(argv)
     threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
-    folder, rank = Path(args.folder), args.rank
+    rank = args.rank
     key = bytes.fromhex(os.environ.pop(KEY_ENV))
-    with Listener(str(folder / f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
+    with Listener(os.path.join(args.folder, f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
         conn = listener.accept()
     lock, inbox, cancel = threading.Lock(), queue.Queue(), _Cancel()
 
@@ -265,19 +242,20 @@ def main(argv=None) -> None:
             conn.send(msg)
 
     try:
-        opts = conn.recv()
-        torch.set_num_threads(opts["threads"])
+        start: Start = pickle.loads(conn.recv_bytes())  # from this rank's own parent, over the authenticated socket
+        torch.set_num_threads(start.threads)
         threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
-        view, explorer, link = join_group(read_payload(folder / f"stage-{rank}.pkl"), opts["device"],
-                                          opts["init_method"], opts["count"], opts["trace_top"], opts["op_timeout"],
-                                          opts["start_timeout"], cancel, lambda r: send("progress", rank, r),
-                                          opts["share"], opts["stage"])
-        send("ready", rank, DataLink(dist.get_backend(), link.staged))
+        view, explorer, report = open_part(start.settings, start.source, rank, start.device, _reporter(send, rank))
+        send("status", rank, ("joining", 0, 0, ""))
+        data, _ = init_world(start.device, start.init_method, rank, start.count, timedelta(seconds=start.join_timeout),
+                             start.share, start.stage)
+        link = connect(view, rank, start.count, data, start.device, start.settings.trace_top, start.op_timeout,
+                       cancel, lambda r: send("progress", rank, r))
+        send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
         while (msg := inbox.get())[0] == "request":
             request = msg[1]
             cancel.current = request.id
-            for event in serve_request(view, opts["depths"], explorer, link, request, opts["decs"], opts["trace_top"],
-                                       opts["prune"], opts["draft"]):
+            for event in serve_request(view, explorer, link, request, start.settings):
                 if rank == 0:
                     send("event", request.id, event)
     except BaseException as err:  # report, and leave at once so the peers notice

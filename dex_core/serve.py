@@ -1,27 +1,43 @@
 """The torchrun entry point: one explorer per rank, across processes or nodes.
 
 ``torchrun --nproc-per-node K -m dex_core.serve --model SPEC --prompt ...`` (or ``dex serve`` under
-torchrun): each rank loads the model itself, keeps its stage, and rank 0 reads the prompts
-(``--prompt``, repeatable, else one per line on stdin), broadcasts each typed request on the control
-group and prints the text and the stats.
+torchrun): rank 0 resolves the run's settings (``RunSettings``) and hands them to the other ranks through
+torchrun's rendezvous store; each rank then reads only its own part of the model from the checkpoint
+(``dex_core.stage_load``; every node locates the model itself: the default model and .gguf files are converted
+once per cache, hub models fetched once per HF cache). Rank 0 reads the prompts (``--prompt``, repeatable, else
+one per line on stdin), broadcasts each typed request on the control group and prints the text and the stats.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 import time
 import warnings
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from .checkpoint import Checkpoint, locate
 from .config import DexConfig, DexError
+from .console import TextStream, print_report
+from .device import resolve_dtype
 from .flags import add_flags, from_args
+from .group import IMPORT_SECONDS, LOAD_RATE, default_threads
+from .models import model_view
+from .rank import connect, init_world, open_part, serve_request
+from .request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
+from .run_settings import RunSettings, resolve_run
+from .stage_load import PartSource, checkpoint_identity, skeleton
+from .trace import round_commits, start_event
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
-FLAGS = ("model", "depths", "adapters", "decs", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-         "eos_token_id", "chat", "dtype", "device", "threads", "op_timeout", "start_timeout")
+FLAGS = ("model", "depths", "adapters", "decs", "proposal_vocab", "prune", "draft", "max_new_tokens", "temperature",
+         "top_k", "top_p", "seed", "eos_token_id", "chat", "dtype", "device", "threads", "op_timeout", "start_timeout")
 USAGE = "torchrun --nproc-per-node 4 -m dex_core.serve --prompt 'Hello'"
 
 
@@ -58,44 +74,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, DexConfig, FLAGS)
 
 
+def _settings(config: DexConfig, folder, hf_config, tokenizer, device: str) -> RunSettings:
+    """Rank 0's resolution of the run's settings (the other ranks receive them)."""
+    dtype = resolve_dtype(config.dtype, torch.device(device).type, hf_config)
+    shape = skeleton(hf_config, dtype)
+    try:
+        shape.generation_config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        pass
+    for note in ignored_settings(shape.generation_config, config.generation()):
+        warnings.warn(note, GenerationConfigWarning, stacklevel=1)
+    identity = checkpoint_identity(hf_config, Checkpoint(folder))
+    return resolve_run(identity, model_view(shape).vocab, config.decoder(), [torch.device(device).type], dtype,
+                       tokenizer)
+
+
 def run(args: argparse.Namespace) -> None:
     """Serve the prompts of ``args`` as this torchrun rank."""
-    import torch.distributed as dist
-
-    from .adapters import choose_depths, resolve_adapters
-    from .group import default_threads
-    from .console import TextStream, print_report
-    from .device import resolve_prune
-    from .models import load_model
-    from .proposal import adapter_ranking, shortlist_ids
-    from .rank import join_group, serve_request, stage_payload
-    from .request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
-    from .trace import round_commits, start_event
-
     if "WORLD_SIZE" not in os.environ:
         raise DexError(f"dex serve runs one explorer per process under torchrun, e.g. {USAGE}")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     config = from_args(DexConfig, args, explorers=world)
     device = torchrun_device(os.environ, config.device)  # before the model loads: fail fast
-    model, tokenizer = load_model(config.model, dtype=config.dtype, device="cpu")  # each rank moves only its stage
-    depths, how = choose_depths(model, config)
-    if len(depths) != world:
-        raise DexError(f"{len(depths)} exploration depths {list(depths)} need {len(depths)} processes; "
-                       f"torchrun started {world}")
-    adapters = resolve_adapters(config.adapters, model, depths)
-    eos = eos_ids(model, config.eos_token_id)
-    shortlist = shortlist_ids(model.config.vocab_size, depths, config.proposal_vocab,
-                              adapter_ranking(config.adapters, model), tokenizer)
-    payload = stage_payload(model, depths, rank, adapters.get(depths[rank]), shortlist)
-    L, rows = model.config.num_hidden_layers, model.config.vocab_size if shortlist is None else len(shortlist)
-    if rank == 0:  # the ranks rebuild the model from its config: say now what its generation config asks for
-        for note in ignored_settings(model.generation_config, config.generation()):
-            warnings.warn(note, GenerationConfigWarning, stacklevel=1)
-    del model
+    log = (lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True)) if rank == 0 else (lambda line: None)
+    folder = locate(config.model, log)
+    hf_config, tokenizer = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     torch.set_num_threads(config.threads or default_threads(world))
-    view, explorer, link = join_group(payload, device, "env://", world, 0, config.op_timeout, config.start_timeout)
-    prune = [resolve_prune(config.prune, [device])]  # rank 0's choice, so that every rank plans the same lattice
-    dist.broadcast_object_list(prune, src=0, group=link.ctrl)
+    bound = IMPORT_SECONDS + config.start_timeout + sum(p.numel() * p.element_size() for p in skeleton(
+        hf_config, resolve_dtype(config.dtype, torch.device(device).type, hf_config)).parameters()) / LOAD_RATE
+    # torchrun's env:// rendezvous (it may span nodes), on the data link every rank agrees on
+    data, store = init_world(device, "env://", rank, world, timedelta(seconds=bound))
+    if rank == 0:
+        settings = _settings(config, folder, hf_config, tokenizer, device)
+        if settings.K != world:
+            raise DexError(f"{settings.K} exploration depths {list(settings.depths)} need {settings.K} processes; "
+                           f"torchrun started {world}")
+        store.set("dex-settings", pickle.dumps(settings))
+    settings = pickle.loads(store.get("dex-settings"))  # rank 0's, through the rendezvous store
+    view, explorer, _ = open_part(settings, PartSource(hf_config, folder=str(folder)), rank, device)
+    link = connect(view, rank, world, data, device, 0, config.op_timeout)
+    _serve(args, config, settings, tokenizer, view, explorer, link, rank)
+    dist.destroy_process_group()
+
+
+def _serve(args, config: DexConfig, settings: RunSettings, tokenizer, view, explorer, link, rank: int) -> None:
+    """Rank 0 reads the prompts and broadcasts each request; every rank serves it; rank 0 prints the answers."""
     prompts = iter(args.prompt or (line.rstrip("\n") for line in sys.stdin))
     while True:
         request = None
@@ -105,20 +128,21 @@ def run(args: argparse.Namespace) -> None:
                 text = next(prompts, None)
             if text is not None:
                 ids = encode_prompt(tokenizer, text, config.chat)
-                request = make_request(view, ids, config.generation(), eos)
+                request = make_request(view, ids, config.generation(), eos_ids(view.model, config.eos_token_id))
         box = [request]
         dist.broadcast_object_list(box, src=0, group=link.ctrl)
         if box[0] is None:
-            break
+            return
         stream, tic = TextStream(tokenizer), time.perf_counter()
-        for event in serve_request(view, depths, explorer, link, box[0], config.decs, 0, prune[0], config.draft):
+        for event in serve_request(view, explorer, link, box[0], settings):
             for commit in round_commits(event) if rank == 0 and event["event"] == "round" else []:
                 stream.push(commit["token"])
         if rank == 0:
             stream.finish()
-            start = start_event("dex", depths, L, box[0], config.decs, adapters, rows, how, prune[0])
+            start = start_event("dex", settings.depths, view.num_layers, box[0], settings.decs,
+                                settings.adapters.depths, settings.proposal_vocab or view.vocab,
+                                settings.depth_choice, settings.prune)
             print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
-    dist.destroy_process_group()
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,9 @@ FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.zeros, torch.on
              torch.triu_indices}
 DEX = str(Path(dex_core.__file__).parent) + os.sep
 TORCH = str(Path(torch.__file__).parent) + os.sep
+# Where file data becomes tensors: safetensors' own reads land in host memory (memory-mapped), called from its
+# native code, so they show up as DEX's; stage_load._place moves them to their device. Not a device slip.
+FILE_READS = DEX + "checkpoint.py"
 PROMPT = [5, 9, 14, 3, 22]
 
 
@@ -52,7 +55,8 @@ class DeviceRule(TorchFunctionMode):
             frame = sys._getframe(1)
             while frame is not None and frame.f_code.co_filename.startswith(TORCH):  # nn.Linear etc.: its caller
                 frame = frame.f_back
-            if frame is not None and frame.f_code.co_filename.startswith(DEX):
+            if frame is not None and frame.f_code.co_filename.startswith(DEX) and not (
+                    frame.f_code.co_filename == FILE_READS and func is torch.asarray):
                 where = f"{Path(frame.f_code.co_filename).relative_to(Path(DEX).parent)}:{frame.f_lineno} " \
                         f"torch.{func.__name__}"
                 self.seen.append(where)
@@ -280,3 +284,37 @@ def test_each_explorer_reads_back_from_the_device_once_per_round(model, adapter_
     # shortlist is read once when DECS first masks through it
     assert extra in (0, 1), sorted(set(watch.reads))
     assert any(node["top"] for r in rounds for node in r["nodes"])  # the top-5 really came back
+
+
+def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_half_precision_on_cuda(monkeypatch):
+    from types import SimpleNamespace
+
+    from dex_core import DexConfig, DexError
+    from dex_core.device import resolve_dtype
+
+    saved = lambda d: SimpleNamespace(dtype=d)  # noqa: E731  (a config that records its weights' dtype)
+    assert DexConfig().dtype == "auto" and resolve_dtype("auto", "cpu", saved("bfloat16")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda", saved("float16")) == torch.float16
+    assert resolve_dtype("auto", "cuda", saved(torch.bfloat16)) == torch.bfloat16
+    assert resolve_dtype("auto", "cuda", saved("float32")) == torch.bfloat16  # GGUF-converted models are float32
+    assert resolve_dtype(None, "cuda", SimpleNamespace()) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", "cuda", saved("float32")) == torch.float16  # a GPU without bfloat16
+    assert resolve_dtype("float64", "cuda", saved("float16")) == torch.float64
+    with pytest.raises(DexError, match="dtype must be one of auto, float32, float64, bfloat16, float16; got 'half'"):
+        resolve_dtype("half", "cpu")
+
+
+def test_an_explorers_part_is_built_naming_the_device_of_every_tensor(tmp_path):
+    from dex_core.checkpoint import Checkpoint
+    from dex_core.stage_load import StagePart, checkpoint_identity, load_stage
+
+    model = tiny_model("llama", layers=4)
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    with device_rule(least=3):
+        for part in (StagePart((2, 4), 0, (7, 3, 5)), StagePart((2, 4), 1)):  # light head rows; the whole head
+            stage = load_stage(model.config, part, Checkpoint(tmp_path), "cpu", torch.float32)
+        checkpoint_identity(model.config, Checkpoint(tmp_path))
+    assert stage.model.lm_head.weight.device.type == "cpu"

@@ -12,7 +12,7 @@ import pytest
 
 from dex_core import DexError, load_model
 from dex_core import default_model as dm
-from dex_core import models
+from dex_core import checkpoint, models
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAULT_GGUF}
@@ -173,8 +173,8 @@ def hub(monkeypatch, outcome):
 
 def test_the_hub_check_asks_huggingface_hub_with_a_short_timeout(monkeypatch):
     calls = hub(monkeypatch, None)
-    models._check_hub("some-org/some-model")
-    assert calls == [("some-org/some-model", models.HUB_TIMEOUT)]
+    checkpoint.check_hub("some-org/some-model")
+    assert calls == [("some-org/some-model", checkpoint.HUB_TIMEOUT)]
 
 
 def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
@@ -182,7 +182,7 @@ def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
     with pytest.raises(DexError, match=r"model 'some-org/some-model' is not a local directory or \.gguf file, and "
                                        r"the Hugging Face hub \(https://.*\) cannot be reached \(\[Errno 111\] "
                                        r"Connection refused\); download the model where the hub is reachable"):
-        models._check_hub("some-org/some-model")
+        checkpoint.check_hub("some-org/some-model")
     assert len(calls) == 1
 
 
@@ -193,7 +193,7 @@ def test_a_model_the_hub_does_not_have_is_a_clear_error(monkeypatch):
     Exception.__init__(missing, "404 Client Error: Repository Not Found")
     hub(monkeypatch, missing)
     with pytest.raises(DexError, match="has no model by that name that you may read; check the name, or log in"):
-        models._check_hub("some-org/no-such-model")
+        checkpoint.check_hub("some-org/no-such-model")
 
 
 def test_offline_mode_is_a_clear_error_without_asking_the_hub(monkeypatch):
@@ -202,9 +202,9 @@ def test_offline_mode_is_a_clear_error_without_asking_the_hub(monkeypatch):
     calls = hub(monkeypatch, None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DexError, match="is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
-        models._check_hub("some-org/some-model")
+        checkpoint.check_hub("some-org/some-model")
     assert calls == []
     monkeypatch.delenv("HF_HUB_OFFLINE")
     hub(monkeypatch, OfflineModeIsEnabled("offline mode is enabled"))  # huggingface_hub's own offline switch
     with pytest.raises(DexError, match="HF_HUB_OFFLINE is set"):
-        models._check_hub("some-org/some-model")
+        checkpoint.check_hub("some-org/some-model")

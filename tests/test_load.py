@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from conftest import launch_app, tiny_tokenizer
-from dex_core import ar_generate, encode_prompt
+from dex_core import DexError, ar_generate, encode_prompt, load_model
 from test_app import shown_tokens
 
 PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
@@ -82,6 +82,7 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     me = psutil.Process()
+    reference, _ = load_model(str(tiny_dir), device="cpu")
     try:
         settings = [dict(explorers=2), dict(explorers=2, decs=False), dict(explorers=3), dict(depths="2,6"),
                     dict(explorers=2, adapters=False), dict(explorers=3, decs=False), dict(depths="3,6"),
@@ -92,11 +93,13 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
             decoder = runtime.decoder(config)
             groups.append(decoder.group.pids())
             ids = encode_prompt(tiny_tokenizer(), "hello world", chat=False)
-            assert decoder.generate(ids, options=config.generation()).tokens == \
-                ar_generate(runtime.model()[0], ids, 6).tokens
+            assert decoder.generate(ids, options=config.generation()).tokens == ar_generate(reference, ids, 6).tokens
+            assert decoder.model is None  # the server holds no weights: each explorer reads its own part
             alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
             assert len(alive) == decoder.K, (controls, alive)
         assert groups[7] == groups[6] and len({tuple(g) for g in groups}) == 7
+        with pytest.raises(DexError, match="the Race \\(its AR lane\\) runs the whole model in this server's process"):
+            runtime.model("the Race (its AR lane)")
     finally:
         runtime.close()
     assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []

@@ -9,7 +9,7 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dex_core", "visualize", "app")
-MAX_LINES = 300
+MAX_LINES = 400  # shared/STYLE.md: one concept per file, at most 400 lines
 # lower -> the project packages and libraries it must never import (app may import the other two)
 FORBIDDEN = {"dex_core": ("visualize", "app", "gradio", "plotly", "networkx"),
              "visualize": ("app", "dex_core", "torch", "transformers")}
@@ -111,7 +111,7 @@ def test_dex_core_imports_no_ui_library_and_visualize_no_model_library():
     assert "torch" in outside["dex_core.engine"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
 
 
-def test_every_project_file_is_at_most_300_lines():
+def test_every_project_file_is_at_most_400_lines():
     long = {str(path.relative_to(ROOT)): n for path in module_files().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines: {long}"
