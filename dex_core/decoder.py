@@ -14,7 +14,7 @@ from .device import dtype_name, resolve_dtype
 from .engine import run_rounds
 from .explorer import Explorer
 from .group import ExplorerGroup
-from .models import load_model, load_tokenizer, model_view
+from .models import load_model, load_tokenizer, model_view, resolve_device
 from .proposal import ProposalHead
 from .request import make_request
 from .results import GenerationResult
@@ -31,11 +31,11 @@ def _options(options, overrides) -> DecoderOptions:
 
 
 def _device_type(options: DecoderOptions, device: str = "auto") -> str:
-    """Where the explorers of a distributed run live: the kind of ``options.devices``, else CPU for device
-    'cpu' or a machine without GPUs, else CUDA."""
+    """Where the explorers of a distributed run live: the kind of ``options.devices``, else the kind of
+    ``device`` ('auto': CUDA when torch sees a GPU; 'cuda' without one is a DexError)."""
     if options.devices:
         return torch.device(options.devices[0]).type
-    return "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
+    return resolve_device(device).type
 
 
 class DexDecoder:
@@ -97,7 +97,7 @@ class DexDecoder:
         view = model_view(shape)
         settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view.vocab, options, [kind], dtype,
                                tokenizer)
-        if device == "cpu" and options.devices is None:
+        if kind == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)
         decoder._setup(view, settings, options, tokenizer, folder=folder)

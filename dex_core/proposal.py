@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open

@@ -208,3 +208,22 @@ def test_offline_mode_is_a_clear_error_without_asking_the_hub(monkeypatch):
     hub(monkeypatch, OfflineModeIsEnabled("offline mode is enabled"))  # huggingface_hub's own offline switch
     with pytest.raises(DexError, match="HF_HUB_OFFLINE is set"):
         checkpoint.check_hub("some-org/some-model")
+
+
+def test_a_gguf_file_is_converted_once_into_the_cache_and_read_from_there(cache, monkeypatch, tmp_path):
+    from dex_core.checkpoint import Checkpoint, locate
+
+    gguf, calls = tmp_path / "m.gguf", []
+    gguf.write_bytes(b"GGUF")
+
+    def convert(path, log, name):
+        calls.append(path)
+        return models.tiny_model("llama").float(), models.tiny_tokenizer()
+
+    monkeypatch.setattr(dm, "convert_gguf", convert)
+    model, _ = load_model(str(gguf), device="cpu", log=print)
+    folder = locate(str(gguf), print)  # the same copy, for explorers that read their own parts
+    assert calls == [gguf.resolve()] and folder.parent == cache / "gguf" and folder.name.startswith("m-")
+    assert model.config.num_hidden_layers == 6 and "model.layers.5.mlp.up_proj.weight" in Checkpoint(folder).keys()
+    os.utime(gguf, ns=(0, 10**9))  # a changed file (its modification time) is converted again, beside the old copy
+    assert locate(str(gguf), print) != folder and len(calls) == 2

@@ -214,3 +214,19 @@ def test_plan_refuses_bad_sizes_and_a_missing_model(capsys):
     assert "a memory size is a number with a unit, like 80GB" in capsys.readouterr().err
     assert main(["plan"]) == 2 and "give a model (SPEC) or --config" in capsys.readouterr().err
     assert main(["plan", "--config", os.devnull]) == 2 and "could not read the model's config" in capsys.readouterr().err
+
+
+def test_a_hub_id_is_fetched_once_as_safetensors_and_read_like_a_folder(sharded, monkeypatch):
+    import huggingface_hub
+
+    from dex_core import checkpoint
+
+    folder, _, _ = sharded
+    asked = []
+    monkeypatch.setattr(checkpoint, "check_hub", lambda repo_id: asked.append(("check", repo_id)))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, allow_patterns: asked.append((repo_id, allow_patterns)) or str(folder))
+    assert checkpoint.locate("some-org/some-model", print) == folder
+    assert asked[0] == ("check", "some-org/some-model") and asked[1][0] == "some-org/some-model"
+    assert "*.safetensors" in asked[1][1] and not any("bin" in p or "pt" == p[-2:] for p in asked[1][1])
+    assert len(Checkpoint(folder).keys()) == 75  # 8 layers x 9, the norm, the embeddings, the head
