@@ -1,0 +1,100 @@
+"""Golden traces: DEX's full trace (timings stripped) over a matrix of settings on tiny float64 models, recorded
+once and reproduced byte for byte by every later version (``tests/test_golden.py``). They guard refactors of
+the round loop, the lattice and the schedules: any change in what DEX computes or records shows up here.
+
+    python tests/golden.py --write        # record tests/golden/traces.json.gz (only when a change is meant)
+
+Matrix: K = 2, 3, 4 x DECS on/off x draft chains on/off x pruning none/1 x greedy and seeded sampling, on a
+prompt that repeats (so draft chains commit several tokens per round); light proposal heads (8 rows) and the
+top-3 candidates recorded throughout. The distributed schedule is checked against the same records.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import itertools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dex_core import DexDecoder  # noqa: E402
+from dex_core.models import tiny_model, tiny_tokenizer  # noqa: E402
+
+PATH = Path(__file__).resolve().parent / "golden" / "traces.json.gz"
+PROMPT = [4, 8, 15, 16, 23, 42, 7] * 3
+NEW_TOKENS = 12
+TIMING = ("compute_seconds", "bookkeeping_seconds", "communication_seconds", "round_seconds", "projected_seconds",
+          "prefill_seconds", "wall_seconds", "tokens_per_second")
+
+
+def model():
+    return tiny_model("qwen3", tie_word_embeddings=True, head_dim=16)
+
+
+@functools.cache
+def tokenizer():
+    """One tokenizer for every case: the light heads' token ranking is derived from it once (and cached by it)."""
+    return tiny_tokenizer()
+
+
+def matrix() -> dict[str, dict]:
+    """Every case: its name -> (decoder options, generation options)."""
+    cases = {}
+    for K, decs, draft, prune, sampled in itertools.product((2, 3, 4), (True, False), ("gate=0", "none"),
+                                                           ("none", 1), (False, True)):
+        name = f"K{K}-decs{int(decs)}-draft{int(draft != 'none')}-prune{prune}-{'sampled' if sampled else 'greedy'}"
+        sampling = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 3} if sampled else {}
+        cases[name] = {"decoder": {"explorers": K, "decs": decs, "draft": draft, "prune": prune, "proposal_vocab": 8,
+                                   "trace_top": 3}, "generation": sampling}
+    return cases
+
+
+def stripped(trace: list[dict]) -> list[dict]:
+    """A trace without what the clock decides: rounds' timings, the stats' seconds."""
+    out = []
+    for event in trace:
+        event = {k: v for k, v in event.items() if k != "timings"}
+        if "stats" in event:
+            event["stats"] = {k: v for k, v in event["stats"].items() if k not in TIMING}
+        out.append(event)
+    return out
+
+
+def canonical(trace: list[dict]) -> str:
+    return json.dumps(stripped(trace), sort_keys=True, separators=(",", ":"))
+
+
+def decoder(case: dict, decoder_model=None, **schedule) -> DexDecoder:
+    """A decoder for ``case`` (``schedule``: extra decoder options, e.g. the distributed backend)."""
+    return DexDecoder(decoder_model or model(), tokenizer=tokenizer(), **case["decoder"], **schedule)
+
+
+def trace(dex: DexDecoder, case: dict) -> str:
+    """``case``'s canonical trace from decoder ``dex``."""
+    return canonical(dex.generate(PROMPT, NEW_TOKENS, **case["generation"]).trace)
+
+
+def run(case: dict, decoder_model=None) -> str:
+    """One case's canonical trace on the sequential schedule."""
+    return trace(decoder(case, decoder_model), case)
+
+
+def recorded() -> dict[str, str]:
+    return json.loads(gzip.decompress(PATH.read_bytes()))
+
+
+def write() -> None:
+    shared = model()
+    traces = {name: run(case, shared) for name, case in matrix().items()}
+    PATH.parent.mkdir(exist_ok=True)
+    PATH.write_bytes(gzip.compress(json.dumps(traces, sort_keys=True).encode(), mtime=0))
+    print(f"{len(traces)} traces written to {PATH} ({PATH.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit(__doc__)
+    write()
