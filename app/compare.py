@@ -2,7 +2,7 @@
 for comparison" is pressed, or a trace loaded into the compare slot (validated like every upload,
 ``debugger.read_upload``). Run B is whatever the Debugger shows later: a live run, a loaded trace, a
 bundled one. The panel (``visualize.compare``) puts their settings, numbers, cost per token (the
-project's cost model, ``dex_core.cost``, with the weights a trace records) and matched-depth
+project's cost model, ``dex_core.model.cost``, with the weights a trace records) and matched-depth
 histograms side by side. The pinned run is per session, like the Debugger's own trace.
 """
 
@@ -13,8 +13,8 @@ import gradio as gr
 import visualize as viz
 from visualize.markup import esc
 from dex_core import DexError
-from dex_core.cost import ModelCost
-from dex_core.trace import round_commits
+from dex_core.model.cost import ModelCost
+from dex_core.trace.events import round_commits
 
 from . import callbacks as cb
 from . import debugger as dbg

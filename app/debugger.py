@@ -169,7 +169,7 @@ def clean_message(err: Exception, path: str) -> str:
 
 
 def read_upload(file) -> Opened:
-    """An uploaded trace file, validated against the trace schema and its limits (``dex_core.trace_schema``:
+    """An uploaded trace file, validated against the trace schema and its limits (``dex_core.trace.schema``:
     uploads are untrusted). Raises ``DexError`` with a message that names the file only by its own name."""
     if file is None:
         raise DexError("choose a trace file (JSON saved by DEX) first")

@@ -8,7 +8,7 @@ Each page load shows the bundled example trace (``?trace=NAME`` another one from
 without a model. Model work runs one request at a time (queue); traces are per session.
 
 Uploaded traces are untrusted: every launch of ``demo`` (``app.server.SessionBlocks``) sets
-``max_file_size`` to ``TraceLimits.max_file_bytes`` (64 MB, in ``dex_core.trace_schema``), so Gradio
+``max_file_size`` to ``TraceLimits.max_file_bytes`` (64 MB, in ``dex_core.trace.schema``), so Gradio
 refuses larger files, and the Debugger validates every file it loads against the trace schema and its
 limits. What a visitor holds is bounded too: memory (``app.sessions``: a closed tab frees its session,
 one budget for all traces) and disk (``app.files``: uploads, downloads only while their session lasts).
@@ -40,7 +40,7 @@ from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, contro
 from app.server import SessionBlocks
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 from dex_core.flags import add_flags, from_args
-from dex_core.trace_schema import TRACE_LIMITS
+from dex_core.trace.schema import TRACE_LIMITS
 
 EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy, 96 tokens)
     "Give three tips for staying focused while studying.",

@@ -1,7 +1,7 @@
 """The Race tab's handler: one prompt through AR and DEX, interleaved in this process, with Stop and the
 host's bound on a request's model time.
 
-The clocks start only after the model is loaded and this machine's profile (``dex_core.profile``, for
+The clocks start only after the model is loaded and this machine's profile (``dex_core.tools.profile``, for
 the K-device projection) is measured or read from its cache, so neither first-use cost is in either
 clock. A race that is stopped (by its visitor, or at the bound) ends with what both made so far.
 """
@@ -13,9 +13,9 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ExplorerError, ar_stream
-from dex_core.profile import exchange_seconds
-from dex_core.request import check_text
-from dex_core.trace import round_commits
+from dex_core.tools.profile import exchange_seconds
+from dex_core.runtime.request import check_text
+from dex_core.trace.events import round_commits
 
 from .callbacks import explorer_line, loading, session_of, short_error
 from .model_work import Deadline, StopRequests, in_background

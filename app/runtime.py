@@ -17,11 +17,11 @@ from dataclasses import dataclass, fields, replace
 from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
 from transformers import AutoConfig
 
-from dex_core.adapters import choose_depths
-from dex_core.checkpoint import Checkpoint, locate
-from dex_core.models import load_tokenizer
-from dex_core.stage_load import checkpoint_identity
-from dex_core.profile import measure_profile
+from dex_core.model.adapters import choose_depths
+from dex_core.model.checkpoint import Checkpoint, locate
+from dex_core.model.load import load_tokenizer
+from dex_core.model.stage_load import checkpoint_identity
+from dex_core.tools.profile import measure_profile
 from dex_core.config import DEVICE_HELP, flag, integer, option
 
 from .files import Files
@@ -208,7 +208,7 @@ class Runtime:
         return decoder.proposal_vocab in self._profiles
 
     def profile(self, decoder: DexDecoder) -> dict:
-        """This machine's seconds profile for the decoder's model and proposal heads (``dex_core.profile``:
+        """This machine's seconds profile for the decoder's model and proposal heads (``dex_core.tools.profile``:
         measured once, about half a minute, then cached on disk and here)."""
         model, _ = self.model("the seconds profile")
         with self._lock:
@@ -260,7 +260,7 @@ class Runtime:
     @property
     def shipped_adapters(self) -> bool:
         """Whether the adapters box can do anything: the default model, and the shipped file is there."""
-        from dex_core.adapters import DEFAULT_ADAPTERS
+        from dex_core.model.adapters import DEFAULT_ADAPTERS
 
         return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
 

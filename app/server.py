@@ -15,7 +15,7 @@ import anyio
 import gradio as gr
 from starlette.middleware import Middleware
 
-from dex_core.trace_schema import TRACE_LIMITS
+from dex_core.trace.schema import TRACE_LIMITS
 
 from .files import Gate
 from .sessions import Sessions

@@ -1,5 +1,5 @@
 """Re-count the committed ``dex bench`` reports (docs/results/bench-*.json) under the cost model
-(``dex_core.cost``): every method's cost per token in layer-equivalents with the LM head and adapters
+(``dex_core.model.cost``): every method's cost per token in layer-equivalents with the LM head and adapters
 included, memory-bound view, next to the layers-only figure the reports were made with.
 
 Those reports predate the cost model and did not record DEX's per-round batch sizes, so DEX is counted
@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 from dex_core import load_model
-from dex_core.adapters import resolve_adapters
-from dex_core.cost import ModelCost
+from dex_core.model.adapters import resolve_adapters
+from dex_core.model.cost import ModelCost
 
 ROOT = Path(__file__).resolve().parents[1]
 

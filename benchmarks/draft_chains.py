@@ -6,7 +6,7 @@ with and without chains, per prompt set and K (counts, not clocks: the same on a
                                       [--out runs/draft-chains.json]
 
 Each run is checked token for token against HF greedy. Cost per token is the cost model's
-(``dex_core.cost``): layer-equivalents with heads, adapters and every row counted, memory-bound (a batch
+(``dex_core.model.cost``): layer-equivalents with heads, adapters and every row counted, memory-bound (a batch
 costs its weights once, the accelerator case) and rows-counted (every row costs, a compute-bound CPU),
 against AR's 38. Wall-clock tokens/s come from ``dex bench`` (docs/BENCHMARKS.md).
 """
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 
 from dex_core import DexDecoder, hf_greedy, load_model
-from dex_core.cost import ModelCost
-from dex_core.data import prompt_set
-from dex_core.request import encode_item
+from dex_core.model.cost import ModelCost
+from dex_core.data.sets import prompt_set
+from dex_core.runtime.request import encode_item
 
 
 def main(argv=None) -> int:

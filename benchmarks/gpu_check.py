@@ -7,7 +7,7 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
 
 1. exactness: sequential DEX (K explorers, adapters, light proposal heads, DECS) in float32 — tokens
    identical to the AR reference ``ar_generate`` and to HF greedy ``generate``; in bfloat16 — every
-   committed token certified by ``dex_core.verify`` (teacher-forced, unmodified model), identical counts
+   committed token certified by ``dex_core.tools.verify`` (teacher-forced, unmodified model), identical counts
    beside it; seeded sampling in bfloat16 the same way.
 2. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
    projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
@@ -37,13 +37,14 @@ from pathlib import Path
 import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
-from dex_core.adapters import new_adapters, save_adapters
+from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
-from dex_core.device import Clock
-from dex_core.models import load_model, resolve_device, tiny_model
-from dex_core.profile import decode_order_seconds, row_blocks
-from dex_core.request import encode_prompt
-from dex_core.verify import Certificate, certify_tokens
+from dex_core.runtime.clock import Clock
+from dex_core.model.load import load_model, resolve_device
+from dex_core.testing import tiny_model
+from dex_core.tools.profile import decode_order_seconds, row_blocks
+from dex_core.runtime.request import encode_prompt
+from dex_core.tools.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PROMPTS = ("Give three tips for staying focused while studying.", "Write a Python function that reverses a list.",

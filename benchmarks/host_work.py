@@ -43,9 +43,9 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
 
     import visualize as viz
     from dex_core import DexDecoder
-    from dex_core.console import TextStream
-    from dex_core.models import tiny_model, tiny_tokenizer
-    from dex_core.trace import round_commits
+    from dex_core.runtime.console import TextStream
+    from dex_core.testing import tiny_model, tiny_tokenizer
+    from dex_core.trace.events import round_commits
 
     model = tiny_model("llama", layers=4, hidden_size=64, intermediate_size=128, max_position_embeddings=8192,
                        seed=seed).to(torch.float32)

@@ -5,7 +5,7 @@
 For each bound B (``--prune``, 'none' = no pruning) the same greedy prompts (HumanEval and ShareGPT
 held-out, half each) run through ``DexDecoder(explorers=K, prune=B)`` with the shipped adapters and
 their best set for K; every output is checked against HF ``generate``. Per B: rounds per token, rows
-per round (all explorers, and the widest explorer), cost per token from ``dex_core.cost`` in both
+per round (all explorers, and the widest explorer), cost per token from ``dex_core.model.cost`` in both
 views (memory-bound: a batch costs one row; rows-counted: every row counts) with heads and adapters,
 and the projected K-device tokens/s of the sequential run (slowest explorer per round + bookkeeping +
 decode; communication left out) against AR's tokens/s (HF ``generate``, the references) measured in
@@ -23,9 +23,9 @@ import time
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, hf_greedy, load_model
 from dex_core.config import DEVICE_HELP
-from dex_core.cost import ModelCost
-from dex_core.data import prompt_set
-from dex_core.request import encode_item
+from dex_core.model.cost import ModelCost
+from dex_core.data.sets import prompt_set
+from dex_core.runtime.request import encode_item
 
 
 def main(argv=None) -> int:

@@ -54,8 +54,8 @@ def make(folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dex_core.adapters import new_adapters, save_adapters
-    from dex_core.models import tiny_tokenizer
+    from dex_core.model.adapters import new_adapters, save_adapters
+    from dex_core.testing import tiny_tokenizer
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
@@ -77,7 +77,7 @@ def parent(folder: Path, adapters: str) -> dict:
     import torch
 
     from dex_core import DexDecoder
-    from dex_core.models import load_tokenizer
+    from dex_core.model.load import load_tokenizer
 
     torch.set_num_threads(1)
     ids = encode(load_tokenizer(folder))
@@ -101,8 +101,8 @@ def nothing(folder: Path) -> dict:
     import torch
     from transformers import AutoConfig
 
-    import dex_core.rank  # noqa: F401  (the rank's own imports)
-    from dex_core.stage_load import skeleton
+    import dex_core.distributed.rank  # noqa: F401  (the rank's own imports)
+    from dex_core.model.stage_load import skeleton
 
     torch.set_num_threads(1)
     skeleton(AutoConfig.from_pretrained(folder), torch.float32)
@@ -111,7 +111,7 @@ def nothing(folder: Path) -> dict:
 
 def reference(folder: Path, adapters: str) -> dict:
     from dex_core import DexDecoder, ar_generate
-    from dex_core.models import load_model
+    from dex_core.model.load import load_model
 
     model, tokenizer = load_model(str(folder), dtype="float32", device="cpu", log=lambda line: None)
     decoder = DexDecoder(model, tokenizer=tokenizer, adapters=adapters, **OPTIONS)
@@ -175,7 +175,7 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig
 
-    from dex_core.plan import plan_ranks
+    from dex_core.tools.plan import plan_ranks
 
     work = Path(tempfile.mkdtemp(prefix="dex-stage-bench-"))
     try:

@@ -35,8 +35,8 @@ import psutil
 
 import visualize as viz
 from dex_core import DexDecoder, DexError, load_trace, save_trace
-from dex_core.models import tiny_model, tiny_tokenizer
-from dex_core.trace_schema import TraceLimits
+from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.schema import TraceLimits
 
 RSS_GOAL_MB = 200
 FRAME_GOAL_SECONDS = 0.1

@@ -5,13 +5,14 @@ token by token."""
 
 from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
 from .decoder import DexDecoder
-from .group import ExplorerError
-from .models import UnsupportedModelError, load_model
-from .reference import ar_generate, ar_stream, hf_greedy
-from .request import GenerationConfigWarning, encode_prompt
-from .results import GenerationResult, GenerationStats
-from .trace import TRACE_VERSION, load_trace, save_trace
-from .verify import Certificate, certify_tokens, verify_trace
+from .distributed.group import ExplorerError
+from .model.view import UnsupportedModelError
+from .model.load import load_model
+from .runtime.reference import ar_generate, ar_stream, hf_greedy
+from .runtime.request import GenerationConfigWarning, encode_prompt
+from .runtime.results import GenerationResult, GenerationStats
+from .trace.events import TRACE_VERSION, load_trace, save_trace
+from .tools.verify import Certificate, certify_tokens, verify_trace
 
 __all__ = [
     "Certificate", "DecoderOptions", "DexConfig", "DexDecoder", "DexError", "ExplorerError", "GenerationOptions",

@@ -10,16 +10,16 @@ import time
 import warnings
 from pathlib import Path
 
-from . import serve
-from .bench import BenchConfig
+from .distributed import serve
+from .tools.bench import BenchConfig
 from .config import DTYPES, DexConfig, DexError
 from .flags import add_flags, from_args
-from .trace import round_commits
-from .console import log
-from .ead import EadConfig
-from .group import ExplorerError
-from .plan import PlanConfig
-from .train import TrainConfig
+from .trace.events import round_commits
+from .log import stderr as log
+from .tools.ead import EadConfig
+from .distributed.group import ExplorerError
+from .tools.plan import PlanConfig
+from .tools.train import TrainConfig
 
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
 
@@ -119,10 +119,10 @@ def _writable(path: str | None) -> None:
 
 
 def _generate(args) -> None:
-    from .console import TextStream, print_report
+    from .runtime.console import TextStream, print_report
     from .decoder import DexDecoder
-    from .request import check_text, encode_prompt
-    from .trace import save_trace
+    from .runtime.request import check_text, encode_prompt
+    from .trace.events import save_trace
 
     config = from_args(DexConfig, args)
     _writable(args.trace)
@@ -150,8 +150,8 @@ def _generate(args) -> None:
 
 
 def _train(args) -> None:
-    from .models import load_model
-    from .train import train_adapters
+    from .model.load import load_model
+    from .tools.train import train_adapters
 
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
@@ -165,7 +165,7 @@ def _train(args) -> None:
 
 
 def _ead(args) -> None:
-    from .ead import ead_summary, run_ead
+    from .tools.ead import ead_summary, run_ead
 
     cfg = from_args(EadConfig, args)
     _writable(args.out)
@@ -181,9 +181,10 @@ def _ead(args) -> None:
 
 
 def _shortlist(args) -> None:
-    from .adapters import load_adapters
-    from .models import load_model
-    from .proposal import store_ranking, token_ranking
+    from .model.adapters import load_adapters
+    from .model.load import load_model
+    from .data.ranking import token_ranking
+    from .model.proposal import store_ranking
 
     config = from_args(DexConfig, args)
     model, tokenizer = load_model(config.model, device=config.device)
@@ -194,8 +195,8 @@ def _shortlist(args) -> None:
 
 
 def _bench(args) -> None:
-    from .bench import run_bench
-    from .bench_report import markdown, write_outputs
+    from .tools.bench import run_bench
+    from .tools.bench_report import markdown, write_outputs
 
     cfg = from_args(BenchConfig, args)
     _writable(args.out)
@@ -206,15 +207,17 @@ def _bench(args) -> None:
 
 
 def _plan(args) -> int:
-    from .plan import run_plan
+    from .tools.plan import run_plan
 
-    return run_plan(from_args(PlanConfig, args), log)
+    lines, fits = run_plan(from_args(PlanConfig, args), log)
+    print("\n".join(lines))
+    return 0 if fits else 1
 
 
 def _verify(args) -> int:
-    from .sampling import TIE_ULPS
-    from .trace import load_trace
-    from .verify import verifier_model, verify_trace
+    from .algorithm.sampling import TIE_ULPS
+    from .trace.events import load_trace
+    from .tools.verify import verifier_model, verify_trace
 
     events, meta = load_trace(args.trace)
     model, tokenizer = verifier_model(events, meta, args.model, args.dtype, args.device, log)

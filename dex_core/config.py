@@ -114,7 +114,7 @@ class GenerationOptions:
 
 @dataclass(frozen=True)
 class DraftBounds:
-    """Bounds of draft chains (prompt lookup on the token axis inside the lattice, ``dex_core.draft``)."""
+    """Bounds of draft chains (prompt lookup on the token axis inside the lattice, ``dex_core.algorithm.draft``)."""
     ngram: int = 3  # longest n-gram of a branch's text looked up in its context
     min_ngram: int = 2  # shortest match that starts a chain (1-grams match nearly everywhere: rows for nothing)
     length: int = 8  # looked-up tokens per chain

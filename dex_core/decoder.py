@@ -7,21 +7,23 @@ from collections.abc import Iterator
 import torch
 from transformers import AutoConfig, GenerationConfig
 
-from .checkpoint import Checkpoint, locate
+from .log import stderr
+from .model.checkpoint import Checkpoint, locate
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
-from .cost import ModelCost
+from .model.cost import ModelCost
 from .device import dtype_name, resolve_dtype
-from .engine import run_rounds
-from .explorer import Explorer
-from .group import ExplorerGroup
-from .models import load_model, load_tokenizer, model_view, resolve_device
-from .proposal import ProposalHead
-from .request import make_request
-from .results import GenerationResult
-from .run_settings import RunSettings, resolve_run
-from .stage_load import checkpoint_identity, skeleton
-from .trace import round_commits, start_event
-from .transport import LocalLink
+from .runtime.engine import run_rounds
+from .model.explorer import Explorer
+from .distributed.group import ExplorerGroup
+from .model.load import load_model, load_tokenizer, resolve_device
+from .model.view import model_view
+from .model.proposal import ProposalHead
+from .runtime.request import make_request
+from .runtime.results import GenerationResult
+from .runtime.settings import RunSettings, resolve_run
+from .model.stage_load import checkpoint_identity, skeleton
+from .trace.events import round_commits, start_event
+from .runtime.links import LocalLink
 
 
 def _options(options, overrides) -> DecoderOptions:
@@ -48,7 +50,7 @@ class DexDecoder:
     'auto' (the shipped set when the model is the default model), 'default', 'none', an adapter file, or a
     mapping from non-final depths to modules — are applied to a depth's hidden state before the LM head; they
     change only which branch survives, never the committed tokens. ``proposal_vocab`` sets the rows of the
-    non-final stages' light proposal heads (``dex_core.proposal``; the final stage always scores the whole
+    non-final stages' light proposal heads (``dex_core.model.proposal``; the final stage always scores the whole
     vocabulary). ``tokenizer`` (optional) adds token text to traces and derives a token ranking when no adapter
     file stores one. The options are resolved once into ``settings`` (``RunSettings``).
 
@@ -73,18 +75,17 @@ class DexDecoder:
 
     @classmethod
     def from_pretrained(cls, spec: str = "default", options: DecoderOptions | None = None, *, dtype="auto",
-                        device="auto", tokenizer=None, log=None, **overrides) -> DexDecoder:
+                        device="auto", tokenizer=None, log=stderr, **overrides) -> DexDecoder:
         """A decoder for model ``spec`` ('default', a directory, a .gguf file or a hub id) in ``dtype`` ('auto':
         float32 on CPU, the checkpoint's half precision on CUDA). Sequential: the model is loaded in this process
         on ``device``. Distributed: this process reads the config, the tokenizer and 64 rows of the embedding
         (the adapters' fit) and no other weights; each explorer process reads its own part of the checkpoint
         (``device`` 'cpu' puts every explorer on the CPU)."""
         options = _options(options, overrides)
-        more = {} if log is None else {"log": log}
         if options.backend == "sequential":
-            model, loaded = load_model(spec, dtype=dtype, device=device, **more)
+            model, loaded = load_model(spec, dtype=dtype, device=device, log=log)
             return cls(model, options, tokenizer=tokenizer or loaded)
-        folder = locate(spec, log or (lambda line: None))
+        folder = locate(spec, log)
         tokenizer = tokenizer or load_tokenizer(folder, spec)
         config = AutoConfig.from_pretrained(folder)
         kind = _device_type(options, device)
@@ -96,7 +97,7 @@ class DexDecoder:
             pass
         view = model_view(shape)
         settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view.vocab, options, [kind], dtype,
-                               tokenizer)
+                               tokenizer, log)
         if kind == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)

@@ -16,10 +16,11 @@ import json
 import shutil
 import sys
 
-from dex_core.adapters import DEFAULT_ADAPTERS, store_best_sets
+from dex_core.model.adapters import DEFAULT_ADAPTERS, store_best_sets
 from dex_core.config import parse_ints
-from dex_core.models import load_model
-from dex_core.proposal import store_ranking, token_ranking
+from dex_core.model.load import load_model
+from dex_core.data.ranking import token_ranking
+from dex_core.model.proposal import store_ranking
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from dex_core.models import tiny_model, tiny_tokenizer  # noqa: F401  (tests import them from here)
+from dex_core.testing import tiny_model, tiny_tokenizer  # noqa: F401  (tests import them from here)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ class SlowLoad(torch.nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        from dex_core import stage_load
+        from dex_core.model import stage_load
 
         place, seconds = stage_load._place, self.seconds
 

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dex_core import DexDecoder  # noqa: E402
-from dex_core.models import tiny_model, tiny_tokenizer  # noqa: E402
+from dex_core.testing import tiny_model, tiny_tokenizer  # noqa: E402
 
 PATH = Path(__file__).resolve().parent / "golden" / "traces.json.gz"
 PROMPT = [4, 8, 15, 16, 23, 42, 7] * 3

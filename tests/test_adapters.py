@@ -8,9 +8,8 @@ import torch
 
 from conftest import tiny_model
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.adapters import (InducingAdapter, load_adapters, new_adapters, read_metadata, resolve_adapters,
-                               save_adapters)
-from dex_core.train import TrainConfig, distill_loss, train_adapters
+from dex_core.model.adapters import (InducingAdapter, load_adapters, new_adapters, read_metadata, resolve_adapters, save_adapters)
+from dex_core.tools.train import TrainConfig, distill_loss, train_adapters
 
 
 def test_a_fresh_adapter_starts_near_identity_with_the_paper_parameter_count():
@@ -98,8 +97,8 @@ def test_the_top1_term_adds_the_cross_entropy_on_the_teachers_top_token():
 
 def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
-    from dex_core.request import chat_ids
-    from dex_core.train import _onpolicy_sequences
+    from dex_core.runtime.request import chat_ids
+    from dex_core.tools.train import _onpolicy_sequences
 
     model, tokenizer = tiny_model("llama", layers=3, seed=2), tiny_tokenizer()
     texts = ["hello world w5 w7", "the prime number w12 w3 w40 w41 w9 a", "w1"]
@@ -244,7 +243,7 @@ def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
 
 
 def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_path):
-    from dex_core.adapters import store_best_sets
+    from dex_core.model.adapters import store_best_sets
 
     model = tiny_model("llama").float()
     path = tmp_path / "best.safetensors"

@@ -9,7 +9,7 @@ import pytest
 from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
 from dex_core import encode_prompt
-from dex_core.trace import round_commits
+from dex_core.trace.events import round_commits
 
 PROMPT = "hello world the prime number"
 

@@ -43,7 +43,7 @@ def runtime_for(tiny_dir, **settings):
 
 def slow_explorers(monkeypatch, seconds=0.02):
     """Every explorer's stage forward takes ``seconds`` longer, so a run lasts long enough to be cut."""
-    from dex_core.explorer import Explorer
+    from dex_core.model.explorer import Explorer
 
     expand = Explorer.expand
     monkeypatch.setattr(Explorer, "expand", lambda self, *a, **k: (time.sleep(seconds), expand(self, *a, **k))[1])
@@ -98,7 +98,7 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     from app import race
     from app.runtime import AppSettings
     from dex_core import DexError
-    from dex_core.trace import round_commits
+    from dex_core.trace.events import round_commits
 
     assert AppSettings.from_env({"DEX_REQUEST_SECONDS": "30"}).request_seconds == 30
     with pytest.raises(DexError, match="request_seconds must be an integer >= 0"):
@@ -249,7 +249,7 @@ def test_visualize_commands_run_without_a_runpy_warning(tmp_path):
 def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path, monkeypatch):
     import transformers
 
-    from dex_core import default_model as dm
+    from dex_core.model import gguf as dm
 
     monkeypatch.setenv("DEX_CACHE", str(tmp_path / "cache"))
     lines, order = [], []

@@ -10,13 +10,12 @@ from collections import Counter
 import pytest
 
 from conftest import tiny_model
-from dex_core import data
-from dex_core.baselines import (hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate,
-                                self_spec_layer_forwards)
-from dex_core.bench import BenchConfig
+from dex_core.data import sets as data
+from dex_core.tools.baselines import (hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate, self_spec_layer_forwards)
+from dex_core.tools.bench import BenchConfig
 from dex_core.config import DexError
-from dex_core.ead import layer_matches
-from dex_core.reference import ar_generate
+from dex_core.tools.ead import layer_matches
+from dex_core.runtime.reference import ar_generate
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

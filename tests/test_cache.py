@@ -2,7 +2,7 @@
 
 import torch
 
-from dex_core.cache import StageCache
+from dex_core.model.cache import StageCache
 
 
 def filled(n_committed=3, slots=(10, 11, 12, 13), capacity=4):
@@ -112,7 +112,7 @@ def test_retain_equals_keep_with_the_whole_index_list():
 
 
 def test_a_commit_names_only_lattice_entries_however_long_the_context(monkeypatch):
-    import dex_core.cache as cache_module
+    import dex_core.model.cache as cache_module
 
     sizes = []
     real = cache_module.to_device

@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from dex_core.console import TextStream
+from dex_core.runtime.console import TextStream
 
 TEXT = "héllo wörld, 你好世界 🙂👍🏽 naïve café\n  indented … ünïcödé 🇫🇷 end"
 

@@ -8,9 +8,9 @@ import torch
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder
-from dex_core.adapters import new_adapters
-from dex_core.baselines import self_spec_layer_forwards
-from dex_core.cost import VIEWS, ModelCost
+from dex_core.model.adapters import new_adapters
+from dex_core.tools.baselines import self_spec_layer_forwards
+from dex_core.model.cost import VIEWS, ModelCost
 
 
 def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_count():
@@ -112,7 +112,7 @@ def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(
 
 
 def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(tmp_path, monkeypatch):
-    from dex_core import profile as prof
+    from dex_core.tools import profile as prof
 
     monkeypatch.setattr(prof, "CACHE", tmp_path)
     model = tiny_model("llama")
@@ -129,7 +129,7 @@ def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(
 
 
 def test_each_block_is_timed_in_decode_order_after_a_warm_up_and_its_median_kept():
-    from dex_core.profile import decode_order_seconds
+    from dex_core.tools.profile import decode_order_seconds
 
     class FakeClock:  # advances only when a block says how long it took
         now = 0.0

@@ -2,9 +2,9 @@
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import ar_generate
-from dex_core.adapters import new_adapters
-from dex_core.ead import layer_matches
-from dex_core.lens import depth_view, layer_candidates
+from dex_core.model.adapters import new_adapters
+from dex_core.tools.ead import layer_matches
+from dex_core.model.lens import depth_view, layer_candidates
 from visualize.charts import depth_figure
 
 

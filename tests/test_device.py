@@ -21,12 +21,13 @@ from torch.overrides import TorchFunctionMode
 
 import dex_core
 from dex_core import DexDecoder, DexError, ar_generate, load_model
-from dex_core.adapters import load_adapters, new_adapters, read_metadata, save_adapters
-from dex_core.baselines import hf_early_exit_generate, self_spec_generate
+from dex_core.model.adapters import load_adapters, new_adapters, read_metadata, save_adapters
+from dex_core.tools.baselines import hf_early_exit_generate, self_spec_generate
 from dex_core.flags import add_flags, from_args
-from dex_core.ead import layer_matches, matched_stages
-from dex_core.lens import depth_view, layer_candidates
-from dex_core.models import resolve_device, tiny_model
+from dex_core.tools.ead import layer_matches, matched_stages
+from dex_core.model.lens import depth_view, layer_candidates
+from dex_core.model.load import resolve_device
+from dex_core.testing import tiny_model
 
 FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.zeros, torch.ones, torch.full, torch.empty,
              torch.empty_strided, torch.arange, torch.rand, torch.randn, torch.randint, torch.randperm,
@@ -308,8 +309,8 @@ def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_half_precision_on_cuda
 
 
 def test_an_explorers_part_is_built_naming_the_device_of_every_tensor(tmp_path):
-    from dex_core.checkpoint import Checkpoint
-    from dex_core.stage_load import StagePart, checkpoint_identity, load_stage
+    from dex_core.model.checkpoint import Checkpoint
+    from dex_core.model.stage_load import StagePart, checkpoint_identity, load_stage
 
     model = tiny_model("llama", layers=4)
     model.save_pretrained(tmp_path, max_shard_size="40KB")

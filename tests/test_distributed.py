@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from dex_core.models import tiny_tokenizer
+from dex_core.testing import tiny_tokenizer
 from dex_core import DexDecoder, ar_generate
-from dex_core.group import ExplorerError, ExplorerGroup
+from dex_core.distributed.group import ExplorerError, ExplorerGroup
 from faults import RaiseOnce
 
 
@@ -144,7 +144,7 @@ def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
 
 PLAIN_SCRIPT = """
 from dex_core import DexDecoder, ar_generate
-from dex_core.models import tiny_model
+from dex_core.testing import tiny_model
 
 model = tiny_model("llama")
 dex = DexDecoder(model, explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1, start_timeout=300)
@@ -203,7 +203,7 @@ def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_i
 PARENT_SCRIPT = """
 import sys, time
 from dex_core import DexDecoder
-from dex_core.models import tiny_model
+from dex_core.testing import tiny_model
 
 dex = DexDecoder(tiny_model("llama"), explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1,
                  start_timeout=300)

@@ -12,11 +12,11 @@ import torch.distributed as dist
 
 from conftest import tiny_model
 from dex_core.config import DexError
-from dex_core.group import resolve_devices
-from dex_core.profile import decode_order_seconds
-from dex_core.rank import DataLink, data_backend, init_options, warm_up
-from dex_core.serve import torchrun_device
-from dex_core.transport import DistLink
+from dex_core.distributed.group import resolve_devices
+from dex_core.tools.profile import decode_order_seconds
+from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
+from dex_core.distributed.serve import torchrun_device
+from dex_core.distributed.link import DistLink
 
 
 def gloo_pair():
@@ -230,7 +230,7 @@ def test_the_profile_times_its_blocks_in_a_decodes_order_not_each_in_a_loop():
 
 
 def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it(monkeypatch, tmp_path):
-    from dex_core import profile as prof
+    from dex_core.tools import profile as prof
 
     gpus(monkeypatch, 2)
     assert prof.link_devices("cuda:0") == ("cuda:0", "cuda:1") and prof.link_devices("cpu") == ("cpu", "cpu")

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexDecoder, DexError, ar_generate
 from dex_core.config import DraftBounds
-from dex_core.draft import PromptLookup
-from dex_core.lattice import Lattice
-from dex_core.models import tiny_model, tiny_tokenizer
-from dex_core.trace import round_commits
+from dex_core.algorithm.draft import PromptLookup
+from dex_core.algorithm.lattice import Lattice
+from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.events import round_commits
 
 LAYERS, VOCAB = 6, 48
 

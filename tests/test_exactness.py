@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from dex_core import DexDecoder, ar_generate, hf_greedy
-from dex_core.trace import round_commits
+from dex_core.trace.events import round_commits
 
 FAMILIES = {
     "llama": {},

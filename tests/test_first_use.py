@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from dex_core import DexError, load_model
-from dex_core import default_model as dm
-from dex_core import checkpoint, models
+from dex_core.model import gguf as dm
+from dex_core import testing
+from dex_core.model import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAULT_GGUF}
@@ -22,14 +23,15 @@ GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAU
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from dex_core import default_model as dm, models
+    from dex_core import testing
+    from dex_core.model import gguf as dm, load
 
     def convert(workdir, log):
         print("CONVERTING", flush=True)
         time.sleep(3.0)
-        model = models.tiny_model("llama").float()
+        model = testing.tiny_model("llama").float()
         model.config.quantization_config = dict(quant_method="gguf", dequantize=False, gguf_file="x.gguf")
-        return model, models.tiny_tokenizer()
+        return model, testing.tiny_tokenizer()
 
     dm.convert_default = convert
     barrier, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -37,7 +39,7 @@ CHILD = textwrap.dedent("""
     deadline = time.time() + 120
     while len(list(barrier.iterdir())) < n and time.time() < deadline:
         time.sleep(0.02)
-    model, tok = models.load_model("default", device="cpu", log=lambda m: print("LOG", m, flush=True))
+    model, tok = load.load_model("default", device="cpu", log=lambda m: print("LOG", m, flush=True))
     print("LOADED", model.config.num_hidden_layers, getattr(model, "hf_quantizer", None) is not None, flush=True)
 """)
 
@@ -49,9 +51,9 @@ def fake_conversion(monkeypatch, calls=None, fail=None):
             calls.append(workdir)
         if fail is not None:
             raise fail
-        model = models.tiny_model("llama").float()
+        model = testing.tiny_model("llama").float()
         model.config.quantization_config = dict(GGUF_QUANT)
-        return model, models.tiny_tokenizer()
+        return model, testing.tiny_tokenizer()
 
     monkeypatch.setattr(dm, "convert_default", convert)
 
@@ -115,8 +117,8 @@ def test_an_incomplete_copy_is_converted_again(cache, monkeypatch):
 
 def test_a_cached_config_with_the_gguf_quantizer_is_repaired_in_place_and_loads_plain(cache, monkeypatch):
     target = cache / dm.DEFAULT_NAME
-    models.tiny_model("llama").float().save_pretrained(target)
-    models.tiny_tokenizer().save_pretrained(target)
+    testing.tiny_model("llama").float().save_pretrained(target)
+    testing.tiny_tokenizer().save_pretrained(target)
     config = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**config, "quantization_config": GGUF_QUANT}))
     calls, lines = [], []
@@ -211,14 +213,14 @@ def test_offline_mode_is_a_clear_error_without_asking_the_hub(monkeypatch):
 
 
 def test_a_gguf_file_is_converted_once_into_the_cache_and_read_from_there(cache, monkeypatch, tmp_path):
-    from dex_core.checkpoint import Checkpoint, locate
+    from dex_core.model.checkpoint import Checkpoint, locate
 
     gguf, calls = tmp_path / "m.gguf", []
     gguf.write_bytes(b"GGUF")
 
     def convert(path, log, name):
         calls.append(path)
-        return models.tiny_model("llama").float(), models.tiny_tokenizer()
+        return testing.tiny_model("llama").float(), testing.tiny_tokenizer()
 
     monkeypatch.setattr(dm, "convert_gguf", convert)
     model, _ = load_model(str(gguf), device="cpu", log=print)

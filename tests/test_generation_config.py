@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, GenerationOptions, ar_generate, hf_greedy
 from dex_core.cli import main
-from dex_core.request import PROCESSORS, GenerationConfigWarning, ignored_settings
+from dex_core.runtime.request import PROCESSORS, GenerationConfigWarning, ignored_settings
 
 PROMPT = [5, 17, 3, 88, 40, 2, 61, 9]
 NEW = 24

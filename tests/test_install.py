@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dex_core import DexError, data
+from dex_core import DexError
+from dex_core.data import sets as data
 from dex_core.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dex_core.lattice import Lattice
+from dex_core.algorithm.lattice import Lattice
 
 
 def truth(position: int) -> int:
@@ -142,7 +142,7 @@ def test_pruning_starts_the_most_probable_branches_and_never_stops_a_slot():
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}])
 def test_pruned_runs_are_exact_and_mark_what_they_pruned(prune, options):
     from dex_core import DexDecoder, ar_generate
-    from dex_core.models import tiny_model
+    from dex_core.testing import tiny_model
 
     model = tiny_model("llama").double()
     result = DexDecoder(model, explorers=4, prune=prune).generate([4, 9, 1, 30], 30, **options)
@@ -158,8 +158,8 @@ def test_pruned_runs_are_exact_and_mark_what_they_pruned(prune, options):
 
 def test_auto_pruning_is_one_branch_on_cpu_off_on_accelerators_and_recorded_in_the_trace():
     from dex_core import DexDecoder
-    from dex_core.device import resolve_prune
-    from dex_core.models import tiny_model
+    from dex_core.runtime.settings import resolve_prune
+    from dex_core.testing import tiny_model
 
     assert resolve_prune("auto", ["cpu", "cpu"]) == 1
     assert resolve_prune("auto", ["cuda:0", "cuda:1"]) is None and resolve_prune("auto", ["cpu", "cuda:1"]) is None

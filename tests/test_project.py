@@ -1,5 +1,6 @@
 """Project invariants: README's test command is what CI runs; imports flow one way (app -> visualize,
-dex_core), without cycles or UI libraries in dex_core; files stay small and are named in README's layout."""
+dex_core), without cycles or UI libraries in dex_core, and inside dex_core down its layers only; library code reports
+through the log callback; files and functions stay small; every module is named in docs/ARCHITECTURE.md."""
 
 import ast
 import re
@@ -13,6 +14,14 @@ MAX_LINES = 400  # shared/STYLE.md: one concept per file, at most 400 lines
 # lower -> the project packages and libraries it must never import (app may import the other two)
 FORBIDDEN = {"dex_core": ("visualize", "app", "gradio", "plotly", "networkx"),
              "visualize": ("app", "dex_core", "torch", "transformers")}
+# dex_core's layers, lowest first (docs/ARCHITECTURE.md): a module imports its own layer or lower ones, never higher
+LAYERS = (("foundation", ("dex_core.config", "dex_core.device", "dex_core.log", "dex_core.flags", "dex_core.testing")),
+          ("algorithm", ("dex_core.algorithm",)), ("data", ("dex_core.data",)), ("model", ("dex_core.model",)),
+          ("trace", ("dex_core.trace",)), ("runtime", ("dex_core.runtime",)), ("distributed", ("dex_core.distributed",)),
+          ("facade", ("dex_core.decoder",)), ("tools", ("dex_core.tools",)),
+          ("entry points", ("dex_core.cli", "dex_core.serve", "dex_core")))
+PRINTS = ("dex_core/log.py", "dex_core/cli.py", "dex_core/runtime/console.py", "dex_core/distributed/serve.py",
+          "dex_core/distributed/rank.py")  # the log callback, the entry points and the terminal renderer
 
 
 def module_files() -> dict[str, Path]:
@@ -91,7 +100,7 @@ def imports() -> tuple[nx.DiGraph, dict[str, set[str]]]:
 
 def test_project_imports_form_no_cycles():
     graph, _ = imports()
-    assert graph.has_edge("dex_core.cli", "dex_core.serve")  # the walk resolves `from . import serve`
+    assert graph.has_edge("dex_core.cli", "dex_core.distributed.serve")  # the walk resolves `from .x import serve`
     cycles = sorted(" -> ".join(c + [c[0]]) for c in nx.simple_cycles(graph))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
@@ -108,7 +117,45 @@ def test_dex_core_imports_no_ui_library_and_visualize_no_model_library():
     found = sorted(f"{module} imports {lib}" for module, libs in outside.items() for lib in libs
                    if lib in FORBIDDEN.get(module.split(".")[0], ()))
     assert not found, "\n".join(found)
-    assert "torch" in outside["dex_core.engine"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
+    assert "torch" in outside["dex_core.runtime.engine"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
+
+
+def layer(module: str) -> int:
+    """The index in ``LAYERS`` of a dex_core module (its longest matching prefix)."""
+    found = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    assert found, f"{module} is in no layer of LAYERS (tests/test_project.py) and docs/ARCHITECTURE.md"
+    return max(found)[1]
+
+
+def upward(edges) -> list[str]:
+    """The imports among ``edges`` (importer, imported) that go up dex_core's layers."""
+    return sorted(f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})" for m, t in edges
+                  if m.startswith("dex_core") and t.startswith("dex_core") and layer(t) > layer(m))
+
+
+def test_dex_core_imports_only_its_own_layer_or_lower_ones():
+    graph, _ = imports()
+    assert not upward(graph.edges), "imports up the layers:\n" + "\n".join(upward(graph.edges))
+    planted = list(graph.edges) + [("dex_core.algorithm.lattice", "dex_core.model.view")]  # the check can fail
+    assert upward(planted) == ["dex_core.algorithm.lattice (algorithm) imports dex_core.model.view (model)"]
+
+
+def test_the_algorithm_imports_no_model_code_and_reads_no_files():
+    graph, outside = imports()
+    algorithm = [m for m in graph if m.startswith("dex_core.algorithm")]
+    assert {t for m in algorithm for t in graph.successors(m)} <= {"dex_core.config", "dex_core.device",
+                                                                   *algorithm}
+    libraries = set().union(*(outside[m] for m in algorithm))
+    assert "torch" in libraries and not libraries & {"transformers", "safetensors", "huggingface_hub", "pathlib",
+                                                     "json", "os"}
+
+
+def test_library_code_reports_through_the_log_callback_and_never_prints():
+    printing = sorted(str(path.relative_to(ROOT)) for name, path in module_files().items() if name.startswith(
+        "dex_core") and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"
+                            for n in ast.walk(ast.parse(path.read_text()))))
+    assert set(printing) <= set(PRINTS), f"print outside the entry points and the log callback: {printing}"
 
 
 def test_every_project_file_is_at_most_400_lines():
@@ -117,25 +164,14 @@ def test_every_project_file_is_at_most_400_lines():
     assert not long, f"files over {MAX_LINES} lines: {long}"
 
 
-def layout_section() -> str:
-    """README's "## Layout" section, up to the next "## " heading."""
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"^## Layout\s*$(.*?)(?=^## )", readme + "\n## ", flags=re.M | re.S)
-    assert match, "README.md has no '## Layout' section"
-    return match.group(1)
-
-
-def test_every_project_module_is_named_in_the_readme_layout():
-    section = layout_section()
-    missing = []
-    for path in module_files().values():
-        if path.name == "__init__.py":
-            continue
-        rel = path.relative_to(ROOT).as_posix()
-        named = rel in section if rel.startswith("dex_core/") else path.name in section
-        if not named:
-            missing.append(rel)
-    assert not missing, f"not described in README.md's Layout section: {missing}"
+def test_every_project_module_is_named_in_the_architecture_page_and_every_layer_is_drawn():
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [path.relative_to(ROOT).as_posix() for path in module_files().values()
+               if path.name != "__init__.py" and path.relative_to(ROOT).as_posix() not in page]
+    assert not missing, f"not described in docs/ARCHITECTURE.md: {missing}"
+    picture = page.split("```")[1].splitlines()[1:]  # the layers, highest first
+    assert [line.split("  ")[0].strip() for line in picture] == [name for name, _ in reversed(LAYERS)]
+    assert "docs/ARCHITECTURE.md" in (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command():

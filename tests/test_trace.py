@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dex_core import DexDecoder, DexError, load_trace, save_trace
-from dex_core.trace import TRACE_VERSION, round_commits
+from dex_core.trace.events import TRACE_VERSION, round_commits
 
 
 CHAINED = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a prompt that repeats itself: lookups find drafts

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import tiny_tokenizer
 from dex_core import DexDecoder, DexError, ar_stream, load_trace, save_trace
-from dex_core.trace_schema import TRACE_LIMITS, TraceLimits, parse_trace
+from dex_core.trace.schema import TRACE_LIMITS, TraceLimits, parse_trace
 from visualize import (ReplayCache, fsm_html, lattice_figure, lattice_graph, replay, round_table_html, stats_html,
                        tokens_html)
 

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from dex_core.cache import StageCache
-from dex_core.explorer import TreeMask
+from dex_core.model.cache import StageCache
+from dex_core.model.explorer import TreeMask
 
 
 def reference(committed, slots, positions, paths, queries, window, dtype):

@@ -8,11 +8,11 @@ import torch
 from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder, DexError, save_trace
 from dex_core.cli import main
-from dex_core.reference import ar_generate, hf_greedy
+from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.config import GenerationOptions
-from dex_core.sampling import Sampler, tie_gap
-from dex_core.trace import round_commits
-from dex_core.verify import Certificate, certify_tokens, verify_trace
+from dex_core.algorithm.sampling import Sampler, tie_gap
+from dex_core.trace.events import round_commits
+from dex_core.tools.verify import Certificate, certify_tokens, verify_trace
 
 PROMPT = [4, 8, 15, 16, 23, 42]
 SAMPLED = {"temperature": 0.8, "top_k": 20, "seed": 4}

@@ -6,7 +6,7 @@
 
 ``python -m visualize.report IN.json OUT.html`` reads either a trace (saved by ``dex generate --trace``
 or the app) or a bench report. The command is for files you trust; the app validates uploaded traces
-with ``dex_core.trace_schema`` first. Either way every value from the file is escaped.
+with ``dex_core.trace.schema`` first. Either way every value from the file is escaped.
 """
 
 from __future__ import annotations

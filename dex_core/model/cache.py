@@ -1,0 +1,114 @@
+"""Per-stage tree KV cache: committed entries first, then lattice entries tagged by slot.
+
+A stage owns only some decoder layers, so it keeps its own small cache object that Hugging Face
+attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
+Entries live in preallocated buffers (grown by doubling): ``update`` writes the batch after the
+current entries and returns views over everything; ``extend``/``extend_committed`` then account for
+the batch once every layer of the stage has run. ``retain(lattice, promote)`` compacts after a
+collapse: the committed prefix stays where it is and only lattice entries are named, moved and
+counted, so a commit costs O(lattice entries), not O(context). ``keep(indices)`` is the general form
+(any order of any entries) and costs O(len(indices)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..device import to_device
+
+
+class StageCache:
+    def __init__(self, layer_ids: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", capacity: int = 256):
+        self.layer_ids = list(layer_ids)
+        self._shape = (1, kv_heads, capacity, head_dim)
+        self._keys = {i: torch.empty(self._shape, dtype=dtype, device=device) for i in layer_ids}
+        self._values = {i: torch.empty(self._shape, dtype=dtype, device=device) for i in layer_ids}
+        self.committed = 0  # entries [0, committed) are the committed prefix, in position order
+        self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
+        self.positions: list[int] = []  # absolute token position of each lattice entry
+
+    def __len__(self) -> int:
+        return self.committed + len(self.slots)
+
+    @property
+    def capacity(self) -> int:
+        return self._shape[2]
+
+    def _reserve(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < needed:
+            capacity *= 2
+        n = len(self)
+        for store in (self._keys, self._values):
+            for i, old in store.items():
+                new = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+                new[:, :, :n] = old[:, :, :n]
+                store[i] = new
+        self._shape = (self._shape[0], self._shape[1], capacity, self._shape[3])
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write a batch's keys/values (1, kv_heads, q, head_dim) after the current entries."""
+        n, q = len(self), key.shape[2]
+        self._reserve(n + q)
+        k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
+        k_buf[:, :, n:n + q] = key
+        v_buf[:, :, n:n + q] = value
+        return k_buf[:, :, :n + q], v_buf[:, :, :n + q]
+
+    def extend_committed(self, count: int) -> None:
+        """Account for a batch of committed-prefix tokens (prefill); needs an empty lattice."""
+        if self.slots:
+            raise RuntimeError("committed entries can only be appended while the lattice is empty")
+        self.committed += count
+
+    def extend(self, slots: list[int], positions: list[int]) -> None:
+        """Account for a batch of lattice entries, one per computed node."""
+        self.slots.extend(slots)
+        self.positions.extend(positions)
+
+    def _move(self, start: int, src: list[int]) -> None:
+        """Entries ``src`` (in that order) become entries ``start``, ``start + 1``, ... of every layer."""
+        if src:
+            index = to_device(src, next(iter(self._keys.values())).device)
+            for store in (self._keys, self._values):
+                for buf in store.values():
+                    buf[:, :, start:start + len(src)] = buf[:, :, index]
+
+    def retain(self, lattice: list[int], promote: int = 0) -> None:
+        """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first
+        lattice entry, in that order); the first ``promote`` of them join the committed prefix.
+        O(len(lattice)): the committed entries are neither listed nor touched."""
+        same = 0
+        while same < len(lattice) and lattice[same] == same:
+            same += 1
+        self._move(self.committed + same, [self.committed + i for i in lattice[same:]])
+        rest = lattice[promote:]
+        self.slots = [self.slots[i] for i in rest]
+        self.positions = [self.positions[i] for i in rest]
+        self.committed += promote
+
+    def keep(self, indices: list[int], committed: int) -> None:
+        """Keep the entries at ``indices`` (in that order); the first ``committed`` are committed.
+        O(len(indices)); ``retain`` does the usual case (the committed prefix stays) without listing it."""
+        start = 0
+        while start < len(indices) and indices[start] == start:
+            start += 1
+        self._move(start, indices[start:])
+        lattice = [i - self.committed for i in indices[committed:]]
+        self.slots = [self.slots[i] for i in lattice]
+        self.positions = [self.positions[i] for i in lattice]
+        self.committed = committed
+
+    def commit(self, slot: int, kept_slots: set[int]) -> None:
+        """Move ``slot``'s entry into the committed prefix and drop lattice entries not kept: O(lattice)."""
+        mine = [i for i, s in enumerate(self.slots) if s == slot]
+        if len(mine) != 1:
+            raise RuntimeError(f"slot {slot} has {len(mine)} entries in this stage; expected 1")
+        self.retain(mine + [i for i, s in enumerate(self.slots) if s in kept_slots], promote=1)
+
+    def reset(self) -> None:
+        self.committed = 0
+        self.slots, self.positions = [], []

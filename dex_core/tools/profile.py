@@ -1,0 +1,204 @@
+"""The cost model's seconds view: a profile of this machine, timed on the loaded model.
+
+``measure_profile`` times, at n = 1, 2, 4, 8, 16 rows (median of ``repeats``):
+
+- ``layer[n]``: one decoder layer over n new rows after a 64-token context (the mean of layers 0 and
+  L/2);
+- ``head[n]``: final norm + the full LM head; ``proposal[n]``: a light head of ``proposal_rows`` rows;
+- ``exchange[n]``: one round of the distributed link between two explorer processes over the link
+  the explorers use: n hidden rows point-to-point (NCCL between two GPUs when the model is on a GPU and
+  two are visible, else gloo on CPU tensors), then the all-gather of a small int64 candidates tensor on
+  gloo — what ``DistLink`` does each round, spawned once, as fresh interpreters.
+
+Every block is timed by ``device.Clock`` (CUDA events read after the device passed them; ``perf_counter``
+on CPU), and the blocks run one after another in a decode's order (each repeat runs every block once), so
+that no block is timed from the caches its own previous call warmed. Profiles are cached as JSON in
+``~/.cache/dex/profiles`` per model (embedding fingerprint), dtype, device (the GPU's name on CUDA),
+exchange backend, torch threads and torch version. ``exchange_seconds`` interpolates the table; a projected
+K-device round then lasts its slowest explorer's measured expansion + bookkeeping + decode (the round
+event's ``projected``) + exchange(largest batch), as ``dex bench`` (``bench_report``), the app's Race
+and ``benchmarks/distributed_vs_ar.py`` count it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..runtime.clock import Clock
+from ..device import dtype_name
+
+ROWS = (1, 2, 4, 8, 16)
+TABLES = ("layer", "head", "proposal", "exchange")  # {rows: seconds} each
+CACHE = Path(os.environ.get("DEX_CACHE", Path.home() / ".cache" / "dex")) / "profiles"
+
+
+def decode_order_seconds(blocks: dict, repeats: int, clock: Clock) -> dict:
+    """Median seconds of each of ``blocks`` ({name: fn}) on ``clock``'s device, after one warm-up pass.
+
+    Each repeat runs every block once, in the given order, as a decode does: the same call repeated in a
+    loop runs from the caches its previous call warmed and looks several times faster than it is.
+    """
+    for fn in blocks.values():
+        fn()
+    times: dict = {name: [] for name in blocks}
+    for _ in range(repeats):
+        for name, fn in blocks.items():
+            start = clock.stamp()
+            fn()
+            times[name].append(clock.since(start))  # on CUDA: once the device has run fn's kernels
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+@torch.no_grad()
+def row_blocks(model, n: int, proposal_rows: int) -> dict:
+    """What a decode runs at n rows, as callables: one decoder layer over n new rows after a 64-token
+    context (``layer 0`` and ``layer L/2``), the final norm + full LM head (``head``) and a light head of
+    ``proposal_rows`` rows (``proposal``)."""
+    from ..model.explorer import Explorer
+    from ..model.view import model_view
+    from ..model.proposal import ProposalHead
+
+    view = model_view(model)
+    light = ProposalHead(view, torch.arange(min(proposal_rows, view.vocab), device=view.device))
+    hidden_size, blocks = model.config.hidden_size, {}
+    for index in sorted({0, view.num_layers // 2}):
+        e = Explorer(view, 0, 2, index, index + 1)
+        e.prefill(torch.randn(64, hidden_size, dtype=view.dtype, device=view.device))
+        h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
+        # each call adds n rows to the cache: a context of 64 to 64 + (repeats + 1) n
+        blocks[f"layer {index}"] = lambda e=e, h=h: e.expand(h, list(range(n)), [64] * n, [(i,) for i in range(n)])
+    h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
+    blocks.update(head=lambda: view.head(h), proposal=lambda: light(h))
+    return blocks
+
+
+def _compute_profile(model, proposal_rows: int, repeats: int) -> dict:
+    out: dict = {"layer": {}, "head": {}, "proposal": {}}
+    for n in ROWS:
+        seconds = decode_order_seconds(row_blocks(model, n, proposal_rows), repeats, Clock(model.device))
+        layers = [v for k, v in seconds.items() if k.startswith("layer")]
+        out["layer"][n] = sum(layers) / len(layers)
+        out["head"][n], out["proposal"][n] = seconds["head"], seconds["proposal"]
+    return out
+
+
+def link_devices(device) -> tuple[str, str]:
+    """The two explorer devices whose link the exchange profile times: ``cuda:0`` and ``cuda:1`` (NCCL) when
+    the model is on a GPU and two are visible, else two CPU processes (gloo). Explorers sharing one GPU
+    stage their rows through the host over gloo: the CPU pair times that link without the two copies
+    between the GPU and the host."""
+    if torch.device(device).type == "cuda" and torch.cuda.device_count() >= 2:
+        return "cuda:0", "cuda:1"
+    return "cpu", "cpu"
+
+
+def _exchange_rank() -> None:
+    """Body of one of the two processes ``_exchange_profile`` starts (argv: rank folder hidden dtype repeats
+    device): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
+    import torch.distributed as dist
+
+    from ..distributed.rank import init_options
+
+    rank, folder, hidden, dtype, repeats = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    device = torch.device(sys.argv[6])
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=(folder / "store").as_uri(), rank=rank, world_size=2,
+                            **init_options(backend, str(device)))
+    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
+    clock, result = Clock(device), {}
+    for n in ROWS:
+        rows = torch.zeros(n, hidden, dtype=getattr(torch, dtype), device=device)  # (n, hidden)
+        packed = torch.zeros(n + 1, 11, dtype=torch.int64, device="cpu")  # the control tensor stays on the host
+        gathered = [torch.empty_like(packed) for _ in range(2)]
+
+        def round_trip():
+            op = dist.P2POp(dist.isend, rows, 1) if rank == 0 else dist.P2POp(dist.irecv, rows, 0)
+            for w in dist.batch_isend_irecv([op]):
+                w.wait()  # on NCCL: the current stream waits for the transfer, which the clock then includes
+            dist.all_gather(gathered, packed, group=ctrl)
+
+        result[n] = decode_order_seconds({n: round_trip}, repeats, clock)[n]
+    if rank == 0:
+        (folder / "exchange.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def _exchange_profile(hidden: int, dtype: torch.dtype, repeats: int, devices: tuple[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
+        entry = "from dex_core.tools.profile import _exchange_rank; _exchange_rank()"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        procs = [subprocess.Popen([sys.executable, "-c", entry, str(r), folder, str(hidden), dtype_name(dtype),
+                                   str(repeats), devices[r]], env=env, stdin=subprocess.DEVNULL) for r in range(2)]
+        try:
+            codes = [p.wait(timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        if any(codes):
+            raise RuntimeError(f"the exchange profile's processes failed (exit codes {codes})")
+        return {int(k): v for k, v in json.loads((Path(folder) / "exchange.json").read_text()).items()}
+
+
+def _device_name(device: torch.device) -> str:
+    """``cpu``, or ``cuda-`` and the GPU's name (profiles of different GPUs must not share a cache entry)."""
+    if device.type != "cuda":
+        return device.type
+    return "cuda-" + "".join(c if c.isalnum() else "_" for c in torch.cuda.get_device_name(device))
+
+
+def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: bool = True, log=print,
+                    link: tuple[str, str] | None = None) -> dict:
+    """The seconds profile of ``model`` on its device with this process's torch threads (cached);
+    ``link``: the two explorer devices whose exchange to time (default ``link_devices`` of the model's)."""
+    from ..model.adapters import model_identity
+
+    ident = model_identity(model)
+    dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
+    link = tuple(link or link_devices(device))
+    backend = "nccl" if torch.device(link[0]).type == "cuda" else "gloo"
+    key = (f"{ident['model_type']}-{ident['num_layers']}x{ident['hidden_size']}-{ident['fingerprint']:.4f}-"
+           f"{dtype_name(dtype)}-{_device_name(device)}-x{backend}-t{torch.get_num_threads()}-"
+           f"n{proposal_rows}-{torch.__version__}")
+    path = CACHE / f"{key}.json"
+    if cache and path.is_file():
+        profile = json.loads(path.read_text())
+        return {k: ({int(n): s for n, s in v.items()} if k in TABLES else v) for k, v in profile.items()}
+    log(f"profiling layers and heads on {device} and the exchange over {backend} ({link[0]} to {link[1]}) at "
+        f"{list(ROWS)} rows (cached in {path.parent})")
+    profile = _compute_profile(model, proposal_rows, repeats)
+    profile["exchange"] = _exchange_profile(model.config.hidden_size, dtype, repeats, link)
+    profile.update(key=key, threads=torch.get_num_threads(), proposal_rows=proposal_rows,
+                   exchange_link={"backend": backend, "devices": list(link)})
+    if cache:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=1))
+    return profile
+
+
+def interpolate(table: dict, rows: int) -> float:
+    """Seconds at ``rows`` from a {rows: seconds} table: linear between points, extrapolated past the last."""
+    if rows <= 0:
+        return 0.0
+    points = sorted(table.items())
+    for (a, sa), (b, sb) in zip(points, points[1:]):
+        if rows <= b:
+            return sa + (sb - sa) * (max(rows, a) - a) / (b - a)
+    (a, sa), (b, sb) = points[-2], points[-1]
+    return sb + (sb - sa) * (rows - b) / (b - a)
+
+
+def exchange_seconds(profile: dict, batch_sizes) -> float:
+    """A round's communication on K devices: the largest batch's rows sent, and the candidates gathered."""
+    return interpolate(profile["exchange"], max(1, max(batch_sizes)))

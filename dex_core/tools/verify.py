@@ -1,0 +1,193 @@
+"""Per-token proof of a decoded output against the unmodified model: ``dex verify`` and ``certify_tokens``.
+
+What DEX guarantees depends on the dtype. In float32 and float64 the committed tokens are identical to
+the AR reference's (greedy: to Hugging Face ``generate``). In bfloat16 and float16 the lattice's batched
+rows, masks and kernel paths round differently from one-row decoding, so where the model's two best
+tokens are a numerical near-tie either may come out; the promise there is that every committed token
+is the unmodified model's choice or within the tie gap of it (``sampling.tie_gap``). A certificate
+checks that token by token: one teacher-forced forward of the model's own ``forward`` over prompt +
+committed tokens (no lattice, no cache), logits upcast to float32, and for the token t at position p
+
+    gap_p = max_v s_p(v) - s_p(t)     s_p = logits (greedy), or Sampler.scores(logits) + Gumbel row p
+
+certified when gap_p <= tie_gap(dtype, m_p, T), m_p the larger magnitude of the row's top logit and
+t's logit. With top-k / top-p, membership of the filtered set is itself decided by rounding at its edge:
+there the gap is measured inside the set the filter admits once t's logit is raised by the tie gap. The gap is 0 where t is the model's choice; a token beyond the gap is a bug, not rounding.
+Sampled tokens are checked with the very noise rows the run drew (keyed by seed and position, drawn
+by the generator of the device type the run used), so they verify only on that device type.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import DexError, GenerationOptions
+from ..device import dtype_name
+from ..model.load import load_model, resolve_device
+from ..model.view import model_view
+from ..runtime.request import prompt_ids
+from ..algorithm.sampling import Sampler, tie_gap
+from ..trace.events import load_trace, round_commits
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """One committed token against the unmodified model's scores at its position."""
+
+    index: int      # 0-based among the committed tokens
+    position: int   # absolute position of the token
+    token: int      # the committed token
+    top: int        # the unmodified model's choice at that position
+    gap: float      # top's score minus the token's (0 when they are the same token; inf when filtered out)
+    tie_gap: float  # the largest gap that counts as a numerical near-tie there
+    certified: bool
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The checks of a run's committed tokens (``combine`` joins several runs')."""
+
+    checks: tuple[TokenCheck, ...]
+    dtype: str    # the dtype the model computed its logits in
+    device: str   # where the check ran
+
+    @property
+    def total(self) -> int:
+        return len(self.checks)
+
+    @property
+    def certified(self) -> int:
+        return sum(c.certified for c in self.checks)
+
+    @property
+    def worst_gap(self) -> float:
+        return max((c.gap for c in self.checks), default=0.0)
+
+    @property
+    def uncertified(self) -> list[TokenCheck]:
+        return [c for c in self.checks if not c.certified]
+
+    @property
+    def ok(self) -> bool:
+        return self.certified == self.total
+
+    def summary(self) -> str:
+        return (f"certified: {self.certified} of {self.total} tokens within the tie gap "
+                f"(worst gap {self.worst_gap:.6g})")
+
+    @classmethod
+    def combine(cls, certificates: Iterable[Certificate]) -> Certificate:
+        parts = list(certificates)
+        if not parts:
+            raise DexError("combine needs at least one certificate")
+        return cls(tuple(c for part in parts for c in part.checks), parts[0].dtype, parts[0].device)
+
+
+@torch.inference_mode()
+def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = None) -> Certificate:
+    """Check each of ``tokens`` (generated after ``prompt``, token ids) against one teacher-forced forward of
+    ``model`` under ``options``' sampling (default greedy); any method's tokens, DEX's or a baseline's."""
+    view = model_view(model)
+    o = options or GenerationOptions()
+    prompt = prompt_ids(prompt, view.vocab)
+    tokens = list(tokens)
+    bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < view.vocab]
+    if bad:
+        raise DexError(f"committed tokens must be ids in [0, {view.vocab}); got {bad[:5]}")
+    cert = Certificate((), dtype_name(view.dtype), str(view.device))
+    if not tokens:
+        return cert
+    n, device = len(tokens), view.device
+    ids = torch.tensor([prompt + tokens[:-1]], device=device)  # position p predicts token p + 1
+    keep = {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    logits = model(input_ids=ids, use_cache=False, **keep).logits[0, -n:]            # (n, vocab)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    positions = list(range(len(prompt), len(prompt) + n))
+    sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
+    scores = sampler.scores(logits, final=True)
+    if not sampler.greedy:
+        scores = scores + sampler.noise(positions, scores)
+    best, top = scores.max(dim=-1)                                                    # (n,), (n,)
+    picked = torch.tensor(tokens, device=device)[:, None]                             # (n, 1)
+    gaps = (best - scores.gather(-1, picked)[:, 0]).double()
+    magnitude = torch.maximum(logits.amax(dim=-1).abs(), logits.gather(-1, picked)[:, 0].abs())
+    allowed = tie_gap(view.dtype, magnitude.cpu(), o.temperature)
+    if not sampler.greedy and (o.top_k is not None or (o.top_p or 1.0) < 1.0):
+        # at the edge of the top-k / top-p set rounding decides membership too: filter again with the token's
+        # logit raised by the tie gap, and measure its gap inside the set that then admits it
+        raised = logits.scatter_add(1, picked, (allowed.to(logits) * o.temperature)[:, None])
+        admitted = torch.isfinite(sampler.scores(raised, final=True))
+        inside = sampler.scores(logits, final=False) + sampler.noise(positions, logits)
+        inside = inside.masked_fill(~admitted, -torch.inf)
+        gaps = torch.minimum(gaps, (inside.max(dim=-1).values - inside.gather(-1, picked)[:, 0]).double())
+    gaps, top = gaps.cpu(), top.tolist()
+    ok = (gaps <= allowed).tolist()
+    return Certificate(tuple(TokenCheck(i, p, t, top[i], g, a, c) for i, (p, t, g, a, c) in enumerate(
+        zip(positions, tokens, gaps.tolist(), allowed.tolist(), ok))), cert.dtype, cert.device)
+
+
+def trace_tokens(events: list[dict]) -> list[int]:
+    """A trace's committed tokens: DEX's commit records or AR's token events, checked against the end event."""
+    if not events or events[0].get("event") != "start":
+        raise DexError("not a DEX trace: it must begin with its start event")
+    if events[0]["method"] == "dex":
+        tokens = [c["token"] for e in events if e["event"] == "round" for c in round_commits(e)]
+    else:
+        tokens = [e["token"] for e in events if e["event"] == "token"]
+    end = events[-1] if events[-1]["event"] == "end" else None
+    if end is not None and end["tokens"] != tokens:
+        i = next((i for i, (a, b) in enumerate(zip(end["tokens"], tokens)) if a != b), min(len(tokens), len(end["tokens"])))
+        raise DexError(f"the trace contradicts itself: its end event's tokens and its "
+                       f"{'commit records' if events[0]['method'] == 'dex' else 'token events'} differ at token {i}")
+    return tokens
+
+
+def _made_on(start: dict) -> str:
+    """The device type a trace was made on (traces that do not record it were made on the CPU)."""
+    return torch.device(start.get("device", "cpu")).type
+
+
+def verifier_model(events: list[dict], meta: dict, spec: str | None = None, dtype: str | None = None,
+                   device: str | None = None, log=None):
+    """``(model, tokenizer)`` to verify a trace with: ``spec`` (default: the model its meta names) in ``dtype``
+    (default: the trace's, float32 for traces that do not record one) on ``device`` ('auto'/None: the trace's
+    device type when it sampled, so its noise can be redrawn; else ``resolve_device('auto')``)."""
+    start = events[0]
+    spec = spec or meta.get("model")
+    if not isinstance(spec, str) or not spec.strip():
+        raise DexError("the trace does not name its model (no 'model' in its meta); pass the model with --model")
+    if device in (None, "auto"):
+        device = _made_on(start) if start["sampling"]["temperature"] > 0 else "auto"
+    kwargs = {} if log is None else {"log": log}
+    return load_model(spec, dtype=dtype or start.get("dtype", "float32"), device=resolve_device(device), **kwargs)
+
+
+def verify_trace(trace, meta: dict | None = None, *, model=None, spec: str | None = None, dtype: str | None = None,
+                 device: str | None = None, log=None) -> Certificate:
+    """Certify every committed token of a trace (a saved file's path, or its events and meta), DEX or AR.
+    ``model``: an already loaded model in the trace's dtype; else ``verifier_model`` loads one."""
+    if isinstance(trace, (str, Path)):
+        events, meta = load_trace(trace)
+    else:
+        events, meta = list(trace), dict(meta or {})
+    tokens = trace_tokens(events)
+    start = events[0]
+    if model is None:
+        model, _ = verifier_model(events, meta, spec, dtype, device, log)
+    view = model_view(model)
+    wanted = dtype or start.get("dtype")
+    if wanted is not None and dtype_name(view.dtype) != wanted:
+        raise DexError(f"the trace was made in {wanted} but the model given is {dtype_name(view.dtype)}; load it "
+                       f"with dtype='{wanted}' (the tie gap is that dtype's)")
+    sampling = start["sampling"]
+    if sampling["temperature"] > 0 and view.device.type != _made_on(start):
+        raise DexError(f"this sampled trace was made on {_made_on(start)} and its Gumbel noise comes from that "
+                       f"device type's generator; verify it on {_made_on(start)} (--device {_made_on(start)}), "
+                       f"not on {view.device.type}")
+    options = GenerationOptions(max_new_tokens=max(1, len(tokens)), **sampling)
+    return certify_tokens(model, start["prompt"], tokens, options)

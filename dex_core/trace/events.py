@@ -1,0 +1,160 @@
+"""Trace records: the only interface between ``dex_core`` and the viewers (``visualize``, ``app``).
+
+A trace is a list of plain JSON-serializable events, in order. Schema version 1:
+
+``{"event": "start", "version", "method", "explorers", "depths", "num_layers", "prompt",
+   "max_new_tokens", "sampling": {"temperature", "top_k", "top_p", "seed"}, "decs", "adapter_depths"}``
+    ``method`` is "dex" or "ar"; ``prompt`` the prompt token ids; ``adapter_depths`` the depths whose
+    candidates went through an inducing adapter (absent in traces made before it was recorded);
+    ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
+    heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
+    chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
+    when the run pruned) the bound B of new branches per round; ``draft`` (DEX, only with draft chains)
+    their bounds ``{"ngram", "min_ngram", "length", "chains", "rows", "gate"}`` (``DraftBounds``); ``cost`` (DEX) the weights of the model's
+    parts in layer-equivalents (``dex_core.cost.ModelCost``): ``{"head", "adapter", "proposal"}``
+    (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
+    ``dtype`` (absent in older traces) the model's dtype ("float32", "bfloat16", ...) and ``device``
+    where it ran ("cpu", "cuda:0"), which ``dex verify`` reloads it in and on.
+
+``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
+   "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
+    ``batches[k]``: ids of the nodes explorer k computed. ``nodes``: the new exploration tokens,
+    each ``{"id", "slot", "parent", "kind" ("root" | "depth" | "position" | "chain"), "stage", "position"
+    (absolute position of the predicted token), "input_token", "token", "text" (null without a
+    tokenizer), "top" ([[token, probability, text], ...] at this depth, best first, text only with a
+    tokenizer; empty when ``trace_top`` is 0), "masked" (DECS-masked ids)}``. Node ids are unique within a trace.
+    ``commit`` (or null): ``{"index", "position", "token", "text", "matched_stage",
+    "anchor_nodes", "anchor_candidates"}``, and (absent in older traces) ``margin``: the committed
+    final-depth node's top-1 minus top-2 score in float32 (noise included when sampling; absent when no
+    second token was left), ``near_tie``: whether that margin is within ``sampling.tie_gap`` of the
+    dtype, and ``tie_gap``: that gap. ``collapse`` (or null): ``{"committed", "kept",
+    "dropped", "new_anchor"}`` (node ids). ``alive``: node ids in the lattice after the round.
+    ``pruned`` (absent in older traces): nodes whose position child lattice pruning did not start.
+    Draft chains (absent in older traces): ``commits`` lists every commit of the round in order
+    (``commit`` is its first; a chain commits several), each with ``drafted`` (its slot's input was a
+    looked-up token) and ``via`` ("chain" | "position" | "root": how the next anchor was found), and
+    ``collapse`` is the round's whole collapse (every committed anchor node, all dropped, what survives
+    the last commit). Node kind "chain" marks a chain slot's stage-0 node; ``chains`` (with drafts on)
+    lists each chain started this round as its stage-0 node ids, ``cut`` the nodes dropped because the
+    slot before them proposed another token. Read commits with ``round_commits(event)``.
+    ``state_before``/``state_after``: the FSM state q (anchor stages computed) around the round.
+    ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode", "masks", "plan",
+    "commit", "collapse", "trace", "prefill" (the prompt's pass, on the first round only), "round",
+    "bookkeeping" (masks + plan + commit + collapse), "projected"}``. ``projected`` is the round's time
+    on K devices: prefill + the slowest explorer's expansion + bookkeeping + decode (a projection from
+    the sequential schedule's measurements; it leaves communication out).
+
+``{"event": "token", "index", "position", "token", "text", "seconds"}`` — one per token (AR only).
+
+``{"event": "end", "tokens", "stop" ("eos" | "length" | "cancelled"), "stats"}`` — ``stats`` as in
+    ``GenerationStats.to_dict()``; "cancelled" when the caller stopped a distributed stream early.
+
+A saved trace is ``{"format": "dex-trace", "version", "meta" (strings and numbers, such as the model),
+"events"}``; a trace stopped early has no end event. ``load_trace`` validates what it reads against this schema (``dex_core.trace.schema``
+holds the JSON Schema, the cross-reference checks and the size limits, ``TraceLimits``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from ..config import DexError
+from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits, parse_trace
+
+
+def save_trace(path: str | Path, events: list[dict], meta: dict | None = None) -> None:
+    """Write events (and optional metadata such as the model name) as one JSON document."""
+    doc = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": meta or {}, "events": list(events)}
+    Path(path).write_text(json.dumps(doc, separators=(",", ":")))
+
+
+def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[list[dict], dict]:
+    """Read and validate a saved trace (``dex_core.trace.schema``); returns ``(events, meta)``.
+
+    A missing, oversized, foreign, newer or malformed file raises ``DexError``; the size is checked
+    before the file is read, and messages name the file only by its base name.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size > limits.max_file_bytes:
+            raise DexError(f"the trace is larger than {limits.max_file_bytes} bytes (TraceLimits.max_file_bytes)")
+        with path.open("rb") as f:
+            data = f.read(limits.max_file_bytes + 1)
+    except OSError:
+        raise DexError(f"cannot read the trace file {path.name!r}; give the path of a JSON file saved by DEX") from None
+    return parse_trace(data, limits)
+
+
+def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
+                proposal_vocab: int | None = None, depth_choice: str | None = None, prune: int | None = None,
+                cost: dict | None = None, dtype: str | None = None, device: str | None = None, draft=None) -> dict:
+    """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``)."""
+    o = request.options
+    draft = None if draft is None else dataclasses.asdict(draft)
+    extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice), ("prune", prune),
+                               ("draft", draft), ("cost", cost), ("dtype", dtype), ("device", device)) if v is not None}
+    return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
+            "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
+            "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
+            "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed}}
+
+
+def round_timings(expand: list[float], **seconds) -> dict:
+    """A round's ``timings`` with its bookkeeping total and its projected K-device time."""
+    t = {"expand": list(expand), **seconds}
+    t["bookkeeping"] = t["masks"] + t["plan"] + t["commit"] + t["collapse"]
+    t["projected"] = t["prefill"] + max(t["expand"]) + t["bookkeeping"] + t["decode"]
+    return t
+
+
+def round_event(plan, lattice, records: list[dict], commits: list[dict], collapse: dict | None,
+                timings: dict) -> dict:
+    extra = {"chains": plan.chains, "cut": list(lattice.cut)} if lattice.draft is not None else {}
+    return {"event": "round", "round": plan.round, "state_before": plan.state_before,
+            "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
+            "nodes": records, "commit": commits[0] if commits else None, "commits": commits, "collapse": collapse,
+            "alive": sorted(lattice.nodes), "pruned": list(plan.pruned), **extra, "timings": timings}
+
+
+def round_commits(event: dict) -> list[dict]:
+    """A round event's commits in order (several when a draft chain committed; traces made before draft
+    chains have only ``commit``)."""
+    return event.get("commits") or ([event["commit"]] if event.get("commit") else [])
+
+
+def token_event(index: int, position: int, token: int, text: str | None, seconds: float) -> dict:
+    return {"event": "token", "index": index, "position": position, "token": token, "text": text,
+            "seconds": seconds}
+
+
+def end_event(tokens: list[int], stats) -> dict:
+    return {"event": "end", "tokens": list(tokens), "stop": stats.stop, "stats": stats.to_dict()}
+
+
+def node_record(node, text: str | None, top: list, masked: list[int]) -> dict:
+    return {"id": node.id, "slot": node.slot, "parent": node.parent, "kind": node.kind,
+            "stage": node.stage, "position": node.position, "input_token": node.input_token,
+            "token": node.token, "text": text, "top": top, "masked": list(masked)}
+
+
+def commit_record(plan, index: int, text: str | None, margin: float | None = None, near_tie: bool | None = None,
+                  tie_gap: float | None = None) -> dict:
+    """A round's commit; ``margin``/``near_tie``/``tie_gap`` (the final-depth top-2 margin) when given. An infinite
+    margin (no second token left after top-k/top-p) is left out: JSON has no infinity."""
+    margin = margin if margin is None or math.isfinite(margin) else None
+    extra = {k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None}
+    return {"index": index, "position": plan.position, "token": plan.token, "text": text,
+            "matched_stage": plan.matched_stage, "anchor_nodes": plan.anchor_nodes,
+            "anchor_candidates": plan.anchor_candidates, "drafted": plan.drafted, "via": plan.via, **extra}
+
+
+def collapse_record(plans: list) -> dict | None:
+    """The round's collapse after its commits (``plans``, in order): every committed anchor node, what
+    each commit dropped, what survives the last one."""
+    if not plans:
+        return None
+    return {"committed": [n for p in plans for n in p.anchor_nodes], "kept": plans[-1].kept,
+            "dropped": sorted(n for p in plans for n in p.dropped), "new_anchor": plans[-1].new_anchor}
