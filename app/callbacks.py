@@ -21,10 +21,10 @@ import visualize as viz
 from dex_core import DecoderOptions, DexError, ExplorerError, ar_stream
 from dex_core.model.adapters import choose_depths, resolve_adapters
 from dex_core.model.cost import ModelCost
-from dex_core.tools.ead import readiness
 from dex_core.model.lens import depth_view
 from dex_core.model.proposal import proposal_rows
 from dex_core.runtime.request import check_text, ignored_settings
+from dex_core.tools.ead import readiness
 from dex_core.trace.events import round_commits
 
 from . import debugger as dbg

@@ -11,10 +11,10 @@ from __future__ import annotations
 import gradio as gr
 
 import visualize as viz
-from visualize.markup import esc
 from dex_core import DexError
 from dex_core.model.cost import ModelCost
 from dex_core.trace.events import round_commits
+from visualize.markup import esc
 
 from . import callbacks as cb
 from . import debugger as dbg

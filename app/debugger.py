@@ -17,8 +17,8 @@ from pathlib import Path
 import gradio as gr
 
 import visualize as viz
-from visualize.markup import esc
 from dex_core import DexError, load_trace, save_trace
+from visualize.markup import esc
 
 from .runtime import Runtime
 from .sessions import COMPACT_FACTOR, REPLAYS, compact

@@ -156,9 +156,93 @@ def _run_on(button: gr.Button, fn, inputs, outputs, **event):
     return run
 
 
+def _live_tab(runtime: Runtime, states: list):
+    """The Live tab: prompt, controls, the streamed panels; returns (its run event, the prompt box, the four
+    panels, the status line). ``states``: the session's trace, meta and origin, which a run fills."""
+    bind = cb.bind  # a partial that keeps the gr.Request annotation Gradio reads
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
+        with gr.Column(scale=1):
+            generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
+            stop = gr.Button("Stop", elem_id="live-stop")
+    with gr.Accordion("Exploration and sampling", open=False):
+        with gr.Row():
+            chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+            explorers = _explorers(runtime, "live-k")
+            depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
+            adapters = _adapters_box(runtime)
+            with gr.Column(min_width=160):  # stacked: one more control in the row, no wider
+                decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
+                draft = _draft_box("live-draft")
+            max_new = _max_new("Max new tokens", "live-new")
+            prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
+                                info="new branches per round; auto: 1 on CPU, none on GPUs", elem_id="live-prune")
+        sampling = _sampling_controls()
+    gr.Examples(EXAMPLES, inputs=prompt)
+    status = gr.HTML(elem_id="live-status")
+    text = gr.HTML(label="Output", elem_id="live-text")
+    with gr.Row():
+        lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
+        with gr.Column(scale=2):
+            fsm = gr.HTML(elem_id="live-fsm")
+            numbers = gr.HTML(elem_id="live-stats")
+    panels = [text, lattice, fsm, numbers]
+    stops = cb.StopRequests()
+    run = _run_on(generate, bind(cb.live_frames, runtime, stops),
+                  [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
+                  [*panels, *states, status], api_name="generate", concurrency_id="model", concurrency_limit=1,
+                  show_progress="hidden", preprocess=False)  # the handlers check their inputs (app.callbacks)
+    stop.click(bind(cb.stop, stops), status, status, **QUIET)
+    return run, prompt, panels, status
+
+
+def _race_tab(runtime: Runtime) -> None:
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
+        with gr.Column(scale=1):
+            explorers = _explorers(runtime)
+            max_new = _max_new("Max new tokens", "race-new")
+            go = gr.Button("Race", variant="primary", elem_id="race-go")
+            stop = gr.Button("Stop", elem_id="race-stop")
+    with gr.Row():
+        chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+        adapters = _adapters_box(runtime)
+        draft = _draft_box("race-draft")
+    summary = gr.HTML(_hint("race-empty", RACE_HINT), elem_id="race-summary")
+    with gr.Row():
+        ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
+        dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
+    plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
+    stops = cb.StopRequests()
+    _run_on(go, cb.bind(race.race_frames, runtime, stops), [prompt, chat, explorers, adapters, max_new, draft],
+            [ar_text, dex_text, plot, summary], api_name="race", concurrency_id="model", concurrency_limit=1,
+            preprocess=False)
+    stop.click(cb.bind(race.stop, stops), None, None, **QUIET)
+
+
+def _analysis_tab(runtime: Runtime) -> None:
+    with gr.Row():
+        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
+        with gr.Column(scale=1):
+            max_new = _max_new("Tokens to analyse", "an-new")
+            go = gr.Button("Analyse", variant="primary", elem_id="an-go")
+    with gr.Row():
+        chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
+        adapters = _adapters_box(runtime)
+        metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours", elem_id="an-metric")
+    with gr.Row():
+        ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
+        speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
+    table = gr.HTML(_hint("an-empty", ANALYSIS_HINT), elem_id="an-table")
+    depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
+    _run_on(go, cb.bind(cb.analyse, runtime), [prompt, chat, adapters, max_new, metric],
+            [ead_plot, speed_plot, table, depth_plot], api_name="analyse", concurrency_id="model",
+            concurrency_limit=1, preprocess=False)
+    metric.change(None, metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
+
+
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
     runtime = Runtime(settings)
-    bind = cb.bind  # a partial that keeps the gr.Request annotation Gradio reads
     ttl = runtime.settings.session_ttl
     with SessionBlocks(runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
         demo.runtime = runtime
@@ -173,90 +257,15 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                     f"backend: `{runtime.settings.backend}`.")
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):
-                with gr.Row():
-                    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
-                    with gr.Column(scale=1):
-                        generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
-                        stop = gr.Button("Stop", elem_id="live-stop")
-                with gr.Accordion("Exploration and sampling", open=False):
-                    with gr.Row():
-                        chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                        explorers = _explorers(runtime, "live-k")
-                        depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
-                        adapters = _adapters_box(runtime)
-                        with gr.Column(min_width=160):  # stacked: one more control in the row, no wider
-                            decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
-                            draft = _draft_box("live-draft")
-                        max_new = _max_new("Max new tokens", "live-new")
-                        prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
-                                            info="new branches per round; auto: 1 on CPU, none on GPUs",
-                                            elem_id="live-prune")
-                    sampling = _sampling_controls()
-                gr.Examples(EXAMPLES, inputs=prompt)
-                live_status = gr.HTML(elem_id="live-status")
-                text = gr.HTML(label="Output", elem_id="live-text")
-                with gr.Row():
-                    lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
-                    with gr.Column(scale=2):
-                        fsm = gr.HTML(elem_id="live-fsm")
-                        numbers = gr.HTML(elem_id="live-stats")
-                live_panels = [text, lattice, fsm, numbers]
-                stops = cb.StopRequests()
-                run = _run_on(generate, bind(cb.live_frames, runtime, stops),
-                              [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
-                              [*live_panels, trace, meta, origin, live_status], api_name="generate",
-                              concurrency_id="model", concurrency_limit=1, show_progress="hidden",
-                              preprocess=False)  # the handlers check their inputs (app.callbacks)
-                stop.click(bind(cb.stop, stops), live_status, live_status, **QUIET)
-
+                run, prompt, live_panels, live_status = _live_tab(runtime, [trace, meta, origin])
             with gr.Tab("Race", id="race"):
-                with gr.Row():
-                    race_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
-                    with gr.Column(scale=1):
-                        race_k = _explorers(runtime)
-                        race_new = _max_new("Max new tokens", "race-new")
-                        race_go = gr.Button("Race", variant="primary", elem_id="race-go")
-                        race_stop = gr.Button("Stop", elem_id="race-stop")
-                with gr.Row():
-                    race_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                    race_adapters = _adapters_box(runtime)
-                    race_draft = _draft_box("race-draft")
-                race_summary = gr.HTML(_hint("race-empty", RACE_HINT), elem_id="race-summary")
-                with gr.Row():
-                    ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
-                    dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
-                race_plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-                race_stops = cb.StopRequests()
-                _run_on(race_go, bind(race.race_frames, runtime, race_stops),
-                        [race_prompt, race_chat, race_k, race_adapters, race_new, race_draft],
-                        [ar_text, dex_text, race_plot, race_summary], api_name="race",
-                        concurrency_id="model", concurrency_limit=1, preprocess=False)
-                race_stop.click(bind(race.stop, race_stops), None, None, **QUIET)
-
+                _race_tab(runtime)
             with gr.Tab("Debugger", id="debugger"):
                 dbg_frame, dbg_timeline, dbg_status, compare = _debugger_tab(runtime, trace, meta, origin)
             after_run = (dbg.refresh, [trace, meta, live_status, live_source], [*dbg_frame, dbg_timeline, dbg_status])
             run.then(*after_run, **HUSH).then(*compare, **HUSH)  # the debugger at the last round (stopped runs too)
             with gr.Tab("Analysis", id="analysis"):
-                with gr.Row():
-                    an_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
-                    with gr.Column(scale=1):
-                        an_new = _max_new("Tokens to analyse", "an-new")
-                        an_go = gr.Button("Analyse", variant="primary", elem_id="an-go")
-                with gr.Row():
-                    an_chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-                    an_adapters = _adapters_box(runtime)
-                    an_metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours",
-                                         elem_id="an-metric")
-                with gr.Row():
-                    ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
-                    speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
-                an_table = gr.HTML(_hint("an-empty", ANALYSIS_HINT), elem_id="an-table")
-                depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
-                _run_on(an_go, bind(cb.analyse, runtime), [an_prompt, an_chat, an_adapters, an_new, an_metric],
-                        [ead_plot, speed_plot, an_table, depth_plot], api_name="analyse",
-                        concurrency_id="model", concurrency_limit=1, preprocess=False)
-                an_metric.change(None, an_metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
+                _analysis_tab(runtime)
         demo.load(cb.page_load, None, [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline,
                                        dbg_status, tabs], show_progress="hidden", **QUIET)
         demo.load(cb.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show

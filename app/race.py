@@ -8,13 +8,14 @@ clock. A race that is stopped (by its visitor, or at the bound) ends with what b
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 
 import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ExplorerError, ar_stream
-from dex_core.tools.profile import exchange_seconds
 from dex_core.runtime.request import check_text
+from dex_core.tools.profile import exchange_seconds
 from dex_core.trace.events import round_commits
 
 from .callbacks import explorer_line, loading, session_of, short_error
@@ -37,6 +38,49 @@ def _profiling(runtime: Runtime, decoder):
         f"clocks) ({s:.0f} s)"))
 
 
+@dataclass
+class _Race:
+    """A race under way: the two streams, and per side its clock, its tokens and when each came."""
+
+    ar: object
+    dex: object
+    decoder: object
+    tokenizer: object
+    profile: dict
+    clocks: dict = field(default_factory=lambda: {"ar": 0.0, "dex": 0.0, "proj": 0.0})
+    times: dict = field(default_factory=lambda: {"ar": [], "dex": [], "proj": []})
+    tokens: dict = field(default_factory=lambda: {"ar": [], "dex": []})
+    ends: dict = field(default_factory=dict)
+    first: str | None = None  # the method that finished first (the other then ran alone)
+
+    def view(self, stopped=None) -> tuple:
+        return _race_view(self.tokenizer, self.tokens, self.times, self.ends, self.decoder, self.first, stopped)
+
+    def step(self) -> None:
+        """The next event of the side whose own clock is behind (the other, once one has ended)."""
+        side = "ar" if "dex" in self.ends or ("ar" not in self.ends and self.clocks["ar"] <= self.clocks["dex"]) \
+            else "dex"
+        try:
+            event = next(self.ar if side == "ar" else self.dex)
+        except ExplorerError as err:
+            raise gr.Error(explorer_line(err), print_exception=False) from None
+        if event["event"] == "end":
+            self.ends[side] = event
+            self.first = self.first or NAMES[side]
+        elif side == "ar":
+            self.clocks["ar"] = event["seconds"]
+            self.tokens["ar"].append(event["token"])
+            self.times["ar"].append(self.clocks["ar"])
+        else:
+            t = event["timings"]
+            self.clocks["dex"] += t["prefill"] + t["round"]
+            self.clocks["proj"] += t["projected"] + exchange_seconds(self.profile, [len(b) for b in event["batches"]])
+            for commit in round_commits(event):  # several when a draft chain committed
+                self.tokens["dex"].append(commit["token"])
+                self.times["dex"].append(self.clocks["dex"])
+                self.times["proj"].append(self.clocks["proj"])
+
+
 def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, adapters, max_new_tokens, draft=True,
                 request: gr.Request = None):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
@@ -53,56 +97,37 @@ def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
         config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft)
         check_text(prompt)
         runtime.need_whole_model("the Race (its AR lane)")
-        for line in loading(runtime):
-            yield _status(line)
-        ids = runtime.encode(prompt, config.chat)
-        model, tokenizer = runtime.model("the Race (its AR lane)")
-        decoder = runtime.decoder(config)
-        notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
-        if notice:
-            gr.Warning(notice)
-        yield from map(_status, _profiling(runtime, decoder))
-        profile = runtime.profile(decoder)
-        deadline = Deadline(runtime.settings.request_seconds)  # model time from here: loading and profiling are not in it
-        ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
-        dex = decoder.stream(ids, options=config.generation())
-        next(ar), next(dex)
+        race = yield from _start(runtime, config, prompt)
     except DexError as err:
         raise short_error(err) from None
-    first = None  # the method that finished first (the other then ran alone)
-    clocks = {"ar": 0.0, "dex": 0.0, "proj": 0.0}
-    times = {"ar": [], "dex": [], "proj": []}
-    tokens = {"ar": [], "dex": []}
-    ends = {}
-    view = (tokenizer, tokens, times, ends, decoder)
-    while len(ends) < 2:
+    deadline = Deadline(runtime.settings.request_seconds)  # model time from here: loading and profiling are not in it
+    while len(race.ends) < 2:
         why = "by you" if stops.take(session) else deadline.reason()
         if why:
-            ar.close()
-            dex.close()
-            yield _race_view(*view, first, stopped=why)
+            race.ar.close()
+            race.dex.close()
+            yield race.view(stopped=why)
             return
-        side = "ar" if "dex" in ends or ("ar" not in ends and clocks["ar"] <= clocks["dex"]) else "dex"
-        try:
-            event = next(ar if side == "ar" else dex)
-        except ExplorerError as err:
-            raise gr.Error(explorer_line(err), print_exception=False) from None
-        if event["event"] == "end":
-            ends[side] = event
-            first = first or NAMES[side]
-        elif side == "ar":
-            clocks["ar"] = event["seconds"]
-            tokens["ar"].append(event["token"])
-            times["ar"].append(clocks["ar"])
-        else:
-            t = event["timings"]
-            clocks["dex"] += t["prefill"] + t["round"]
-            clocks["proj"] += t["projected"] + exchange_seconds(profile, [len(b) for b in event["batches"]])
-            for commit in round_commits(event):  # several when a draft chain committed
-                tokens["dex"].append(commit["token"])
-                times["dex"].append(clocks["dex"])
-                times["proj"].append(clocks["proj"])
-        yield _race_view(*view, first)
+        race.step()
+        yield race.view()
+
+
+def _start(runtime: Runtime, config, prompt: str):
+    """Load the model (first use) and time this machine (first race), yielding status lines; then both streams,
+    past their start events: the ``_Race``."""
+    for line in loading(runtime):
+        yield _status(line)
+    ids = runtime.encode(prompt, config.chat)
+    model, tokenizer = runtime.model("the Race (its AR lane)")
+    decoder = runtime.decoder(config)
+    notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
+    if notice:
+        gr.Warning(notice)
+    yield from map(_status, _profiling(runtime, decoder))
+    ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
+    dex = decoder.stream(ids, options=config.generation())
+    next(ar), next(dex)
+    return _Race(ar, dex, decoder, tokenizer, runtime.profile(decoder))
 
 
 def _devices(K: int) -> str:

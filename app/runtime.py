@@ -14,15 +14,24 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
 
-from dex_core import (DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, encode_prompt, load_model)
+import torch
 from transformers import AutoConfig
 
-from dex_core.model.adapters import choose_depths
+from dex_core import (
+    DecoderOptions,
+    DexConfig,
+    DexDecoder,
+    DexError,
+    GenerationOptions,
+    encode_prompt,
+    load_model,
+)
+from dex_core.config import DEVICE_HELP, flag, integer, option
+from dex_core.model.adapters import DEFAULT_ADAPTERS, choose_depths
 from dex_core.model.checkpoint import Checkpoint, locate
 from dex_core.model.load import load_tokenizer
 from dex_core.model.stage_load import checkpoint_identity
 from dex_core.tools.profile import measure_profile
-from dex_core.config import DEVICE_HELP, flag, integer, option
 
 from .files import Files
 from .sessions import Sessions
@@ -249,7 +258,6 @@ class Runtime:
 
     def device_notice(self, count: int) -> str | None:
         """Why a distributed run uses CPU explorers on a machine with too few GPUs (None when it does not)."""
-        import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.settings.backend == "distributed" and self.settings.device != "cpu" and 0 < gpus < count:
@@ -260,7 +268,6 @@ class Runtime:
     @property
     def shipped_adapters(self) -> bool:
         """Whether the adapters box can do anything: the default model, and the shipped file is there."""
-        from dex_core.model.adapters import DEFAULT_ADAPTERS
 
         return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
 

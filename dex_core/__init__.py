@@ -3,16 +3,22 @@ autoregressive decoding's (``ar_generate``; greedy: HF ``generate``); in bfloat1
 the unmodified model's choice or a numerical near-tie of it, which ``verify_trace`` (``dex verify``) certifies
 token by token."""
 
-from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
+from .config import (
+    DecoderOptions,
+    DexConfig,
+    DexError,
+    GenerationOptions,
+    resolve_depths,
+)
 from .decoder import DexDecoder
 from .distributed.group import ExplorerError
-from .model.view import UnsupportedModelError
 from .model.load import load_model
+from .model.view import UnsupportedModelError
 from .runtime.reference import ar_generate, ar_stream, hf_greedy
 from .runtime.request import GenerationConfigWarning, encode_prompt
 from .runtime.results import GenerationResult, GenerationStats
-from .trace.events import TRACE_VERSION, load_trace, save_trace
 from .tools.verify import Certificate, certify_tokens, verify_trace
+from .trace.events import TRACE_VERSION, load_trace, save_trace
 
 __all__ = [
     "Certificate", "DecoderOptions", "DexConfig", "DexDecoder", "DexError", "ExplorerError", "GenerationOptions",

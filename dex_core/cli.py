@@ -10,16 +10,26 @@ import time
 import warnings
 from pathlib import Path
 
-from .distributed import serve
-from .tools.bench import BenchConfig
+from .algorithm.sampling import TIE_ULPS
 from .config import DTYPES, DexConfig, DexError
-from .flags import add_flags, from_args
-from .trace.events import round_commits
-from .log import stderr as log
-from .tools.ead import EadConfig
+from .data.ranking import token_ranking
+from .decoder import DexDecoder
+from .distributed import serve
 from .distributed.group import ExplorerError
-from .tools.plan import PlanConfig
-from .tools.train import TrainConfig
+from .flags import add_flags, from_args
+from .log import stderr as log
+from .model.adapters import load_adapters
+from .model.load import load_model
+from .model.proposal import store_ranking
+from .runtime.console import TextStream, print_report
+from .runtime.request import check_text, encode_prompt
+from .tools.bench import BenchConfig, run_bench
+from .tools.bench_report import markdown, write_outputs
+from .tools.ead import EadConfig, ead_summary, run_ead
+from .tools.plan import PlanConfig, run_plan
+from .tools.train import TrainConfig, train_adapters
+from .tools.verify import verifier_model, verify_trace
+from .trace.events import load_trace, round_commits, save_trace
 
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
 
@@ -35,71 +45,92 @@ class _Parser(argparse.ArgumentParser):
         raise DexError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+def _generate_arguments(p) -> None:
+    p.add_argument("prompt", help="the prompt text")
+    add_flags(p, DexConfig, GENERATE_FLAGS)
+    p.add_argument("--trace", metavar="FILE", help="save the trace (JSON) to FILE")
+
+
+def _train_arguments(p) -> None:
+    add_flags(p, DexConfig, ("model", "device"))
+    p.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
+    p.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
+    add_flags(p, TrainConfig)
+
+
+def _shortlist_arguments(p) -> None:
+    p.add_argument("file", help="adapter file (.safetensors) to update")
+    add_flags(p, DexConfig, ("model", "device"))
+
+
+def _ead_arguments(p) -> None:
+    add_flags(p, EadConfig)
+    p.add_argument("--out", help="write the JSON report here (default: print it)")
+
+
+def _bench_arguments(p) -> None:
+    add_flags(p, BenchConfig)
+    p.add_argument("--out", help="JSON report (with a 'results' list)")
+    p.add_argument("--markdown", help="markdown tables (default: printed)")
+
+
+def _plan_arguments(p) -> None:
+    p.add_argument("model", nargs="?", default=None, help="model spec, as for dex generate (or give --config)")
+    add_flags(p, PlanConfig, tuple(n for n in PlanConfig.__dataclass_fields__ if n != "model"))
+
+
+def _verify_arguments(p) -> None:
+    p.add_argument("trace", help="a trace file saved by DEX (dex generate --trace, the app's Debugger)")
+    p.add_argument("--model", help="model to verify with (default: the model the trace's metadata names)")
+    p.add_argument("--dtype", choices=DTYPES, help="dtype to load it in (default: the trace's; float32 for traces "
+                                                   "that do not record one)")
+    add_flags(p, DexConfig, ("device",))
+
+
+SUBCOMMANDS = {  # name: (help, description, its arguments)
+    "generate": ("generate text with DEX and print depth statistics",
+                 "Stream DEX's output for PROMPT, then rounds/token, the depth-side speedup K/(rounds/token) and the "
+                 "matched-stage histogram.", _generate_arguments),
+    "serve": ("run as one explorer rank under torchrun (multi-node capable)",
+              f"Run under torchrun, one process per explorer: {serve.USAGE}. Rank 0 reads prompts (--prompt, "
+              "repeatable; else one per line on stdin) and prints each answer and its stats.", serve.add_arguments),
+    "train-adapters": ("train inducing adapters by self-distillation on ShareGPT",
+                       "Train inducing adapters for a model (frozen) by full-vocabulary KL self-distillation on "
+                       "ShareGPT's training split; save them as one safetensors file usable with "
+                       "DexDecoder(adapters=FILE).", _train_arguments),
+    "shortlist": ("store the light proposal heads' token ranking in an adapter file",
+                  "Count the tokens of the training text (ShareGPT train split) with the model's tokenizer and store "
+                  "the ranking, most frequent first, in FILE; non-final stages then score its first N tokens "
+                  "(--proposal-vocab).", _shortlist_arguments),
+    "ead": ("token readiness: EAD, predicted speedups, best exploration sets (JSON)",
+            "Greedy AR answers to prompt sets, then per token the earliest available depth (plain and stable), the "
+            "stage DEX matches at (DECS-aware), the predicted depth-side speedup of the uniform split for each K, "
+            "the oracle S_EAD, and the best exploration set per K under rounds x longest stage.", _ead_arguments),
+    "bench": ("DEX vs AR vs depth-selection baselines, exactness checked",
+              "Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally distributed; with and without "
+              "draft chains), self-speculation (tuned on a separate split), HF assistant_early_exit and HF prompt "
+              "lookup over prompt sets (humaneval, chat, grounded); report exactness, tokens/s and critical-path "
+              "layer forwards per token as JSON and markdown (python -m visualize.report draws the JSON as a chart).",
+              _bench_arguments),
+    "plan": ("does a model fit its explorers' GPUs? memory per rank from the config alone",
+             "Count, from the model's configuration alone (no weights), what each explorer process will hold: its "
+             "layers, the LM head (or its light head's rows), rank 0 the embeddings, adapters, the KV cache for "
+             "--context tokens plus the lattice's rows and the round's work buffers; per GPU with the CUDA context. "
+             "Exit 1 when a GPU does not fit --gpu-memory.", _plan_arguments),
+    "verify": ("certify a trace's tokens against the unmodified model (exit 1 if any fails)",
+               "Run the unmodified model teacher-forced over the trace's prompt and committed tokens (one forward, "
+               "logits in float32) and check that every token is the model's choice or within the tie gap of it (a "
+               "numerical near-tie in the trace's dtype). Prints each token beyond the gap, then 'certified: N of M "
+               "tokens within the tie gap (worst gap G)'; exit 0 when all are, else 1.", _verify_arguments),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dex", description="Depth Exploration Decoding (DEX): "
-                                     "lossless, depth-parallel decoding of Hugging Face causal LMs.")
+    parser = _Parser(prog="dex", description="Depth Exploration Decoding (DEX): lossless, depth-parallel decoding "
+                                             "of Hugging Face causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text with DEX and print depth statistics",
-                         description="Stream DEX's output for PROMPT, then rounds/token, the "
-                                     "depth-side speedup K/(rounds/token) and the matched-stage histogram.")
-    gen.add_argument("prompt", help="the prompt text")
-    add_flags(gen, DexConfig, GENERATE_FLAGS)
-    gen.add_argument("--trace", metavar="FILE", help="save the trace (JSON) to FILE")
-    srv = sub.add_parser("serve", help="run as one explorer rank under torchrun (multi-node capable)",
-                         description=f"Run under torchrun, one process per explorer: {serve.USAGE}. Rank 0 "
-                                     "reads prompts (--prompt, repeatable; else one per line on stdin) "
-                                     "and prints each answer and its stats.")
-    serve.add_arguments(srv)
-    train = sub.add_parser("train-adapters", help="train inducing adapters by self-distillation on ShareGPT",
-                           description="Train inducing adapters for a model (frozen) by full-vocabulary KL "
-                                       "self-distillation on ShareGPT's training split; save them as one "
-                                       "safetensors file usable with DexDecoder(adapters=FILE).")
-    add_flags(train, DexConfig, ("model", "device"))
-    train.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
-    train.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
-    add_flags(train, TrainConfig)
-    rank = sub.add_parser("shortlist", help="store the light proposal heads' token ranking in an adapter file",
-                          description="Count the tokens of the training text (ShareGPT train split) with the "
-                                      "model's tokenizer and store the ranking, most frequent first, in FILE; "
-                                      "non-final stages then score its first N tokens (--proposal-vocab).")
-    rank.add_argument("file", help="adapter file (.safetensors) to update")
-    add_flags(rank, DexConfig, ("model", "device"))
-    ead = sub.add_parser("ead", help="token readiness: EAD, predicted speedups, best exploration sets (JSON)",
-                         description="Greedy AR answers to prompt sets, then per token the earliest available "
-                                     "depth (plain and stable), the stage DEX matches at (DECS-aware), the "
-                                     "predicted depth-side speedup of the uniform split for each K, the oracle "
-                                     "S_EAD, and the best exploration set per K under rounds x longest stage.")
-    add_flags(ead, EadConfig)
-    ead.add_argument("--out", help="write the JSON report here (default: print it)")
-    bench = sub.add_parser("bench", help="DEX vs AR vs depth-selection baselines, exactness checked",
-                           description="Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally "
-                                       "distributed; with and without draft chains), self-speculation (tuned on a "
-                                       "separate split), HF assistant_early_exit and HF prompt lookup over prompt "
-                                       "sets (humaneval, chat, grounded); report exactness, tokens/s and "
-                                       "critical-path layer forwards per token as JSON and markdown "
-                                       "(python -m visualize.report draws the JSON as a chart).")
-    add_flags(bench, BenchConfig)
-    bench.add_argument("--out", help="JSON report (with a 'results' list)")
-    bench.add_argument("--markdown", help="markdown tables (default: printed)")
-    plan = sub.add_parser("plan", help="does a model fit its explorers' GPUs? memory per rank from the config alone",
-                          description="Count, from the model's configuration alone (no weights), what each explorer "
-                                      "process will hold: its layers, the LM head (or its light head's rows), rank 0 "
-                                      "the embeddings, adapters, the KV cache for --context tokens plus the lattice's "
-                                      "rows and the round's work buffers; per GPU with the CUDA context. Exit 1 when "
-                                      "a GPU does not fit --gpu-memory.")
-    plan.add_argument("model", nargs="?", default=None, help="model spec, as for dex generate (or give --config)")
-    add_flags(plan, PlanConfig, tuple(n for n in PlanConfig.__dataclass_fields__ if n != "model"))
-    verify = sub.add_parser("verify", help="certify a trace's tokens against the unmodified model (exit 1 if any fails)",
-                            description="Run the unmodified model teacher-forced over the trace's prompt and committed "
-                                        "tokens (one forward, logits in float32) and check that every token is the "
-                                        "model's choice or within the tie gap of it (a numerical near-tie in the "
-                                        "trace's dtype). Prints each token beyond the gap, then 'certified: N of M "
-                                        "tokens within the tie gap (worst gap G)'; exit 0 when all are, else 1.")
-    verify.add_argument("trace", help="a trace file saved by DEX (dex generate --trace, the app's Debugger)")
-    verify.add_argument("--model", help="model to verify with (default: the model the trace's metadata names)")
-    verify.add_argument("--dtype", choices=DTYPES, help="dtype to load it in (default: the trace's; float32 for "
-                                                        "traces that do not record one)")
-    add_flags(verify, DexConfig, ("device",))
+    for name, (summary, description, arguments) in SUBCOMMANDS.items():
+        arguments(sub.add_parser(name, help=summary, description=description))
     return parser
 
 
@@ -119,11 +150,6 @@ def _writable(path: str | None) -> None:
 
 
 def _generate(args) -> None:
-    from .runtime.console import TextStream, print_report
-    from .decoder import DexDecoder
-    from .runtime.request import check_text, encode_prompt
-    from .trace.events import save_trace
-
     config = from_args(DexConfig, args)
     _writable(args.trace)
     check_text(args.prompt)
@@ -150,9 +176,6 @@ def _generate(args) -> None:
 
 
 def _train(args) -> None:
-    from .model.load import load_model
-    from .tools.train import train_adapters
-
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
     model, tokenizer = load_model(args.model, dtype="float32", device=args.device)  # the trainer autocasts
@@ -165,8 +188,6 @@ def _train(args) -> None:
 
 
 def _ead(args) -> None:
-    from .tools.ead import ead_summary, run_ead
-
     cfg = from_args(EadConfig, args)
     _writable(args.out)
     report = run_ead(cfg, log)
@@ -181,11 +202,6 @@ def _ead(args) -> None:
 
 
 def _shortlist(args) -> None:
-    from .model.adapters import load_adapters
-    from .model.load import load_model
-    from .data.ranking import token_ranking
-    from .model.proposal import store_ranking
-
     config = from_args(DexConfig, args)
     model, tokenizer = load_model(config.model, device=config.device)
     load_adapters(args.file, model)  # a wrong or foreign file fails before the counting
@@ -195,9 +211,6 @@ def _shortlist(args) -> None:
 
 
 def _bench(args) -> None:
-    from .tools.bench import run_bench
-    from .tools.bench_report import markdown, write_outputs
-
     cfg = from_args(BenchConfig, args)
     _writable(args.out)
     _writable(args.markdown)
@@ -207,18 +220,12 @@ def _bench(args) -> None:
 
 
 def _plan(args) -> int:
-    from .tools.plan import run_plan
-
     lines, fits = run_plan(from_args(PlanConfig, args), log)
     print("\n".join(lines))
     return 0 if fits else 1
 
 
 def _verify(args) -> int:
-    from .algorithm.sampling import TIE_ULPS
-    from .trace.events import load_trace
-    from .tools.verify import verifier_model, verify_trace
-
     events, meta = load_trace(args.trace)
     model, tokenizer = verifier_model(events, meta, args.model, args.dtype, args.device, log)
     cert = verify_trace(events, meta, model=model, dtype=args.dtype)

@@ -5,25 +5,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from transformers import AutoConfig, GenerationConfig
+from transformers import AutoConfig
 
+from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
+from .device import dtype_name, resolve_dtype
+from .distributed.group import ExplorerGroup
 from .log import stderr
 from .model.checkpoint import Checkpoint, locate
-from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .model.cost import ModelCost
-from .device import dtype_name, resolve_dtype
-from .runtime.engine import run_rounds
 from .model.explorer import Explorer
-from .distributed.group import ExplorerGroup
 from .model.load import load_model, load_tokenizer, resolve_device
-from .model.view import model_view
 from .model.proposal import ProposalHead
+from .model.stage_load import checkpoint_identity, skeleton
+from .model.view import model_view
+from .runtime.engine import run_rounds
+from .runtime.links import LocalLink
 from .runtime.request import make_request
 from .runtime.results import GenerationResult
 from .runtime.settings import RunSettings, resolve_run
-from .model.stage_load import checkpoint_identity, skeleton
 from .trace.events import round_commits, start_event
-from .runtime.links import LocalLink
 
 
 def _options(options, overrides) -> DecoderOptions:
@@ -70,7 +70,7 @@ class DexDecoder:
         options = _options(options, overrides)
         view = model_view(model)
         kind = _device_type(options) if options.backend == "distributed" else view.device.type
-        settings = resolve_run(model, view.vocab, options, [kind], view.dtype, tokenizer)
+        settings = resolve_run(model, view, options, kind, tokenizer)
         self._setup(view, settings, options, tokenizer, model=model)
 
     @classmethod
@@ -90,14 +90,9 @@ class DexDecoder:
         config = AutoConfig.from_pretrained(folder)
         kind = _device_type(options, device)
         dtype = resolve_dtype(dtype, kind, config)
-        shape = skeleton(config, dtype)  # the model's shapes on the meta device: no weights
-        try:
-            shape.generation_config = GenerationConfig.from_pretrained(folder)
-        except OSError:  # no generation_config.json: the config's defaults
-            pass
+        shape = skeleton(config, dtype, folder)  # the model's shapes on the meta device: no weights
         view = model_view(shape)
-        settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view.vocab, options, [kind], dtype,
-                               tokenizer, log)
+        settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view, options, kind, tokenizer, log)
         if kind == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)
@@ -154,9 +149,8 @@ class DexDecoder:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
-        yield from run_rounds(self.view, self.depths, self.explorers, LocalLink(self.K), request, self.decs,
-                              self.trace_top, self._text if self.tokenizer is not None else None, self.prune,
-                              self.settings.draft)
+        yield from run_rounds(self.view, self.settings, self.explorers, LocalLink(self.K), request,
+                              self._text if self.tokenizer is not None else None)
 
     def _device(self) -> str:
         """Where the token choices are made: this model's device, or the final explorer's."""

@@ -4,12 +4,22 @@
 from __future__ import annotations
 
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
 
 def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: int = 0, **overrides):
     """A tiny random float64 model of a supported family, built offline from a config (tests, --quick)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
                "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
     config_cls, model_cls = classes[family]
@@ -26,9 +36,6 @@ def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: in
 
 def tiny_tokenizer(vocab: int = 96):
     """A word-level tokenizer over 'w0'..'w{n}' plus a few English words (offline, no files)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     words = ["[UNK]", "hello", "world", "the", "a", "prime", "number"]
     words += [f"w{i}" for i in range(vocab - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

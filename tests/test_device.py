@@ -37,7 +37,7 @@ DEX = str(Path(dex_core.__file__).parent) + os.sep
 TORCH = str(Path(torch.__file__).parent) + os.sep
 # Where file data becomes tensors: safetensors' own reads land in host memory (memory-mapped), called from its
 # native code, so they show up as DEX's; stage_load._place moves them to their device. Not a device slip.
-FILE_READS = DEX + "checkpoint.py"
+FILE_READS = DEX + "model" + os.sep + "checkpoint.py"
 PROMPT = [5, 9, 14, 3, 22]
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexDecoder, DexError, ar_generate
 from dex_core.config import DraftBounds
+from dex_core.algorithm.chains import ChainPlanner
 from dex_core.algorithm.draft import PromptLookup
 from dex_core.algorithm.lattice import Lattice
 from dex_core.testing import tiny_model, tiny_tokenizer
@@ -38,15 +39,27 @@ def test_draft_bounds_parse_and_refuse_bad_text():
             DecoderOptions(draft=bad)
 
 
+def commit(lattice: Lattice):
+    """Validate and commit, then collapse; the Commit."""
+    done = lattice.validate_and_commit()
+    lattice.collapse(done)
+    return done
+
+
+def chained(K: int, context: list[int], bounds: DraftBounds) -> Lattice:
+    """A lattice whose draft chains look up ``context`` (its root: the context's last token)."""
+    return Lattice(K, context[-1], len(context), ChainPlanner(bounds, context))
+
+
 def _complete(lattice: Lattice, truth, count: int, plan) -> list:
-    """Record ``plan``, then run rounds, every node proposing ``truth(position)``, until ``count`` commits:
-    their (round, commit plan)."""
+    """Insert ``plan``'s candidates, then run rounds, every node proposing ``truth(position)``, until ``count``
+    commits: their (round, commit)."""
     plans = []
     for _ in range(3 * count):
         plan = plan or lattice.plan_round()
-        lattice.record({n.id: truth(n.position) for batch in plan.batches for n in batch})
+        lattice.insert({n.id: truth(n.position) for batch in plan.batches for n in batch})
         while lattice.ready():
-            plans.append((plan.round, lattice.commit()))
+            plans.append((plan.round, commit(lattice)))
         plan = None
         if len(plans) >= count:
             return plans
@@ -56,7 +69,7 @@ def _complete(lattice: Lattice, truth, count: int, plan) -> list:
 def test_a_chain_that_matches_commits_all_its_slots_in_one_round():
     context = [5, 6, 7, 8, 9, 5, 6]  # ends with "5 6": the lookup drafts 7 8 9 5 6
     text = context + [7, 8, 9, 5, 6, 7]
-    lat = Lattice(3, context[-1], len(context), DraftBounds(length=4, gate=0), context)
+    lat = chained(3, context, DraftBounds(length=4, gate=0))
     plan = lat.plan_round()
     assert [n.kind for n in plan.batches[0]] == ["root", "chain", "chain", "chain", "chain"]
     assert [n.input_token for n in plan.batches[0]] == [6, 7, 8, 9, 5]
@@ -69,10 +82,10 @@ def test_a_chain_that_matches_commits_all_its_slots_in_one_round():
 
 def test_a_contradicted_chain_is_cut_and_its_predecessor_branches_as_usual():
     context = [5, 6, 7, 8, 5, 6]
-    lat = Lattice(3, 6, len(context), DraftBounds(length=2, gate=1), context)
+    lat = chained(3, context, DraftBounds(length=2, gate=1))
     plan = lat.plan_round()
     root, first, second = plan.batches[0]
-    lat.record({root.id: 3, first.id: 8, second.id: 1})  # the root proposes 3, not the drafted 7
+    lat.insert({root.id: 3, first.id: 8, second.id: 1})  # the root proposes 3, not the drafted 7
     assert lat.cut == [first.id, second.id] and set(lat.nodes) == {root.id}
     nxt = lat.plan_round()
     assert [(n.kind, n.input_token) for n in nxt.batches[0]][0] == ("position", 3)
@@ -80,16 +93,16 @@ def test_a_contradicted_chain_is_cut_and_its_predecessor_branches_as_usual():
 
 def test_a_chain_slot_whose_candidate_differs_starts_the_recovery_branch_that_commits_at_the_break():
     context = [5, 6, 7, 8, 5, 6]  # the lookup drafts 7 8 after the root
-    lat = Lattice(2, 6, len(context), DraftBounds(length=2, gate=0), context)
+    lat = chained(2, context, DraftBounds(length=2, gate=0))
     plan = lat.plan_round()
     root, first, second = plan.batches[0]
-    lat.record({root.id: 7, first.id: 4, second.id: 1})  # the first chain slot proposes 4, not the drafted 8
-    pending = {lat.nodes[p.parent].slot: lat.nodes[p.parent].token for p in lat._pending if p.kind == "position"}
+    lat.insert({root.id: 7, first.id: 4, second.id: 1})  # the first chain slot proposes 4, not the drafted 8
+    pending = {lat.nodes[p.parent].slot: lat.nodes[p.parent].token for p in lat.children if p.kind == "position"}
     assert pending == {first.slot: 4, second.slot: 1}  # no branch under the root: its chain slot repeats 7
     nxt = lat.plan_round()
     recovery = next(n for n in nxt.batches[0] if n.kind == "position" and n.input_token == 4)
-    lat.record({n.id: {root.slot: 7, first.slot: 4}.get(n.slot, 2) for b in nxt.batches for n in b})
-    commits = [lat.commit() for _ in range(2) if lat.ready()]
+    lat.insert({n.id: {root.slot: 7, first.slot: 4}.get(n.slot, 2) for b in nxt.batches for n in b})
+    commits = [commit(lat) for _ in range(2) if lat.ready()]
     assert [(c.token, c.via) for c in commits] == [(7, "chain"), (4, "position")]  # 4 breaks the chain ...
     assert lat.anchor == recovery.slot and lat.state == 1  # ... and the next anchor is a stage deep already
 

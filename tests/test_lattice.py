@@ -22,11 +22,17 @@ def run(K: int, tokens: int, guess, start: int = 10):
                 on_track = _on_track(lat, node)
                 final = node.stage == K - 1
                 chosen[node.id] = truth(node.position) if final and on_track else guess(node, on_track)
-        lat.record(chosen)
+        lat.insert(chosen)
         if lat.ready():
-            commits.append(lat.commit())
+            commits.append(commit(lat)[0])
             rounds_at.append(lat.rounds)
     return lat, commits, rounds_at
+
+
+def commit(lat: Lattice):
+    """Validate and commit, then collapse: (Commit, Collapse)."""
+    done = lat.validate_and_commit()
+    return done, lat.collapse(done)
 
 
 def _on_track(lat: Lattice, node) -> bool:
@@ -53,7 +59,7 @@ def test_state_q_holds_two_to_the_q_minus_one_nodes(K):
     for q in range(1, K + 1):
         plan = lat.plan_round()
         assert plan.state_before == q - 1
-        lat.record({n.id: 100 + n.id for b in plan.batches for n in b})
+        lat.insert({n.id: 100 + n.id for b in plan.batches for n in b})
         assert lat.state == q
         assert len(lat.nodes) == 2 ** q - 1
         assert sum(len(b) for b in plan.batches) == 2 ** (q - 1)
@@ -70,13 +76,13 @@ def test_collapse_keeps_only_the_matched_subtree(K):
                 for n in b:  # anchor candidates: match first at stage k; others distinct
                     anchor = n.slot == lat.anchor
                     chosen[n.id] = 42 if anchor and n.stage >= k else 500 + n.id
-            lat.record(chosen)
+            lat.insert(chosen)
         anchor_slot = lat.anchor
         before = dict(lat.nodes)
-        plan = lat.commit()
+        plan, kept = commit(lat)
         assert plan.token == 42 and plan.matched_stage == k
         if k == K - 1:
-            assert plan.kept == [] and plan.new_anchor is None and lat.state == 0
+            assert kept.kept == [] and plan.next_anchor is None and lat.state == 0
             continue
         root = before[before[plan.anchor_nodes[k]].position_child]
         expected = set()
@@ -85,10 +91,10 @@ def test_collapse_keeps_only_the_matched_subtree(K):
             nid = frontier.pop()
             expected.add(nid)
             frontier += [m.id for m in before.values() if m.parent == nid and m.slot != anchor_slot]
-        assert set(plan.kept) == expected == set(lat.nodes)
-        assert set(plan.dropped) | set(plan.kept) | set(plan.anchor_nodes) == set(before)
-        assert lat.state == K - 1 - k and len(plan.kept) == 2 ** (K - 1 - k) - 1
-        assert all(lat.slots[s].path[0] == root.slot for s in plan.kept_slots)
+        assert set(kept.kept) == expected == set(lat.nodes)
+        assert set(kept.dropped) | set(kept.kept) | set(plan.anchor_nodes) == set(before)
+        assert lat.state == K - 1 - k and len(kept.kept) == 2 ** (K - 1 - k) - 1
+        assert all(lat.slots[s].path[0] == root.slot for s in kept.kept_slots)
 
 
 @pytest.mark.parametrize("K", [2, 3, 4])
@@ -122,17 +128,17 @@ def test_commit_before_the_anchor_is_complete_is_refused():
     lat = Lattice(3, 1, 1)
     lat.plan_round()  # round 1: the root (node 0) at stage 0
     with pytest.raises(ValueError, match=r"^no candidate recorded for nodes \[0\]$"):
-        lat.record({})
+        lat.insert({})
     with pytest.raises(RuntimeError, match=r"^cannot commit in state 1 of 3$"):  # q=1: one of the 3 rounds the anchor needs
-        lat.commit()
+        lat.validate_and_commit()
 
 
 def test_pruning_starts_the_most_probable_branches_and_never_stops_a_slot():
     lat = Lattice(3, 7, 10)
-    lat.record({n.id: 1 for b in lat.plan_round().batches for n in b}, None)
+    lat.insert({n.id: 1 for b in lat.plan_round().batches for n in b}, None)
     plan = lat.plan_round()  # the root's depth child and position child
     (branch,), (deeper,), _ = plan.batches
-    lat.record({branch.id: 2, deeper.id: 2}, {branch.id: 0.2, deeper.id: 0.9})
+    lat.insert({branch.id: 2, deeper.id: 2}, {branch.id: 0.2, deeper.id: 0.9})
     plan = lat.plan_round(prune=1)
     assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [branch.id]  # the 0.9 candidate's
     assert [len(b) for b in plan.batches] == [1, 1, 1]  # depth children are never pruned

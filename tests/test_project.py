@@ -117,7 +117,7 @@ def test_dex_core_imports_no_ui_library_and_visualize_no_model_library():
     found = sorted(f"{module} imports {lib}" for module, libs in outside.items() for lib in libs
                    if lib in FORBIDDEN.get(module.split(".")[0], ()))
     assert not found, "\n".join(found)
-    assert "torch" in outside["dex_core.runtime.engine"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
+    assert "torch" in outside["dex_core.runtime.stage"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
 
 
 def layer(module: str) -> int:
@@ -156,6 +156,37 @@ def test_library_code_reports_through_the_log_callback_and_never_prints():
         "dex_core") and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"
                             for n in ast.walk(ast.parse(path.read_text()))))
     assert set(printing) <= set(PRINTS), f"print outside the entry points and the log callback: {printing}"
+
+
+MAX_FUNCTION_LINES, MAX_PARAMETERS = 60, 6  # shared/STYLE.md, item 3
+
+
+def functions():
+    """(file, function node, its lines, its parameters other than self/cls) for every function of the project."""
+    for name, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                params = [x for x in params if x.arg not in ("self", "cls")]
+                yield name, node, node.end_lineno - node.lineno + 1, len(params)
+
+
+def test_no_function_is_over_60_lines_and_none_in_the_algorithm_or_runtime_over_6_parameters():
+    long = [f"{m}.{f.name}: {n} lines" for m, f, n, _ in functions() if n > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+    many = [f"{m}.{f.name}: {k} parameters" for m, f, _, k in functions() if k > MAX_PARAMETERS
+            and m.startswith(("dex_core.algorithm", "dex_core.runtime"))]
+    assert not many, f"functions of the algorithm and runtime layers with over {MAX_PARAMETERS} parameters: {many}"
+
+
+def test_the_round_loop_fits_one_screen_and_names_the_steps_of_algorithm_1():
+    loop = next(f for m, f, _, _ in functions() if m == "dex_core.runtime.engine" and f.name == "run_rounds")
+    source = ast.get_source_segment((ROOT / "dex_core" / "runtime" / "engine.py").read_text(), loop)
+    assert loop.end_lineno - loop.lineno + 1 <= 40
+    for step in ("plan_round", "decs_masks", "explore", "exchange", "insert", "ready", "validate_and_commit",
+                 "collapse"):
+        assert f"{step}(" in source, step
 
 
 def test_every_project_file_is_at_most_400_lines():

@@ -6,6 +6,7 @@ pass ``markup.plot_text``."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from .markup import plot_text
 from .palette import INK, OKABE_ITO, SERIES, stage_tick
@@ -95,7 +96,6 @@ def speedup_figure(analysis: dict) -> go.Figure:
 def bench_figure(report: dict) -> go.Figure:
     """``dex bench``: per method, the critical-path speedup over AR (L / layer forwards per token) and
     the measured tokens/s ratio over HF generate, one bar group per prompt set; the EAD oracle dashed."""
-    from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("critical path: L / layer forwards per token (hardware-neutral)",

@@ -172,27 +172,42 @@ def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
     lattice of K stages never reaches further than K - 1 ahead, and a chain reaches its length further
     (8 by default), so the default draws every node (the node-marker count is ``lattice_size(view)``).
     """
-    depths = view.start["depths"]
-    K = len(depths)
+    K = len(view.start["depths"])
     reach = max((n["position"] - view.commit_position for n in view.nodes.values()), default=0) + 1
     columns = min(window, max(K, reach))
-    place = _layout_cells(view, window, columns)
-    status = node_statuses(view)
-    vocab = token_texts(view)
+    groups, edges, boxes = _marks(view, _layout_cells(view, window, columns), columns)
+    chained = bool(chain_nodes(view))
+    traces = [go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
+                         visible="legendonly" if name == EDGE_GROUPS[2] else True,
+                         line=CHAIN_EDGE if name == CHAIN_EDGES else
+                         dict(color="#8C8C8C" if name != EDGE_GROUPS[2] else "#C8C8C8", width=1))
+              for name, (xs, ys) in edges.items() if name in EDGE_GROUPS or chained]
+    traces += [_status_trace(s, g) for s, g in groups.items()]
+    if chained:
+        for gone, group in boxes.items():  # a dropped node's frame fades with it
+            xs, ys = frames(group)
+            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", line=CHAIN_LINE,
+                                     legendgroup="chains", showlegend=not gone,
+                                     opacity=DISCARDED_OPACITY if gone else 1.0))
+    return _laid_out(go.Figure(data=traces), view, columns)
+
+
+def _marks(view: RoundView, place: dict, columns: int) -> tuple[dict, dict, dict]:
+    """Per status, the markers (x, y, size, label, hover); per edge group, its line (x, y with gaps); the chain
+    frames of live and of dropped nodes."""
+    depths, K = view.start["depths"], len(view.start["depths"])
+    status, vocab = node_statuses(view), token_texts(view)
     new, kept, chained = set(view.new), set(view.kept) | set(view.committed_ids), chain_nodes(view)
-    groups: dict[str, dict[str, list]] = {s: {"x": [], "y": [], "size": [], "text": [], "hover": []}
-                                          for s in STATUS_MARKS}
+    groups = {s: {"x": [], "y": [], "size": [], "text": [], "hover": []} for s in STATUS_MARKS}
     edges: dict[str, tuple[list, list]] = {name: ([], []) for name in (*EDGE_GROUPS, CHAIN_EDGES)}
     cell_w, cell_h = PLOT_WIDTH_PX / columns, stage_height(K)  # px per x and y unit
-    boxes: dict[bool, list] = {False: [], True: []}  # chain frames of live and of dropped nodes
+    boxes: dict[bool, list] = {False: [], True: []}
     for i, (x, y, size, chars, room_x, room_y) in place.items():
-        node = view.nodes[i]
-        g = groups[status[i]]
-        g["x"].append(x)
-        g["y"].append(y)
-        g["size"].append(size)
+        node, g = view.nodes[i], groups[status[i]]
         label = _label(node.get("text"), node["token"])
-        g["text"].append(plot_text(label) if len(label) <= chars else "")
+        for key, value in (("x", x), ("y", y), ("size", size), ("text", plot_text(label) if len(label) <= chars
+                                                                    else "")):
+            g[key].append(value)
         g["hover"].append(_hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab,
                                  i in chained))
         if i in chained:
@@ -204,27 +219,23 @@ def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
             px, py, *_ = place[parent]
             xs += [px, x, None]
             ys += [py, y, None]
-    traces = [go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
-                         visible="legendonly" if name == EDGE_GROUPS[2] else True,
-                         line=CHAIN_EDGE if name == CHAIN_EDGES else
-                         dict(color="#8C8C8C" if name != EDGE_GROUPS[2] else "#C8C8C8", width=1))
-              for name, (xs, ys) in edges.items() if name in EDGE_GROUPS or chained]
-    for s, g in groups.items():
-        mark = STATUS_MARKS[s]
-        traces.append(go.Scatter(
-            x=g["x"], y=g["y"], mode="markers+text", name=s, text=g["text"], hovertext=g["hover"],
-            hovertemplate="%{hovertext}<extra></extra>", textposition="middle center",
-            textfont=dict(size=FONT_PX, color=mark.ink),
-            marker=dict(color=mark.fill, size=g["size"], symbol=mark.symbol,
-                        line=dict(color=mark.line, width=mark.width)),
-            opacity=DISCARDED_OPACITY if s in ("discarded", "cut") else 1.0))
-    if chained:
-        for gone, group in boxes.items():  # a dropped node's frame fades with it
-            xs, ys = frames(group)
-            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", line=CHAIN_LINE,
-                                     legendgroup="chains", showlegend=not gone,
-                                     opacity=DISCARDED_OPACITY if gone else 1.0))
-    fig = go.Figure(data=traces)
+    return groups, edges, boxes
+
+
+def _status_trace(status: str, g: dict) -> go.Scatter:
+    mark = STATUS_MARKS[status]
+    return go.Scatter(
+        x=g["x"], y=g["y"], mode="markers+text", name=status, text=g["text"], hovertext=g["hover"],
+        hovertemplate="%{hovertext}<extra></extra>", textposition="middle center",
+        textfont=dict(size=FONT_PX, color=mark.ink),
+        marker=dict(color=mark.fill, size=g["size"], symbol=mark.symbol, line=dict(color=mark.line, width=mark.width)),
+        opacity=DISCARDED_OPACITY if status in ("discarded", "cut") else 1.0)
+
+
+def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
+    """The figure's title, axes (positions ahead of the anchor; one row per stage) and the anchor's band."""
+    depths = view.start["depths"]
+    K = len(depths)
     fig.update_layout(
         title=dict(text=_title(view)), uirevision="lattice", height=round(130 + stage_height(K) * K),
         margin=dict(l=90, r=20, t=60, b=40), plot_bgcolor="white", legend=dict(title=dict(text="status"), tracegroupgap=0),

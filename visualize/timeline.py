@@ -112,63 +112,85 @@ def timeline_figure(events: list[dict], note: str = "") -> go.Figure:
     ``note`` (plain text, e.g. what a click does where the figure is shown) ends its title."""
     start = events[0] if events and events[0].get("event") == "start" else {}
     depths = start.get("depths", [])
-    K = len(depths)
     graph = lattice_graph(events)
     records, vocab = {}, {}
     for event in events:
         if event.get("event") == "round":
             records.update((n["id"], n) for n in event["nodes"])
             vocab.update(event_texts(event))
-    plot_px = plot_height(K)
-    place = _place(graph, plot_px / y_units(K))
+    place = _place(graph, plot_height(len(depths)) / y_units(len(depths)))
+    edges = _edge_lines(graph, place)
+    traces = [go.Scatter(x=edges[name][0], y=edges[name][1], mode="lines", name=name, hoverinfo="skip", legendrank=300,
+                         visible=True if name == "edges" else "legendonly", line=dict(color=EDGE_COLOR, width=1))
+              for name in ("edges", GONE_EDGES)]
+    for rank, fate in enumerate(FATES):  # the fates lead the legend, then the chains, collapses and edges
+        ids = [i for i, n in graph.nodes(data=True) if n["fate"] == fate]
+        if ids or fate != "cut":  # "cut" named only where draft chains cut nodes
+            traces.append(_fate_trace(graph, ids, fate, rank, place, (records, depths, vocab)))
+    traces += _chain_traces(graph, place, edges["chain"], len(depths)) + _collapse_traces(*_cuts(events, graph))
+    rounds = sum(1 for e in events if e.get("event") == "round")
+    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (f" · {plot_text(note)}" if note else "")
+    return _laid_out(go.Figure(data=traces), title, depths)
+
+
+def _edge_lines(graph, place: dict) -> dict[str, tuple[list, list]]:
+    """The edges as three lines (x, y with gaps): live ones, those into dropped nodes, the chains'."""
     edges: dict[str, tuple[list, list]] = {"edges": ([], []), GONE_EDGES: ([], []), "chain": ([], [])}
     for a, b, kind in graph.edges(data="kind"):
         gone = graph.nodes[b]["fate"] in ("discarded", "cut")
         xs, ys = edges[GONE_EDGES if gone else "chain" if kind == "chain" else "edges"]
         xs += [place[a][0], place[b][0], None]
         ys += [place[a][1], place[b][1], None]
-    traces = [go.Scatter(x=edges[name][0], y=edges[name][1], mode="lines", name=name, hoverinfo="skip", legendrank=300,
-                         visible=True if name == "edges" else "legendonly", line=dict(color=EDGE_COLOR, width=1))
-              for name in ("edges", GONE_EDGES)]
-    for rank, fate in enumerate(FATES):  # the fates lead the legend, then the chains, collapses and edges
-        ids = [i for i, n in graph.nodes(data=True) if n["fate"] == fate]
-        if fate == "cut" and not ids:  # named only where draft chains cut nodes
-            continue
-        nodes = [graph.nodes[i] for i in ids]
-        mark = FATE_MARKS[fate]
-        traces.append(go.Scatter(
-            x=[place[i][0] for i in ids], y=[place[i][1] for i in ids], mode="markers", name=fate,
-            legendrank=100 + rank, customdata=[n["round"] for n in nodes],
-            hovertext=[_hover(n, records[i], depths, vocab) for i, n in zip(ids, nodes)],
-            hovertemplate="%{hovertext}<extra></extra>", opacity=0.45 if fate in ("discarded", "cut") else 1.0,
-            marker=dict(color=mark.fill, size=[place[i][2] for i in ids], symbol=mark.symbol,
-                        line=dict(color=mark.line, width=mark.width))))
+    return edges
+
+
+def _fate_trace(graph, ids: list, fate: str, rank: int, place: dict, texts: tuple) -> go.Scatter:
+    """The nodes of one fate; ``texts``: (node records by id, the depths, token texts) for their hovers."""
+    records, depths, vocab = texts
+    nodes, mark = [graph.nodes[i] for i in ids], FATE_MARKS[fate]
+    return go.Scatter(
+        x=[place[i][0] for i in ids], y=[place[i][1] for i in ids], mode="markers", name=fate,
+        legendrank=100 + rank, customdata=[n["round"] for n in nodes],
+        hovertext=[_hover(n, records[i], depths, vocab) for i, n in zip(ids, nodes)],
+        hovertemplate="%{hovertext}<extra></extra>", opacity=0.45 if fate in ("discarded", "cut") else 1.0,
+        marker=dict(color=mark.fill, size=[place[i][2] for i in ids], symbol=mark.symbol,
+                    line=dict(color=mark.line, width=mark.width)))
+
+
+def _chain_traces(graph, place: dict, chain_edges: tuple, K: int) -> list:
+    """Draft chains' frames (live, and faded for dropped nodes) and edges, under one legend entry."""
     drafted = [i for i, n in graph.nodes(data=True) if n["drafted"]]
-    if drafted:  # one legend entry toggles the chains' frames and edges
-        cell_w = PLOT_WIDTH_PX / max(len({n["position"] for _, n in graph.nodes(data=True)}), 1)
-        row_px = plot_px / y_units(K)
-        for gone in (False, True):  # a dropped node's frame fades with it
-            xs, ys = frames((place[i][0], place[i][1], (place[i][2] / 2 + 2) / cell_w, (place[i][2] / 2 + 2) / row_px)
-                            for i in drafted if (graph.nodes[i]["fate"] in ("discarded", "cut")) == gone)
-            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", legendrank=150,
-                                     legendgroup="chains", showlegend=not gone, opacity=0.3 if gone else 1.0,
-                                     line=CHAIN_LINE))
-        traces.append(go.Scatter(x=edges["chain"][0], y=edges["chain"][1], mode="lines", name="chain edges",
-                                 hoverinfo="skip", legendgroup="chains", showlegend=False, line=CHAIN_EDGE))
-    lines, marks = _cuts(events, graph)
-    traces.append(go.Scatter(x=lines["x"], y=lines["y"], mode="lines", name="collapse cuts", hoverinfo="skip",
-                             legendgroup="collapses", showlegend=False, line=dict(color=CUT_COLOR, width=1, dash="dot")))
-    traces.append(go.Scatter(x=marks["x"], y=[CUT_ROW] * len(marks["x"]), mode="markers+text", name="collapses",
-                             legendgroup="collapses", legendrank=200, text=marks["label"], textposition="middle right",
-                             textfont=dict(size=10, color=CUT_COLOR), customdata=marks["round"], hovertext=marks["hover"],
-                             hovertemplate="%{hovertext}<extra></extra>",
-                             marker=dict(color=CUT_COLOR, symbol="triangle-down", size=7)))
-    fig = go.Figure(data=traces)
-    rounds = sum(1 for e in events if e.get("event") == "round")
-    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (f" · {plot_text(note)}" if note else "")
+    if not drafted:
+        return []
+    cell_w = PLOT_WIDTH_PX / max(len({n["position"] for _, n in graph.nodes(data=True)}), 1)
+    row_px = plot_height(K) / y_units(K)
+    traces = []
+    for gone in (False, True):  # a dropped node's frame fades with it
+        xs, ys = frames((place[i][0], place[i][1], (place[i][2] / 2 + 2) / cell_w, (place[i][2] / 2 + 2) / row_px)
+                        for i in drafted if (graph.nodes[i]["fate"] in ("discarded", "cut")) == gone)
+        traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", legendrank=150,
+                                 legendgroup="chains", showlegend=not gone, opacity=0.3 if gone else 1.0,
+                                 line=CHAIN_LINE))
+    return traces + [go.Scatter(x=chain_edges[0], y=chain_edges[1], mode="lines", name="chain edges",
+                                hoverinfo="skip", legendgroup="chains", showlegend=False, line=CHAIN_EDGE)]
+
+
+def _collapse_traces(lines: dict, marks: dict) -> list:
+    """The collapses: dotted cuts across the stages and a marker per commit round above them."""
+    return [go.Scatter(x=lines["x"], y=lines["y"], mode="lines", name="collapse cuts", hoverinfo="skip",
+                       legendgroup="collapses", showlegend=False, line=dict(color=CUT_COLOR, width=1, dash="dot")),
+            go.Scatter(x=marks["x"], y=[CUT_ROW] * len(marks["x"]), mode="markers+text", name="collapses",
+                       legendgroup="collapses", legendrank=200, text=marks["label"], textposition="middle right",
+                       textfont=dict(size=10, color=CUT_COLOR), customdata=marks["round"], hovertext=marks["hover"],
+                       hovertemplate="%{hovertext}<extra></extra>",
+                       marker=dict(color=CUT_COLOR, symbol="triangle-down", size=7))]
+
+
+def _laid_out(fig: go.Figure, title: str, depths: list) -> go.Figure:
+    K = len(depths)
     fig.update_layout(
         title=dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=8)),
-        uirevision="timeline", height=TOP_PX + plot_px + BOTTOM_PX, plot_bgcolor="white", hovermode="closest",
+        uirevision="timeline", height=TOP_PX + plot_height(K) + BOTTOM_PX, plot_bgcolor="white", hovermode="closest",
         margin=dict(l=90, r=20, t=TOP_PX, b=BOTTOM_PX),
         legend=dict(title=dict(text="fate:"), orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
         xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),

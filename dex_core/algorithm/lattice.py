@@ -7,41 +7,26 @@ Vocabulary (DESIGN.md):
 - Every computed node spawns, for the next round, a *depth* child (same slot, next stage; none after
   the last stage) and a *position* child (a new slot whose input is the node's candidate, stage 0).
   So a lattice rooted q rounds ago holds 2^q - 1 nodes; the FSM state q counts the anchor's nodes.
-- When the anchor has all K nodes, its last candidate y is committed. The shallowest anchor stage k
-  whose candidate equals y selects the position child that becomes the next anchor; the lattice
-  collapses onto that child's subtree. A token matched at stage k thus costs k + 1 rounds; with no
-  earlier match (k = K - 1) the next anchor starts from scratch and the token costs K rounds.
+- When the anchor has all K nodes, its last candidate y is committed (``validate_and_commit``): the
+  shallowest anchor stage k whose candidate equals y (``first_match``) selects the position child that
+  becomes the next anchor, and ``collapse`` keeps that child's subtree, nothing else. A token matched at stage
+  k thus costs k + 1 rounds; with no earlier match (k = K - 1) the next anchor starts from scratch and the token
+  costs K rounds. Exact: y is the final-depth token of the slot under the committed prefix.
 
-The engine drives it: ``plan_round``, compute, ``record`` the candidates, ``commit`` while ``ready``.
-Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per round, those
-whose parent's candidate was the most probable first; the root and depth children are never pruned, so
-every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
-position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on
-the device (``device.resolve_prune``): B = 1 where a forward's cost grows with its rows (CPUs); none where
-a batch costs its weights once (accelerators at small batch) and pruning only adds rounds.
-
-Draft chains (``draft``, see ``dex_core.algorithm.draft``): a new stage-0 slot X (root or position child) whose
-prefix ends with an n-gram seen earlier in the context gets a *chain*: slots X_1..X_m with the looked-up
-continuation d_1..d_m as inputs (X_j predicts X's position + j, parent X_{j-1}), entering stage 0 with X
-and moving down the stages with it; a chain whose last slot's prefix still finds a draft grows by more
-slots the next round. With ``gate=1`` a chain slot is *cut* (with all under it) once the slot before it
-has candidates and none equals its input. A node whose slot has a chain child starts a position child
-only where its candidate differs from the chain's next input: the *recovery* branch, already under way
-where the chain breaks (without it the next anchor would start from scratch). At a commit of y the next
-anchor is the anchor's child with input y: its chain slot, else the position child of the shallowest
-stage whose candidate is y. A chain slot started with its predecessor is as deep, so it commits in
-the same round; one grown later commits once it has its K stages, within K - 1 rounds.
-Exact: that child's prefix is the committed prefix followed by y, the new committed prefix. Its final
-token was computed by the model's layers under exactly that prefix (tree attention over the committed KV
-and its own ancestors) and chosen by the final sampler with its position's noise row: the token AR emits
-there. The lookup only chose which prefixes to compute.
+The round loop drives it: ``plan_round``, compute, ``insert`` the candidates, ``validate_and_commit`` and
+``collapse`` while ``ready``. Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per
+round, those whose parent's candidate was the most probable first; the root and depth children are never pruned,
+so every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
+position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on the
+device (``runtime.settings.resolve_prune``). Draft chains (the token axis) are planned beside the lattice by a
+``chains.ChainPlanner``, which it calls while it plans, inserts and commits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .draft import PromptLookup
+from .chains import ChainPlanner
 
 
 @dataclass
@@ -66,17 +51,19 @@ class Node:
     position: int
     input_token: int
     round: int  # round in which it was computed
-    token: int | None = None  # candidate, set by record()
-    prob: float = 1.0  # the candidate's probability at its stage, set by record() when given
+    token: int | None = None  # candidate, set by insert()
+    prob: float = 1.0  # the candidate's probability at its stage, set by insert() when given
     position_child: int | None = None
 
 
 @dataclass
-class _Pending:
-    kind: str
+class Child:
+    """A node queued for the next round: a depth or position child of ``parent``, or a root (token, position)."""
+
+    kind: str  # "root" | "depth" | "position"
     parent: int | None  # node id
-    token: int = -1  # input token of a root item
-    position: int = -1  # position of a root item
+    token: int = -1  # input token of a root
+    position: int = -1  # position of a root
 
 
 @dataclass
@@ -88,45 +75,51 @@ class RoundPlan:
     chains: list[list[int]] = field(default_factory=list)  # per chain started this round, its stage-0 nodes
 
 
-@dataclass
-class CommitPlan:
-    position: int
-    token: int
-    matched_stage: int
+@dataclass(frozen=True)
+class Commit:
+    """What ``validate_and_commit`` decided: the committed token y and the branch that survives."""
+
+    position: int  # the commit position
+    token: int  # y: the anchor's final-stage candidate
+    matched_stage: int  # k: the shallowest anchor stage whose candidate is y (K - 1: none earlier)
     anchor_nodes: list[int]  # the committed anchor chain, stage 0..K-1
     anchor_candidates: list[int]
-    committed_slot: int
-    kept: list[int]  # node ids that survive (the matched subtree), ascending
-    dropped: list[int]  # node ids discarded
+    anchor_slot: int
+    next_anchor: int | None  # the first node of the slot that becomes the anchor (None: start from scratch)
+    via: str  # how the next anchor was found: "chain", "position" or "root" (from scratch)
+    drafted: bool  # the committed slot was a chain slot (its input a looked-up token)
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """What ``collapse`` kept: the next anchor's subtree (nodes and slots); every other node is dropped."""
+
+    kept: list[int]  # node ids, ascending
+    dropped: list[int]  # node ids discarded (the committed anchor's own nodes are neither)
     kept_slots: set[int]
-    new_anchor: int | None  # node id of the next anchor's first node when it was already computed
     state_after: int
-    drafted: bool = False  # the committed slot was a chain slot (its input a looked-up token)
-    via: str = "root"  # how the next anchor was found: "chain", "position" or "root" (from scratch)
+
+
+def first_match(candidates: list[int], token: int) -> int:
+    """The shallowest stage whose candidate is ``token`` (the final stage's always is)."""
+    return candidates.index(token)
 
 
 class Lattice:
-    """Lattice of one decoding run for ``explorers`` stages.
+    """Lattice of one decoding run for ``explorers`` stages. ``root_token`` is the last prompt token,
+    ``root_position`` the first position to generate; ``chains`` plans draft chains (None: off)."""
 
-    ``root_token`` is the last prompt token, ``root_position`` the first position to generate. With ``draft``
-    (``DraftBounds``) chains are looked up in ``context`` (the prompt) and the commits, up to ``stop_position``.
-    """
-
-    def __init__(self, explorers: int, root_token: int, root_position: int, draft=None,
-                 context: list[int] | None = None, stop_position: int | None = None):
+    def __init__(self, explorers: int, root_token: int, root_position: int, chains: ChainPlanner | None = None):
         if explorers < 1:
             raise ValueError(f"need at least one explorer; got {explorers}")
-        self.K = explorers
-        self.draft, self.stop_position = draft, stop_position
-        self.lookup = PromptLookup(list(context or [root_token]), draft.ngram) if draft else None
-        self.cut: list[int] = []  # node ids the last record() cut; their slots and nodes by id until the next:
-        self._gone, self._gone_nodes = {}, {}
+        self.K, self.chains = explorers, chains
         self.nodes: dict[int, Node] = {}
         self.slots: dict[int, Slot] = {}
+        self.cut: list[int] = []  # node ids the last insert() cut (chain slots contradicted)
         self.rounds = 0
         self.anchor: int | None = None  # slot id, set when the root is computed
-        self._next_node = self._next_slot = self._room = 0
-        self._pending: list[_Pending] = [_Pending("root", None, root_token, root_position)]
+        self._next_node = self._next_slot = 0
+        self.children: list[Child] = [Child("root", None, root_token, root_position)]  # queued for the next round
         self._latest: list[Node] = []
 
     @property
@@ -139,162 +132,139 @@ class Lattice:
         return self.state == self.K
 
     def plan_round(self, prune: int | None = None) -> RoundPlan:
-        """Materialize the pending children as this round's nodes, grouped by stage; with ``prune``, at
-        most that many position children (the most probable parent candidates first)."""
+        """Materialize the queued children as this round's nodes, grouped by stage; with ``prune``, at most that
+        many position children (the most probable parent candidates first); then the round's draft chains."""
         if self.ready():
             raise RuntimeError("the anchor is complete: commit before planning another round")
         state_before = self.state
         self.rounds += 1
-        pruned: list[int] = []
-        if self.draft is not None:  # chain rows still free this round (the alive chain slots counted once)
-            self._room = self.draft.rows - sum(s.drafted for s in self.slots.values())
-        extend = self._extensions() if self.draft is not None else []
-        branches = [p for p in self._pending if p.kind == "position"]
-        if prune is not None and len(branches) > prune:
-            ranked = sorted(branches, key=lambda p: (-self.nodes[p.parent].prob, p.parent))
-            cut = {id(p) for p in ranked[prune:]}
-            pruned = sorted(p.parent for p in ranked[prune:])
-            self._pending = [p for p in self._pending if id(p) not in cut]
+        extensions = self.chains.extensions(self) if self.chains else []
+        pruned = self._prune(prune)
         batches: list[list[Node]] = [[] for _ in range(self.K)]
-        new: list[Node] = []
-        for item in self._pending:
-            node = self._materialize(item)
+        new = [self._materialize(child) for child in self.children]
+        for node in new:
             batches[node.stage].append(node)
-            new.append(node)
-        self._pending = []
-        chains = [self._grow(self.nodes[slot.nodes[0]], tokens) for slot, tokens in extend]
-        heads = [] if self.draft is None else sorted((n for n in new if n.kind in ("root", "position")), key=lambda n: (
-            n.kind != "root", -(self.nodes[n.parent].prob if n.parent in self.nodes else 1)))
-        for head in heads:
-            if len(chains) < self.draft.chains and (tokens := self._draft(self.slots[head.slot])):
-                chains.append(self._grow(head, tokens))
+        self.children = []
+        chains = self.chains.grow(self, extensions, new) if self.chains else []
         for chain in chains:
             batches[0] += chain
             new += chain
         self._latest = new
         return RoundPlan(self.rounds, state_before, batches, pruned, [[n.id for n in c] for c in chains])
 
-    def _extensions(self) -> list[tuple[Slot, list[int]]]:
-        """Chains whose last slot still finds a draft go on (at most ``chains``, shallowest first): (slot, tokens)."""
-        ends = sorted((s for s in self.slots.values() if s.drafted and s.chain_child is None), key=lambda s: s.position)
-        out = [(s, t) for s in ends[:self.draft.chains] if (t := self._draft(s))]
-        first = {s.id: t[0] for s, t in out}  # pending branches that the chain's first slot repeats are dropped
-        self._pending = [p for p in self._pending if p.kind != "position"
-                         or first.get(self.nodes[p.parent].slot) != self.nodes[p.parent].token]
-        return out
+    def _prune(self, prune: int | None) -> list[int]:
+        """Drop all but ``prune`` queued position children, the most probable parent candidates first; the parents
+        of those dropped."""
+        branches = [c for c in self.children if c.kind == "position"]
+        if prune is None or len(branches) <= prune:
+            return []
+        ranked = sorted(branches, key=lambda c: (-self.nodes[c.parent].prob, c.parent))
+        cut = {id(c) for c in ranked[prune:]}
+        self.children = [c for c in self.children if id(c) not in cut]
+        return sorted(c.parent for c in ranked[prune:])
 
-    def _draft(self, slot: Slot) -> list[int]:
-        """The looked-up continuation of ``slot``'s prefix, within the bounds (it takes rows from ``_room``)."""
-        d, stop = self.draft, self.stop_position
-        room = min(d.length, self._room, d.length if stop is None else stop - slot.position)
-        tokens = self.lookup.draft([self.slots[s].input_token for s in slot.path[1:]], room, d.min_ngram)
-        self._room -= len(tokens)
-        return tokens
-
-    def _grow(self, head: Node, tokens: list[int]) -> list[Node]:
-        """Chain slots with inputs ``tokens`` after ``head``'s slot, at stage 0 this round."""
-        chain, parent = [], head
-        for token in tokens:
-            pslot = self.slots[parent.slot]
-            sid, nid = self._next_slot, self._next_node
-            self._next_slot, self._next_node = sid + 1, nid + 1
-            self.slots[sid] = Slot(sid, pslot.position + 1, token, pslot.id, pslot.path + (sid,), [nid], drafted=True)
-            pslot.chain_child = sid
-            parent = self.nodes[nid] = Node(nid, sid, 0, "chain", parent.id, pslot.position + 1, token, self.rounds)
-            chain.append(parent)
-        return chain
-
-    def _materialize(self, item: _Pending) -> Node:
-        nid, self._next_node = self._next_node, self._next_node + 1
-        if item.kind == "depth":
-            parent = self.nodes[item.parent]
-            slot = self.slots[parent.slot]
-            node = Node(nid, slot.id, parent.stage + 1, "depth", parent.id, slot.position,
-                        slot.input_token, self.rounds)
-        else:
-            if item.kind == "root":
-                token, position, parent_slot, path_head = item.token, item.position, None, ()
-            else:
-                parent = self.nodes[item.parent]
-                pslot = self.slots[parent.slot]
-                token, position, parent_slot, path_head = parent.token, pslot.position + 1, pslot.id, pslot.path
-                parent.position_child = nid
-            sid, self._next_slot = self._next_slot, self._next_slot + 1
-            self.slots[sid] = Slot(sid, position, token, parent_slot, path_head + (sid,))
-            if item.kind == "root":
-                self.anchor = sid
-            node = Node(nid, sid, 0, item.kind, item.parent, position, token, self.rounds)
-        self.slots[node.slot].nodes.append(nid)
-        self.nodes[nid] = node
+    def _new_node(self, slot: int, stage: int, kind: str, parent: int | None) -> Node:
+        s = self.slots[slot]
+        node = Node(self._next_node, slot, stage, kind, parent, s.position, s.input_token, self.rounds)
+        self._next_node += 1
+        s.nodes.append(node.id)
+        self.nodes[node.id] = node
         return node
+
+    def _new_slot(self, position: int, token: int, parent: int | None, drafted: bool = False) -> Slot:
+        path = () if parent is None else self.slots[parent].path
+        slot = Slot(self._next_slot, position, token, parent, path + (self._next_slot,), drafted=drafted)
+        self.slots[slot.id] = slot
+        self._next_slot += 1
+        return slot
+
+    def _materialize(self, child: Child) -> Node:
+        if child.kind == "depth":
+            parent = self.nodes[child.parent]
+            return self._new_node(parent.slot, parent.stage + 1, "depth", parent.id)
+        if child.kind == "root":
+            slot = self._new_slot(child.position, child.token, None)
+            self.anchor = slot.id
+        else:
+            parent = self.nodes[child.parent]
+            slot = self._new_slot(self.slots[parent.slot].position + 1, parent.token, parent.slot)
+            parent.position_child = self._next_node
+        return self._new_node(slot.id, 0, child.kind, child.parent)
+
+    def add_chain_slot(self, parent: Node, token: int) -> Node:
+        """A chain slot with looked-up input ``token`` after ``parent``'s slot, and its stage-0 node."""
+        pslot = self.slots[parent.slot]
+        slot = self._new_slot(pslot.position + 1, token, pslot.id, drafted=True)
+        pslot.chain_child = slot.id
+        return self._new_node(slot.id, 0, "chain", parent.id)
 
     def prior_tokens(self, node: Node) -> list[int]:
         """Candidates of the shallower stages of the node's slot chain (what DECS masks)."""
-        slot = self.slots.get(node.slot) or self._gone[node.slot]
-        return [(self.nodes.get(n) or self._gone_nodes[n]).token for n in slot.nodes[: node.stage]]
+        return [self.nodes[n].token for n in self.slots[node.slot].nodes[: node.stage]]
 
-    def record(self, tokens: dict[int, int], probs: dict[int, float] | None = None) -> None:
-        """Set the candidates (and their probabilities) of this round's nodes and queue their children."""
+    def insert(self, tokens: dict[int, int], probs: dict[int, float] | None = None) -> None:
+        """Set the candidates (and their probabilities) of this round's nodes, cut the draft chains they
+        contradict (``cut``) and queue the surviving nodes' children."""
         if missing := [n.id for n in self._latest if n.id not in tokens]:
             raise ValueError(f"no candidate recorded for nodes {missing}")
         for node in self._latest:
             node.token = int(tokens[node.id])
             node.prob = float(probs.get(node.id, 1.0)) if probs else 1.0
-        self.cut, self._gone, self._gone_nodes = [], {}, {}
-        for node in self._latest:
-            child = self.slots[node.slot].chain_child if node.id in self.nodes else None
-            if child is not None and self.draft.gate and self.slots[child].input_token not in \
-                    self.prior_tokens(node) + [node.token]:
-                self._cut(child)
+        self.cut = []
+        if self.chains:
+            self.chains.cut(self, self._latest)
         for node in self._latest:
             if node.id not in self.nodes:
                 continue
             if node.stage < self.K - 1:
-                self._pending.append(_Pending("depth", node.id))
-            child = self.slots[node.slot].chain_child  # a recovery branch only where the chain's input differs
-            if child is None or self.slots[child].input_token != node.token:
-                self._pending.append(_Pending("position", node.id))
+                self.children.append(Child("depth", node.id))
+            if not self.chains or self.chains.recovers(self, node):
+                self.children.append(Child("position", node.id))
         self._latest = []
 
-    def _cut(self, slot_id: int) -> None:
+    def cut_chain(self, slot_id: int) -> None:
         """Drop chain slot ``slot_id`` and every slot under it (called before their children are queued)."""
         gone = {s.id for s in self.slots.values() if slot_id in s.path}
         self.slots[self.slots[slot_id].parent].chain_child = None
         nodes = sorted(n.id for n in self.nodes.values() if n.slot in gone)
         self.cut += nodes
-        self._gone_nodes.update((n, self.nodes.pop(n)) for n in nodes)
-        self._gone.update((s, self.slots.pop(s)) for s in gone)
+        for n in nodes:
+            del self.nodes[n]
+        for s in gone:
+            del self.slots[s]
 
-    def commit(self) -> CommitPlan:
-        """Commit the anchor's final-stage token and collapse onto the matched subtree."""
+    def validate_and_commit(self) -> Commit:
+        """Commit the anchor's final-stage token y; the branch that survives is the anchor's chain slot fed y, else
+        the position child of the first anchor stage that proposed y (none when only the final stage did)."""
         if not self.ready():
             raise RuntimeError(f"cannot commit in state {self.state} of {self.K}")
         anchor = self.slots[self.anchor]
-        chain = list(anchor.nodes)
-        candidates = [self.nodes[n].token for n in chain]
-        y, k = candidates[-1], candidates.index(candidates[-1])
-        child = self.slots.get(anchor.chain_child)
-        if child is not None and child.input_token == y:
-            new_root, via = child.nodes[0], "chain"
-        else:
-            new_root = self.nodes[chain[k]].position_child if k < self.K - 1 else None
-            via = "root" if new_root is None else "position"
-        if self.lookup is not None:
-            self.lookup.extend(y)
-        root_slot = None if new_root is None else self.nodes[new_root].slot
-        kept_slots = {s.id for s in self.slots.values() if root_slot is not None and root_slot in s.path}
+        candidates = [self.nodes[n].token for n in anchor.nodes]
+        y = candidates[-1]
+        k = first_match(candidates, y)
+        chained = self.chains.next_anchor(self, anchor, y) if self.chains else None
+        position = self.nodes[anchor.nodes[k]].position_child if k < self.K - 1 else None
+        via = "chain" if chained is not None else "root" if position is None else "position"
+        return Commit(position=anchor.position, token=y, matched_stage=k, anchor_nodes=list(anchor.nodes),
+                      anchor_candidates=candidates, anchor_slot=anchor.id,
+                      next_anchor=chained if chained is not None else position, via=via, drafted=anchor.drafted)
+
+    def collapse(self, commit: Commit) -> Collapse:
+        """Keep the next anchor's subtree (its slots' nodes, re-rooted there) and drop every other node."""
+        if self.chains:
+            self.chains.committed(commit.token)
+        root = None if commit.next_anchor is None else self.nodes[commit.next_anchor].slot
+        kept_slots = {s.id for s in self.slots.values() if root is not None and root in s.path}
         kept = sorted(n.id for n in self.nodes.values() if n.slot in kept_slots)
-        dropped = sorted(n.id for n in self.nodes.values()
-                         if n.slot not in kept_slots and n.slot != anchor.id)
+        dropped = sorted(n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot)
         self.nodes = {n: self.nodes[n] for n in kept}
         self.slots = {s: self.slots[s] for s in kept_slots}
-        if new_root is None:
+        if root is None:
             self.anchor = None
-            self._pending = [_Pending("root", chain[-1], y, anchor.position + 1)]
+            self.children = [Child("root", commit.anchor_nodes[-1], commit.token, commit.position + 1)]
         else:
-            self.anchor = self.nodes[new_root].slot
-            self._pending = [p for p in self._pending if p.parent in self.nodes]
+            self.anchor = root
+            self.children = [c for c in self.children if c.parent in self.nodes]
             for slot in self.slots.values():
-                slot.path = slot.path[slot.path.index(self.anchor):]
-        return CommitPlan(anchor.position, y, k, chain, candidates, anchor.id, kept, dropped,
-                          kept_slots, new_root, self.state, anchor.drafted, via)
+                slot.path = slot.path[slot.path.index(root):]
+        return Collapse(kept=kept, dropped=dropped, kept_slots=kept_slots, state_after=self.state)

@@ -42,10 +42,10 @@ from pathlib import Path
 import torch
 
 from ..config import DecoderOptions, DexError
-from .rank import KEY_ENV, Start
+from ..model.stage_load import PartSource, StateDict, part_bytes
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
-from ..model.stage_load import PartSource, StateDict, part_bytes
+from .rank import KEY_ENV, Start
 
 _PEER_LOSS = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out", "Timeout",
               "NCCL communicator was aborted")

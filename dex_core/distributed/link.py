@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from ..device import to_device
 from ..runtime.links import LocalLink, StageOutput
@@ -86,7 +87,6 @@ class DistLink(LocalLink):
         made before the send starts (a blocking copy, so it has landed; it waits only for the layers, which the
         head waits for too, and the transfer still overlaps the head), and the rows arrive in a host buffer,
         pinned on CUDA, that the receiver moves to its device once received (``_swap``, ``exchange``)."""
-        import torch.distributed as dist
 
         ops, buf = [], None
         if send is not None and self.rank < self.count - 1:
@@ -116,8 +116,6 @@ class DistLink(LocalLink):
         self._swap(out, 0)
 
     def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
-        import torch.distributed as dist
-
         if self.progress is not None:
             self.progress(plan.round)
         mine = outputs.get(self.rank)

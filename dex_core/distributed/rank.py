@@ -26,18 +26,20 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Listener
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from ..config import DexError, stage_bounds
-from ..runtime.engine import run_rounds
 from ..model.explorer import Explorer
-from ..model.view import model_view
 from ..model.proposal import ProposalHead
+from ..model.stage_load import PartSource, load_stage
+from ..model.view import model_view
+from ..runtime.engine import run_rounds
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
-from ..model.stage_load import PartSource, load_stage
 from .link import DistLink
 
 KEY_ENV = "DEX_GROUP_KEY"
@@ -122,7 +124,6 @@ def data_backend(reports: list[dict]) -> DataLink:
 def init_options(backend: str, device: str) -> dict:
     """Keywords of ``init_process_group`` beyond the rendezvous: on NCCL ``device_id``, so that the world's
     communicator forms inside the call, with every rank, not lazily at the first exchange."""
-    import torch.distributed as dist
 
     if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
         return {"device_id": torch.device(device)}
@@ -134,7 +135,6 @@ def init_world(device: str, init_method: str, rank: int, count: int, timeout: ti
     """Rendezvous, agree on the data link over the rendezvous store (before any communicator exists, so a
     disagreement is a clear error on every rank, not a hang in ``new_group``), start the default process
     group on its backend, and return (the link, the store)."""
-    import torch.distributed as dist
 
     store, _, _ = next(dist.rendezvous(init_method, rank, count, timeout=timeout))
     store.set_timeout(timeout)
@@ -151,7 +151,6 @@ def init_world(device: str, init_method: str, rank: int, count: int, timeout: ti
 def connect(view, rank: int, count: int, data: DataLink, device: str, trace_top: int, op_timeout: float,
             cancel=None, progress=None) -> DistLink:
     """This rank's link to its peers on an initialized world (``init_world``, or torchrun's), warmed up."""
-    import torch.distributed as dist
 
     ctrl = dist.new_group(backend="gloo") if data.backend == "nccl" else None
     link = DistLink(rank, count, view.model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout,
@@ -173,8 +172,7 @@ def warm_up(link: DistLink) -> None:
 def serve_request(view, explorer, link, request: Request, settings: RunSettings):
     """Run one generation request on this rank; yields the trace events (identical on every rank)."""
     with torch.no_grad():
-        yield from run_rounds(view, settings.depths, [explorer], link, request, settings.decs, settings.trace_top,
-                              prune=settings.prune, draft=settings.draft)
+        yield from run_rounds(view, settings, [explorer], link, request)
 
 
 class _Cancel:
@@ -221,9 +219,7 @@ def _reporter(send, rank: int):
 
 def main(argv=None) -> None:
     """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
-    from multiprocessing.connection import Listener
 
-    import torch.distributed as dist
 
     parser = argparse.ArgumentParser(prog="dex_core.distributed.rank")
     for flag in ("--rank", "--parent"):

@@ -20,20 +20,26 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoTokenizer
 
-from ..model.checkpoint import Checkpoint, locate
 from ..config import DexConfig, DexError
-from ..runtime.console import TextStream, print_report
 from ..device import resolve_dtype
 from ..flags import add_flags, from_args
-from .group import IMPORT_SECONDS, LOAD_RATE, default_threads
-from ..model.view import model_view
-from .rank import connect, init_world, open_part, serve_request
-from ..runtime.request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
-from ..runtime.settings import RunSettings, resolve_run
+from ..model.checkpoint import Checkpoint, locate
 from ..model.stage_load import PartSource, checkpoint_identity, skeleton
+from ..model.view import model_view
+from ..runtime.console import TextStream, print_report
+from ..runtime.request import (
+    GenerationConfigWarning,
+    encode_prompt,
+    eos_ids,
+    ignored_settings,
+    make_request,
+)
+from ..runtime.settings import RunSettings, resolve_run
 from ..trace.events import round_commits, start_event
+from .group import IMPORT_SECONDS, LOAD_RATE, default_threads
+from .rank import connect, init_world, open_part, serve_request
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = ("model", "depths", "adapters", "decs", "proposal_vocab", "prune", "draft", "max_new_tokens", "temperature",
@@ -77,16 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _settings(config: DexConfig, folder, hf_config, tokenizer, device: str) -> RunSettings:
     """Rank 0's resolution of the run's settings (the other ranks receive them)."""
     dtype = resolve_dtype(config.dtype, torch.device(device).type, hf_config)
-    shape = skeleton(hf_config, dtype)
-    try:
-        shape.generation_config = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        pass
+    shape = skeleton(hf_config, dtype, folder)
     for note in ignored_settings(shape.generation_config, config.generation()):
         warnings.warn(note, GenerationConfigWarning, stacklevel=1)
     identity = checkpoint_identity(hf_config, Checkpoint(folder))
-    return resolve_run(identity, model_view(shape).vocab, config.decoder(), [torch.device(device).type], dtype,
-                       tokenizer)
+    return resolve_run(identity, model_view(shape), config.decoder(), torch.device(device).type, tokenizer)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers.activations import ACT2FN
 
 from ..config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
 
@@ -35,7 +36,6 @@ class InducingAdapter(nn.Module):
     def __init__(self, hidden: int, bottleneck: int, activation: str = "silu", eps: float = 1e-5, *,
                  device=None, dtype=None):
         super().__init__()
-        from transformers.activations import ACT2FN
 
         # built where it will run (every caller passes the model's device; None is torch's default, the CPU)
         self.norm_weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
@@ -148,8 +148,6 @@ def _positive(kind):
 
 
 def _activation(name: str) -> str:
-    from transformers.activations import ACT2FN
-
     if name not in ACT2FN:
         raise ValueError(f"unknown activation {name!r}")
     return name

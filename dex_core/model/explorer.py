@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .cache import StageCache
 from ..device import to_device
+from .cache import StageCache
 from .view import ModelView
 
 

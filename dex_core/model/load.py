@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from .checkpoint import check_hub, is_hub_id, locate
 from ..config import DexError, parse_device
-from .view import check_supported
-from ..log import stderr
 from ..device import check_dtype, dtype_name, resolve_dtype
+from ..log import stderr
+from .checkpoint import check_hub, is_hub_id, locate
+from .view import check_supported
+
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """The device that option value ``spec`` names: 'auto' is CUDA (torch's current device) when torch sees a
@@ -37,7 +39,6 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = "auto", 
     CUDA) on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
     that takes a while (fetching, converting, loading weights); stderr by default. The default model and
     .gguf files are converted once into the DEX cache (``checkpoint.locate``) and read from there."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
     check_dtype(dtype)
@@ -64,7 +65,6 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = "auto", 
 
 def load_tokenizer(folder, spec: str | None = None):
     """The tokenizer of the model in ``folder`` (``spec`` names the model in errors) and nothing else of it."""
-    from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(folder)

@@ -23,8 +23,15 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from .adapters import RANKING, check_tensors, header, named_file, read_metadata, rewrite_adapters
 from ..config import DexError
+from .adapters import (
+    RANKING,
+    check_tensors,
+    header,
+    named_file,
+    read_metadata,
+    rewrite_adapters,
+)
 
 DEFAULT_PROPOSAL_VOCAB = 8192
 

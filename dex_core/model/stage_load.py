@@ -23,27 +23,38 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load as load_bytes, save as save_bytes
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+from transformers import AutoModelForCausalLM, GenerationConfig
 
+from ..config import DexError, stage_bounds
 from .adapters import identity
 from .checkpoint import Checkpoint
-from ..config import DexError, stage_bounds
 
 try:  # transformers >= 5: its loading rules (renamed and converted checkpoint keys)
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        dot_natural_key,
+        rename_source_key,
+    )
 except ImportError:  # transformers 4: a checkpoint's keys are the model's own keys
     get_model_conversion_mapping = None
 
 CHUNK_BYTES = 64 * 2**20  # a tensor is moved to its device in pieces of at most this size, each one reported
 
 
-def skeleton(config, dtype: torch.dtype):
+def skeleton(config, dtype: torch.dtype, folder=None):
     """The model of ``config`` on the meta device (no memory for weights), its parameters in ``dtype`` except
-    where the model keeps some in float32 itself."""
+    where the model keeps some in float32 itself; with a checkpoint ``folder``, its generation config too."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if folder is not None:
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        except OSError:  # no generation_config.json: the config's defaults
+            pass
     return model.eval()
 
 

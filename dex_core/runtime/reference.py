@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from transformers import DynamicCache, GenerationConfig
 
+from ..algorithm.sampling import Sampler
 from ..config import GenerationOptions
-from .clock import Clock
 from ..device import dtype_name, to_device
 from ..model.view import model_view
+from ..trace.events import end_event, start_event, token_event
+from .clock import Clock
 from .request import make_request
 from .results import GenerationResult, GenerationStats
-from ..algorithm.sampling import Sampler
-from ..trace.events import end_event, start_event, token_event
 
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # what hf_greedy keeps of a generation config
 
@@ -37,7 +38,6 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
     consumer between events is not counted; on CUDA read from events), so AR can be raced against DEX
     in one process. Logits are upcast before the token choice (``Sampler``), as in DEX.
     """
-    from transformers import DynamicCache
 
     view = model_view(model)
     request = make_request(view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens,
@@ -82,7 +82,6 @@ def plain_generation(model) -> Iterator[None]:
     ``generate`` fills every setting it is not passed from that config (even under ``generation_config=``), so
     only this way does it apply no processor that DEX does not (repetition penalty, n-gram ban, suppressed
     tokens, sampling defaults, ...). The model's own config is put back on exit."""
-    from transformers import GenerationConfig
 
     saved = model.generation_config
     model.generation_config = GenerationConfig(**{k: getattr(saved, k, None) for k in TOKEN_IDS})

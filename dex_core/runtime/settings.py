@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.adapters import AdapterSet, adapter_set, choose_depths
 from ..config import DecoderOptions, DexError, DraftBounds
-from ..device import dtype_name
 from ..data.ranking import NoRanking, token_ranking
+from ..device import dtype_name
 from ..log import stderr
+from ..model.adapters import AdapterSet, adapter_set, choose_depths
 from ..model.proposal import adapter_ranking, proposal_rows
 from ..model.stage_load import StagePart
 
@@ -50,18 +50,18 @@ class RunSettings:
         return StagePart(self.depths, rank, self.shortlist if light else None)
 
 
-def resolve_run(model, vocab: int, options: DecoderOptions, device_types, dtype: torch.dtype,
-                tokenizer=None, log=stderr) -> RunSettings:
-    """The settings of a run of ``options`` on ``model`` (a loaded model or its identity,
-    ``adapters.identity_of``) with a ``vocab``-token head, on devices of ``device_types`` in ``dtype``."""
+def resolve_run(model, view, options: DecoderOptions, device_type: str, tokenizer=None, log=stderr) -> RunSettings:
+    """The settings of a run of ``options`` on ``model`` (a loaded model or its identity, ``adapters.identity_of``)
+    whose stage view ``view`` gives the head's rows and the dtype, on devices of ``device_type``."""
+    vocab = view.vocab
     if options.trace_top > vocab:
         raise DexError(f"trace_top must be at most the model's vocabulary of {vocab} tokens; got {options.trace_top}")
     depths, how = choose_depths(model, options)
     ids = shortlist_ids(vocab, depths, options.proposal_vocab, adapter_ranking(options.adapters, model), tokenizer, log)
     return RunSettings(depths=tuple(depths), depth_choice=how, adapters=adapter_set(options.adapters, model, depths),
                        shortlist=None if ids is None else tuple(ids.tolist()),
-                       prune=resolve_prune(options.prune, device_types), draft=options.draft, decs=options.decs,
-                       trace_top=options.trace_top, dtype=dtype_name(dtype))
+                       prune=resolve_prune(options.prune, [device_type]), draft=options.draft, decs=options.decs,
+                       trace_top=options.trace_top, dtype=dtype_name(view.dtype))
 
 
 def resolve_prune(prune, device_types) -> int | None:

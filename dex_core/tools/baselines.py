@@ -16,18 +16,17 @@ Critical path of one step: n * E layer forwards of drafting plus E + (L - E) = L
 
 from __future__ import annotations
 
-
 import torch
 
+from ..algorithm.sampling import Sampler
 from ..config import DexError, GenerationOptions
-from ..runtime.clock import Clock
 from ..device import to_device
 from ..model.explorer import Explorer
 from ..model.view import model_view
+from ..runtime.clock import Clock
 from ..runtime.reference import plain_generation
 from ..runtime.request import make_request
 from ..runtime.results import GenerationStats
-from ..algorithm.sampling import Sampler
 
 
 @torch.no_grad()

@@ -27,19 +27,43 @@ draft-verify step over the tokens committed; prompt lookup: L per forward; and t
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .bench_report import headline, result_row
-from ..model.cost import ModelCost
-from ..config import (ADAPTER_CHOICES, DEVICE_HELP, DecoderOptions, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_depths, parse_device, parse_ints, parse_list, resolve_depths, rows_option)
+from ..config import (
+    ADAPTER_CHOICES,
+    DEVICE_HELP,
+    DecoderOptions,
+    DexConfig,
+    DexError,
+    GenerationOptions,
+    adapter_file,
+    option,
+    parse_depths,
+    parse_device,
+    parse_ints,
+    parse_list,
+    resolve_depths,
+    rows_option,
+)
 from ..data.sets import PROMPT_SETS, check_sets, prompt_set
+from ..decoder import DexDecoder
+from ..log import stderr
+from ..model.adapters import choose_depths, new_adapters, resolve_adapters
+from ..model.cost import ModelCost
+from ..model.lens import layer_candidates
+from ..model.load import load_model, resolve_device
 from ..runtime.clock import Clock
 from ..runtime.reference import hf_greedy
-from .verify import Certificate, certify_tokens
 from ..runtime.request import encode_item
+from ..testing import tiny_model, tiny_tokenizer
+from .bench_methods import dex_decoders, runners, tune_self_spec
+from .bench_report import SetContext, headline, result_row
+from .ead import matches
+from .profile import measure_profile
+from .verify import Certificate, certify_tokens
 
 METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit", "hf-prompt-lookup")
 DRAFTS = (1, 2, 3, 4, 6, 8)
@@ -110,9 +134,6 @@ class BenchConfig:
 
 
 def _quick_setup(device: torch.device):
-    from ..model.adapters import new_adapters
-    from ..testing import tiny_model, tiny_tokenizer
-
     model, tokenizer = tiny_model("llama", layers=6, seed=5).to(device), tiny_tokenizer()
     adapters = new_adapters(model, range(1, 6), bottleneck=32)
     for a in adapters.values():
@@ -125,38 +146,40 @@ def _quick_setup(device: torch.device):
     return model, tokenizer, adapters, prompts
 
 
-def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts,
-                   allow_ar: bool = True) -> dict:
-    """Grid search of greedy self-speculation on (prompt, greedy answer) pairs under the cost model
-    (memory-bound layer-equivalents, heads and adapters included): exit E over every layer 1..L-1 and n
-    over ``drafts``, plus (``allow_ar``) "no speculation" (plain AR, exit None). The acceptance rule is replayed exactly
-    on each layer's matches (``baselines.self_spec_layer_forwards``)."""
-    from .baselines import self_spec_layer_forwards
-    from .ead import layer_matches
+@dataclass
+class Bench:
+    """One ``dex bench`` run's shared parts: its options, the model and its adapters, the device, the log."""
 
-    L = model.config.num_hidden_layers
-    cost = ModelCost.of(model, adapters)
-    omegas = [layer_matches(model, prompt, out, adapters) for prompt, out in answers]
-    T = sum(len(om) for om in omegas)
-    grid = [{"exit": None, "draft": 0, "layer_forwards_per_token": float(L), "cost_per_token": cost.ar()}][:allow_ar]
-    for exit_layer in range(1, L):
-        for n in drafts:
-            steps = forwards = 0
-            for om in omegas:
-                s, f = self_spec_layer_forwards(om[:, exit_layer - 1], n, exit_layer, L)
-                steps, forwards = steps + s, forwards + f
-            step_cost = cost.self_spec_step(exit_layer, n, "memory", exit_layer in adapters)
-            grid.append({"exit": exit_layer, "draft": n, "layer_forwards_per_token": forwards / T,
-                         "cost_per_token": steps * step_cost / T})
-    best = min(grid, key=lambda g: (g["cost_per_token"], g["exit"] or 0, g["draft"]))
-    return {"exit": best["exit"], "draft": best["draft"], "tune_cost_per_token": best["cost_per_token"],
-            "adapters": sorted(adapters), "grid": grid}
+    cfg: BenchConfig
+    model: object
+    tokenizer: object
+    adapters: dict
+    device: torch.device
+    log: Callable[[str], None]
+    synthetic: dict | None = None  # --quick: the synthetic prompts, by split
+
+    @classmethod
+    def load(cls, cfg: BenchConfig, log) -> Bench:
+        device = resolve_device(cfg.device)  # one device for every method (dex-distributed: one per explorer)
+        if cfg.quick:
+            model, tokenizer, adapters, synthetic = _quick_setup(device)
+            adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
+            return cls(cfg, model, tokenizer, adapters, device, log, synthetic)
+        check_sets(cfg.sets)  # a missing data package is one line, before the model loads
+        model, tokenizer = load_model(cfg.model, device=device)
+        return cls(cfg, model, tokenizer, resolve_adapters(cfg.adapters, model), device, log)
+
+    @property
+    def L(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    def prompts(self, name: str, count: int, split: str) -> list[list[int]]:
+        items = self.synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)
+        return [encode_item(self.tokenizer, it) for it in items]
 
 
 def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
     """Per K the set DexDecoder picks (the adapter file's best set for K, else uniform), then --depth-sets."""
-    from ..model.adapters import choose_depths
-
     L = model.config.num_hidden_layers
     adapters = cfg.adapters if isinstance(cfg.adapters, str) and not cfg.quick else "none"
     sets = [choose_depths(model, DecoderOptions(explorers=K, adapters=adapters))[0] for K in cfg.explorers]
@@ -166,129 +189,87 @@ def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sets))
 
 
-def run_bench(cfg: BenchConfig, log=print) -> dict:
+def run_bench(cfg: BenchConfig, log=stderr) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
-    from ..model.adapters import resolve_adapters
-    from .baselines import hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate
-    from .ead import matches
-    from ..model.lens import layer_candidates
-    from ..decoder import DexDecoder
-    from ..model.load import load_model, resolve_device
-    from .profile import measure_profile
-
-    device = resolve_device(cfg.device)  # one device for every method (dex-distributed: one per explorer)
-    if cfg.quick:
-        model, tokenizer, adapters, synthetic = _quick_setup(device)
-        adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
-    else:
-        check_sets(cfg.sets)  # a missing data package is one line, before the model loads
-        model, tokenizer = load_model(cfg.model, device=device)
-        adapters = resolve_adapters(cfg.adapters, model)
-        synthetic = None
-    L = model.config.num_hidden_layers
-    too_many = [K for K in cfg.explorers if K > L]
+    bench = Bench.load(cfg, log)
+    too_many = [K for K in cfg.explorers if K > bench.L]
     if too_many:
-        raise DexError(f"K = {too_many} exceeds the model's {L} layers")
-    explorations = _explorations(cfg, model)
-
-    def items(name, count, split):
-        return synthetic[split][:count] if name == "synthetic" else prompt_set(name, count, split)
-
-    sets = {name: [encode_item(tokenizer, it) for it in items(name, cfg.prompts, "eval")] for name in cfg.sets}
-    tune = [encode_item(tokenizer, it) for name in cfg.sets for it in items(name, cfg.tune_prompts, "tune")]
+        raise DexError(f"K = {too_many} exceeds the model's {bench.L} layers")
+    sets = {name: bench.prompts(name, cfg.prompts, "eval") for name in cfg.sets}
     report = {"config": asdict(cfg), "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
-              "device": str(device), "num_layers": L, "adapter_depths": sorted(adapters),
-              "torch_threads": torch.get_num_threads(),
-              "results": [], "oracle": {}, "tuning": {}}
-
-    tuned = {"self-spec": adapters, "hf-early-exit": {}}  # HF's early exit reads the plain lens
-    if any(m in cfg.methods for m in tuned):
-        log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{L - 1} x draft {list(cfg.drafts)})")
-        answers = [(p, hf_greedy(model, p, cfg.max_new_tokens)) for p in tune]
-    for name, lens in tuned.items():
-        if name in cfg.methods:
-            t = report["tuning"][name] = tune_self_spec(model, answers, lens, cfg.drafts, name == "self-spec")
-            log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
-                f"layer-equivalents/token on the tune split, heads included)")
-    ss, hf = report["tuning"].get("self-spec"), report["tuning"].get("hf-early-exit")
-
-    variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
-        [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
-    decoders, light = {}, {"proposal_vocab": cfg.proposal_vocab}
-    for depths in explorations:
-        covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
-        runs = [("dex", use, decs, {}) for use, decs in variants]
-        if "dex-distributed" in cfg.methods:
-            runs.append(("dex-distributed", bool(adapters), True, {"backend": "distributed", "threads": cfg.threads,
-                                                                   "devices": None if device.type == "cuda" else
-                                                                   ("cpu",) * len(depths)}))
-        for (method, use, decs, more), prune, draft in itertools.product(runs, cfg.prune, cfg.draft):
-            d = DexDecoder(model, depths=depths, decs=decs, adapters=covered if use else {}, tokenizer=tokenizer,
-                           prune=prune, draft=draft, **light, **more)
-            key = (method, depths, use, decs, d.prune, draft)  # keyed by the bound it resolved to ('auto' may equal 1)
-            if key in decoders:
-                d.close()
-            else:
-                decoders[key] = d
-    stage_ar = DexDecoder(model, depths=(L,), trace_top=0)
-    rows = next((d.proposal_vocab for d in decoders.values()), model.config.vocab_size)
-    profile = measure_profile(model, rows, log=log) if cfg.profile else None
-    report["profile"] = profile
-
-    runners = {"ar-hf": lambda p, n: (hf_greedy(model, p, n), {}),
-               "ar-stages": lambda p, n: (stage_ar.generate(p, n).tokens, {})}
-    for key, decoder in decoders.items():
-        runners[key] = lambda p, n, d=decoder: (lambda r: (r.tokens, r.stats))(d.generate(p, n))
-    if ss:
-        runners["self-spec"] = (lambda p, n: (lambda r: (r["tokens"], r))(self_spec_generate(
-            model, p, n, ss["exit"], ss["draft"], adapters.get(ss["exit"])))) if ss["exit"] else \
-            (lambda p, n: (lambda t: (t, {"steps": len(t), "layer_forwards": L * len(t)}))(stage_ar.generate(p, n).tokens))
-    if hf:
-        runners["hf-early-exit"] = lambda p, n: (hf_early_exit_generate(model, p, n, hf["exit"], hf["draft"]), {})
-    runners["hf-prompt-lookup"] = lambda p, n: (lambda r: (r["tokens"], r))(hf_prompt_lookup_generate(
-        model, p, n, cfg.prompt_lookup_num_tokens))
-    runners = {k: v for k, v in runners.items() if (k if isinstance(k, str) else k[0]) in cfg.methods}
-
-    warm = next(iter(sets.values()))[0]
-    log(f"warm-up: {len(runners)} methods")
-    for run in runners.values():
-        run(warm, min(8, cfg.max_new_tokens))
-
+              "device": str(bench.device), "num_layers": bench.L, "adapter_depths": sorted(bench.adapters),
+              "torch_threads": torch.get_num_threads(), "results": [], "oracle": {}, "tuning": _tune(bench)}
+    decoders = dex_decoders(bench, _explorations(cfg, bench.model))
     try:
-        for set_name, prompts in sets.items():
-            log(f"{set_name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
-            clock, outs = Clock(model.device), {k: [] for k in runners}
-            for i, prompt in enumerate(prompts):  # methods interleaved prompt by prompt
-                for key, run in runners.items():
-                    with clock.span(key):  # on CUDA: device time, read once the device has passed it
-                        outs[key].append(run(prompt, cfg.max_new_tokens))
-                log(f"  {set_name} {i + 1}/{len(prompts)}: {len(outs['ar-hf'][-1][0])} tokens")
-            seconds = clock.read()
-            refs = [o[0] for o in outs["ar-hf"]]
-            shortlist = next((d.shortlist for d in decoders.values()), None)
-            lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
-                          for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
-            ctx = {"refs": refs, "flat": torch.tensor([t for r in refs for t in r], device="cpu"), "L": L, "ss": ss, "hf": hf,
-                   "lookup": cfg.prompt_lookup_num_tokens,
-                   "cost": ModelCost.of(model, adapters), "dex_cost": {k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
-                   "proposal_vocab": {k: d.proposal_vocab for k, d in decoders.items()},
-                   "cands": {use: torch.cat(c) for use, c in lens.items()}, "adapters": adapters, "profile": profile}
-            omega = matches(ctx["cands"][bool(adapters)], ctx["flat"])
-            stable = float((torch.where(~omega, torch.arange(1, L + 1, device="cpu"), 0).max(dim=1).values + 1)
-                           .double().mean())
-            report["oracle"][set_name] = {"layer_forwards_per_token": stable, "speedup": L / stable}
-            for key in runners:
-                row = result_row(key, outs[key], ctx)
-                cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
-                row.update(set=set_name, seconds=seconds[key], certified=cert.certified,
-                           certified_worst_gap=cert.worst_gap,
-                           tokens_per_second=row["tokens"] / seconds[key], tokens_per_second_kind="measured",
-                           speedup_vs_ar=seconds["ar-hf"] / seconds[key],
-                           layer_speedup=L / row["layer_forwards_per_token"],
-                           cost_share_of_ar=row["cost_per_token"] / ctx["cost"].ar())
-                report["results"].append(row)
+        rows = next((d.proposal_vocab for d in decoders.values()), bench.model.config.vocab_size)
+        report["profile"] = measure_profile(bench.model, rows, log=log) if cfg.profile else None
+        methods = runners(bench, decoders, DexDecoder(bench.model, depths=(bench.L,), trace_top=0), report["tuning"])
+        log(f"warm-up: {len(methods)} methods")
+        for run in methods.values():
+            run(next(iter(sets.values()))[0], min(8, cfg.max_new_tokens))
+        for name, prompts in sets.items():
+            _run_set(bench, report, name, prompts, methods, decoders)
     finally:
         for decoder in decoders.values():
             decoder.close()
     report["headline"] = headline(report)
     return report
+
+
+def _tune(bench: Bench) -> dict:
+    """Self-speculation (with the adapters) and HF's early exit (the plain lens) tuned on the tune split."""
+    cfg, lenses = bench.cfg, {"self-spec": bench.adapters, "hf-early-exit": {}}
+    if not any(m in cfg.methods for m in lenses):
+        return {}
+    tune = [p for name in cfg.sets for p in bench.prompts(name, cfg.tune_prompts, "tune")]
+    bench.log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{bench.L - 1} x draft "
+              f"{list(cfg.drafts)})")
+    answers = [(p, hf_greedy(bench.model, p, cfg.max_new_tokens)) for p in tune]
+    tuning = {}
+    for name, lens in lenses.items():
+        if name in cfg.methods:
+            t = tuning[name] = tune_self_spec(bench.model, answers, lens, cfg.drafts, name == "self-spec")
+            bench.log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
+                      f"layer-equivalents/token on the tune split, heads included)")
+    return tuning
+
+
+def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict, decoders: dict) -> None:
+    """Every method on the set's prompts, interleaved prompt by prompt; its rows and EAD oracle into ``report``."""
+    cfg, model = bench.cfg, bench.model
+    bench.log(f"{name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
+    clock, outs = Clock(model.device), {k: [] for k in methods}
+    for i, prompt in enumerate(prompts):
+        for key, run in methods.items():
+            with clock.span(key):  # on CUDA: device time, read once the device has passed it
+                outs[key].append(run(prompt, cfg.max_new_tokens))
+        bench.log(f"  {name} {i + 1}/{len(prompts)}: {len(outs['ar-hf'][-1][0])} tokens")
+    seconds = clock.read()
+    ctx = _context(bench, report, prompts, [o[0] for o in outs["ar-hf"]], decoders)
+    omega = matches(ctx.cands[bool(bench.adapters)], ctx.flat)
+    stable = float((torch.where(~omega, torch.arange(1, bench.L + 1, device="cpu"), 0).max(dim=1).values + 1)
+                   .double().mean())
+    report["oracle"][name] = {"layer_forwards_per_token": stable, "speedup": bench.L / stable}
+    for key in methods:
+        row = result_row(key, outs[key], ctx)
+        cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
+        row.update(set=name, seconds=seconds[key], certified=cert.certified, certified_worst_gap=cert.worst_gap,
+                   tokens_per_second=row["tokens"] / seconds[key], tokens_per_second_kind="measured",
+                   speedup_vs_ar=seconds["ar-hf"] / seconds[key], layer_speedup=bench.L / row["layer_forwards_per_token"],
+                   cost_share_of_ar=row["cost_per_token"] / ctx.cost.ar())
+        report["results"].append(row)
+
+
+def _context(bench: Bench, report: dict, prompts: list, refs: list, decoders: dict) -> SetContext:
+    """What the rows of one prompt set are computed from: the references, every layer's candidates, the costs."""
+    model, adapters = bench.model, bench.adapters
+    shortlist = next((d.shortlist for d in decoders.values()), None)
+    lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
+                  for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
+    return SetContext(refs=refs, flat=torch.tensor([t for r in refs for t in r], device="cpu"), L=bench.L,
+                      tuning=report["tuning"], lookup=bench.cfg.prompt_lookup_num_tokens,
+                      cost=ModelCost.of(model, adapters),
+                      dex_cost={k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
+                      proposal_vocab={k: d.proposal_vocab for k, d in decoders.items()},
+                      cands={use: torch.cat(c) for use, c in lens.items()}, adapters=adapters,
+                      profile=report["profile"])

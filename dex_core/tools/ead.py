@@ -29,9 +29,31 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import (ADAPTER_CHOICES, ANALYSED_KS, DEVICE_HELP, DexConfig, DexError, adapter_file, GenerationOptions, option, parse_device, parse_ints, parse_list, resolve_depths, rows_option)
+from ..config import (
+    ADAPTER_CHOICES,
+    ANALYSED_KS,
+    DEVICE_HELP,
+    DexConfig,
+    DexError,
+    GenerationOptions,
+    adapter_file,
+    option,
+    parse_device,
+    parse_ints,
+    parse_list,
+    resolve_depths,
+    rows_option,
+)
+from ..data.ranking import token_ranking
 from ..data.sets import PROMPT_SETS, prompt_set
+from ..log import stderr
+from ..model.adapters import resolve_adapters
+from ..model.cost import ModelCost
 from ..model.lens import layer_candidates
+from ..model.load import load_model
+from ..model.proposal import adapter_ranking, proposal_rows
+from ..runtime.reference import hf_greedy
+from ..runtime.request import encode_item
 
 EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this many, else local search
 
@@ -212,17 +234,9 @@ class EadConfig:
             raise DexError("prompts and max_new_tokens must be positive")
 
 
-def run_ead(cfg: EadConfig, log=print) -> dict:
+def run_ead(cfg: EadConfig, log=stderr) -> dict:
     """Greedy answers, generated once, analysed under every adapter choice, per set and pooled; costs
     per token from ``dex_core.model.cost`` with the light proposal heads of ``proposal_vocab`` rows."""
-    from ..model.adapters import resolve_adapters
-    from ..model.cost import ModelCost
-    from ..model.load import load_model
-    from ..data.ranking import token_ranking
-    from ..model.proposal import adapter_ranking, proposal_rows
-    from ..runtime.reference import hf_greedy
-    from ..runtime.request import encode_item
-
     prompts = {name: prompt_set(name, cfg.prompts) for name in cfg.sets}
     model, tokenizer = load_model(cfg.model, device=cfg.device)
     if max(cfg.explorers) > model.config.num_hidden_layers:

@@ -31,9 +31,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from ..runtime.clock import Clock
 from ..device import dtype_name
+from ..distributed.rank import init_options
+from ..log import stderr
+from ..model.adapters import model_identity
+from ..model.explorer import Explorer
+from ..model.proposal import ProposalHead
+from ..model.view import model_view
+from ..runtime.clock import Clock
 
 ROWS = (1, 2, 4, 8, 16)
 TABLES = ("layer", "head", "proposal", "exchange")  # {rows: seconds} each
@@ -62,10 +69,6 @@ def row_blocks(model, n: int, proposal_rows: int) -> dict:
     """What a decode runs at n rows, as callables: one decoder layer over n new rows after a 64-token
     context (``layer 0`` and ``layer L/2``), the final norm + full LM head (``head``) and a light head of
     ``proposal_rows`` rows (``proposal``)."""
-    from ..model.explorer import Explorer
-    from ..model.view import model_view
-    from ..model.proposal import ProposalHead
-
     view = model_view(model)
     light = ProposalHead(view, torch.arange(min(proposal_rows, view.vocab), device=view.device))
     hidden_size, blocks = model.config.hidden_size, {}
@@ -103,9 +106,7 @@ def link_devices(device) -> tuple[str, str]:
 def _exchange_rank() -> None:
     """Body of one of the two processes ``_exchange_profile`` starts (argv: rank folder hidden dtype repeats
     device): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
-    import torch.distributed as dist
 
-    from ..distributed.rank import init_options
 
     rank, folder, hidden, dtype, repeats = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     device = torch.device(sys.argv[6])
@@ -158,11 +159,10 @@ def _device_name(device: torch.device) -> str:
     return "cuda-" + "".join(c if c.isalnum() else "_" for c in torch.cuda.get_device_name(device))
 
 
-def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: bool = True, log=print,
+def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: bool = True, log=stderr,
                     link: tuple[str, str] | None = None) -> dict:
     """The seconds profile of ``model`` on its device with this process's torch threads (cached);
     ``link``: the two explorer devices whose exchange to time (default ``link_devices`` of the model's)."""
-    from ..model.adapters import model_identity
 
     ident = model_identity(model)
     dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device

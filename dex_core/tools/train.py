@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from ..model.adapters import load_adapters, new_adapters, save_adapters
 from ..config import DexError, flag, option, parse_depths
-from ..data.sets import sharegpt_split
 from ..data.ranking import token_ranking
+from ..data.sets import sharegpt_split
+from ..model.adapters import load_adapters, new_adapters, save_adapters
 from ..runtime.request import chat_ids, eos_ids
 
 
@@ -154,23 +155,8 @@ def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float
     return loss / len(adapters)
 
 
-def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoint: str | Path | None = None,
-                   progress: bool = True, windows=None) -> dict:
-    """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
-    Interrupted (Ctrl-C), it saves the adapters of the last checkpoint (facts: ``stopped_early``); run
-    the same command again to resume from the checkpoint.
-
-    ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
-    """
-    from tqdm.auto import tqdm
-
-    L = model.config.num_hidden_layers
-    if any(not 1 <= d < L for d in cfg.depths):
-        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(cfg.depths)}")
-    device = model.model.norm.weight.device  # training runs where the model is; the adapters are built there
-    cfg = replace(cfg, bf16=bf16_default(device) if cfg.bf16 is None else cfg.bf16)  # decided for this device
-    torch.manual_seed(cfg.seed)
-    model.eval().requires_grad_(False)
+def _initial_adapters(model, cfg: TrainConfig) -> dict:
+    """Fresh adapters at ``cfg.depths``, or started from ``cfg.init``'s nearest depth."""
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
     if cfg.init:
         start = load_adapters(cfg.init, model)
@@ -179,62 +165,104 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
         for d, a in adapters.items():
             nearest = min(start, key=lambda s: (abs(s - d), s))
             a.load_state_dict({k: v.float() for k, v in start[nearest].state_dict().items()})
-    params = [p for a in adapters.values() for p in a.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(1, int(cfg.warmup * cfg.steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
-    step, seconds, losses = 0, 0.0, []
-    if checkpoint and Path(checkpoint).is_file():
-        state = torch.load(checkpoint, weights_only=True, map_location=device)
-        if state["config"] != asdict(cfg):
+    return adapters
+
+
+class _Trainer:
+    """The optimizer (AdamW, warm-up then linear decay) over the adapters, and how far it got; checkpoints."""
+
+    def __init__(self, model, adapters: dict, cfg: TrainConfig, device):
+        self.model, self.adapters, self.cfg, self.device = model, adapters, cfg, device
+        self.params = [p for a in adapters.values() for p in a.parameters()]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warm = max(1, int(cfg.warmup * cfg.steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
+        self.step, self.seconds, self.losses = 0, 0.0, []
+
+    def resume(self, checkpoint, optimizer: bool = True) -> None:
+        """Continue from ``checkpoint`` (the adapters only, without ``optimizer``: what a Ctrl-C keeps)."""
+        state = torch.load(checkpoint, weights_only=True, map_location=self.device)
+        if state["config"] != asdict(self.cfg):
             raise DexError(f"checkpoint {checkpoint} was made with other training options; remove it or match them")
-        for d, a in adapters.items():
+        for d, a in self.adapters.items():
             a.load_state_dict(state["adapters"][d])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step, seconds, losses = state["step"], state["seconds"], state["losses"]
-    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + step, model, cfg.data)
-    bar = tqdm(total=cfg.steps, initial=step, desc="adapters", unit="step", disable=not progress)
+        if optimizer:
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+        self.step, self.seconds, self.losses = state["step"], state["seconds"], state["losses"]
+
+    def train_step(self, windows) -> float:
+        """One optimizer step over ``accum`` batches of windows; its loss."""
+        cfg, tic, total = self.cfg, time.perf_counter(), 0.0
+        for _ in range(cfg.accum):
+            x = torch.stack([next(windows) for _ in range(cfg.batch)]).to(self.device)
+            loss = distill_loss(self.model, self.adapters, x, cfg.bf16, cfg.top1) / cfg.accum
+            loss.backward()
+            total += loss.detach().item()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step, self.seconds = self.step + 1, self.seconds + time.perf_counter() - tic
+        self.losses.append(total)
+        return total
+
+    def save(self, checkpoint) -> None:
+        partial = Path(f"{checkpoint}.partial")  # written whole, then renamed: never half a checkpoint
+        torch.save({"config": asdict(self.cfg), "step": self.step, "seconds": self.seconds, "losses": self.losses,
+                    "adapters": {d: a.state_dict() for d, a in self.adapters.items()},
+                    "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}, partial)
+        partial.replace(checkpoint)
+
+    def tokens(self) -> int:
+        return self.step * self.cfg.batch * self.cfg.seq_len * self.cfg.accum
+
+
+def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoint: str | Path | None = None,
+                   progress: bool = True, windows=None) -> dict:
+    """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
+    Interrupted (Ctrl-C), it saves the adapters of the last checkpoint (facts: ``stopped_early``); run
+    the same command again to resume from the checkpoint.
+
+    ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
+    """
+    L = model.config.num_hidden_layers
+    if any(not 1 <= d < L for d in cfg.depths):
+        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(cfg.depths)}")
+    device = model.model.norm.weight.device  # training runs where the model is; the adapters are built there
+    cfg = replace(cfg, bf16=bf16_default(device) if cfg.bf16 is None else cfg.bf16)  # decided for this device
+    torch.manual_seed(cfg.seed)
+    model.eval().requires_grad_(False)
+    trainer = _Trainer(model, _initial_adapters(model, cfg), cfg, device)
+    if checkpoint and Path(checkpoint).is_file():
+        trainer.resume(checkpoint)
+    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + trainer.step, model, cfg.data)
+    bar = tqdm(total=cfg.steps, initial=trainer.step, desc="adapters", unit="step", disable=not progress)
     stopped = False
     try:
-        while step < cfg.steps:
-            tic = time.perf_counter()
-            total = 0.0
-            for _ in range(cfg.accum):
-                x = torch.stack([next(windows) for _ in range(cfg.batch)]).to(device)
-                loss = distill_loss(model, adapters, x, cfg.bf16, cfg.top1) / cfg.accum
-                loss.backward()
-                total += loss.detach().item()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            seconds += time.perf_counter() - tic
-            losses.append(total)
+        while trainer.step < cfg.steps:
+            loss = trainer.train_step(windows)
             bar.update(1)
-            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{step * cfg.batch * cfg.seq_len * cfg.accum / seconds:.0f}")
-            if checkpoint and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-                partial = Path(f"{checkpoint}.partial")  # written whole, then renamed: never half a checkpoint
-                torch.save({"config": asdict(cfg), "step": step, "seconds": seconds, "losses": losses,
-                            "adapters": {d: a.state_dict() for d, a in adapters.items()},
-                            "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, partial)
-                partial.replace(checkpoint)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{trainer.tokens() / trainer.seconds:.0f}")
+            if checkpoint and (trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps):
+                trainer.save(checkpoint)
     except KeyboardInterrupt:  # keep what the last checkpoint holds (a whole step); the same command resumes
         stopped = True
         if checkpoint and Path(checkpoint).is_file():
-            state = torch.load(checkpoint, weights_only=True, map_location=device)
-            for d, a in adapters.items():
-                a.load_state_dict(state["adapters"][d])
-            step, seconds, losses = state["step"], state["seconds"], state["losses"]
+            trainer.resume(checkpoint, optimizer=False)
     bar.close()
+    facts = _facts(cfg, trainer, stopped)
+    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
+    save_adapters(out, trainer.adapters, model, facts, ranking)
+    return facts
+
+
+def _facts(cfg: TrainConfig, trainer: _Trainer, stopped: bool) -> dict:
+    """What the adapter file records of its training."""
     text = {"sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
             "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed"}
-    facts = {**asdict(cfg), "data_text": text[cfg.data],
-             "steps": step, "tokens": step * cfg.batch * cfg.seq_len * cfg.accum, "seconds": round(seconds, 1),
-             "final_loss": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
-             **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {})}
-    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
-    save_adapters(out, adapters, model, facts, ranking)
-    return facts
+    losses = trainer.losses[-10:]
+    return {**asdict(cfg), "data_text": text[cfg.data], "steps": trainer.step, "tokens": trainer.tokens(),
+            "seconds": round(trainer.seconds, 1), "final_loss": round(sum(losses) / max(1, len(losses)), 4),
+            **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {})}

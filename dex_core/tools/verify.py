@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
+from ..algorithm.sampling import Sampler, tie_gap
 from ..config import DexError, GenerationOptions
 from ..device import dtype_name
 from ..model.load import load_model, resolve_device
 from ..model.view import model_view
 from ..runtime.request import prompt_ids
-from ..algorithm.sampling import Sampler, tie_gap
 from ..trace.events import load_trace, round_commits
 
 

@@ -111,8 +111,9 @@ def round_timings(expand: list[float], **seconds) -> dict:
 
 
 def round_event(plan, lattice, records: list[dict], commits: list[dict], collapse: dict | None,
-                timings: dict) -> dict:
-    extra = {"chains": plan.chains, "cut": list(lattice.cut)} if lattice.draft is not None else {}
+                timings: dict | None = None) -> dict:
+    """A round's event (``timings`` may be added once the round's clock is read)."""
+    extra = {"chains": plan.chains, "cut": list(lattice.cut)} if lattice.chains is not None else {}
     return {"event": "round", "round": plan.round, "state_before": plan.state_before,
             "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
             "nodes": records, "commit": commits[0] if commits else None, "commits": commits, "collapse": collapse,
@@ -140,21 +141,22 @@ def node_record(node, text: str | None, top: list, masked: list[int]) -> dict:
             "token": node.token, "text": text, "top": top, "masked": list(masked)}
 
 
-def commit_record(plan, index: int, text: str | None, margin: float | None = None, near_tie: bool | None = None,
+def commit_record(commit, index: int, text: str | None, margin: float | None = None, near_tie: bool | None = None,
                   tie_gap: float | None = None) -> dict:
-    """A round's commit; ``margin``/``near_tie``/``tie_gap`` (the final-depth top-2 margin) when given. An infinite
-    margin (no second token left after top-k/top-p) is left out: JSON has no infinity."""
+    """A round's commit (a lattice ``Commit``); ``margin``/``near_tie``/``tie_gap`` (the final-depth top-2 margin)
+    when given. An infinite margin (no second token left after top-k/top-p) is left out: JSON has no infinity."""
     margin = margin if margin is None or math.isfinite(margin) else None
     extra = {k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None}
-    return {"index": index, "position": plan.position, "token": plan.token, "text": text,
-            "matched_stage": plan.matched_stage, "anchor_nodes": plan.anchor_nodes,
-            "anchor_candidates": plan.anchor_candidates, "drafted": plan.drafted, "via": plan.via, **extra}
+    return {"index": index, "position": commit.position, "token": commit.token, "text": text,
+            "matched_stage": commit.matched_stage, "anchor_nodes": commit.anchor_nodes,
+            "anchor_candidates": commit.anchor_candidates, "drafted": commit.drafted, "via": commit.via, **extra}
 
 
-def collapse_record(plans: list) -> dict | None:
-    """The round's collapse after its commits (``plans``, in order): every committed anchor node, what
-    each commit dropped, what survives the last one."""
-    if not plans:
+def collapse_record(commits: list) -> dict | None:
+    """The round's collapse after its commits (``(Commit, Collapse)`` pairs, in order): every committed anchor
+    node, what each commit dropped, what survives the last one."""
+    if not commits:
         return None
-    return {"committed": [n for p in plans for n in p.anchor_nodes], "kept": plans[-1].kept,
-            "dropped": sorted(n for p in plans for n in p.dropped), "new_anchor": plans[-1].new_anchor}
+    last, kept = commits[-1]
+    return {"committed": [n for c, _ in commits for n in c.anchor_nodes], "kept": kept.kept,
+            "dropped": sorted(n for _, k in commits for n in k.dropped), "new_anchor": last.next_anchor}
