@@ -54,8 +54,12 @@ def _end(events):
 
 def _panels(events) -> tuple:
     view = dbg.views(events)[-1]
-    return (viz.tokens_html(view), viz.lattice_figure(view), viz.fsm_html(view),
-            viz.stats_html(view, end=_end(events)))
+    return (
+        viz.tokens_html(view),
+        viz.lattice_figure(view),
+        viz.fsm_html(view),
+        viz.stats_html(view, end=_end(events)),
+    )
 
 
 def _status_only(state: str, detail: str) -> tuple:
@@ -67,11 +71,14 @@ def bind(fn, *bound):
     when it reads the annotation, which a partial hides (every session then looked the same to Stop), and
     streams only from a generator function."""
     if inspect.isgeneratorfunction(fn):
+
         def handler(*args, **kwargs):
             yield from fn(*bound, *args, **kwargs)
     else:
+
         def handler(*args, **kwargs):
             return fn(*bound, *args, **kwargs)
+
     functools.update_wrapper(handler, fn)
     handler.__signature__ = inspect.signature(functools.partial(fn, *bound))
     return handler
@@ -90,24 +97,56 @@ def time_left(first_commit: float, now: float, tokens: int, max_new_tokens: int)
     return (now - first_commit) / (tokens - 1) * (max_new_tokens - tokens)
 
 
-def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, depths, adapters, decs, sample,
-                temperature, top_k, top_p, seed, max_new_tokens, prune="auto", draft=True, request: gr.Request = None):
+def live_frames(
+    runtime: Runtime,
+    stops: StopRequests,
+    prompt,
+    chat,
+    explorers,
+    depths,
+    adapters,
+    decs,
+    sample,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    max_new_tokens,
+    prune="auto",
+    draft=True,
+    request: gr.Request = None,
+):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
     yield _status_only("running", "starting")
     try:
-        config = ui_config(chat=chat, explorers=explorers, depths=depths, adapters=adapters, decs=decs, sample=sample,
-                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                           max_new_tokens=max_new_tokens, prune=prune, draft=draft)
+        config = ui_config(
+            chat=chat,
+            explorers=explorers,
+            depths=depths,
+            adapters=adapters,
+            decs=decs,
+            sample=sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            prune=prune,
+            draft=draft,
+        )
         check_text(prompt)  # bad input is told before a first use loads the model
         for line in loading(runtime):
             yield _status_only("running", line)
         ids = runtime.encode(prompt, config.chat)
         decoder = runtime.decoder(config)
-        notices = [runtime.device_notice(decoder.K), runtime.slow_notice(decoder, config.max_new_tokens),
-                   *ignored_settings(decoder.view.model.generation_config, config.generation())]
+        notices = [
+            runtime.device_notice(decoder.K),
+            runtime.slow_notice(decoder, config.max_new_tokens),
+            *ignored_settings(decoder.view.model.generation_config, config.generation()),
+        ]
         for notice in notices:
             if notice:
                 gr.Warning(notice)
@@ -130,22 +169,40 @@ def live_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
             why = "by you" if stops.take(session) else deadline.reason()
             if why:
                 stream.close()
-                yield _panels(events) + (events, meta, LIVE, viz.status_html(
-                    "stopped", f"stopped {why} after round {event['round']} ({tokens} tokens): the panels show the "
-                               "run so far; the Debugger holds what ran"))
+                yield _panels(events) + (
+                    events,
+                    meta,
+                    LIVE,
+                    viz.status_html(
+                        "stopped",
+                        f"stopped {why} after round {event['round']} ({tokens} tokens): the panels show the "
+                        "run so far; the Debugger holds what ran",
+                    ),
+                )
                 return
             left = time_left(first, time.monotonic(), tokens, config.max_new_tokens)
             late = left is not None and left > deadline.left()
-            yield _panels(events) + (events, meta, LIVE, viz.status_html(
-                "running", f"round {event['round']} · {tokens} tokens · K={decoder.K}"
-                           + (f" · about {left:.0f} s left" if left is not None else "")
-                           + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else "")))
+            yield _panels(events) + (
+                events,
+                meta,
+                LIVE,
+                viz.status_html(
+                    "running",
+                    f"round {event['round']} · {tokens} tokens · K={decoder.K}"
+                    + (f" · about {left:.0f} s left" if left is not None else "")
+                    + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else ""),
+                ),
+            )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
         return
     stats = events[-1]["stats"] if _end(events) else {}
-    yield _panels(events) + (events, meta, LIVE, viz.status_html(
-        "finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"))
+    yield _panels(events) + (
+        events,
+        meta,
+        LIVE,
+        viz.status_html("finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"),
+    )
 
 
 def loading(runtime: Runtime):
@@ -154,8 +211,10 @@ def loading(runtime: Runtime):
     if runtime.loaded:
         return
     stage = [f"loading {runtime.settings.model}"]
-    yield from in_background(lambda: runtime.prepare(log=lambda line: stage.__setitem__(0, line)),
-                             lambda s: f"first use: {stage[0]} ({s:.0f} s)")
+    yield from in_background(
+        lambda: runtime.prepare(log=lambda line: stage.__setitem__(0, line)),
+        lambda s: f"first use: {stage[0]} ({s:.0f} s)",
+    )
 
 
 def stop(stops: StopRequests, status: str, request: gr.Request = None):
@@ -193,15 +252,25 @@ def page_load(request: gr.Request):
         idle = viz.status_html("idle", dbg.EMPTY_HINT)
         return ([], {}, "", *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
     hint = " — press Generate to run your own prompt, or step through this one in the Debugger tab"
-    return (events, opened.meta, opened.origin, *_panels(events), viz.status_html("example", note + hint),
-            *dbg.frame(events, dbg.last_round(events)), dbg.timeline(events), viz.status_html("example", note),
-            gr.Tabs(selected="debugger") if name else gr.skip())
+    return (
+        events,
+        opened.meta,
+        opened.origin,
+        *_panels(events),
+        viz.status_html("example", note + hint),
+        *dbg.frame(events, dbg.last_round(events)),
+        dbg.timeline(events),
+        viz.status_html("example", note),
+        gr.Tabs(selected="debugger") if name else gr.skip(),
+    )
 
 
 def example_prompt(request: gr.Request):
     """The prompt of the run the page opens on (the bundled example or ``?trace=NAME``) for the Live prompt
     box, so that the box and the panels below it show the same run; unchanged for a trace without one."""
-    prompt = dbg.bundled(request.query_params.get("trace") if request is not None else None).meta.get("prompt")
+    prompt = dbg.bundled(request.query_params.get("trace") if request is not None else None).meta.get(
+        "prompt"
+    )
     return prompt if isinstance(prompt, str) and prompt.strip() else gr.skip()
 
 
@@ -236,10 +305,14 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="pr
             gr.Warning(notice)
         tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds))
         chosen = resolve_adapters(config.adapters, model)
-        cost = ModelCost.of(model, chosen, proposal_rows("auto", model.config.vocab_size))  # the decoders' default
+        cost = ModelCost.of(
+            model, chosen, proposal_rows("auto", model.config.vocab_size)
+        )  # the decoders' default
         result = readiness(model, ids, tokens, chosen, best=True, cost=cost)
         view = depth_view(model, ids, tokens, chosen)
-        depths, _ = choose_depths(model, DecoderOptions(explorers=runtime.settings.explorers, adapters=config.adapters))
+        depths, _ = choose_depths(
+            model, DecoderOptions(explorers=runtime.settings.explorers, adapters=config.adapters)
+        )
     except DexError as err:
         raise short_error(err) from None
     seen = {t for row in view["top"] for layer in row for t, _ in layer} | set(view["tokens"])
@@ -247,6 +320,12 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="pr
     depth = viz.depth_figure(view, texts, depths[:-1], "rank" if metric == "rank" else "prob")
     table = viz.readiness_table_html(result, chosen)
     if cut:
-        table = viz.status_html("stopped", f"the answer stopped {cut} after {len(tokens)} of "
-                                           f"{config.max_new_tokens} tokens: this analyses those") + table
+        table = (
+            viz.status_html(
+                "stopped",
+                f"the answer stopped {cut} after {len(tokens)} of "
+                f"{config.max_new_tokens} tokens: this analyses those",
+            )
+            + table
+        )
     return viz.ead_figure(result), viz.speedup_figure(result), table, depth

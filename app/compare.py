@@ -20,10 +20,12 @@ from . import callbacks as cb
 from . import debugger as dbg
 from .runtime import HUSH
 
-HINT = ("Nothing pinned yet. Press “Pin this run for comparison” to keep the run shown above as run A (or load a "
-        "trace to compare below); then open another run — Generate in the Live tab, load a trace above, or a "
-        "bundled one — and it appears here as run B, next to A. Typical pairs: adapters on vs off, DECS on vs "
-        "off, K=2 vs K=4, a loaded trace vs a live one.")
+HINT = (
+    "Nothing pinned yet. Press “Pin this run for comparison” to keep the run shown above as run A (or load a "
+    "trace to compare below); then open another run — Generate in the Live tab, load a trace above, or a "
+    "bundled one — and it appears here as run B, next to A. Typical pairs: adapters on vs off, DECS on vs "
+    "off, K=2 vs K=4, a loaded trace vs a live one."
+)
 
 
 def trace_cost(events) -> dict:
@@ -35,9 +37,12 @@ def trace_cost(events) -> dict:
     adapted = start.get("adapter_depths", [])
     rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
     tokens = sum(len(round_commits(e)) for e in events if e.get("event") == "round")
-    return {"memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
-            "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted), "ar": model.ar(),
-            "whole": bool(start.get("cost"))}
+    return {
+        "memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
+        "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted),
+        "ar": model.ar(),
+        "whole": bool(start.get("cost")),
+    }
 
 
 def side(name: str, run: dict) -> viz.RunSide | None:
@@ -46,15 +51,23 @@ def side(name: str, run: dict) -> viz.RunSide | None:
     if not rounds:
         return None
     end = run["events"][-1] if run["events"][-1].get("event") == "end" else None
-    return viz.RunSide(name, run["origin"] or "this session's trace", rounds[-1], run["meta"] or {},
-                       end and end.get("stop"), trace_cost(run["events"]))
+    return viz.RunSide(
+        name,
+        run["origin"] or "this session's trace",
+        rounds[-1],
+        run["meta"] or {},
+        end and end.get("stop"),
+        trace_cost(run["events"]),
+    )
 
 
 def pin(events, meta, origin):
     """Pin the run the Debugger shows as run A; opens the comparison."""
     dbg.need(events)
     if not dbg.views(events):
-        raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to compare", print_exception=False)
+        raise gr.Error(
+            "this trace has no explorer rounds (an AR trace?): nothing to compare", print_exception=False
+        )
     run = {"events": events, "meta": meta or {}, "origin": origin or "this session's trace"}
     return run, viz.status_html("finished", f"run A pinned: {run['origin']}"), gr.Accordion(open=True)
 
@@ -65,10 +78,17 @@ def load_pinned(runtime, file, request: gr.Request = None):
     try:
         opened = dbg.open_upload(runtime, file, request)
     except DexError as err:
-        return gr.skip(), viz.status_html("error", f"this trace was not loaded: {err}; run A is unchanged"), gr.skip()
+        return (
+            gr.skip(),
+            viz.status_html("error", f"this trace was not loaded: {err}; run A is unchanged"),
+            gr.skip(),
+        )
     if not dbg.views(opened.events):
-        return gr.skip(), viz.status_html("error", "this trace has no explorer rounds (an AR trace?): run A is "
-                                                   "unchanged"), gr.skip()
+        return (
+            gr.skip(),
+            viz.status_html("error", "this trace has no explorer rounds (an AR trace?): run A is unchanged"),
+            gr.skip(),
+        )
     run = {"events": opened.events, "meta": opened.meta, "origin": opened.origin}
     return run, viz.status_html("finished", f"run A: {opened.note}"), gr.Accordion(open=True)
 
@@ -77,7 +97,9 @@ def update(pinned, events, meta, origin):
     """The comparison of the pinned run A and the Debugger's run B: (table HTML, histogram plot)."""
     if not pinned:
         return f"<p id='dbg-compare-empty'>{esc(HINT)}</p>", gr.Plot(visible=False)
-    sides = [s for s in (side("A", pinned), side("B", {"events": events, "meta": meta, "origin": origin})) if s]
+    sides = [
+        s for s in (side("A", pinned), side("B", {"events": events, "meta": meta, "origin": origin})) if s
+    ]
     return viz.compare_html(sides), gr.Plot(value=viz.compare_figure(sides), visible=True)
 
 
@@ -85,15 +107,25 @@ def section(runtime, trace: gr.State, meta: gr.State, origin: gr.State, pin_butt
     """The comparison's layout (a folded accordion the pin opens) and its events; returns the event
     (fn, inputs, outputs) that redraws it, for whatever changes the Debugger's run."""
     pinned = gr.State(None, time_to_live=runtime.settings.session_ttl)
-    with gr.Accordion("Compare two runs: A (pinned) and B (the run shown above)", open=False,
-                      elem_id="dbg-compare") as fold:
+    with gr.Accordion(
+        "Compare two runs: A (pinned) and B (the run shown above)", open=False, elem_id="dbg-compare"
+    ) as fold:
         status = gr.HTML(elem_id="dbg-compare-status")
         panel = gr.HTML(f"<p id='dbg-compare-empty'>{esc(HINT)}</p>", elem_id="dbg-compare-table")
         plot = gr.Plot(label="Matched depth of both runs", elem_id="dbg-compare-plot", visible=False)
-        slot = gr.File(label="Load a trace to compare (run A)", file_types=[".json"], elem_id="dbg-compare-load",
-                       height=100)
+        slot = gr.File(
+            label="Load a trace to compare (run A)",
+            file_types=[".json"],
+            elem_id="dbg-compare-load",
+            height=100,
+        )
     refresh = (update, [pinned, trace, meta, origin], [panel, plot])
     pin_button.click(pin, [trace, meta, origin], [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
-    slot.upload(cb.bind(load_pinned, runtime), slot, [pinned, status, fold], preprocess=False,  # no temp file
-                **HUSH).then(*refresh, **HUSH)
+    slot.upload(
+        cb.bind(load_pinned, runtime),
+        slot,
+        [pinned, status, fold],
+        preprocess=False,  # no temp file
+        **HUSH,
+    ).then(*refresh, **HUSH)
     return refresh

@@ -25,8 +25,10 @@ from .sessions import COMPACT_FACTOR, REPLAYS, compact
 
 TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
 EXAMPLE = "example"
-EMPTY_HINT = ("No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "
-              "one with ?trace=NAME in the address.")
+EMPTY_HINT = (
+    "No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "
+    "one with ?trace=NAME in the address."
+)
 
 
 def views(events) -> viz.Replay | list:
@@ -62,8 +64,13 @@ def frame(events, round_no, gone: str | None = None):
         hint = f"<p id='dbg-empty'>{esc(_gone(gone) + EMPTY_HINT if gone else EMPTY_HINT)}</p>"
         return None, hint, "", "", gr.Slider(minimum=0, maximum=1, value=0, step=1, label="Round")
     view = rounds[_index(rounds, round_no)]
-    return (viz.lattice_figure(view), viz.round_table_html(view), viz.fsm_html(view), viz.tokens_html(view),
-            round_control(rounds, view.round))
+    return (
+        viz.lattice_figure(view),
+        viz.round_table_html(view),
+        viz.fsm_html(view),
+        viz.tokens_html(view),
+        round_control(rounds, view.round),
+    )
 
 
 def _gone(why: str) -> str:
@@ -78,7 +85,9 @@ def show(runtime: Runtime, events, round_no, request: gr.Request = None):
 def round_control(rounds, value: int) -> gr.Slider:
     """The round control over a trace's rounds (``views``), at round ``value``."""
     first, last = rounds[0].round, rounds[-1].round
-    return gr.Slider(minimum=first, maximum=max(last, first + 1), value=value, step=1, label=f"Round (of {first}..{last})")
+    return gr.Slider(
+        minimum=first, maximum=max(last, first + 1), value=value, step=1, label=f"Round (of {first}..{last})"
+    )
 
 
 def last_round(events) -> int:
@@ -208,8 +217,12 @@ def load(runtime: Runtime, file, request: gr.Request = None):
     try:
         opened = open_upload(runtime, file, request)
     except DexError as err:
-        return (*(gr.skip(),) * 4, viz.status_html("error", f"this trace was not loaded: {err}; "
-                                                            "the Debugger still shows the previous trace"))
+        return (
+            *(gr.skip(),) * 4,
+            viz.status_html(
+                "error", f"this trace was not loaded: {err}; the Debugger still shows the previous trace"
+            ),
+        )
     rounds = views(opened.events)  # it opens at its last round, as a live run does
     control = round_control(rounds, rounds[-1].round) if rounds else 0
     return opened.events, opened.meta, opened.origin, control, viz.status_html("finished", opened.note)
@@ -221,8 +234,12 @@ def _download(path: Path) -> gr.File:
 
 def need(events, gone: str | None = None):
     if not events:
-        raise gr.Error(_gone(gone) + "Load it again or generate in the Live tab" if gone else
-                       "no trace yet: generate in the Live tab or load a saved trace", print_exception=False)
+        raise gr.Error(
+            _gone(gone) + "Load it again or generate in the Live tab"
+            if gone
+            else "no trace yet: generate in the Live tab or load a saved trace",
+            print_exception=False,
+        )
 
 
 def _export(runtime: Runtime, events, request, name: str) -> Path:
@@ -247,7 +264,9 @@ def export_lattice(runtime: Runtime, events, request: gr.Request = None):
 def export_report(runtime: Runtime, events, meta, request: gr.Request = None):
     """The run as one standalone HTML file (plotly.js inlined; opens from disk, offline)."""
     if events and not views(events):
-        raise gr.Error("this trace has no explorer rounds (an AR trace?): nothing to draw", print_exception=False)
+        raise gr.Error(
+            "this trace has no explorer rounds (an AR trace?): nothing to draw", print_exception=False
+        )
     return _download(viz.write_run_report(events, meta, _export(runtime, events, request, "dex-run.html")))
 
 
@@ -264,4 +283,8 @@ def refresh(events, meta, status: str, source: str):
     if "data-state='error'" in (status or "") or not views(events):
         return (gr.skip(),) * 7
     state = "stopped" if "data-state='stopped'" in status else "finished"
-    return (*frame(events, last_round(events)), timeline(events), viz.status_html(state, describe(meta, source)))
+    return (
+        *frame(events, last_round(events)),
+        timeline(events),
+        viz.status_html(state, describe(meta, source)),
+    )

@@ -168,8 +168,10 @@ class Files:
                 return 413, f"An upload may be at most {most // 2**20} MB."
             limit = self.settings.upload_mb * 2**20
             if self.uploaded_bytes() + length > limit:
-                return 413, (f"This server holds {self.settings.upload_mb} MB of recent uploads, its limit for all "
-                             "visitors (DEX_UPLOAD_MB); try again in a few minutes.")
+                return 413, (
+                    f"This server holds {self.settings.upload_mb} MB of recent uploads, its limit for all "
+                    "visitors (DEX_UPLOAD_MB); try again in a few minutes."
+                )
         return None
 
     def arriving(self, size: int) -> None:
@@ -187,7 +189,10 @@ class Files:
     def exit_on_sigterm(self) -> None:
         """Make SIGTERM remove the folder and exit through ``sys.exit`` (so ``atexit`` runs too). Only from
         the main thread, and only while SIGTERM still has its default action (a host's handler stays)."""
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        ):
             signal.signal(signal.SIGTERM, self._terminated)
 
     def _terminated(self, signum, _frame):
@@ -212,9 +217,16 @@ class Gate:
         if refused is not None:
             status, text = refused
             body = text.encode()
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"text/plain; charset=utf-8"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             return await send({"type": "http.response.body", "body": body})
         if not (UPLOAD_ROUTE.search(scope["path"]) and scope["method"] == "POST"):
             return await self.app(scope, receive, send)

@@ -52,19 +52,38 @@ EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy
 def _sampling_controls():
     with gr.Row():  # the sampling settings are editable only while Sample is on
         sample = gr.Checkbox(label="Sample (else greedy)", value=False, elem_id="live-sample")
-        temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="Temperature", interactive=False,
-                                elem_id="live-temperature")
-        top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", interactive=False, elem_id="live-top-k")
-        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p")
-        seed = gr.Number(value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed")
+        temperature = gr.Slider(
+            0.05,
+            2.0,
+            value=1.0,
+            step=0.05,
+            label="Temperature",
+            interactive=False,
+            elem_id="live-temperature",
+        )
+        top_k = gr.Number(
+            value=0, precision=0, minimum=0, label="Top-k (0 = off)", interactive=False, elem_id="live-top-k"
+        )
+        top_p = gr.Slider(
+            0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p"
+        )
+        seed = gr.Number(
+            value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed"
+        )
     sample.change(cb.sampling_controls, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
     return sample, temperature, top_k, top_p, seed
 
 
 def _explorers(runtime: Runtime, elem_id: str | None = None) -> gr.Slider:
     c = control(DecoderOptions, "explorers")
-    return gr.Slider(c["minimum"], c["maximum"], value=runtime.settings.explorers, step=1, label="Explorers K",
-                     elem_id=elem_id)
+    return gr.Slider(
+        c["minimum"],
+        c["maximum"],
+        value=runtime.settings.explorers,
+        step=1,
+        label="Explorers K",
+        elem_id=elem_id,
+    )
 
 
 def _draft_box(elem_id: str) -> gr.Checkbox:
@@ -72,8 +91,12 @@ def _draft_box(elem_id: str) -> gr.Checkbox:
 
 
 def _adapters_box(runtime: Runtime) -> gr.Checkbox:
-    return gr.Checkbox(label="Inducing adapters", value=runtime.shipped_adapters, interactive=runtime.shipped_adapters,
-                       info="shipped for the default model" if runtime.shipped_adapters else "none shipped for this model")
+    return gr.Checkbox(
+        label="Inducing adapters",
+        value=runtime.shipped_adapters,
+        interactive=runtime.shipped_adapters,
+        info="shipped for the default model" if runtime.shipped_adapters else "none shipped for this model",
+    )
 
 
 def _max_new(label: str, elem_id: str) -> gr.Slider:
@@ -83,10 +106,14 @@ def _max_new(label: str, elem_id: str) -> gr.Slider:
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
 PLAY_PERIOD = 0.6  # seconds between two rounds while the Debugger plays
-RACE_HINT = ("Press Race to run this prompt through plain autoregressive decoding and through DEX side by side: "
-             "both texts, their clocks and whether the outputs are identical appear here.")
-ANALYSIS_HINT = ("Press Analyse to see, for each token of the model's greedy answer, the earliest layer that already "
-                 "predicts it (EAD), the speedup that predicts for K = 2..8, and the token's probability at every layer.")
+RACE_HINT = (
+    "Press Race to run this prompt through plain autoregressive decoding and through DEX side by side: "
+    "both texts, their clocks and whether the outputs are identical appear here."
+)
+ANALYSIS_HINT = (
+    "Press Analyse to see, for each token of the model's greedy answer, the earliest layer that already "
+    "predicts it (EAD), the speedup that predicts for K = 2..8, and the token's probability at every layer."
+)
 
 
 def _hint(elem_id: str, text: str) -> str:
@@ -106,8 +133,9 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="dbg-round", scale=1)
     timer = gr.Timer(PLAY_PERIOD, active=False)
     playing = gr.State(False)  # what Pause writes and every tick reads
-    timeline = gr.Plot(label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline",
-                       show_label=False)  # the figure's title says it; a label would take 100 px over the plot
+    timeline = gr.Plot(
+        label="Whole run: every node (click one to open its round)", elem_id="dbg-timeline", show_label=False
+    )  # the figure's title says it; a label would take 100 px over the plot
     goto = gr.Textbox(visible="hidden", elem_id="dbg-goto")
     goto_b = gr.Button("Open round", visible="hidden", elem_id="dbg-goto-go")
     with gr.Row():
@@ -117,22 +145,33 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
             table = gr.HTML(elem_id="dbg-table")
     text = gr.HTML(elem_id="dbg-text")
     with gr.Row():
-        loaded = gr.File(label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)", file_types=[".json"],
-                         elem_id="dbg-load", height=120, scale=2)
+        loaded = gr.File(
+            label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)",
+            file_types=[".json"],
+            elem_id="dbg-load",
+            height=120,
+            scale=2,
+        )
         with gr.Column(scale=1):
             save_b = gr.Button("Save trace (JSON)", elem_id="dbg-save", size="sm")
             graph_b = gr.Button("Export lattice graph (GraphML)", elem_id="dbg-graph", size="sm")
             html_b = gr.Button("Export run as HTML (works offline)", elem_id="dbg-html", size="sm")
             pin_b = gr.Button("Pin this run for comparison (run A)", elem_id="dbg-pin", size="sm")
-        download = gr.File(label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1)
+        download = gr.File(
+            label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1
+        )
     compare = cmp.section(runtime, trace, meta, origin, pin_b)
     frame = [lattice, table, fsm, text, slider]
     show = cb.bind(dbg.show, runtime)
-    raw = {**HUSH, "preprocess": False}  # round values arrive as sent: the handlers read them (debugger._number)
+    raw = {
+        **HUSH,
+        "preprocess": False,
+    }  # round values arrive as sent: the handlers read them (debugger._number)
     slider.release(show, [trace, slider], frame, **raw)
     for button, delta in ((prev_b, -1), (next_b, +1)):
         button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw).then(
-            show, [trace, slider], frame, **raw)
+            show, [trace, slider], frame, **raw
+        )
     goto_b.click(show, [trace, goto], frame, **raw)
     play_b.click(dbg.play, None, [playing, timer], **HUSH)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
@@ -141,10 +180,15 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
     graph_b.click(cb.bind(dbg.export_lattice, runtime), trace, download, **HUSH)
     html_b.click(cb.bind(dbg.export_report, runtime), [trace, meta], download, **HUSH)
     # a rejected file changes only the status line: the session keeps its trace and the panels stay
-    loaded.upload(cb.bind(dbg.load, runtime), loaded, [trace, meta, origin, slider, status],  # the file as uploaded:
-                  preprocess=False, **HUSH).then(  # Gradio's preprocess leaves an empty temp file per upload
-        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH).then(
-        *compare, **HUSH)
+    loaded.upload(
+        cb.bind(dbg.load, runtime),
+        loaded,
+        [trace, meta, origin, slider, status],  # the file as uploaded:
+        preprocess=False,
+        **HUSH,
+    ).then(  # Gradio's preprocess leaves an empty temp file per upload
+        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH
+    ).then(*compare, **HUSH)
     return frame, timeline, status, compare
 
 
@@ -175,8 +219,13 @@ def _live_tab(runtime: Runtime, states: list):
                 decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
                 draft = _draft_box("live-draft")
             max_new = _max_new("Max new tokens", "live-new")
-            prune = gr.Dropdown(list(PRUNE_CHOICES), value=DecoderOptions.prune, label="Lattice pruning",
-                                info="new branches per round; auto: 1 on CPU, none on GPUs", elem_id="live-prune")
+            prune = gr.Dropdown(
+                list(PRUNE_CHOICES),
+                value=DecoderOptions.prune,
+                label="Lattice pruning",
+                info="new branches per round; auto: 1 on CPU, none on GPUs",
+                elem_id="live-prune",
+            )
         sampling = _sampling_controls()
     gr.Examples(EXAMPLES, inputs=prompt)
     status = gr.HTML(elem_id="live-status")
@@ -188,10 +237,17 @@ def _live_tab(runtime: Runtime, states: list):
             numbers = gr.HTML(elem_id="live-stats")
     panels = [text, lattice, fsm, numbers]
     stops = cb.StopRequests()
-    run = _run_on(generate, bind(cb.live_frames, runtime, stops),
-                  [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
-                  [*panels, *states, status], api_name="generate", concurrency_id="model", concurrency_limit=1,
-                  show_progress="hidden", preprocess=False)  # the handlers check their inputs (app.callbacks)
+    run = _run_on(
+        generate,
+        bind(cb.live_frames, runtime, stops),
+        [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
+        [*panels, *states, status],
+        api_name="generate",
+        concurrency_id="model",
+        concurrency_limit=1,
+        show_progress="hidden",
+        preprocess=False,
+    )  # the handlers check their inputs (app.callbacks)
     stop.click(bind(cb.stop, stops), status, status, **QUIET)
     return run, prompt, panels, status
 
@@ -214,9 +270,16 @@ def _race_tab(runtime: Runtime) -> None:
         dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
     plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
     stops = cb.StopRequests()
-    _run_on(go, cb.bind(race.race_frames, runtime, stops), [prompt, chat, explorers, adapters, max_new, draft],
-            [ar_text, dex_text, plot, summary], api_name="race", concurrency_id="model", concurrency_limit=1,
-            preprocess=False)
+    _run_on(
+        go,
+        cb.bind(race.race_frames, runtime, stops),
+        [prompt, chat, explorers, adapters, max_new, draft],
+        [ar_text, dex_text, plot, summary],
+        api_name="race",
+        concurrency_id="model",
+        concurrency_limit=1,
+        preprocess=False,
+    )
     stop.click(cb.bind(race.stop, stops), None, None, **QUIET)
 
 
@@ -229,32 +292,49 @@ def _analysis_tab(runtime: Runtime) -> None:
     with gr.Row():
         chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
         adapters = _adapters_box(runtime)
-        metric = gr.Radio(["probability", "rank"], value="probability", label="Depth view colours", elem_id="an-metric")
+        metric = gr.Radio(
+            ["probability", "rank"], value="probability", label="Depth view colours", elem_id="an-metric"
+        )
     with gr.Row():
         ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
         speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
     table = gr.HTML(_hint("an-empty", ANALYSIS_HINT), elem_id="an-table")
     depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
-    _run_on(go, cb.bind(cb.analyse, runtime), [prompt, chat, adapters, max_new, metric],
-            [ead_plot, speed_plot, table, depth_plot], api_name="analyse", concurrency_id="model",
-            concurrency_limit=1, preprocess=False)
+    _run_on(
+        go,
+        cb.bind(cb.analyse, runtime),
+        [prompt, chat, adapters, max_new, metric],
+        [ead_plot, speed_plot, table, depth_plot],
+        api_name="analyse",
+        concurrency_id="model",
+        concurrency_limit=1,
+        preprocess=False,
+    )
     metric.change(None, metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
 
 
 def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
     runtime = Runtime(settings)
     ttl = runtime.settings.session_ttl
-    with SessionBlocks(runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
+    with SessionBlocks(
+        runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)
+    ) as demo:
         demo.runtime = runtime
-        trace = gr.State([], time_to_live=ttl)  # ttl s after it was set; a closed tab frees it at once (app.sessions)
+        trace = gr.State(
+            [], time_to_live=ttl
+        )  # ttl s after it was set; a closed tab frees it at once (app.sessions)
         meta = gr.State({}, time_to_live=ttl)
         origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
-        live_source = gr.State(cb.LIVE)  # outside gr.Tabs: a State between two tabs doubled the last tab's label
-        gr.Markdown("# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
-                    "several depths propose tokens, the final layer commits AR's token (exactly in float32/float64; "
-                    "in bfloat16/float16 AR's or a numerical near-tie of it, marked ≈ and checkable with `dex verify`), "
-                    f"and the lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
-                    f"backend: `{runtime.settings.backend}`.")
+        live_source = gr.State(
+            cb.LIVE
+        )  # outside gr.Tabs: a State between two tabs doubled the last tab's label
+        gr.Markdown(
+            "# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
+            "several depths propose tokens, the final layer commits AR's token (exactly in float32/float64; "
+            "in bfloat16/float16 AR's or a numerical near-tie of it, marked ≈ and checkable with `dex verify`), "
+            f"and the lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
+            f"backend: `{runtime.settings.backend}`."
+        )
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):
                 run, prompt, live_panels, live_status = _live_tab(runtime, [trace, meta, origin])
@@ -262,12 +342,23 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
                 _race_tab(runtime)
             with gr.Tab("Debugger", id="debugger"):
                 dbg_frame, dbg_timeline, dbg_status, compare = _debugger_tab(runtime, trace, meta, origin)
-            after_run = (dbg.refresh, [trace, meta, live_status, live_source], [*dbg_frame, dbg_timeline, dbg_status])
-            run.then(*after_run, **HUSH).then(*compare, **HUSH)  # the debugger at the last round (stopped runs too)
+            after_run = (
+                dbg.refresh,
+                [trace, meta, live_status, live_source],
+                [*dbg_frame, dbg_timeline, dbg_status],
+            )
+            run.then(*after_run, **HUSH).then(
+                *compare, **HUSH
+            )  # the debugger at the last round (stopped runs too)
             with gr.Tab("Analysis", id="analysis"):
                 _analysis_tab(runtime)
-        demo.load(cb.page_load, None, [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline,
-                                       dbg_status, tabs], show_progress="hidden", **QUIET)
+        demo.load(
+            cb.page_load,
+            None,
+            [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline, dbg_status, tabs],
+            show_progress="hidden",
+            **QUIET,
+        )
         demo.load(cb.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
         demo.load(None, js=TIMELINE_JS, **QUIET)
         demo.load(None, js=FIT_PLOTS_JS, **QUIET)
@@ -284,7 +375,9 @@ def main(argv=None) -> None:
     settings = from_args(AppSettings, parser.parse_args(argv))
     app = build_demo(settings)
     app.runtime.files.exit_on_sigterm()  # SIGTERM removes the app's folder too
-    app.launch(server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT)
+    app.launch(
+        server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ class Deadline:
 
     def reason(self) -> str | None:
         """Why the request must end now ("at this host's limit …"), or None while it may go on."""
-        return f"at this host's limit of {self.seconds} s of model time per request" if self.left() < 0 else None
+        return (
+            f"at this host's limit of {self.seconds} s of model time per request" if self.left() < 0 else None
+        )
 
 
 def in_background(work, status):

@@ -33,9 +33,13 @@ def _profiling(runtime: Runtime, decoder):
     """Measure (or read) the profile in a thread, yielding a status line twice a second while it runs."""
     if runtime.profiled(decoder):
         return
-    yield from in_background(lambda: runtime.profile(decoder), lambda s: (
-        f"first race: timing this machine's layers, heads and exchange for the projection (once; outside both "
-        f"clocks) ({s:.0f} s)"))
+    yield from in_background(
+        lambda: runtime.profile(decoder),
+        lambda s: (
+            f"first race: timing this machine's layers, heads and exchange for the projection (once; outside both "
+            f"clocks) ({s:.0f} s)"
+        ),
+    )
 
 
 @dataclass
@@ -54,12 +58,17 @@ class _Race:
     first: str | None = None  # the method that finished first (the other then ran alone)
 
     def view(self, stopped=None) -> tuple:
-        return _race_view(self.tokenizer, self.tokens, self.times, self.ends, self.decoder, self.first, stopped)
+        return _race_view(
+            self.tokenizer, self.tokens, self.times, self.ends, self.decoder, self.first, stopped
+        )
 
     def step(self) -> None:
         """The next event of the side whose own clock is behind (the other, once one has ended)."""
-        side = "ar" if "dex" in self.ends or ("ar" not in self.ends and self.clocks["ar"] <= self.clocks["dex"]) \
+        side = (
+            "ar"
+            if "dex" in self.ends or ("ar" not in self.ends and self.clocks["ar"] <= self.clocks["dex"])
             else "dex"
+        )
         try:
             event = next(self.ar if side == "ar" else self.dex)
         except ExplorerError as err:
@@ -74,15 +83,26 @@ class _Race:
         else:
             t = event["timings"]
             self.clocks["dex"] += t["prefill"] + t["round"]
-            self.clocks["proj"] += t["projected"] + exchange_seconds(self.profile, [len(b) for b in event["batches"]])
+            self.clocks["proj"] += t["projected"] + exchange_seconds(
+                self.profile, [len(b) for b in event["batches"]]
+            )
             for commit in round_commits(event):  # several when a draft chain committed
                 self.tokens["dex"].append(commit["token"])
                 self.times["dex"].append(self.clocks["dex"])
                 self.times["proj"].append(self.clocks["proj"])
 
 
-def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, adapters, max_new_tokens, draft=True,
-                request: gr.Request = None):
+def race_frames(
+    runtime: Runtime,
+    stops: StopRequests,
+    prompt,
+    chat,
+    explorers,
+    adapters,
+    max_new_tokens,
+    draft=True,
+    request: gr.Request = None,
+):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
     takes the next step, so both run under the same load until one finishes.
 
@@ -94,13 +114,17 @@ def race_frames(runtime: Runtime, stops: StopRequests, prompt, chat, explorers, 
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this race started does not apply to it
     try:
-        config = ui_config(chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft)
+        config = ui_config(
+            chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft
+        )
         check_text(prompt)
         runtime.need_whole_model("the Race (its AR lane)")
         race = yield from _start(runtime, config, prompt)
     except DexError as err:
         raise short_error(err) from None
-    deadline = Deadline(runtime.settings.request_seconds)  # model time from here: loading and profiling are not in it
+    deadline = Deadline(
+        runtime.settings.request_seconds
+    )  # model time from here: loading and profiling are not in it
     while len(race.ends) < 2:
         why = "by you" if stops.take(session) else deadline.reason()
         if why:
@@ -137,23 +161,36 @@ def _devices(K: int) -> str:
 def _race_view(tokenizer, tokens, times, ends, decoder, first, stopped=None):
     """The Race's panes: AR and DEX on one device (sequential schedule), and DEX's projected K-device clock."""
     K = decoder.K
-    series = [{"name": "AR (measured)", "times": times["ar"]},
-              {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
-              {"name": f"DEX projected on {_devices(K)} (communication included)", "times": times["proj"],
-               "dash": True}]
+    series = [
+        {"name": "AR (measured)", "times": times["ar"]},
+        {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
+        {
+            "name": f"DEX projected on {_devices(K)} (communication included)",
+            "times": times["proj"],
+            "dash": True,
+        },
+    ]
     facts = {"K": K, "first": first, "distributed": False}
     if "dex" in ends:
         stats = ends["dex"]["stats"]
         cost = decoder.cost_model
         T = max(1, stats["tokens"])
         covered = sorted(decoder.adapters)
-        facts.update(depths=list(decoder.depths), rounds_per_token=stats["rounds_per_token"],
-                     depth_speedup=stats["depth_speedup"], ar_cost=cost.ar(),
-                     dex_cost=cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
-                     dex_cost_rows=cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered))
+        facts.update(
+            depths=list(decoder.depths),
+            rounds_per_token=stats["rounds_per_token"],
+            depth_speedup=stats["depth_speedup"],
+            ar_cost=cost.ar(),
+            dex_cost=cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
+            dex_cost_rows=cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered),
+        )
     summary = viz.race_summary_html(tokens, times, len(ends) == 2, facts, stopped)
-    return (tokenizer.decode(tokens["ar"], skip_special_tokens=True),
-            tokenizer.decode(tokens["dex"], skip_special_tokens=True), viz.race_figure(series), summary)
+    return (
+        tokenizer.decode(tokens["ar"], skip_special_tokens=True),
+        tokenizer.decode(tokens["dex"], skip_special_tokens=True),
+        viz.race_figure(series),
+        summary,
+    )
 
 
 def stop(stops: StopRequests, request: gr.Request = None) -> None:

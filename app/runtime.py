@@ -45,28 +45,60 @@ class AppSettings:
     explorers: int = option(DecoderOptions.explorers, "K the controls start at", env="DEX_EXPLORERS")
     backend: str = option(DecoderOptions.backend, "sequential or distributed", env="DEX_BACKEND")
     dtype: str = option(DexConfig.dtype, "model dtype", env="DEX_DTYPE")
-    device: str = option(DexConfig.device, DEVICE_HELP + " (distributed: one device of that kind per explorer)",
-                         env="DEX_DEVICE")
-    host: str | None = option(None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; "
-                                    "0.0.0.0 serves a network)")
+    device: str = option(
+        DexConfig.device,
+        DEVICE_HELP + " (distributed: one device of that kind per explorer)",
+        env="DEX_DEVICE",
+    )
+    host: str | None = option(
+        None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; 0.0.0.0 serves a network)"
+    )
     port: int | None = option(None, "port (default: $GRADIO_SERVER_PORT or 7860)")
-    max_groups: int = option(1, "distributed: explorer groups kept alive at once (least recently used closed first)",
-                             env="DEX_MAX_GROUPS")
-    queue_size: int = option(16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE")
-    session_ttl: int = option(3600, "seconds an idle browser session keeps its traces (a closed tab frees them "
-                                    "at once)", env="DEX_SESSION_TTL")
-    trace_memory_mb: int = option(1024, "MB of server memory for all sessions' traces together; the least recently "
-                                        "used session's go first", env="DEX_TRACE_MEMORY_MB")
-    upload_mb: int = option(256, "MB of uploads not yet loaded, all visitors together; more are refused until "
-                                 "they are loaded or expire", env="DEX_UPLOAD_MB")
-    file_ttl: int = option(600, "seconds a download (saved trace, export) or an upload never loaded stays on the "
-                                "server; a download also goes when its session ends", env="DEX_FILE_TTL")
-    request_seconds: int = option(180, "seconds of model time one request may take (Live, Race, Analysis); a run "
-                                       "past it ends with what it made so far (0: no bound)", env="DEX_REQUEST_SECONDS")
+    max_groups: int = option(
+        1,
+        "distributed: explorer groups kept alive at once (least recently used closed first)",
+        env="DEX_MAX_GROUPS",
+    )
+    queue_size: int = option(
+        16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE"
+    )
+    session_ttl: int = option(
+        3600,
+        "seconds an idle browser session keeps its traces (a closed tab frees them at once)",
+        env="DEX_SESSION_TTL",
+    )
+    trace_memory_mb: int = option(
+        1024,
+        "MB of server memory for all sessions' traces together; the least recently used session's go first",
+        env="DEX_TRACE_MEMORY_MB",
+    )
+    upload_mb: int = option(
+        256,
+        "MB of uploads not yet loaded, all visitors together; more are refused until "
+        "they are loaded or expire",
+        env="DEX_UPLOAD_MB",
+    )
+    file_ttl: int = option(
+        600,
+        "seconds a download (saved trace, export) or an upload never loaded stays on the "
+        "server; a download also goes when its session ends",
+        env="DEX_FILE_TTL",
+    )
+    request_seconds: int = option(
+        180,
+        "seconds of model time one request may take (Live, Race, Analysis); a run "
+        "past it ends with what it made so far (0: no bound)",
+        env="DEX_REQUEST_SECONDS",
+    )
 
     def __post_init__(self):
-        self.device = DexConfig(model=self.model, explorers=self.explorers, backend=self.backend, dtype=self.dtype,
-                                device=self.device).device
+        self.device = DexConfig(
+            model=self.model,
+            explorers=self.explorers,
+            backend=self.backend,
+            dtype=self.dtype,
+            device=self.device,
+        ).device
         for name in ("max_groups", "queue_size", "session_ttl", "trace_memory_mb", "upload_mb", "file_ttl"):
             integer(getattr(self, name), name, 1)
         integer(self.request_seconds, "request_seconds", 0)
@@ -118,9 +150,22 @@ def _whole(value, name: str, cls=None) -> int:
     return number
 
 
-def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapters=True, decs=True,
-              sample=False, temperature=1.0, top_k=0, top_p=1.0, seed=0,
-              max_new_tokens=DexConfig.max_new_tokens, prune=DecoderOptions.prune, draft=True) -> DexConfig:
+def ui_config(
+    *,
+    chat=True,
+    explorers=DecoderOptions.explorers,
+    depths="",
+    adapters=True,
+    decs=True,
+    sample=False,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    seed=0,
+    max_new_tokens=DexConfig.max_new_tokens,
+    prune=DecoderOptions.prune,
+    draft=True,
+) -> DexConfig:
     """The app's control values -> a validated DexConfig (DexError on bad input).
 
     Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
@@ -134,20 +179,31 @@ def ui_config(*, chat=True, explorers=DecoderOptions.explorers, depths="", adapt
     top_k = _whole(top_k, "top_k") if sample else 0
     top_p = _real(top_p, "top_p") if sample else 1.0
     return DexConfig(
-        chat=chat, explorers=_whole(explorers, "explorers", DecoderOptions),
+        chat=chat,
+        explorers=_whole(explorers, "explorers", DecoderOptions),
         depths=depths.strip() or None if isinstance(depths, str) else depths,
-        adapters="auto" if flag(adapters, "adapters") else "none", decs=decs,
-        temperature=_real(temperature, "temperature") if sample else 0.0, top_k=top_k or None,
-        top_p=None if top_p == 1.0 else top_p, seed=_whole(seed, "seed"),
-        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions), trace_top=TRACE_TOP, prune=prune,
-        draft="auto" if flag(draft, "draft chains") else "none")
+        adapters="auto" if flag(adapters, "adapters") else "none",
+        decs=decs,
+        temperature=_real(temperature, "temperature") if sample else 0.0,
+        top_k=top_k or None,
+        top_p=None if top_p == 1.0 else top_p,
+        seed=_whole(seed, "seed"),
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens", GenerationOptions),
+        trace_top=TRACE_TOP,
+        prune=prune,
+        draft="auto" if flag(draft, "draft chains") else "none",
+    )
 
 
 def control(cls, name: str) -> dict:
     """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
     f = cls.__dataclass_fields__[name]
-    return {"value": f.default, "info": f.metadata["help"], "minimum": f.metadata.get("ui_min"),
-            "maximum": f.metadata.get("ui_max")}
+    return {
+        "value": f.default,
+        "info": f.metadata["help"],
+        "minimum": f.metadata.get("ui_min"),
+        "maximum": f.metadata.get("ui_max"),
+    }
 
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
@@ -158,9 +214,11 @@ QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not pa
 HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
 
 
-WHOLE_MODEL = ("{what} runs the whole model in this server's process, and this server runs DEX distributed "
-               "(DEX_BACKEND=distributed): each explorer process holds only its part of the model, and this process "
-               "none of it. Serve the app with the sequential backend (DEX_BACKEND=sequential) for {what}.")
+WHOLE_MODEL = (
+    "{what} runs the whole model in this server's process, and this server runs DEX distributed "
+    "(DEX_BACKEND=distributed): each explorer process holds only its part of the model, and this process "
+    "none of it. Serve the app with the sequential backend (DEX_BACKEND=sequential) for {what}."
+)
 
 
 class Runtime:
@@ -191,11 +249,14 @@ class Runtime:
             more = {"log": log} if log is not None else {}
             if self.distributed:
                 self._folder = locate(self.settings.model, log or (lambda line: None))
-                self._identity = checkpoint_identity(AutoConfig.from_pretrained(self._folder), Checkpoint(self._folder))
+                self._identity = checkpoint_identity(
+                    AutoConfig.from_pretrained(self._folder), Checkpoint(self._folder)
+                )
                 self._tokenizer = load_tokenizer(self._folder, self.settings.model)
             else:
-                self._model, self._tokenizer = load_model(self.settings.model, dtype=self.settings.dtype,
-                                                          device=self.settings.device, **more)
+                self._model, self._tokenizer = load_model(
+                    self.settings.model, dtype=self.settings.dtype, device=self.settings.device, **more
+                )
 
     def tokenizer(self):
         self.prepare()
@@ -222,7 +283,9 @@ class Runtime:
         model, _ = self.model("the seconds profile")
         with self._lock:
             if decoder.proposal_vocab not in self._profiles:
-                self._profiles[decoder.proposal_vocab] = measure_profile(model, decoder.proposal_vocab, log=lambda _: None)
+                self._profiles[decoder.proposal_vocab] = measure_profile(
+                    model, decoder.proposal_vocab, log=lambda _: None
+                )
             return self._profiles[decoder.proposal_vocab]
 
     def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
@@ -238,17 +301,26 @@ class Runtime:
         model, _ = self.model("the Analysis")
         if model.device.type != "cpu":
             return None
-        passes = 1.5 if decoder is None else decoder.K * (4 if decoder.prune is None and decoder.K >= 6 else 1) + ar
+        passes = (
+            1.5
+            if decoder is None
+            else decoder.K * (4 if decoder.prune is None and decoder.K >= 6 else 1) + ar
+        )
         seconds = max_new_tokens * passes * sum(p.numel() for p in model.parameters()) / CPU_RATE
         if seconds < SLOW_SECONDS:
             return None
         bound = self.settings.request_seconds
-        end = (f" This host ends a request after {bound} s of model time, keeping what it made by then."
-               if bound and seconds > bound else "")
+        end = (
+            f" This host ends a request after {bound} s of model time, keeping what it made by then."
+            if bound and seconds > bound
+            else ""
+        )
         if decoder is None:
             return f"analysing {max_new_tokens} tokens on CPU: about {seconds:.0f} s; fewer tokens is faster.{end}"
-        what = (f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one "
-                "after another here")
+        what = (
+            f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one "
+            "after another here"
+        )
         if ar:
             return f"a race of {what} and AR beside them; fewer tokens or a smaller K is faster.{end}"
         return f"{what}; fewer tokens or a smaller K is faster (the status line shows the time left).{end}"
@@ -261,8 +333,10 @@ class Runtime:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.settings.backend == "distributed" and self.settings.device != "cpu" and 0 < gpus < count:
-            return (f"{count} explorers need {count} GPUs (one per explorer) but {gpus} are visible: "
-                    f"the explorers run on CPU. Choose K ≤ {gpus} to use the GPUs.")
+            return (
+                f"{count} explorers need {count} GPUs (one per explorer) but {gpus} are visible: "
+                f"the explorers run on CPU. Choose K ≤ {gpus} to use the GPUs."
+            )
         return None
 
     @property
@@ -288,9 +362,13 @@ class Runtime:
             while len(self._groups) >= self.settings.max_groups:
                 self._groups.popitem(last=False)[1].close()
             # each explorer reads its own part of the checkpoint; DEX_DEVICE=cpu: CPU explorers, even beside GPUs
-            self._groups[key] = DexDecoder.from_pretrained(str(self._folder), replace(options, depths=depths),
-                                                           dtype=self.settings.dtype, device=self.settings.device,
-                                                           tokenizer=tokenizer)
+            self._groups[key] = DexDecoder.from_pretrained(
+                str(self._folder),
+                replace(options, depths=depths),
+                dtype=self.settings.dtype,
+                device=self.settings.device,
+                tokenizer=tokenizer,
+            )
             return self._groups[key]
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ SWEEP_SECONDS = 1.0
 @asynccontextmanager
 async def sweeping(sessions: Sessions):
     """While the server runs: the sweep every ``SWEEP_SECONDS``; at its end the app's files go."""
+
     async def sweep():
         while True:
             await asyncio.sleep(SWEEP_SECONDS)

@@ -69,8 +69,10 @@ def compact(events: list[dict]) -> list[dict]:
         for node in event.get("nodes") or ():
             node["text"] = text(node.get("text"))
             if node.get("top"):
-                node["top"] = [(t, probs.setdefault(p, p) if type(p) is float else p, *map(text, rest))
-                               for t, p, *rest in node["top"]]
+                node["top"] = [
+                    (t, probs.setdefault(p, p) if type(p) is float else p, *map(text, rest))
+                    for t, p, *rest in node["top"]
+                ]
         if event.get("alive"):
             event["alive"] = [ids.setdefault(i, i) for i in event["alive"]]
     return events
@@ -97,7 +99,9 @@ class Sessions:
         self.settings, self.files = settings, files
         self.blocks = None  # the launched Blocks, whose state holder keeps the sessions
         self._lock = threading.RLock()
-        self._sizes: dict[int, tuple[dict, int, int, float]] = {}  # id(events) -> (events[0], counted, bytes, when)
+        self._sizes: dict[
+            int, tuple[dict, int, int, float]
+        ] = {}  # id(events) -> (events[0], counted, bytes, when)
         self._reserved: dict[str, tuple[int, float]] = {}  # session -> (bytes, when) of a load under way
         self._notices: dict[str, tuple[str, float]] = {}  # session -> (why its trace went, when)
         self._freed = False  # something was let go of since the last sweep's collection
@@ -124,7 +128,12 @@ class Sessions:
     def record(self, events: list[dict], file_bytes: int) -> None:
         """The size of a compacted trace loaded from a file of ``file_bytes``, before its session holds it."""
         with self._lock:
-            self._sizes[id(events)] = (events[0], len(events), int(COMPACT_FACTOR * file_bytes), time.monotonic())
+            self._sizes[id(events)] = (
+                events[0],
+                len(events),
+                int(COMPACT_FACTOR * file_bytes),
+                time.monotonic(),
+            )
 
     def usage(self) -> dict[str, int]:
         """Estimated bytes of the traces only that session holds, a load under way counted by its
@@ -137,8 +146,11 @@ class Sessions:
         holder, now = self._holder(), time.monotonic()
         found, held, owners = {}, [], {}
         for session, state in list(holder.session_data.items()) if holder else []:
-            slots = [(state, key, events) for key, value in list(state.state_data.items())
-                     for events in traces_in(value)]
+            slots = [
+                (state, key, events)
+                for key, value in list(state.state_data.items())
+                for events in traces_in(value)
+            ]
             found[session] = slots
             for events in {id(e): e for *_, e in slots}.values():
                 held.append(events)
@@ -146,7 +158,10 @@ class Sessions:
         sessions, shared = {}, 0
         for session, slots in found.items():
             mine = {id(e): e for *_, e in slots if owners[id(e)] == 1}
-            sessions[session] = (sum(self._bytes(e) for e in mine.values()), [(state, key) for state, key, _ in slots])
+            sessions[session] = (
+                sum(self._bytes(e) for e in mine.values()),
+                [(state, key) for state, key, _ in slots],
+            )
         for events in {id(e): e for e in held if owners[id(e)] > 1}.values():
             shared += self._bytes(events)
         for session, (size, when) in list(self._reserved.items()):
@@ -155,8 +170,11 @@ class Sessions:
                 continue
             held_size, slots = sessions.get(session, (0, []))
             sessions[session] = (max(size, held_size), slots)
-        self._sizes = {key: entry for key, entry in self._sizes.items()
-                       if key in owners or now - entry[3] < RECORD_SECONDS}
+        self._sizes = {
+            key: entry
+            for key, entry in self._sizes.items()
+            if key in owners or now - entry[3] < RECORD_SECONDS
+        }
         return sessions, held, shared
 
     def enforce(self, keep: str | None = None) -> int:
@@ -167,8 +185,10 @@ class Sessions:
             total = shared + sum(size for size, _ in sessions.values())
             holder = self._holder()
             used = holder.time_last_used if holder else {}
-            order = sorted((s for s, (size, _) in sessions.items() if s != keep and size > 0),
-                           key=lambda s: used.get(s, datetime.min))
+            order = sorted(
+                (s for s, (size, _) in sessions.items() if s != keep and size > 0),
+                key=lambda s: used.get(s, datetime.min),
+            )
             evicted = 0
             for session in order:
                 if total <= self.budget:
@@ -176,11 +196,16 @@ class Sessions:
                 size, slots = sessions[session]
                 for state, key in slots:
                     block = state.blocks_config.blocks.get(key)
-                    state.state_data[key] = copy.deepcopy(getattr(block, "value", None))  # a key it has: no resize
+                    state.state_data[key] = copy.deepcopy(
+                        getattr(block, "value", None)
+                    )  # a key it has: no resize
                 self._reserved.pop(session, None)
-                self._notices[session] = ("this session's trace was dropped to free memory: the server keeps "
-                                          f"{self.settings.trace_memory_mb} MB of traces for all visitors together "
-                                          "and drops the least recently used first", time.monotonic())
+                self._notices[session] = (
+                    "this session's trace was dropped to free memory: the server keeps "
+                    f"{self.settings.trace_memory_mb} MB of traces for all visitors together "
+                    "and drops the least recently used first",
+                    time.monotonic(),
+                )
                 total -= size
                 evicted += 1
         if evicted:
@@ -191,9 +216,11 @@ class Sessions:
         """Make room for a trace of about ``nbytes`` that ``session`` is loading: other sessions' least recently
         used traces go first. DexError when it alone is larger than the budget."""
         if nbytes > self.budget:
-            raise DexError(f"this trace needs about {nbytes / 2**20:.0f} MB of server memory, more than the "
-                           f"{self.settings.trace_memory_mb} MB this server keeps for all visitors' traces "
-                           "(DEX_TRACE_MEMORY_MB); view it on your machine with python -m visualize.report")
+            raise DexError(
+                f"this trace needs about {nbytes / 2**20:.0f} MB of server memory, more than the "
+                f"{self.settings.trace_memory_mb} MB this server keeps for all visitors' traces "
+                "(DEX_TRACE_MEMORY_MB); view it on your machine with python -m visualize.report"
+            )
         with self._lock:
             self._reserved[session] = (nbytes, time.monotonic())
         self.enforce(keep=session)
@@ -229,7 +256,9 @@ class Sessions:
         holder, now = self._holder(), datetime.now()
         if holder is None:
             return False
-        why = f"this session was idle for over {self.settings.session_ttl} s, so the server let go of its trace"
+        why = (
+            f"this session was idle for over {self.settings.session_ttl} s, so the server let go of its trace"
+        )
         gone = 0
         for session, used in list(holder.time_last_used.items()):
             if getattr(holder.session_data.get(session), "is_closed", False):  # a tab whose unload never ran
@@ -255,7 +284,11 @@ class Sessions:
                     props["value"], freed = None, True
         with self._lock:
             _, held, _ = self._survey()
-            stale = [s for s, (_, when) in self._notices.items() if time.monotonic() - when > self.settings.session_ttl]
+            stale = [
+                s
+                for s, (_, when) in self._notices.items()
+                if time.monotonic() - when > self.settings.session_ttl
+            ]
             for session in stale:
                 del self._notices[session]
         freed |= REPLAYS.retain(held) > 0

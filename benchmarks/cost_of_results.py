@@ -33,15 +33,23 @@ def recount(report: dict, cost: ModelCost, plain: ModelCost) -> list[dict]:
             row["cost_per_token"] = cost.ar()
         elif method == "dex":
             covered = [d for d in adapter_depths if r["adapters"] and d in r["depths"][:-1]]
-            row.update(explorers=r["explorers"], depths=r["depths"], rounds_per_token=r["rounds_per_token"],
-                       cost_per_token=cost.dex_steady(r["depths"], r["rounds_per_token"], covered),
-                       kind="steady-state upper bound")
+            row.update(
+                explorers=r["explorers"],
+                depths=r["depths"],
+                rounds_per_token=r["rounds_per_token"],
+                cost_per_token=cost.dex_steady(r["depths"], r["rounds_per_token"], covered),
+                kind="steady-state upper bound",
+            )
         else:  # self-spec / hf-early-exit: steps per token from the layers-only path n E + L per step
             E, n = r["exit"], r["draft"]
             steps = lf / (n * E + L)
             model = cost if r.get("adapters") else plain
-            row.update(exit=E, draft=n, steps_per_token=steps,
-                       cost_per_token=steps * model.self_spec_step(E, n, "memory", bool(r.get("adapters"))))
+            row.update(
+                exit=E,
+                draft=n,
+                steps_per_token=steps,
+                cost_per_token=steps * model.self_spec_step(E, n, "memory", bool(r.get("adapters"))),
+            )
         row["cost_vs_ar"] = cost.ar() / row["cost_per_token"]
         rows.append(row)
     return rows
@@ -54,19 +62,31 @@ def main() -> None:
     model, _ = load_model("default", device="cpu")  # only its shapes are counted
     cost = ModelCost.of(model, resolve_adapters("default", model))
     plain = ModelCost(cost.num_layers, cost.head, 0.0)
-    out = {"model": "default", "head_layer_equivalents": cost.head, "adapter_layer_equivalents": cost.adapter,
-           "ar_cost_per_token": cost.ar(), "view": "memory-bound layer-equivalents, heads and adapters included",
-           "rows": []}
+    out = {
+        "model": "default",
+        "head_layer_equivalents": cost.head,
+        "adapter_layer_equivalents": cost.adapter,
+        "ar_cost_per_token": cost.ar(),
+        "view": "memory-bound layer-equivalents, heads and adapters included",
+        "rows": [],
+    }
     print(f"head {cost.head:.2f} LE, adapter {cost.adapter:.2f} LE, AR {cost.ar():.2f} LE per token")
     print("| set | method | configuration | layers only | cost/token (all work) | vs AR |")
     print("|---|---|---|---|---|---|")
     for path in sorted((ROOT / "docs" / "results").glob("bench-*.json")):
         for row in recount(json.loads(path.read_text()), cost, plain):
             out["rows"].append(row)
-            config = (f"K={row['explorers']} {row['depths']} ({row['kind']})" if "explorers" in row else
-                      f"exit {row['exit']}, draft {row['draft']}" if "exit" in row else "")
-            print(f"| {row['set']} | {row['method']} | {config} | {row['layers_only']:.2f} | "
-                  f"{row['cost_per_token']:.2f} | {row['cost_vs_ar']:.3f} |")
+            config = (
+                f"K={row['explorers']} {row['depths']} ({row['kind']})"
+                if "explorers" in row
+                else f"exit {row['exit']}, draft {row['draft']}"
+                if "exit" in row
+                else ""
+            )
+            print(
+                f"| {row['set']} | {row['method']} | {config} | {row['layers_only']:.2f} | "
+                f"{row['cost_per_token']:.2f} | {row['cost_vs_ar']:.3f} |"
+            )
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"written to {args.out}")
 

@@ -29,9 +29,9 @@ import time
 import torch
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, encode_prompt, hf_greedy, load_model
-from dex_core.tools.profile import exchange_seconds, measure_profile
 from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data.sets import humaneval_prompts
+from dex_core.tools.profile import exchange_seconds, measure_profile
 
 
 def ar(model, prompt, new, threads):
@@ -42,10 +42,15 @@ def ar(model, prompt, new, threads):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="default")
-    parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP + " (AR; the explorers use one "
-                        "device of this kind each)")
+    parser.add_argument(
+        "--device",
+        default=DexConfig.device,
+        help=DEVICE_HELP + " (AR; the explorers use one device of this kind each)",
+    )
     parser.add_argument("--explorers", type=int, default=2)
     parser.add_argument("--adapters", default=DecoderOptions.adapters, help=ADAPTER_HELP)
     parser.add_argument("--threads-per-explorer", type=int, default=1)
@@ -58,8 +63,15 @@ def main(argv=None) -> int:
     model, tokenizer = load_model(args.model, device=args.device)
     prompts = [encode_prompt(tokenizer, p["prompt"], args.chat) for p in humaneval_prompts(args.prompts)]
     devices = None if model.device.type == "cuda" else ("cpu",) * args.explorers  # AR's kind of device
-    decoder = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, backend="distributed",
-                         threads=args.threads_per_explorer, devices=devices, tokenizer=tokenizer)
+    decoder = DexDecoder(
+        model,
+        explorers=args.explorers,
+        adapters=args.adapters,
+        backend="distributed",
+        threads=args.threads_per_explorer,
+        devices=devices,
+        tokenizer=tokenizer,
+    )
     sequential = DexDecoder(model, explorers=args.explorers, adapters=args.adapters, tokenizer=tokenizer)
     torch.set_num_threads(args.threads_per_explorer)
     machine = measure_profile(model, sequential.proposal_vocab)
@@ -81,9 +93,15 @@ def main(argv=None) -> int:
             tp = seq.projected_seconds + sum(exchange_seconds(machine, b) for b in seq.batch_sizes)
             exact += result.tokens == ref
             rounds += result.stats.rounds
-            per_prompt.append({"tokens": len(ref), "measured_tokens_per_second": len(ref) / td,
-                               "projected_tokens_per_second": len(ref) / tp, "projected_over_measured": td / tp,
-                               "ar2_tokens_per_second": len(ref) / t2})
+            per_prompt.append(
+                {
+                    "tokens": len(ref),
+                    "measured_tokens_per_second": len(ref) / td,
+                    "projected_tokens_per_second": len(ref) / tp,
+                    "projected_over_measured": td / tp,
+                    "ar2_tokens_per_second": len(ref) / t2,
+                }
+            )
             for key, seconds in (("ar2", t2), ("ar1", t1), ("dex", td), ("projected", tp)):
                 totals[key][0] += len(ref)
                 totals[key][1] += seconds
@@ -94,9 +112,12 @@ def main(argv=None) -> int:
                     profile["communication"] += t["communication"]
                     profile["collapse"] += t["commit"] + t["collapse"]
                     profile["decode_commit"] += t["decode"] + t["plan"] + t["trace"]
-            print(f"prompt {i}: {len(ref)} tokens  AR2 {len(ref) / t2:.1f}  AR1 {len(ref) / t1:.1f}  "
-                  f"DEX {len(ref) / td:.1f} (projected {len(ref) / tp:.1f}) tok/s  exact={result.tokens == ref}  "
-                  f"rounds/token {result.stats.rounds_per_token:.3f}", flush=True)
+            print(
+                f"prompt {i}: {len(ref)} tokens  AR2 {len(ref) / t2:.1f}  AR1 {len(ref) / t1:.1f}  "
+                f"DEX {len(ref) / td:.1f} (projected {len(ref) / tp:.1f}) tok/s  exact={result.tokens == ref}  "
+                f"rounds/token {result.stats.rounds_per_token:.3f}",
+                flush=True,
+            )
     finally:
         decoder.close()
 
@@ -104,16 +125,28 @@ def main(argv=None) -> int:
     whole = sum(profile.values())
     tokens = totals["dex"][0]
     summary = {
-        "model": args.model, "explorers": args.explorers, "depths": list(decoder.depths),
-        "threads_per_explorer": args.threads_per_explorer, "devices": decoder.group.devices,
-        "adapters": args.adapters, "adapter_depths": sorted(decoder.adapters), "prompts": len(prompts),
-        "tokens": tokens, "exact_prompts": exact,
-        "rounds_per_token": rounds / tokens, "depth_speedup": args.explorers * tokens / rounds,
-        "depth_choice": decoder.depth_choice, "proposal_vocab": decoder.proposal_vocab,
-        "tokens_per_second": tps, "dex_over_ar2": tps["dex"] / tps["ar2"], "dex_over_ar1": tps["dex"] / tps["ar1"],
-        "projected_over_measured": tps["projected"] / tps["dex"], "per_prompt": per_prompt,
+        "model": args.model,
+        "explorers": args.explorers,
+        "depths": list(decoder.depths),
+        "threads_per_explorer": args.threads_per_explorer,
+        "devices": decoder.group.devices,
+        "adapters": args.adapters,
+        "adapter_depths": sorted(decoder.adapters),
+        "prompts": len(prompts),
+        "tokens": tokens,
+        "exact_prompts": exact,
+        "rounds_per_token": rounds / tokens,
+        "depth_speedup": args.explorers * tokens / rounds,
+        "depth_choice": decoder.depth_choice,
+        "proposal_vocab": decoder.proposal_vocab,
+        "tokens_per_second": tps,
+        "dex_over_ar2": tps["dex"] / tps["ar2"],
+        "dex_over_ar1": tps["dex"] / tps["ar1"],
+        "projected_over_measured": tps["projected"] / tps["dex"],
+        "per_prompt": per_prompt,
         "exchange_profile_seconds": machine["exchange"],
-        "profile_shares": {k: v / whole for k, v in profile.items()}, "torch": torch.__version__,
+        "profile_shares": {k: v / whole for k, v in profile.items()},
+        "torch": torch.__version__,
     }
     print(json.dumps(summary, indent=1))
     if args.out:

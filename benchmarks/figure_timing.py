@@ -22,8 +22,12 @@ import visualize as viz
 from dex_core import DexConfig, DexDecoder, load_model
 from dex_core.config import DEVICE_HELP
 
-FIGURES = {"lattice_figure": viz.lattice_figure, "tokens_html": viz.tokens_html, "fsm_html": viz.fsm_html,
-           "round_table_html": viz.round_table_html}
+FIGURES = {
+    "lattice_figure": viz.lattice_figure,
+    "tokens_html": viz.tokens_html,
+    "fsm_html": viz.fsm_html,
+    "round_table_html": viz.round_table_html,
+}
 FRAME_GOAL_SECONDS = 0.1
 BOOKKEEPING_GOAL = 0.10
 
@@ -35,7 +39,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP)
     parser.add_argument("--explorers", type=int, default=4)
@@ -65,23 +71,41 @@ def main(argv=None) -> int:
                 frame += elapsed
             frames.append(frame)
 
-    rows = {name: {"median_ms": 1e3 * statistics.median(s), "p95_ms": 1e3 * percentile(s, 0.95)}
-            for name, s in {**seconds, "frame": frames}.items()}
-    print(f"{args.model}, K={args.explorers} {list(result.stats.depths)}, {len(result.tokens)} tokens, "
-          f"{len(views)} views x {args.repeats} repeats")
+    rows = {
+        name: {"median_ms": 1e3 * statistics.median(s), "p95_ms": 1e3 * percentile(s, 0.95)}
+        for name, s in {**seconds, "frame": frames}.items()
+    }
+    print(
+        f"{args.model}, K={args.explorers} {list(result.stats.depths)}, {len(result.tokens)} tokens, "
+        f"{len(views)} views x {args.repeats} repeats"
+    )
     for name, row in rows.items():
         print(f"  {name:<17} median {row['median_ms']:7.2f} ms   p95 {row['p95_ms']:7.2f} ms")
     frame_ok = rows["frame"]["median_ms"] < 1e3 * FRAME_GOAL_SECONDS
     share = result.stats.bookkeeping_share
-    print(f"frame median {'within' if frame_ok else 'OVER'} the {1e3 * FRAME_GOAL_SECONDS:.0f} ms goal; "
-          f"largest lattice {max(viz.lattice_size(v) for v in views)} nodes")
-    print(f"bookkeeping share of round time {100 * share:.2f}% "
-          f"({'within' if share < BOOKKEEPING_GOAL else 'OVER'} the {100 * BOOKKEEPING_GOAL:.0f}% goal)")
+    print(
+        f"frame median {'within' if frame_ok else 'OVER'} the {1e3 * FRAME_GOAL_SECONDS:.0f} ms goal; "
+        f"largest lattice {max(viz.lattice_size(v) for v in views)} nodes"
+    )
+    print(
+        f"bookkeeping share of round time {100 * share:.2f}% "
+        f"({'within' if share < BOOKKEEPING_GOAL else 'OVER'} the {100 * BOOKKEEPING_GOAL:.0f}% goal)"
+    )
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"model": args.model, "explorers": args.explorers, "tokens": len(result.tokens),
-                       "views": len(views), "repeats": args.repeats, "figures": rows,
-                       "bookkeeping_share": share}, fh, indent=1)
+            json.dump(
+                {
+                    "model": args.model,
+                    "explorers": args.explorers,
+                    "tokens": len(result.tokens),
+                    "views": len(views),
+                    "repeats": args.repeats,
+                    "figures": rows,
+                    "bookkeeping_share": share,
+                },
+                fh,
+                indent=1,
+            )
     return 0
 
 

@@ -37,29 +37,43 @@ from pathlib import Path
 import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
-from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
-from dex_core.runtime.clock import Clock
+from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
+from dex_core.runtime.clock import Clock
+from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model
 from dex_core.tools.profile import decode_order_seconds, row_blocks
-from dex_core.runtime.request import encode_prompt
 from dex_core.tools.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-PROMPTS = ("Give three tips for staying focused while studying.", "Write a Python function that reverses a list.",
-           "Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and votes "
-           "on new projects.",  # an answer that repeats its input: draft chains commit several tokens a round
-           "Explain what a hash table is in two sentences.", "Summarize why the sky is blue.")
+PROMPTS = (
+    "Give three tips for staying focused while studying.",
+    "Write a Python function that reverses a list.",
+    "Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and votes "
+    "on new projects.",  # an answer that repeats its input: draft chains commit several tokens a round
+    "Explain what a hash table is in two sentences.",
+    "Summarize why the sky is blue.",
+)
 
 
 def random_model(device):
     """SmolLM2-135M's architecture (30 layers, hidden 576, vocab 49152, tied head) with seeded random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         return LlamaForCausalLM(config).eval()
@@ -74,14 +88,19 @@ def setup(args, device, folder: Path):
     else:
         model, tokenizer = load_model(args.model, dtype="float32", device=device)
     if tokenizer is not None:
-        return model, [encode_prompt(tokenizer, p, True) for p in PROMPTS[:args.prompts]], "auto"
+        return model, [encode_prompt(tokenizer, p, True) for p in PROMPTS[: args.prompts]], "auto"
     gen = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
     prompts = [torch.randint(vocab, (12 + 4 * i,), generator=gen).tolist() for i in range(args.prompts)]
     adapters = folder / "adapters.safetensors"  # fresh adapters and a ranking: the load path and light heads
     depths = sorted({d for K in args.explorers for d in _depths(model, K)[:-1]})
-    save_adapters(adapters, new_adapters(model, depths), model, {"note": "gpu_check: untrained"},
-                  ranking=torch.randperm(vocab, generator=gen))
+    save_adapters(
+        adapters,
+        new_adapters(model, depths),
+        model,
+        {"note": "gpu_check: untrained"},
+        ranking=torch.randperm(vocab, generator=gen),
+    )
     return model, prompts, str(adapters)
 
 
@@ -91,8 +110,14 @@ def _depths(model, K: int) -> tuple[int, ...]:
 
 def decoder(model, K: int, adapters: str, **more) -> DexDecoder:
     rows = min(2048, model.config.vocab_size // 2)
-    return DexDecoder(model, explorers=K, depths=_depths(model, K) if adapters != "auto" else None,
-                      adapters=adapters, proposal_vocab=rows, **more)
+    return DexDecoder(
+        model,
+        explorers=K,
+        depths=_depths(model, K) if adapters != "auto" else None,
+        adapters=adapters,
+        proposal_vocab=rows,
+        **more,
+    )
 
 
 def exactness(model, prompts, K, adapters, tokens) -> dict:
@@ -142,12 +167,18 @@ def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
         n = sum(len(r.tokens) for r in results)
         projected = sum(r.stats.projected_seconds + r.stats.prefill_seconds for r in results)
         rounds = sum(r.stats.rounds for r in results)
-        rows.append({"method": f"DEX K={K} (sequential, one device)", "tokens_per_second": n / seconds,
-                     "vs_ar": (n / seconds) / (ar_tokens / ar_seconds), "rounds_per_token": rounds / n,
-                     "drafted_share": sum(r.stats.drafted for r in results) / n,
-                     "projected_tokens_per_second": n / projected,
-                     "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
-                     "identical_to_ar": [r.tokens for r in results] == hf})
+        rows.append(
+            {
+                "method": f"DEX K={K} (sequential, one device)",
+                "tokens_per_second": n / seconds,
+                "vs_ar": (n / seconds) / (ar_tokens / ar_seconds),
+                "rounds_per_token": rounds / n,
+                "drafted_share": sum(r.stats.drafted for r in results) / n,
+                "projected_tokens_per_second": n / projected,
+                "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
+                "identical_to_ar": [r.tokens for r in results] == hf,
+            }
+        )
     model.to(torch.float32)
     return rows
 
@@ -174,29 +205,52 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
     with decoder(model, K, adapters, backend="distributed", devices=devices, threads=1) as dex:
         got = [dex.generate(p, tokens) for p in prompts]
         link = dex.group.data_link
-    return {"devices": devices, "backend": link.backend, "rows_staged_through_host": link.staged,
-            "identical_to_sequential": sum(g.tokens == w for g, w in zip(got, want)),
-            "prompts": len(prompts), "tokens_per_second": sum(len(g.tokens) for g in got)
-            / sum(g.stats.wall_seconds for g in got), "seconds_with_start": time.perf_counter() - tic}
+    return {
+        "devices": devices,
+        "backend": link.backend,
+        "rows_staged_through_host": link.staged,
+        "identical_to_sequential": sum(g.tokens == w for g, w in zip(got, want)),
+        "prompts": len(prompts),
+        "tokens_per_second": sum(len(g.tokens) for g in got) / sum(g.stats.wall_seconds for g in got),
+        "seconds_with_start": time.perf_counter() - tic,
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})", "",
-             "| exactness | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})",
+        "",
+        "| exactness | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in report["exactness"].items():
         hf = ("n/a (sampled)",) * 2 if "sampled" in name else (r["dex_eq_hf"], r["ar_eq_hf"])
-        lines.append(f"| {name} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
-                     f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |")
-    lines += ["", f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | drafted | projected "
-                  "tokens/s (exchange left out) | projected vs AR |", "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
+            f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |"
+        )
+    lines += [
+        "",
+        f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | drafted | projected "
+        "tokens/s (exchange left out) | projected vs AR |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["speed"]:
-        projected = (f"{r['projected_tokens_per_second']:.1f} | {r['projected_vs_ar']:.2f}"
-                     if "projected_vs_ar" in r else "– | –")
-        lines.append(f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f} | "
-                     f"{r.get('rounds_per_token', 1.0):.2f} | {r.get('drafted_share', 0.0):.0%} | {projected} |")
+        projected = (
+            f"{r['projected_tokens_per_second']:.1f} | {r['projected_vs_ar']:.2f}"
+            if "projected_vs_ar" in r
+            else "– | –"
+        )
+        lines.append(
+            f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f} | "
+            f"{r.get('rounds_per_token', 1.0):.2f} | {r.get('drafted_share', 0.0):.0%} | {projected} |"
+        )
     names = list(next(iter(report["profile"].values())))
-    lines += ["", "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [
+        "",
+        "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
     for n, r in report["profile"].items():
         lines.append(f"| {n} | " + " | ".join(f"{1000 * r[k]:.3f}" for k in names) + " |")
     lines += ["", f"distributed: {json.dumps(report['distributed'])}"]
@@ -204,15 +258,24 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda", help=DEVICE_HELP)
-    parser.add_argument("--model", default="default", help="default, random, or a model spec as for dex generate")
-    parser.add_argument("--quick", action="store_true", help="a tiny random model, few tokens (the test suite)")
+    parser.add_argument(
+        "--model", default="default", help="default, random, or a model spec as for dex generate"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny random model, few tokens (the test suite)"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--explorers", default="2,4", help="values of K")
-    parser.add_argument("--speed-dtype", default=None, help="dtype of the speed section (default: bfloat16 "
-                                                            "on CUDA, float32 on the CPU)")
+    parser.add_argument(
+        "--speed-dtype",
+        default=None,
+        help="dtype of the speed section (default: bfloat16 on CUDA, float32 on the CPU)",
+    )
     parser.add_argument("--repeats", type=int, default=20, help="profile repeats per block")
     parser.add_argument("--out")
     parser.add_argument("--markdown")
@@ -224,13 +287,20 @@ def main(argv=None) -> int:
     tic = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dex-gpu-check-") as folder:
         model, prompts, adapters = setup(args, device, Path(folder))
-        report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-                  f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-                  "model": "tiny random" if args.quick else args.model, "torch": torch.__version__,
-                  "speed_dtype": args.speed_dtype or ("bfloat16" if device.type == "cuda" else "float32"),
-                  "max_new_tokens": args.max_new_tokens, "explorers": args.explorers}
+        report = {
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+            "model": "tiny random" if args.quick else args.model,
+            "torch": torch.__version__,
+            "speed_dtype": args.speed_dtype or ("bfloat16" if device.type == "cuda" else "float32"),
+            "max_new_tokens": args.max_new_tokens,
+            "explorers": args.explorers,
+        }
         report["exactness"] = exactness(model, prompts, max(args.explorers), adapters, args.max_new_tokens)
-        report["speed"] = speed(model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"])
+        report["speed"] = speed(
+            model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"]
+        )
         report["profile"] = profile(model, args.repeats, ROWS[:3] if args.quick else ROWS)
         report["distributed"] = distributed(model, prompts, adapters, args.max_new_tokens, args.quick)
     report["seconds"] = time.perf_counter() - tic
@@ -240,8 +310,9 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
-    ok = all(r["certified"] == r["tokens"] for r in report["exactness"].values()) and \
-        report["exactness"]["float32 greedy"]["dex_eq_ar"] == len(prompts)
+    ok = all(r["certified"] == r["tokens"] for r in report["exactness"].values()) and report["exactness"][
+        "float32 greedy"
+    ]["dex_eq_ar"] == len(prompts)
     return 0 if ok else 1
 
 

@@ -47,8 +47,9 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
     from dex_core.testing import tiny_model, tiny_tokenizer
     from dex_core.trace.events import round_commits
 
-    model = tiny_model("llama", layers=4, hidden_size=64, intermediate_size=128, max_position_embeddings=8192,
-                       seed=seed).to(torch.float32)
+    model = tiny_model(
+        "llama", layers=4, hidden_size=64, intermediate_size=128, max_position_embeddings=8192, seed=seed
+    ).to(torch.float32)
     tokenizer = tiny_tokenizer()
     prompt = torch.randint(0, 96, (context,), generator=torch.Generator().manual_seed(seed)).tolist()
     decoder = DexDecoder(model, explorers=explorers, tokenizer=tokenizer, trace_top=5, prune="none")
@@ -85,8 +86,14 @@ def run(contexts: list[int], new: int, explorers: int, repeat: int) -> dict:
             mean = {name: statistics.fmean(values) for name, values in parts.items()}
             host = [sum(round_parts) for round_parts in zip(*(parts[p] for p in PARTS))]
             third = len(host) // 3
-            runs[context].append({**mean, "host": sum(mean[p] for p in PARTS), "rounds": len(host),
-                                  "late/early": statistics.fmean(host[-third:]) / statistics.fmean(host[:third])})
+            runs[context].append(
+                {
+                    **mean,
+                    "host": sum(mean[p] for p in PARTS),
+                    "rounds": len(host),
+                    "late/early": statistics.fmean(host[-third:]) / statistics.fmean(host[:third]),
+                }
+            )
     rows = {c: min(r, key=lambda run: run["host"]) for c, r in runs.items()}  # the least disturbed run
     return {"source": os.path.dirname(os.path.dirname(os.path.abspath(dex_core.__file__))), "rows": rows}
 
@@ -94,37 +101,62 @@ def run(contexts: list[int], new: int, explorers: int, repeat: int) -> dict:
 def table(result: dict, title: str) -> str:
     rows = result["rows"]
     head = ["context", "rounds", *PARTS, "host/round", "layers/round", "late/early"]
-    lines = [f"{title} ({result['source']}): µs per round, mean over the rounds of the least disturbed run",
-             "  ".join(f"{h:>10}" for h in head)]
+    lines = [
+        f"{title} ({result['source']}): µs per round, mean over the rounds of the least disturbed run",
+        "  ".join(f"{h:>10}" for h in head),
+    ]
     for context, r in rows.items():
-        cells = [context, r["rounds"], *(f"{r[p] * 1e6:.0f}" for p in PARTS), f"{r['host'] * 1e6:.0f}",
-                 f"{r['layers'] * 1e6:.0f}", f"{r['late/early']:.2f}"]
+        cells = [
+            context,
+            r["rounds"],
+            *(f"{r[p] * 1e6:.0f}" for p in PARTS),
+            f"{r['host'] * 1e6:.0f}",
+            f"{r['layers'] * 1e6:.0f}",
+            f"{r['late/early']:.2f}",
+        ]
         lines.append("  ".join(f"{c:>10}" for c in cells))
     first, last = list(rows.values())[0]["host"], list(rows.values())[-1]["host"]
     keys = list(rows)
     ratio = last / first
-    lines.append(f"host work per round at {keys[-1]} / at {keys[0]}: {ratio:.2f} "
-                 f"({'flat' if abs(ratio - 1) <= 0.3 else 'NOT flat'} within ±30%); late/early: the last third "
-                 "of a run's rounds against its first third")
+    lines.append(
+        f"host work per round at {keys[-1]} / at {keys[0]}: {ratio:.2f} "
+        f"({'flat' if abs(ratio - 1) <= 0.3 else 'NOT flat'} within ±30%); late/early: the last third "
+        "of a run's rounds against its first third"
+    )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--contexts", default="256,1024,4096", help="prompt lengths, comma-separated")
     parser.add_argument("--new", type=int, default=48, help="new tokens per run")
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3, help="runs per context (different random prompts)")
-    parser.add_argument("--baseline", help="also measure the dex_core/visualize of this checkout (before/after)")
+    parser.add_argument(
+        "--baseline", help="also measure the dex_core/visualize of this checkout (before/after)"
+    )
     parser.add_argument("--out", help="write the numbers as JSON")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     results = {}
     if args.baseline:
         with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-            cmd = [sys.executable, os.path.abspath(__file__), "--contexts", args.contexts, "--new", str(args.new),
-                   "--explorers", str(args.explorers), "--repeat", str(args.repeat), "--out", tmp.name]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--contexts",
+                args.contexts,
+                "--new",
+                str(args.new),
+                "--explorers",
+                str(args.explorers),
+                "--repeat",
+                str(args.repeat),
+                "--out",
+                tmp.name,
+            ]
             env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
             subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
             with open(tmp.name) as f:

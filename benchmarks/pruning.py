@@ -23,16 +23,20 @@ import time
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, hf_greedy, load_model
 from dex_core.config import DEVICE_HELP
-from dex_core.model.cost import ModelCost
 from dex_core.data.sets import prompt_set
+from dex_core.model.cost import ModelCost
 from dex_core.runtime.request import encode_item
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default=DexConfig.device, help=DEVICE_HELP)
     parser.add_argument("--explorers", type=int, default=4)
-    parser.add_argument("--depths", help="exploration set, e.g. 6,14,22,30 (default: the shipped best set for K)")
+    parser.add_argument(
+        "--depths", help="exploration set, e.g. 6,14,22,30 (default: the shipped best set for K)"
+    )
     parser.add_argument("--prune", default="none,1,2,3,4", help="bounds B to compare, comma-separated")
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -48,8 +52,12 @@ def main(argv=None) -> int:
     refs = [hf_greedy(model, p, args.max_new_tokens) for p in prompts]
     ar_seconds = time.perf_counter() - tic  # AR (HF generate) measured in this run, with the same threads
     bounds = [DecoderOptions(prune=b.strip()).prune for b in args.prune.split(",")]  # none, auto or B
-    decoders = {b: DexDecoder(model, explorers=args.explorers, depths=args.depths, adapters="auto", tokenizer=tokenizer,
-                              prune=b) for b in bounds}
+    decoders = {
+        b: DexDecoder(
+            model, explorers=args.explorers, depths=args.depths, adapters="auto", tokenizer=tokenizer, prune=b
+        )
+        for b in bounds
+    }
     first = next(iter(decoders.values()))
     cost = ModelCost.of(model, first.adapters, first.proposal_vocab)
     covered = sorted(first.adapters)
@@ -65,35 +73,57 @@ def main(argv=None) -> int:
         T = sum(s.tokens for s in stats)
         batches = [bs for s in stats for bs in s.batch_sizes]
         R = len(batches)
-        row = {"prune": b, "depths": list(decoder.depths), "exact_prompts": exact, "prompts": len(prompts),
-               "tokens": T, "rounds_per_token": R / T, "rows_per_round": sum(map(sum, batches)) / R,
-               "widest_rows_per_round": sum(max(bs) for bs in batches) / R,
-               "cost_per_token_memory": cost.dex(decoder.depths, batches, T, "memory", covered),
-               "cost_per_token_rows": cost.dex(decoder.depths, batches, T, "rows", covered),
-               "ar_cost_per_token": cost.ar(),
-               "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats),
-               "ar_tokens_per_second": sum(map(len, refs)) / ar_seconds}
+        row = {
+            "prune": b,
+            "depths": list(decoder.depths),
+            "exact_prompts": exact,
+            "prompts": len(prompts),
+            "tokens": T,
+            "rounds_per_token": R / T,
+            "rows_per_round": sum(map(sum, batches)) / R,
+            "widest_rows_per_round": sum(max(bs) for bs in batches) / R,
+            "cost_per_token_memory": cost.dex(decoder.depths, batches, T, "memory", covered),
+            "cost_per_token_rows": cost.dex(decoder.depths, batches, T, "rows", covered),
+            "ar_cost_per_token": cost.ar(),
+            "projected_tokens_per_second": T / sum(s.projected_seconds for s in stats),
+            "ar_tokens_per_second": sum(map(len, refs)) / ar_seconds,
+        }
         row["projected_over_ar"] = row["projected_tokens_per_second"] / row["ar_tokens_per_second"]
         K, spent = decoder.K, sum(map(sum, expand))
         balanced = sum(s.projected_seconds for s in stats) - sum(map(max, expand)) + spent / K
-        row.update(explorer_rows_per_round=[sum(bs[k] for bs in batches) / R for k in range(K)],
-                   explorer_expand_share=[sum(e[k] for e in expand) / spent for k in range(K)],
-                   explorer_slowest_share=[sum(e.index(max(e)) == k for e in expand) / R for k in range(K)],
-                   balanced_bound_over_ar=T / balanced / row["ar_tokens_per_second"])
+        row.update(
+            explorer_rows_per_round=[sum(bs[k] for bs in batches) / R for k in range(K)],
+            explorer_expand_share=[sum(e[k] for e in expand) / spent for k in range(K)],
+            explorer_slowest_share=[sum(e.index(max(e)) == k for e in expand) / R for k in range(K)],
+            balanced_bound_over_ar=T / balanced / row["ar_tokens_per_second"],
+        )
         rows.append(row)
-        print(f"prune {b}: exact {exact}/{len(prompts)}, rounds/token {row['rounds_per_token']:.3f}, rows/round "
-              f"{row['rows_per_round']:.2f} (widest {row['widest_rows_per_round']:.2f}), cost/token memory-bound "
-              f"{row['cost_per_token_memory']:.2f} / rows-counted {row['cost_per_token_rows']:.2f} LE (AR "
-              f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s = "
-              f"{row['projected_over_ar']:.3f}x AR's measured {row['ar_tokens_per_second']:.2f}", flush=True)
-        print("  per explorer: rows/round " + " / ".join(f"{v:.2f}" for v in row["explorer_rows_per_round"])
-              + "; share of expansion seconds " + " / ".join(f"{v:.2f}" for v in row["explorer_expand_share"])
-              + "; slowest in " + " / ".join(f"{v:.2f}" for v in row["explorer_slowest_share"]) + " of rounds; bound "
-              f"with every round's expansion spread evenly over {K} devices: {row['balanced_bound_over_ar']:.3f}x AR",
-              flush=True)
+        print(
+            f"prune {b}: exact {exact}/{len(prompts)}, rounds/token {row['rounds_per_token']:.3f}, rows/round "
+            f"{row['rows_per_round']:.2f} (widest {row['widest_rows_per_round']:.2f}), cost/token memory-bound "
+            f"{row['cost_per_token_memory']:.2f} / rows-counted {row['cost_per_token_rows']:.2f} LE (AR "
+            f"{cost.ar():.2f}), projected {row['projected_tokens_per_second']:.2f} tok/s = "
+            f"{row['projected_over_ar']:.3f}x AR's measured {row['ar_tokens_per_second']:.2f}",
+            flush=True,
+        )
+        print(
+            "  per explorer: rows/round "
+            + " / ".join(f"{v:.2f}" for v in row["explorer_rows_per_round"])
+            + "; share of expansion seconds "
+            + " / ".join(f"{v:.2f}" for v in row["explorer_expand_share"])
+            + "; slowest in "
+            + " / ".join(f"{v:.2f}" for v in row["explorer_slowest_share"])
+            + " of rounds; bound "
+            f"with every round's expansion spread evenly over {K} devices: {row['balanced_bound_over_ar']:.3f}x AR",
+            flush=True,
+        )
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"explorers": args.explorers, "max_new_tokens": args.max_new_tokens, "rows": rows}, fh, indent=1)
+            json.dump(
+                {"explorers": args.explorers, "max_new_tokens": args.max_new_tokens, "rows": rows},
+                fh,
+                indent=1,
+            )
     return 0 if all(r["exact_prompts"] == r["prompts"] for r in rows) else 1
 
 

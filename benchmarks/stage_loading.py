@@ -34,9 +34,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 K, NEW_TOKENS, ROWS = 4, 16, 8192
 PROMPTS = ["w11 w250 w3000 w12 w7 hello world", "the prime number w90 w91 w92 w93 w94 w95 w96 w97"]
-CONFIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-              num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=None,
-              eos_token_id=None, pad_token_id=None)
+CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 OPTIONS = dict(explorers=K, proposal_vocab=ROWS, prune=1)
 
 
@@ -63,8 +73,13 @@ def make(folder: Path) -> None:
     model.save_pretrained(folder, max_shard_size="500MB")
     tiny_tokenizer(CONFIG["vocab_size"]).save_pretrained(folder)
     ranking = torch.randperm(CONFIG["vocab_size"], generator=torch.Generator().manual_seed(1))
-    save_adapters(folder.parent / "adapters.safetensors", new_adapters(model, [2, 4, 6], bottleneck=256), model,
-                  {"note": "random, for the loading benchmark"}, ranking)
+    save_adapters(
+        folder.parent / "adapters.safetensors",
+        new_adapters(model, [2, 4, 6], bottleneck=256),
+        model,
+        {"note": "random, for the loading benchmark"},
+        ranking,
+    )
 
 
 def encode(tokenizer) -> list[list[int]]:
@@ -83,15 +98,23 @@ def parent(folder: Path, adapters: str) -> dict:
     ids = encode(load_tokenizer(folder))
     before = status()
     tic = time.perf_counter()
-    decoder = DexDecoder.from_pretrained(str(folder), backend="distributed", device="cpu", threads=1,
-                                         adapters=adapters, **OPTIONS)
+    decoder = DexDecoder.from_pretrained(
+        str(folder), backend="distributed", device="cpu", threads=1, adapters=adapters, **OPTIONS
+    )
     started = time.perf_counter() - tic
     tokens = [decoder.generate(p, NEW_TOKENS).tokens for p in ids]
     ranks = [status(pid) for pid in decoder.group.pids()]
-    report = {"rss_before": before["VmRSS"], "hwm_before": before["VmHWM"], "hwm_after": status()["VmHWM"],
-              "start_seconds": started, "ranks_hwm": [r["VmHWM"] for r in ranks],
-              "placed": [r["bytes"] for r in decoder.group.loaded], "depths": list(decoder.depths),
-              "tokens": tokens, "parent_params_on_meta": all(p.is_meta for p in decoder.view.model.parameters())}
+    report = {
+        "rss_before": before["VmRSS"],
+        "hwm_before": before["VmHWM"],
+        "hwm_after": status()["VmHWM"],
+        "start_seconds": started,
+        "ranks_hwm": [r["VmHWM"] for r in ranks],
+        "placed": [r["bytes"] for r in decoder.group.loaded],
+        "depths": list(decoder.depths),
+        "tokens": tokens,
+        "parent_params_on_meta": all(p.is_meta for p in decoder.view.model.parameters()),
+    }
     decoder.close()
     return report
 
@@ -118,16 +141,39 @@ def reference(folder: Path, adapters: str) -> dict:
     ids = encode(tokenizer)
     sequential = [decoder.generate(p, NEW_TOKENS).tokens for p in ids]
     ar = [ar_generate(model, p, NEW_TOKENS).tokens for p in ids]
-    return {"sequential": sequential, "ar": ar, "texts": [tokenizer.decode(t, skip_special_tokens=True) for t in ar]}
+    return {
+        "sequential": sequential,
+        "ar": ar,
+        "texts": [tokenizer.decode(t, skip_special_tokens=True) for t in ar],
+    }
 
 
 def serve(folder: Path, adapters: str) -> dict:
     import psutil
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [torchrun, "--nproc-per-node", str(K), "-m", "dex_core.serve", "--model", str(folder), "--no-chat",
-           "--device", "cpu", "--threads", "1", "--adapters", adapters, "--proposal-vocab", str(ROWS), "--prune", "1",
-           "--max-new-tokens", str(NEW_TOKENS)] + [a for p in PROMPTS for a in ("--prompt", p)]
+    cmd = [
+        torchrun,
+        "--nproc-per-node",
+        str(K),
+        "-m",
+        "dex_core.serve",
+        "--model",
+        str(folder),
+        "--no-chat",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--adapters",
+        adapters,
+        "--proposal-vocab",
+        str(ROWS),
+        "--prune",
+        "1",
+        "--max-new-tokens",
+        str(NEW_TOKENS),
+    ] + [a for p in PROMPTS for a in ("--prompt", p)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     peaks: dict[int, int] = {}  # torchrun rank -> peak RSS
     while proc.poll() is None:
@@ -142,8 +188,11 @@ def serve(folder: Path, adapters: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"dex serve failed:\n{err[-3000:]}")
     lines = out.splitlines()
-    answers = [next(x for x in reversed(lines[:i]) if x.strip()) for i, line in enumerate(lines)
-               if line.startswith("depths [")]
+    answers = [
+        next(x for x in reversed(lines[:i]) if x.strip())
+        for i, line in enumerate(lines)
+        if line.startswith("depths [")
+    ]
     return {"ranks_hwm": [peaks.get(k, 0) for k in range(K)], "texts": answers}
 
 
@@ -169,7 +218,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.role:
         result = {"parent": parent, "nothing": nothing, "reference": reference}[args.role](
-            Path(args.folder), *([args.adapters] if args.role != "nothing" else []))
+            Path(args.folder), *([args.adapters] if args.role != "nothing" else [])
+        )
         print(json.dumps(result))
         return
     import torch
@@ -184,10 +234,20 @@ def main() -> None:
         make(folder)
         adapters = str(work / "adapters.safetensors")
         weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(watched), "DEX_CACHE": str(cache),
-               "OMP_NUM_THREADS": "1"}
-        report = {"checkpoint_bytes": weights, "shards": len(list(folder.glob("*.safetensors"))), "K": K,
-                  "new_tokens": NEW_TOKENS, "prompts": len(PROMPTS)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "TMPDIR": str(watched),
+            "DEX_CACHE": str(cache),
+            "OMP_NUM_THREADS": "1",
+        }
+        report = {
+            "checkpoint_bytes": weights,
+            "shards": len(list(folder.glob("*.safetensors"))),
+            "K": K,
+            "new_tokens": NEW_TOKENS,
+            "prompts": len(PROMPTS),
+        }
         report["parent"] = in_child("parent", folder, adapters, env)
         report["written"] = files_over(watched, 4096) + (files_over(cache, 0) if cache.exists() else [])
         report["nothing"] = in_child("nothing", folder, adapters, env)
@@ -207,23 +267,35 @@ def main() -> None:
 def summarise(r: dict) -> None:
     mb = 1e6
     p, base = r["parent"], r["nothing"]["VmHWM"]
-    print(f"checkpoint: {r['checkpoint_bytes'] / mb:.0f} MB in {r['shards']} shards; K={r['K']}, depths {p['depths']}")
-    print(f"parent: peak {p['hwm_after'] / mb:.0f} MB, {(p['hwm_after'] - p['rss_before']) / mb:+.0f} MB over its RSS "
-          f"after imports and tokenizer ({p['rss_before'] / mb:.0f} MB); started the group in {p['start_seconds']:.1f} s;"
-          f" decoder parameters all on meta: {p['parent_params_on_meta']}")
+    print(
+        f"checkpoint: {r['checkpoint_bytes'] / mb:.0f} MB in {r['shards']} shards; K={r['K']}, depths {p['depths']}"
+    )
+    print(
+        f"parent: peak {p['hwm_after'] / mb:.0f} MB, {(p['hwm_after'] - p['rss_before']) / mb:+.0f} MB over its RSS "
+        f"after imports and tokenizer ({p['rss_before'] / mb:.0f} MB); started the group in {p['start_seconds']:.1f} s;"
+        f" decoder parameters all on meta: {p['parent_params_on_meta']}"
+    )
     print(f"a rank that loaded nothing: peak {base / mb:.0f} MB")
-    stage = [w + a for w, a in zip(r["plan_weights"], r["plan_adapters"])]  # a rank's bytes: its part, its adapter
+    stage = [
+        w + a for w, a in zip(r["plan_weights"], r["plan_adapters"])
+    ]  # a rank's bytes: its part, its adapter
     for name, peaks in (("distributed", p["ranks_hwm"]), ("serve", r["serve"]["ranks_hwm"])):
         for k, (peak, plan) in enumerate(zip(peaks, stage)):
             grown = peak - base
-            print(f"{name} rank {k}: peak {peak / mb:.0f} MB, growth {grown / mb:.0f} MB; its stage (dex plan's "
-                  f"weights + adapter) {plan / mb:.0f} MB ({(grown / plan - 1) * 100:+.1f}%)")
-    print(f"bytes placed by the ranks {[round(b / mb, 1) for b in p['placed']]} MB; dex plan's weights "
-          f"{[round(b / mb, 1) for b in r['plan_weights']]} MB")
+            print(
+                f"{name} rank {k}: peak {peak / mb:.0f} MB, growth {grown / mb:.0f} MB; its stage (dex plan's "
+                f"weights + adapter) {plan / mb:.0f} MB ({(grown / plan - 1) * 100:+.1f}%)"
+            )
+    print(
+        f"bytes placed by the ranks {[round(b / mb, 1) for b in p['placed']]} MB; dex plan's weights "
+        f"{[round(b / mb, 1) for b in r['plan_weights']]} MB"
+    )
     print(f"files over 4 KB written under TMPDIR and into the DEX cache: {r['written'] or 'none'}")
     ref = r["reference"]
-    print(f"tokens: distributed == sequential == AR: {p['tokens'] == ref['sequential'] == ref['ar']}; "
-          f"serve's text == AR's: {r['serve']['texts'] == ref['texts']}")
+    print(
+        f"tokens: distributed == sequential == AR: {p['tokens'] == ref['sequential'] == ref['ar']}; "
+        f"serve's text == AR's: {r['serve']['texts'] == ref['texts']}"
+    )
 
 
 if __name__ == "__main__":

@@ -53,36 +53,55 @@ def _shift(ids, by: int) -> list[int]:
 
 def long_trace(rounds: int, tokens_per_copy: int = 24) -> list[dict]:
     """A valid DEX trace of ``rounds`` rounds: a real trace's rounds repeated with fresh ids."""
-    base = DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), draft="none").generate(
-        [1, 2, 3, 4], tokens_per_copy).trace  # one commit per round: the copies shift one commit record
+    base = (
+        DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), draft="none")
+        .generate([1, 2, 3, 4], tokens_per_copy)
+        .trace
+    )  # one commit per round: the copies shift one commit record
     start, body = base[0], [e for e in base if e["event"] == "round"]
     ids = 1 + max(n["id"] for e in body for n in e["nodes"])
     slots = 1 + max(n["slot"] for e in body for n in e["nodes"])
     events, tokens, copy = [start], [], 0
     while len(events) - 1 < rounds:
         node_off, tok_off = copy * ids, copy * tokens_per_copy
-        for e in body[:rounds - (len(events) - 1)]:
+        for e in body[: rounds - (len(events) - 1)]:
             e = json.loads(json.dumps(e))
             for n in e["nodes"]:
-                n.update(id=n["id"] + node_off, slot=n["slot"] + copy * slots, position=n["position"] + tok_off,
-                         parent=None if n["parent"] is None else n["parent"] + node_off)
+                n.update(
+                    id=n["id"] + node_off,
+                    slot=n["slot"] + copy * slots,
+                    position=n["position"] + tok_off,
+                    parent=None if n["parent"] is None else n["parent"] + node_off,
+                )
             e["round"] += copy * len(body)
             e["batches"] = [_shift(b, node_off) for b in e["batches"]]
             e["alive"] = _shift(e["alive"], node_off)
             e["commits"] = [e["commit"]] if e["commit"] else []
             if c := e["commit"]:
-                c.update(index=c["index"] + tok_off, position=c["position"] + tok_off,
-                         anchor_nodes=_shift(c["anchor_nodes"], node_off))
+                c.update(
+                    index=c["index"] + tok_off,
+                    position=c["position"] + tok_off,
+                    anchor_nodes=_shift(c["anchor_nodes"], node_off),
+                )
                 k = e["collapse"]
-                k.update(committed=_shift(k["committed"], node_off), kept=_shift(k["kept"], node_off),
-                         dropped=_shift(k["dropped"], node_off),
-                         new_anchor=None if k["new_anchor"] is None else k["new_anchor"] + node_off)
+                k.update(
+                    committed=_shift(k["committed"], node_off),
+                    kept=_shift(k["kept"], node_off),
+                    dropped=_shift(k["dropped"], node_off),
+                    new_anchor=None if k["new_anchor"] is None else k["new_anchor"] + node_off,
+                )
                 tokens.append(c["token"])
             events.append(e)
         copy += 1
     start["max_new_tokens"] = len(tokens)
-    events.append({"event": "end", "tokens": tokens, "stop": "length",
-                   "stats": {"explorers": 4, "tokens": len(tokens), "rounds": rounds}})
+    events.append(
+        {
+            "event": "end",
+            "tokens": tokens,
+            "stop": "length",
+            "stats": {"explorers": 4, "tokens": len(tokens), "rounds": rounds},
+        }
+    )
     return events
 
 
@@ -96,7 +115,9 @@ def frame(view, end) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=8000)
     parser.add_argument("--frames", type=int, default=200, help="frames timed, spread over the trace")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -139,20 +160,30 @@ def main(argv=None) -> int:
         frame(views[i], events[-1])
         seconds.append(time.perf_counter() - tic)
     out["rss_after_frames_mb"] = rss_mb() - base
-    out.update(frames=len(picks), frame_median_ms=1000 * statistics.median(seconds),
-               frame_p95_ms=1000 * percentile(seconds, 0.95), last_frame_ms=1000 * seconds[-1])
+    out.update(
+        frames=len(picks),
+        frame_median_ms=1000 * statistics.median(seconds),
+        frame_p95_ms=1000 * percentile(seconds, 0.95),
+        last_frame_ms=1000 * seconds[-1],
+    )
     ok_replay = out["rss_after_frames_mb"] < RSS_GOAL_MB and out["frame_p95_ms"] < 1000 * FRAME_GOAL_SECONDS
     out["acceptance"] = "pass" if out["refused_by_default_limits"] or ok_replay else "fail"
     out["replay_within_goals"] = ok_replay
 
     print(f"{args.rounds} rounds, {out['file_mb']:.1f} MB on disk")
-    print(f"default limits: {'refused' if out['refused_by_default_limits'] else 'accepted'} in "
-          f"{out['default_load_seconds'] * 1000:.0f} ms" + (f" ({out['message']})" if "message" in out else ""))
-    print(f"cap raised: load {out['raised_load_seconds']:.2f} s, replay index {out['replay_index_seconds'] * 1000:.0f} ms; "
-          f"extra RSS after load {out['rss_after_load_mb']:.0f} MB, after replay {out['rss_after_replay_mb']:.0f} MB, "
-          f"after {len(picks)} frames {out['rss_after_frames_mb']:.0f} MB (goal < {RSS_GOAL_MB} MB)")
-    print(f"frame (lattice + panels): median {out['frame_median_ms']:.1f} ms, p95 {out['frame_p95_ms']:.1f} ms, "
-          f"last round {out['last_frame_ms']:.1f} ms (goal < {FRAME_GOAL_SECONDS * 1000:.0f} ms)")
+    print(
+        f"default limits: {'refused' if out['refused_by_default_limits'] else 'accepted'} in "
+        f"{out['default_load_seconds'] * 1000:.0f} ms" + (f" ({out['message']})" if "message" in out else "")
+    )
+    print(
+        f"cap raised: load {out['raised_load_seconds']:.2f} s, replay index {out['replay_index_seconds'] * 1000:.0f} ms; "
+        f"extra RSS after load {out['rss_after_load_mb']:.0f} MB, after replay {out['rss_after_replay_mb']:.0f} MB, "
+        f"after {len(picks)} frames {out['rss_after_frames_mb']:.0f} MB (goal < {RSS_GOAL_MB} MB)"
+    )
+    print(
+        f"frame (lattice + panels): median {out['frame_median_ms']:.1f} ms, p95 {out['frame_p95_ms']:.1f} ms, "
+        f"last round {out['last_frame_ms']:.1f} ms (goal < {FRAME_GOAL_SECONDS * 1000:.0f} ms)"
+    )
     print(f"acceptance: {out['acceptance']}")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))

@@ -75,59 +75,90 @@ def _bench_arguments(p) -> None:
 
 
 def _plan_arguments(p) -> None:
-    p.add_argument("model", nargs="?", default=None, help="model spec, as for dex generate (or give --config)")
+    p.add_argument(
+        "model", nargs="?", default=None, help="model spec, as for dex generate (or give --config)"
+    )
     add_flags(p, PlanConfig, tuple(n for n in PlanConfig.__dataclass_fields__ if n != "model"))
 
 
 def _verify_arguments(p) -> None:
     p.add_argument("trace", help="a trace file saved by DEX (dex generate --trace, the app's Debugger)")
     p.add_argument("--model", help="model to verify with (default: the model the trace's metadata names)")
-    p.add_argument("--dtype", choices=DTYPES, help="dtype to load it in (default: the trace's; float32 for traces "
-                                                   "that do not record one)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="dtype to load it in (default: the trace's; float32 for traces that do not record one)",
+    )
     add_flags(p, DexConfig, ("device",))
 
 
 SUBCOMMANDS = {  # name: (help, description, its arguments)
-    "generate": ("generate text with DEX and print depth statistics",
-                 "Stream DEX's output for PROMPT, then rounds/token, the depth-side speedup K/(rounds/token) and the "
-                 "matched-stage histogram.", _generate_arguments),
-    "serve": ("run as one explorer rank under torchrun (multi-node capable)",
-              f"Run under torchrun, one process per explorer: {serve.USAGE}. Rank 0 reads prompts (--prompt, "
-              "repeatable; else one per line on stdin) and prints each answer and its stats.", serve.add_arguments),
-    "train-adapters": ("train inducing adapters by self-distillation on ShareGPT",
-                       "Train inducing adapters for a model (frozen) by full-vocabulary KL self-distillation on "
-                       "ShareGPT's training split; save them as one safetensors file usable with "
-                       "DexDecoder(adapters=FILE).", _train_arguments),
-    "shortlist": ("store the light proposal heads' token ranking in an adapter file",
-                  "Count the tokens of the training text (ShareGPT train split) with the model's tokenizer and store "
-                  "the ranking, most frequent first, in FILE; non-final stages then score its first N tokens "
-                  "(--proposal-vocab).", _shortlist_arguments),
-    "ead": ("token readiness: EAD, predicted speedups, best exploration sets (JSON)",
-            "Greedy AR answers to prompt sets, then per token the earliest available depth (plain and stable), the "
-            "stage DEX matches at (DECS-aware), the predicted depth-side speedup of the uniform split for each K, "
-            "the oracle S_EAD, and the best exploration set per K under rounds x longest stage.", _ead_arguments),
-    "bench": ("DEX vs AR vs depth-selection baselines, exactness checked",
-              "Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally distributed; with and without "
-              "draft chains), self-speculation (tuned on a separate split), HF assistant_early_exit and HF prompt "
-              "lookup over prompt sets (humaneval, chat, grounded); report exactness, tokens/s and critical-path "
-              "layer forwards per token as JSON and markdown (python -m visualize.report draws the JSON as a chart).",
-              _bench_arguments),
-    "plan": ("does a model fit its explorers' GPUs? memory per rank from the config alone",
-             "Count, from the model's configuration alone (no weights), what each explorer process will hold: its "
-             "layers, the LM head (or its light head's rows), rank 0 the embeddings, adapters, the KV cache for "
-             "--context tokens plus the lattice's rows and the round's work buffers; per GPU with the CUDA context. "
-             "Exit 1 when a GPU does not fit --gpu-memory.", _plan_arguments),
-    "verify": ("certify a trace's tokens against the unmodified model (exit 1 if any fails)",
-               "Run the unmodified model teacher-forced over the trace's prompt and committed tokens (one forward, "
-               "logits in float32) and check that every token is the model's choice or within the tie gap of it (a "
-               "numerical near-tie in the trace's dtype). Prints each token beyond the gap, then 'certified: N of M "
-               "tokens within the tie gap (worst gap G)'; exit 0 when all are, else 1.", _verify_arguments),
+    "generate": (
+        "generate text with DEX and print depth statistics",
+        "Stream DEX's output for PROMPT, then rounds/token, the depth-side speedup K/(rounds/token) and the "
+        "matched-stage histogram.",
+        _generate_arguments,
+    ),
+    "serve": (
+        "run as one explorer rank under torchrun (multi-node capable)",
+        f"Run under torchrun, one process per explorer: {serve.USAGE}. Rank 0 reads prompts (--prompt, "
+        "repeatable; else one per line on stdin) and prints each answer and its stats.",
+        serve.add_arguments,
+    ),
+    "train-adapters": (
+        "train inducing adapters by self-distillation on ShareGPT",
+        "Train inducing adapters for a model (frozen) by full-vocabulary KL self-distillation on "
+        "ShareGPT's training split; save them as one safetensors file usable with "
+        "DexDecoder(adapters=FILE).",
+        _train_arguments,
+    ),
+    "shortlist": (
+        "store the light proposal heads' token ranking in an adapter file",
+        "Count the tokens of the training text (ShareGPT train split) with the model's tokenizer and store "
+        "the ranking, most frequent first, in FILE; non-final stages then score its first N tokens "
+        "(--proposal-vocab).",
+        _shortlist_arguments,
+    ),
+    "ead": (
+        "token readiness: EAD, predicted speedups, best exploration sets (JSON)",
+        "Greedy AR answers to prompt sets, then per token the earliest available depth (plain and stable), the "
+        "stage DEX matches at (DECS-aware), the predicted depth-side speedup of the uniform split for each K, "
+        "the oracle S_EAD, and the best exploration set per K under rounds x longest stage.",
+        _ead_arguments,
+    ),
+    "bench": (
+        "DEX vs AR vs depth-selection baselines, exactness checked",
+        "Run HF generate, AR on DEX's stage runner, DEX (sequential, optionally distributed; with and without "
+        "draft chains), self-speculation (tuned on a separate split), HF assistant_early_exit and HF prompt "
+        "lookup over prompt sets (humaneval, chat, grounded); report exactness, tokens/s and critical-path "
+        "layer forwards per token as JSON and markdown (python -m visualize.report draws the JSON as a chart).",
+        _bench_arguments,
+    ),
+    "plan": (
+        "does a model fit its explorers' GPUs? memory per rank from the config alone",
+        "Count, from the model's configuration alone (no weights), what each explorer process will hold: its "
+        "layers, the LM head (or its light head's rows), rank 0 the embeddings, adapters, the KV cache for "
+        "--context tokens plus the lattice's rows and the round's work buffers; per GPU with the CUDA context. "
+        "Exit 1 when a GPU does not fit --gpu-memory.",
+        _plan_arguments,
+    ),
+    "verify": (
+        "certify a trace's tokens against the unmodified model (exit 1 if any fails)",
+        "Run the unmodified model teacher-forced over the trace's prompt and committed tokens (one forward, "
+        "logits in float32) and check that every token is the model's choice or within the tie gap of it (a "
+        "numerical near-tie in the trace's dtype). Prints each token beyond the gap, then 'certified: N of M "
+        "tokens within the tie gap (worst gap G)'; exit 0 when all are, else 1.",
+        _verify_arguments,
+    ),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dex", description="Depth Exploration Decoding (DEX): lossless, depth-parallel decoding "
-                                             "of Hugging Face causal LMs.")
+    parser = _Parser(
+        prog="dex",
+        description="Depth Exploration Decoding (DEX): lossless, depth-parallel decoding "
+        "of Hugging Face causal LMs.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (summary, description, arguments) in SUBCOMMANDS.items():
         arguments(sub.add_parser(name, help=summary, description=description))
@@ -154,8 +185,9 @@ def _generate(args) -> None:
     _writable(args.trace)
     check_text(args.prompt)
     # distributed: this process reads config and tokenizer, each explorer its own part of the checkpoint
-    decoder = DexDecoder.from_pretrained(config.model, config.decoder(), dtype=config.dtype, device=config.device,
-                                         log=log)
+    decoder = DexDecoder.from_pretrained(
+        config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log
+    )
     tokenizer = decoder.tokenizer
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
     stream, events = TextStream(tokenizer), []
@@ -180,11 +212,17 @@ def _train(args) -> None:
     _writable(args.out)
     model, tokenizer = load_model(args.model, dtype="float32", device=args.device)  # the trainer autocasts
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
-    print(f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
-          f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}")
+    print(
+        f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
+        f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}"
+    )
     if facts.get("stopped_early"):
-        print(f"stopped early at step {facts['steps']} of {facts['planned_steps']}: run the same command to resume "
-              f"from {args.checkpoint}" if args.checkpoint else "stopped early (no checkpoint to resume from)")
+        print(
+            f"stopped early at step {facts['steps']} of {facts['planned_steps']}: run the same command to resume "
+            f"from {args.checkpoint}"
+            if args.checkpoint
+            else "stopped early (no checkpoint to resume from)"
+        )
 
 
 def _ead(args) -> None:
@@ -231,18 +269,32 @@ def _verify(args) -> int:
     cert = verify_trace(events, meta, model=model, dtype=args.dtype)
     start, word = events[0], lambda t: repr(tokenizer.decode([t]))
     for c in cert.uncertified:
-        print(f"token {c.index} (position {c.position}): {c.token} {word(c.token)} is not the model's choice "
-              f"{c.top} {word(c.top)}: gap {c.gap:.6g} > tie gap {c.tie_gap:.6g}")
+        print(
+            f"token {c.index} (position {c.position}): {c.token} {word(c.token)} is not the model's choice "
+            f"{c.top} {word(c.top)}: gap {c.gap:.6g} > tie gap {c.tie_gap:.6g}"
+        )
     s = start["sampling"]
-    how = "greedy" if not s["temperature"] else f"sampled (temperature {s['temperature']:g}, seed {s['seed']})"
-    print(f"{start['method']} trace, {how}; {cert.dtype} on {cert.device}; tie gap {TIE_ULPS} units in the last place "
-          f"of the logit's magnitude{' / temperature' if s['temperature'] else ''}")
+    how = (
+        "greedy" if not s["temperature"] else f"sampled (temperature {s['temperature']:g}, seed {s['seed']})"
+    )
+    print(
+        f"{start['method']} trace, {how}; {cert.dtype} on {cert.device}; tie gap {TIE_ULPS} units in the last place "
+        f"of the logit's magnitude{' / temperature' if s['temperature'] else ''}"
+    )
     print(cert.summary())
     return 0 if cert.ok else 1
 
 
-COMMANDS = {"generate": _generate, "serve": serve.run, "train-adapters": _train, "ead": _ead, "bench": _bench,
-            "shortlist": _shortlist, "plan": _plan, "verify": _verify}
+COMMANDS = {
+    "generate": _generate,
+    "serve": serve.run,
+    "train-adapters": _train,
+    "ead": _ead,
+    "bench": _bench,
+    "shortlist": _shortlist,
+    "plan": _plan,
+    "verify": _verify,
+}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -35,11 +35,17 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
 BACKENDS = ("sequential", "distributed")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
-DEPTH_CHOICES = ("given", "best set stored with the adapters", "uniform split")  # how a decoder got its depths
+DEPTH_CHOICES = (
+    "given",
+    "best set stored with the adapters",
+    "uniform split",
+)  # how a decoder got its depths
 ADAPTER_CHOICES = ("auto", "default", "none")  # the named adapter choices; any other text is a file
-ADAPTER_HELP = ("inducing adapters: 'auto' (the set shipped for the default model when the model is that "
-                "model, else none), 'default' (the shipped set), 'none', or a .safetensors file from "
-                "dex train-adapters")
+ADAPTER_HELP = (
+    "inducing adapters: 'auto' (the set shipped for the default model when the model is that "
+    "model, else none), 'default' (the shipped set), 'none', or a .safetensors file from "
+    "dex train-adapters"
+)
 
 
 def integer(value, name: str, minimum: int | None = None) -> int:
@@ -55,8 +61,11 @@ def integer(value, name: str, minimum: int | None = None) -> int:
 
 def rows_option(value, name: str = "proposal_vocab", words=("auto", "full")):
     """One of ``words``, or a positive count (also as text, from a flag)."""
-    return value if value in words else integer(int(value) if str(value).isdigit() else value,
-                                                f"{name} (or {', '.join(words)})", 1)
+    return (
+        value
+        if value in words
+        else integer(int(value) if str(value).isdigit() else value, f"{name} (or {', '.join(words)})", 1)
+    )
 
 
 def _number(value, name: str) -> float:
@@ -77,13 +86,16 @@ def flag(value, name: str) -> bool:
 
 @dataclass
 class GenerationOptions:
-    max_new_tokens: int = option(128, "number of tokens to generate (stops earlier at EOS)", ui_min=1, ui_max=512)
+    max_new_tokens: int = option(
+        128, "number of tokens to generate (stops earlier at EOS)", ui_min=1, ui_max=512
+    )
     temperature: float = option(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
     top_k: int | None = option(None, "sample only among the k most likely tokens")
     top_p: float | None = option(None, "sample only within the top-p probability nucleus")
     seed: int = option(0, "sampling seed; noise is keyed by (seed, position)")
-    eos_token_id: int | tuple[int, ...] | None = option(None, "stop after this token id (default: the model's "
-                                                              "generation config)")
+    eos_token_id: int | tuple[int, ...] | None = option(
+        None, "stop after this token id (default: the model's generation config)"
+    )
 
     def __post_init__(self):
         self.max_new_tokens = integer(self.max_new_tokens, "max_new_tokens", 1)
@@ -115,25 +127,39 @@ class GenerationOptions:
 @dataclass(frozen=True)
 class DraftBounds:
     """Bounds of draft chains (prompt lookup on the token axis inside the lattice, ``dex_core.algorithm.draft``)."""
+
     ngram: int = 3  # longest n-gram of a branch's text looked up in its context
-    min_ngram: int = 2  # shortest match that starts a chain (1-grams match nearly everywhere: rows for nothing)
+    min_ngram: int = (
+        2  # shortest match that starts a chain (1-grams match nearly everywhere: rows for nothing)
+    )
     length: int = 8  # looked-up tokens per chain
     chains: int = 1  # new chains per round
-    rows: int = 24  # chain slots alive at once (each a row per stage per round); gate 1: cut a chain slot once
+    rows: int = (
+        24  # chain slots alive at once (each a row per stage per round); gate 1: cut a chain slot once
+    )
     gate: int = 0  # its predecessor's candidates all differ from its input (0: never)
 
     @classmethod
     def parse(cls, value) -> DraftBounds | None:
         """'auto' (the defaults), 'none' (off, None), a DraftBounds (or its dict), or 'length=6,chains=2'."""
-        value = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, Mapping) else value  # asdict's
+        value = (
+            ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, Mapping) else value
+        )  # asdict's
         if isinstance(value, cls) or value in (None, "none", "auto"):
             return cls() if value == "auto" else None if value == "none" else value
         try:
             pairs = dict(item.split("=") for item in _items(value, "draft"))
-            out = cls(**{k.strip(): integer(int(v), f"draft {k.strip()}", k.strip() != "gate") for k, v in pairs.items()})
+            out = cls(
+                **{
+                    k.strip(): integer(int(v), f"draft {k.strip()}", k.strip() != "gate")
+                    for k, v in pairs.items()
+                }
+            )
         except (TypeError, ValueError, AttributeError) as err:
-            raise DexError(f"draft must be auto, none or bounds like 'length=6,chains=2' ({', '.join(f.name for f in dataclasses.fields(cls))}: "
-                           f"integers >= 1); got {value!r:.80}") from (None if isinstance(err, DexError) else err)
+            raise DexError(
+                f"draft must be auto, none or bounds like 'length=6,chains=2' ({', '.join(f.name for f in dataclasses.fields(cls))}: "
+                f"integers >= 1); got {value!r:.80}"
+            ) from (None if isinstance(err, DexError) else err)
         if out.min_ngram > out.ngram or out.gate > 1:
             raise DexError(f"draft needs min_ngram <= ngram and gate 0 or 1; got {value!r:.80}")
         return out
@@ -141,27 +167,53 @@ class DraftBounds:
 
 @dataclass
 class DecoderOptions:
-    depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 8,15,23,30 (must end at the model's "
-                                                "layer count); overrides --explorers")
-    explorers: int = option(4, "number of depth explorers K for a uniform split of the layers", ui_min=1, ui_max=8)
+    depths: tuple[int, ...] | None = option(
+        None, "exploration set, e.g. 8,15,23,30 (must end at the model's layer count); overrides --explorers"
+    )
+    explorers: int = option(
+        4, "number of depth explorers K for a uniform split of the layers", ui_min=1, ui_max=8
+    )
     adapters: str | Mapping | None = option("auto", ADAPTER_HELP)
-    decs: bool = option(True, "depth-coupled sampling: non-final stages skip tokens that shallower "
-                            "stages of the same slot already proposed")
-    proposal_vocab: int | str = option("auto", "rows of the non-final stages' light proposal heads: the N most "
-                                       "frequent training tokens, full, or auto (8192 given a ranking)", kind=str)
-    prune: int | str | None = option("auto", "at most this many new branches per round, the most probable "
-                                            "candidates first (lattice pruning; exact: a pruned branch only loses "
-                                            "reuse); auto: 1 on CPU explorers, off on accelerators; none: off",
-                                     kind=str)
-    draft: str | DraftBounds | None = option("auto", "draft chains (prompt lookup inside the lattice; several exact "
-                                             "commits per round): auto, none, or bounds like 'length=8,chains=1'", kind=str)
-    trace_top: int = option(0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)")
-    backend: str = option("sequential", "sequential (all explorers in one process) or distributed "
-                                      "(one process per explorer on torch.distributed)")
-    devices: tuple[str, ...] | None = option(None, "distributed: one device per explorer, e.g. "
-                                                 "cuda:0,cuda:1; default cuda:0..K-1 (GPUs shared in turn if fewer)")
-    threads: int | None = option(None, "distributed on CPU: torch threads per explorer "
-                                     "(default: cores // K, at least 1)")
+    decs: bool = option(
+        True,
+        "depth-coupled sampling: non-final stages skip tokens that shallower "
+        "stages of the same slot already proposed",
+    )
+    proposal_vocab: int | str = option(
+        "auto",
+        "rows of the non-final stages' light proposal heads: the N most "
+        "frequent training tokens, full, or auto (8192 given a ranking)",
+        kind=str,
+    )
+    prune: int | str | None = option(
+        "auto",
+        "at most this many new branches per round, the most probable "
+        "candidates first (lattice pruning; exact: a pruned branch only loses "
+        "reuse); auto: 1 on CPU explorers, off on accelerators; none: off",
+        kind=str,
+    )
+    draft: str | DraftBounds | None = option(
+        "auto",
+        "draft chains (prompt lookup inside the lattice; several exact "
+        "commits per round): auto, none, or bounds like 'length=8,chains=1'",
+        kind=str,
+    )
+    trace_top: int = option(
+        0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)"
+    )
+    backend: str = option(
+        "sequential",
+        "sequential (all explorers in one process) or distributed "
+        "(one process per explorer on torch.distributed)",
+    )
+    devices: tuple[str, ...] | None = option(
+        None,
+        "distributed: one device per explorer, e.g. "
+        "cuda:0,cuda:1; default cuda:0..K-1 (GPUs shared in turn if fewer)",
+    )
+    threads: int | None = option(
+        None, "distributed on CPU: torch threads per explorer (default: cores // K, at least 1)"
+    )
     op_timeout: float = option(60.0, "distributed: seconds any one exchange may wait for a peer")
     start_timeout: float = option(120.0, "distributed: seconds the explorer processes may take to start")
 
@@ -175,7 +227,9 @@ class DecoderOptions:
             if self.adapters not in ADAPTER_CHOICES:
                 adapter_file(self.adapters)
         elif not isinstance(self.adapters, Mapping):
-            raise DexError(f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}")
+            raise DexError(
+                f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}"
+            )
         self.decs, self.draft = flag(self.decs, "decs"), DraftBounds.parse(self.draft)
         self.trace_top = integer(self.trace_top, "trace_top", 0)
         self.prune = rows_option("none" if self.prune is None else self.prune, "prune", ("auto", "none"))
@@ -185,25 +239,37 @@ class DecoderOptions:
             raise DexError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         self.devices = None if self.devices is None else parse_list(self.devices, "devices")
         self.threads = None if self.threads is None else integer(self.threads, "threads", 1)
-        if not _number(self.op_timeout, "op_timeout") > 0 or not _number(self.start_timeout, "start_timeout") > 0:
-            raise DexError(f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
-                           f"start_timeout={self.start_timeout!r}")
+        if (
+            not _number(self.op_timeout, "op_timeout") > 0
+            or not _number(self.start_timeout, "start_timeout") > 0
+        ):
+            raise DexError(
+                f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "
+                f"start_timeout={self.start_timeout!r}"
+            )
 
 
 @dataclass
 class DexConfig(DecoderOptions, GenerationOptions):
-    model: str = option("default", "model: 'default' (SmolLM2-135M-Instruct), a local directory, a "
-                                 ".gguf file or a Hugging Face hub id")
+    model: str = option(
+        "default",
+        "model: 'default' (SmolLM2-135M-Instruct), a local directory, a .gguf file or a Hugging Face hub id",
+    )
     chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
-    dtype: str = option("auto", "model dtype: auto (float32 on CPU; on CUDA the checkpoint's bfloat16/float16, "
-                                "float32 checkpoints as bfloat16), " + ", ".join(DTYPES))
+    dtype: str = option(
+        "auto",
+        "model dtype: auto (float32 on CPU; on CUDA the checkpoint's bfloat16/float16, "
+        "float32 checkpoints as bfloat16), " + ", ".join(DTYPES),
+    )
     device: str = option("auto", DEVICE_HELP)
 
     def __post_init__(self):
         GenerationOptions.__post_init__(self)
         DecoderOptions.__post_init__(self)
         if not isinstance(self.model, str) or not self.model.strip():
-            raise DexError(f"model must be 'default', a directory, a .gguf file or a hub id; got {self.model!r}")
+            raise DexError(
+                f"model must be 'default', a directory, a .gguf file or a hub id; got {self.model!r}"
+            )
         self.chat = flag(self.chat, "chat")
         if self.dtype not in ("auto", *DTYPES):
             raise DexError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
@@ -247,8 +313,9 @@ def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
     try:
         out = tuple(int(v) if isinstance(value, str) else integer(v, name) for v in items)
     except (TypeError, ValueError):
-        raise DexError(f"{name} must be comma-separated integers like 2,3,4 (or a list of ints); "
-                       f"got {value!r:.80}") from None
+        raise DexError(
+            f"{name} must be comma-separated integers like 2,3,4 (or a list of ints); got {value!r:.80}"
+        ) from None
     if not out or min(out) < minimum:
         raise DexError(f"{name} must be integers >= {minimum}; got {value!r:.80}")
     return out
@@ -275,8 +342,10 @@ def adapter_file(path) -> Path:
     """The adapter file ``path`` names, checked to be a file before any work starts."""
     path = Path(path)
     if os.path.isdir(path):  # os.path answers False where a name cannot be a file (too long, NUL)
-        raise DexError(f"{path} is a directory, not an adapter file; give a .safetensors file from "
-                       "'dex train-adapters', or use 'none'")
+        raise DexError(
+            f"{path} is a directory, not an adapter file; give a .safetensors file from "
+            "'dex train-adapters', or use 'none'"
+        )
     if not os.path.isfile(path):
         raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters', or use 'none'")
     return path

@@ -74,8 +74,17 @@ class DexDecoder:
         self._setup(view, settings, options, tokenizer, model=model)
 
     @classmethod
-    def from_pretrained(cls, spec: str = "default", options: DecoderOptions | None = None, *, dtype="auto",
-                        device="auto", tokenizer=None, log=stderr, **overrides) -> DexDecoder:
+    def from_pretrained(
+        cls,
+        spec: str = "default",
+        options: DecoderOptions | None = None,
+        *,
+        dtype="auto",
+        device="auto",
+        tokenizer=None,
+        log=stderr,
+        **overrides,
+    ) -> DexDecoder:
         """A decoder for model ``spec`` ('default', a directory, a .gguf file or a hub id) in ``dtype`` ('auto':
         float32 on CPU, the checkpoint's half precision on CUDA). Sequential: the model is loaded in this process
         on ``device``. Distributed: this process reads the config, the tokenizer and 64 rows of the embedding
@@ -92,14 +101,18 @@ class DexDecoder:
         dtype = resolve_dtype(dtype, kind, config)
         shape = skeleton(config, dtype, folder)  # the model's shapes on the meta device: no weights
         view = model_view(shape)
-        settings = resolve_run(checkpoint_identity(config, Checkpoint(folder)), view, options, kind, tokenizer, log)
+        settings = resolve_run(
+            checkpoint_identity(config, Checkpoint(folder)), view, options, kind, tokenizer, log
+        )
         if kind == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)
         decoder._setup(view, settings, options, tokenizer, folder=folder)
         return decoder
 
-    def _setup(self, view, settings: RunSettings, options: DecoderOptions, tokenizer, *, model=None, folder=None):
+    def _setup(
+        self, view, settings: RunSettings, options: DecoderOptions, tokenizer, *, model=None, folder=None
+    ):
         self.options, self.view, self.settings, self.tokenizer = options, view, settings, tokenizer
         self.model = model  # None when explorer processes read the checkpoint themselves
         self.cost_model = ModelCost.of(view.model, settings.adapters, settings.proposal_vocab)
@@ -107,22 +120,36 @@ class DexDecoder:
         self.backend, self.group, self.explorers = options.backend, None, []
         if self.backend == "distributed":
             self.group = ExplorerGroup(settings, view.model, options, folder)
-            self._adapters = dict.fromkeys(settings.adapters.depths)  # the modules live in the explorer processes
+            self._adapters = dict.fromkeys(
+                settings.adapters.depths
+            )  # the modules live in the explorer processes
             return
         self._adapters = settings.adapters.build(settings.depths, view.device, view.dtype)
-        head = None if settings.shortlist is None else ProposalHead(view, settings.shortlist)  # shared by stages
-        self.explorers = [Explorer(view, k, self.K, *stage_bounds(settings.depths, k), self._adapters.get(d),
-                                   head) for k, d in enumerate(settings.depths)]
+        head = (
+            None if settings.shortlist is None else ProposalHead(view, settings.shortlist)
+        )  # shared by stages
+        self.explorers = [
+            Explorer(view, k, self.K, *stage_bounds(settings.depths, k), self._adapters.get(d), head)
+            for k, d in enumerate(settings.depths)
+        ]
 
     depths = property(lambda self: self.settings.depths)
     depth_choice = property(lambda self: self.settings.depth_choice)
     decs = property(lambda self: self.settings.decs)
     trace_top = property(lambda self: self.settings.trace_top)
     prune = property(lambda self: self.settings.prune)
-    adapters = property(lambda self: self._adapters, doc="depth -> adapter module (None: in an explorer process)")
+    adapters = property(
+        lambda self: self._adapters, doc="depth -> adapter module (None: in an explorer process)"
+    )
     proposal_vocab = property(lambda self: self.settings.proposal_vocab or self.view.vocab)
-    shortlist = property(lambda self: None if self.settings.shortlist is None else torch.tensor(
-        self.settings.shortlist, dtype=torch.long, device="cpu"), doc="the light heads' token ids (None: full heads)")
+    shortlist = property(
+        lambda self: (
+            None
+            if self.settings.shortlist is None
+            else torch.tensor(self.settings.shortlist, dtype=torch.long, device="cpu")
+        ),
+        doc="the light heads' token ids (None: full heads)",
+    )
 
     @property
     def K(self) -> int:
@@ -131,26 +158,58 @@ class DexDecoder:
     def _text(self, token: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token])
 
-    def generate(self, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
-                 **overrides) -> GenerationResult:
+    def generate(
+        self,
+        input_ids,
+        max_new_tokens: int | None = None,
+        *,
+        options: GenerationOptions | None = None,
+        **overrides,
+    ) -> GenerationResult:
         """Run to the end; ``overrides`` are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, …)."""
-        return GenerationResult.from_trace(list(self.stream(input_ids, max_new_tokens, options=options, **overrides)))
+        return GenerationResult.from_trace(
+            list(self.stream(input_ids, max_new_tokens, options=options, **overrides))
+        )
 
     @torch.no_grad()
-    def stream(self, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
-               **overrides) -> Iterator[dict]:
+    def stream(
+        self,
+        input_ids,
+        max_new_tokens: int | None = None,
+        *,
+        options: GenerationOptions | None = None,
+        **overrides,
+    ) -> Iterator[dict]:
         """Yield trace events: a start event, one event per round, and an end event with the stats."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = make_request(self.view, input_ids, opts)
-        yield start_event("dex", self.depths, self.view.num_layers, request, self.decs, self.adapters,
-                          self.proposal_vocab, self.depth_choice, self.prune, self.cost,
-                          dtype=dtype_name(self.view.dtype), device=self._device(), draft=self.settings.draft)
+        yield start_event(
+            "dex",
+            self.depths,
+            self.view.num_layers,
+            request,
+            self.decs,
+            self.adapters,
+            self.proposal_vocab,
+            self.depth_choice,
+            self.prune,
+            self.cost,
+            dtype=dtype_name(self.view.dtype),
+            device=self._device(),
+            draft=self.settings.draft,
+        )
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
             return
-        yield from run_rounds(self.view, self.settings, self.explorers, LocalLink(self.K), request,
-                              self._text if self.tokenizer is not None else None)
+        yield from run_rounds(
+            self.view,
+            self.settings,
+            self.explorers,
+            LocalLink(self.K),
+            request,
+            self._text if self.tokenizer is not None else None,
+        )
 
     def _device(self) -> str:
         """Where the token choices are made: this model's device, or the final explorer's."""
@@ -176,4 +235,3 @@ class DexDecoder:
 
     def __exit__(self, *exc):
         self.close()
-

@@ -16,20 +16,31 @@ def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
             continue
         flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
         if hint is bool or hint == bool | None:  # None: decided where the option is used
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata["help"])
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f.metadata["help"],
+            )
             continue
         args = typing.get_args(hint)
-        if typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args) or "kind" in f.metadata:
+        if (
+            typing.get_origin(hint) is tuple
+            or any(typing.get_origin(a) is tuple for a in args)
+            or "kind" in f.metadata
+        ):
             kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
         else:
             kind = next((t for t in (int, float) if hint is t or t in args), str)
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-        parser.add_argument(flag, dest=f.name, type=kind, default=f.default,
-                            help=f"{f.metadata['help']} (default: {shown})")
+        parser.add_argument(
+            flag, dest=f.name, type=kind, default=f.default, help=f"{f.metadata['help']} (default: {shown})"
+        )
 
 
 def from_args(cls, args: argparse.Namespace, **extra):
     """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra)
-
+    return cls(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra
+    )

@@ -20,12 +20,25 @@ from transformers import (
 
 def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: int = 0, **overrides):
     """A tiny random float64 model of a supported family, built offline from a config (tests, --quick)."""
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }
     config_cls, model_cls = classes[family]
-    kwargs = dict(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    kwargs = dict(
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     kwargs.update(overrides)
     torch.manual_seed(seed)
     model = model_cls(config_cls(**kwargs)).to(torch.float64).eval()

@@ -19,8 +19,15 @@ from playwright.sync_api import sync_playwright
 from app.main import build_demo
 from app.runtime import AppSettings
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 STATE = "() => document.querySelector('#live-status [data-state]')?.dataset.state"
@@ -28,8 +35,9 @@ STATE = "() => document.querySelector('#live-status [data-state]')?.dataset.stat
 
 def shot(page, selector: str, text: str, path: Path) -> None:
     """Wait until ``selector`` shows ``text`` (model work done), then save a full-page screenshot."""
-    page.wait_for_function(f"() => document.querySelector('{selector}')?.innerText.includes('{text}')",
-                           timeout=900_000)
+    page.wait_for_function(
+        f"() => document.querySelector('{selector}')?.innerText.includes('{text}')", timeout=900_000
+    )
     page.wait_for_timeout(1500)
     page.screenshot(path=str(path), full_page=True)
 
@@ -52,8 +60,9 @@ def live(page, path: Path, explorers: int, tokens: int, prune: str = "auto") -> 
 def debugger(page, path: Path) -> None:
     """The Debugger on the last Live run: its timeline and a round a few steps before the end."""
     page.get_by_role("tab", name="Debugger").click()
-    page.wait_for_function("() => document.querySelector('#dbg-status')?.innerText.includes('live run')",
-                           timeout=120_000)
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-status')?.innerText.includes('live run')", timeout=120_000
+    )
     page.locator("#dbg-timeline .js-plotly-plot").wait_for(timeout=60_000)
     for _ in range(3):
         page.locator("#dbg-prev").click()
@@ -62,7 +71,9 @@ def debugger(page, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=48)

@@ -20,36 +20,57 @@ from pathlib import Path
 from app.runtime import AppSettings, Runtime, ui_config
 from dex_core import save_trace
 
-PROMPT = ("Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and "
-          "votes on new projects.")
+PROMPT = (
+    "Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and "
+    "votes on new projects."
+)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--explorers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--prune", default="none", help="lattice pruning: none, auto or a bound")
-    parser.add_argument("--draft", default="auto", help="draft chains: auto, none or bounds like 'length=8,chains=1'")
+    parser.add_argument(
+        "--draft", default="auto", help="draft chains: auto, none or bounds like 'length=8,chains=1'"
+    )
     parser.add_argument("--out", default="assets/traces/example.json")
     args = parser.parse_args(argv)
     runtime = Runtime(AppSettings(model=args.model, explorers=args.explorers))
-    config = dataclasses.replace(ui_config(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune),
-                                 draft=args.draft)
+    config = dataclasses.replace(
+        ui_config(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune), draft=args.draft
+    )
     ids = runtime.encode(args.prompt, config.chat)
     started = time.perf_counter()
     result = runtime.decoder(config).generate(ids, options=config.generation())
     _, tokenizer = runtime.model()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_trace(out, result.trace, {"model": args.model, "prompt": args.prompt, "explorers": args.explorers,
-                                   "adapters": config.adapters, "source": "scripts/example_trace.py"})
+    save_trace(
+        out,
+        result.trace,
+        {
+            "model": args.model,
+            "prompt": args.prompt,
+            "explorers": args.explorers,
+            "adapters": config.adapters,
+            "source": "scripts/example_trace.py",
+        },
+    )
     rounds = [e for e in result.trace if e["event"] == "round"]
-    chains, several = sum(len(e.get("chains", [])) for e in rounds), sum(len(e.get("commits", [])) > 1 for e in rounds)
-    print(f"{len(result.tokens)} tokens in {result.stats.rounds} rounds ({time.perf_counter() - started:.1f} s), "
-          f"{chains} draft chains, {several} rounds of several commits: "
-          f"{tokenizer.decode(result.tokens, skip_special_tokens=True)!r}")
+    chains, several = (
+        sum(len(e.get("chains", [])) for e in rounds),
+        sum(len(e.get("commits", [])) > 1 for e in rounds),
+    )
+    print(
+        f"{len(result.tokens)} tokens in {result.stats.rounds} rounds ({time.perf_counter() - started:.1f} s), "
+        f"{chains} draft chains, {several} rounds of several commits: "
+        f"{tokenizer.decode(result.tokens, skip_special_tokens=True)!r}"
+    )
     print(f"trace written to {out} ({out.stat().st_size // 1024} KB)")
 
 

@@ -16,25 +16,33 @@ import json
 import shutil
 import sys
 
-from dex_core.model.adapters import DEFAULT_ADAPTERS, store_best_sets
 from dex_core.config import parse_ints
-from dex_core.model.load import load_model
 from dex_core.data.ranking import token_ranking
+from dex_core.model.adapters import DEFAULT_ADAPTERS, store_best_sets
+from dex_core.model.load import load_model
 from dex_core.model.proposal import store_ranking
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("adapters")
     parser.add_argument("ead_report")
     parser.add_argument("--explorers", default="2,4", help="the values of K whose best sets are stored")
     args = parser.parse_args(argv)
     report = json.loads(open(args.ead_report).read())
     run = next(r for r in report["runs"] if r["adapters"] == args.adapters)
-    best = {p["explorers"]: p["best"] for p in run["all"]["predicted"] if p["explorers"] in parse_ints(args.explorers, "explorers")}
+    best = {
+        p["explorers"]: p["best"]
+        for p in run["all"]["predicted"]
+        if p["explorers"] in parse_ints(args.explorers, "explorers")
+    }
     for K, b in sorted(best.items()):
-        print(f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
-              f"depth-side speedup {b['depth_speedup']:.3f}x")
+        print(
+            f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
+            f"depth-side speedup {b['depth_speedup']:.3f}x"
+        )
     model, tokenizer = load_model("default", device="cpu")  # only its identity is checked
     store_ranking(args.adapters, model, token_ranking(tokenizer, model.config.vocab_size))
     store_best_sets(args.adapters, model, {K: b["depths"] for K, b in best.items()})

@@ -24,8 +24,15 @@ def tiny_dir(tmp_path_factory):
 
 
 CHROMIUM = os.environ.get("DEX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic"]
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def in_ci() -> bool:
@@ -63,5 +70,7 @@ def launch_app(settings, **launch):
 
     demo = build_demo(settings)
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch)
+    demo.launch(
+        prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch
+    )
     return demo, f"http://127.0.0.1:{port}/"

@@ -26,8 +26,16 @@ from dex_core.testing import tiny_model, tiny_tokenizer  # noqa: E402
 PATH = Path(__file__).resolve().parent / "golden" / "traces.json.gz"
 PROMPT = [4, 8, 15, 16, 23, 42, 7] * 3
 NEW_TOKENS = 12
-TIMING = ("compute_seconds", "bookkeeping_seconds", "communication_seconds", "round_seconds", "projected_seconds",
-          "prefill_seconds", "wall_seconds", "tokens_per_second")
+TIMING = (
+    "compute_seconds",
+    "bookkeeping_seconds",
+    "communication_seconds",
+    "round_seconds",
+    "projected_seconds",
+    "prefill_seconds",
+    "wall_seconds",
+    "tokens_per_second",
+)
 
 
 def model():
@@ -43,12 +51,22 @@ def tokenizer():
 def matrix() -> dict[str, dict]:
     """Every case: its name -> (decoder options, generation options)."""
     cases = {}
-    for K, decs, draft, prune, sampled in itertools.product((2, 3, 4), (True, False), ("gate=0", "none"),
-                                                           ("none", 1), (False, True)):
+    for K, decs, draft, prune, sampled in itertools.product(
+        (2, 3, 4), (True, False), ("gate=0", "none"), ("none", 1), (False, True)
+    ):
         name = f"K{K}-decs{int(decs)}-draft{int(draft != 'none')}-prune{prune}-{'sampled' if sampled else 'greedy'}"
         sampling = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 3} if sampled else {}
-        cases[name] = {"decoder": {"explorers": K, "decs": decs, "draft": draft, "prune": prune, "proposal_vocab": 8,
-                                   "trace_top": 3}, "generation": sampling}
+        cases[name] = {
+            "decoder": {
+                "explorers": K,
+                "decs": decs,
+                "draft": draft,
+                "prune": prune,
+                "proposal_vocab": 8,
+                "trace_top": 3,
+            },
+            "generation": sampling,
+        }
     return cases
 
 

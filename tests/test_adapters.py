@@ -5,10 +5,17 @@ import re
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.model.adapters import (InducingAdapter, load_adapters, new_adapters, read_metadata, resolve_adapters, save_adapters)
+from dex_core.model.adapters import (
+    InducingAdapter,
+    load_adapters,
+    new_adapters,
+    read_metadata,
+    resolve_adapters,
+    save_adapters,
+)
 from dex_core.tools.train import TrainConfig, distill_loss, train_adapters
 
 
@@ -16,7 +23,7 @@ def test_a_fresh_adapter_starts_near_identity_with_the_paper_parameter_count():
     adapter = InducingAdapter(48, 96)
     h = torch.randn(5, 48)
     assert torch.allclose(adapter(h), h, atol=1e-2)
-    assert sum(p.numel() for p in adapter.parameters()) == 4 * 48 ** 2 + 4 * 48 + 1  # App. C.2, m = 2h
+    assert sum(p.numel() for p in adapter.parameters()) == 4 * 48**2 + 4 * 48 + 1  # App. C.2, m = 2h
 
 
 def saved_adapters(model, path, std: float, alpha: float, training=None):
@@ -97,6 +104,7 @@ def test_the_top1_term_adds_the_cross_entropy_on_the_teachers_top_token():
 
 def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
+
     from dex_core.runtime.request import chat_ids
     from dex_core.tools.train import _onpolicy_sequences
 
@@ -107,7 +115,7 @@ def test_onpolicy_data_is_the_models_own_greedy_answers():
     for text in texts:  # batched with left padding, each equals its own greedy AR answer
         prompt = chat_ids(tokenizer, [{"role": "user", "content": text}], generation_prompt=True)
         got = next(sequences)
-        assert got[: len(prompt)] == prompt and got[len(prompt):] == ar_generate(model, prompt, 10).tokens
+        assert got[: len(prompt)] == prompt and got[len(prompt) :] == ar_generate(model, prompt, 10).tokens
 
 
 def test_training_can_start_from_an_adapter_file(tmp_path):
@@ -123,11 +131,23 @@ def test_training_can_start_from_an_adapter_file(tmp_path):
     train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))
     assert {d: round(float(a.alpha), 3) for d, a in load_adapters(out, model).items()} == {2: 0.25, 4: 0.5}
     cfg = TrainConfig(depths=(1, 3, 5), tokens=16, seq_len=16, batch=1, lr=1e-9, bf16=False, init=str(path))
-    train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle(data))  # nearest depth, ties low
-    assert {d: round(float(a.alpha), 3) for d, a in load_adapters(out, model).items()} == {1: 0.25, 3: 0.25, 5: 0.5}
+    train_adapters(
+        model, None, cfg, out, progress=False, windows=itertools.cycle(data)
+    )  # nearest depth, ties low
+    assert {d: round(float(a.alpha), 3) for d, a in load_adapters(out, model).items()} == {
+        1: 0.25,
+        3: 0.25,
+        5: 0.5,
+    }
     with pytest.raises(DexError, match="another bottleneck"):
-        train_adapters(model, None, TrainConfig(depths=(2,), tokens=16, seq_len=16, bottleneck=8, init=str(path)),
-                       out, progress=False, windows=itertools.cycle(data))
+        train_adapters(
+            model,
+            None,
+            TrainConfig(depths=(2,), tokens=16, seq_len=16, bottleneck=8, init=str(path)),
+            out,
+            progress=False,
+            windows=itertools.cycle(data),
+        )
     with pytest.raises(DexError, match="data must be one of"):
         TrainConfig(data="web")
 
@@ -154,12 +174,15 @@ def _file_like(tmp_path, model, name, metadata=None, tensors=None):
     return path
 
 
-@pytest.mark.parametrize("kind,message", [
-    ("random bytes", "is not a readable safetensors file"),
-    ("cut in half", "is not a readable safetensors file"),
-    ("empty", "is not a readable safetensors file"),
-    ("directory", "is a directory, not an adapter file"),
-])
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("random bytes", "is not a readable safetensors file"),
+        ("cut in half", "is not a readable safetensors file"),
+        ("empty", "is not a readable safetensors file"),
+        ("directory", "is a directory, not an adapter file"),
+    ],
+)
 def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(tmp_path, kind, message):
     model = tiny_model("llama")
     good = tmp_path / "good.safetensors"
@@ -169,31 +192,48 @@ def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(tmp_path
         path.mkdir()
     else:
         raw = good.read_bytes()
-        path.write_bytes({"random bytes": torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-                          .to(torch.uint8).numpy().tobytes(), "cut in half": raw[: len(raw) // 2], "empty": b""}[kind])
-    for attempt in (lambda: read_metadata(path), lambda: load_adapters(path, model),
-                    lambda: DexDecoder(model, explorers=3, adapters=path)):
+        path.write_bytes(
+            {
+                "random bytes": torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+                .to(torch.uint8)
+                .numpy()
+                .tobytes(),
+                "cut in half": raw[: len(raw) // 2],
+                "empty": b"",
+            }[kind]
+        )
+    for attempt in (
+        lambda: read_metadata(path),
+        lambda: load_adapters(path, model),
+        lambda: DexDecoder(model, explorers=3, adapters=path),
+    ):
         with pytest.raises(DexError, match=message):
             attempt()
 
 
-@pytest.mark.parametrize("metadata,message", [
-    ({"format": None}, "not a DEX adapter file"),
-    ({"identity": None}, "metadata lacks 'identity'"),
-    ({"training": None}, "metadata lacks 'training'"),
-    ({"identity": "{not json"}, "invalid DEX adapter metadata 'identity'"),
-    ({"identity": [1, 2]}, "invalid DEX adapter metadata 'identity'"),
-    ({"identity": {"model_type": "llama"}}, "'num_layers' is NoneType"),
-    ({"depths": "[2, oops]"}, "invalid DEX adapter metadata 'depths'"),
-    ({"depths": [4, 2]}, "increasing positive layer counts"),
-    ({"depths": [2.5]}, "a depth is float"),
-    ({"depths": [2, 6]}, "its model has only 6 layers"),
-    ({"bottleneck": "-1"}, "invalid DEX adapter metadata 'bottleneck'"),
-    ({"bottleneck": "1e9"}, "invalid DEX adapter metadata 'bottleneck'"),
-    ({"bottleneck": "1000000000"}, "has shape [96, 48], not [1000000000, 48]"),  # checked before any allocation
-    ({"activation": "nope"}, "unknown activation 'nope'"),
-    ({"eps": "nan"}, "invalid DEX adapter metadata 'eps'"),
-])
+@pytest.mark.parametrize(
+    "metadata,message",
+    [
+        ({"format": None}, "not a DEX adapter file"),
+        ({"identity": None}, "metadata lacks 'identity'"),
+        ({"training": None}, "metadata lacks 'training'"),
+        ({"identity": "{not json"}, "invalid DEX adapter metadata 'identity'"),
+        ({"identity": [1, 2]}, "invalid DEX adapter metadata 'identity'"),
+        ({"identity": {"model_type": "llama"}}, "'num_layers' is NoneType"),
+        ({"depths": "[2, oops]"}, "invalid DEX adapter metadata 'depths'"),
+        ({"depths": [4, 2]}, "increasing positive layer counts"),
+        ({"depths": [2.5]}, "a depth is float"),
+        ({"depths": [2, 6]}, "its model has only 6 layers"),
+        ({"bottleneck": "-1"}, "invalid DEX adapter metadata 'bottleneck'"),
+        ({"bottleneck": "1e9"}, "invalid DEX adapter metadata 'bottleneck'"),
+        (
+            {"bottleneck": "1000000000"},
+            "has shape [96, 48], not [1000000000, 48]",
+        ),  # checked before any allocation
+        ({"activation": "nope"}, "unknown activation 'nope'"),
+        ({"eps": "nan"}, "invalid DEX adapter metadata 'eps'"),
+    ],
+)
 def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(tmp_path, metadata, message):
     model = tiny_model("llama")
     path = _file_like(tmp_path, model, "bad.safetensors", metadata=metadata)
@@ -201,12 +241,21 @@ def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(tmp_pat
         load_adapters(path, model)
 
 
-@pytest.mark.parametrize("tensors,message", [
-    ({"2.up.weight": None}, "tensor 2.up.weight is missing"),
-    ({"4.alpha": None, "4.norm_weight": None}, "tensor 4.norm_weight is missing; tensor 4.alpha is missing"),
-    ({"2.up.weight": torch.zeros(3, 3, dtype=torch.float16)}, "tensor 2.up.weight has shape [3, 3], not [96, 48]"),
-    ({"2.alpha": torch.zeros(1, dtype=torch.float16)}, "tensor 2.alpha has shape [1], not []"),
-])
+@pytest.mark.parametrize(
+    "tensors,message",
+    [
+        ({"2.up.weight": None}, "tensor 2.up.weight is missing"),
+        (
+            {"4.alpha": None, "4.norm_weight": None},
+            "tensor 4.norm_weight is missing; tensor 4.alpha is missing",
+        ),
+        (
+            {"2.up.weight": torch.zeros(3, 3, dtype=torch.float16)},
+            "tensor 2.up.weight has shape [3, 3], not [96, 48]",
+        ),
+        ({"2.alpha": torch.zeros(1, dtype=torch.float16)}, "tensor 2.alpha has shape [1], not []"),
+    ],
+)
 def test_adapter_files_with_missing_or_misshaped_tensors_are_clear_errors(tmp_path, tensors, message):
     model = tiny_model("llama")
     path = _file_like(tmp_path, model, "bad.safetensors", tensors=tensors)
@@ -235,8 +284,15 @@ def test_adapter_paths_are_checked_when_the_options_are_made(tmp_path):
     assert DecoderOptions(adapters=" none ").adapters == "none"
 
 
-@pytest.mark.parametrize("mapping", [{"2": InducingAdapter(48, 96)}, {2.5: InducingAdapter(48, 96)},
-                                     {True: InducingAdapter(48, 96)}, {2: "not a module"}])
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        {"2": InducingAdapter(48, 96)},
+        {2.5: InducingAdapter(48, 96)},
+        {True: InducingAdapter(48, 96)},
+        {2: "not a module"},
+    ],
+)
 def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
     with pytest.raises(DexError, match="takes layer depths"):
         DexDecoder(tiny_model("llama"), depths=(2, 4, 6), adapters=mapping)

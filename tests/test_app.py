@@ -5,10 +5,9 @@ import json
 import re
 
 import pytest
-
 from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
-from dex_core import DexDecoder, ar_generate
-from dex_core import encode_prompt
+
+from dex_core import DexDecoder, ar_generate, encode_prompt
 from dex_core.trace.events import round_commits
 
 PROMPT = "hello world the prime number"
@@ -35,17 +34,42 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     from app.runtime import ui_config
 
     client = Client(app_url, verbose=False)
-    controls = (False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 16)  # chat … max_new_tokens, as the Live tab sends them
+    controls = (
+        False,
+        3,
+        "",
+        False,
+        True,
+        False,
+        1.0,
+        0,
+        1.0,
+        0,
+        16,
+    )  # chat … max_new_tokens, as the Live tab sends them
     job = client.submit(PROMPT, *controls, api_name="/generate")
     updates = list(job)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     tok = tiny_tokenizer()
     ids = encode_prompt(tok, PROMPT, chat=False)
     # the same run in-process, with the options the app derives from those controls
-    names = ("chat", "explorers", "depths", "adapters", "decs", "sample", "temperature", "top_k", "top_p", "seed",
-             "max_new_tokens")
+    names = (
+        "chat",
+        "explorers",
+        "depths",
+        "adapters",
+        "decs",
+        "sample",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "max_new_tokens",
+    )
     config = ui_config(**dict(zip(names, controls)))
-    trace = DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
+    trace = (
+        DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
+    )
     rounds = [e for e in trace if e["event"] == "round"]
     # one frame per explorer round, in order, each showing the tokens committed up to that round
     frames = [(int(m.group(1)), u) for u in updates if (m := re.search(r"round (\d+) ·", u[4]))]
@@ -56,13 +80,17 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     ar = ar_generate(model, ids, 16).tokens
     assert shown_tokens(updates[-1][0]) == "".join(tok.decode([t]) for t in ar)
     assert "rounds/token" in updates[-1][3]
-    assert len(updates[-1]) == 5 and "data-state='finished'" in updates[-1][4]  # text, lattice, FSM, stats, status
+    assert (
+        len(updates[-1]) == 5 and "data-state='finished'" in updates[-1][4]
+    )  # text, lattice, FSM, stats, status
 
 
 def test_race_endpoint_reports_identical_output(app_url):
     from gradio_client import Client
 
-    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(PROMPT, False, 3, False, 12, api_name="/race")
+    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(
+        PROMPT, False, 3, False, 12, api_name="/race"
+    )
     assert ar_text == dex_text and "identical output" in summary
     assert "DEX ran at" in summary and "— a projection" in summary and "rounds per token" in summary
     assert "Cost per token" in summary and "Where DEX wins" in summary
@@ -72,8 +100,15 @@ def test_race_endpoint_reports_identical_output(app_url):
 def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_url):
     from gradio_client import Client
 
-    _, _, table, depth = Client(app_url, verbose=False).predict(PROMPT, False, False, 16, "rank", api_name="/analyse")
-    assert "best depths" in table and "oracle S_EAD" in table and "of AR's" in table and "DEX can beat it" in table
+    _, _, table, depth = Client(app_url, verbose=False).predict(
+        PROMPT, False, False, 16, "rank", api_name="/analyse"
+    )
+    assert (
+        "best depths" in table
+        and "oracle S_EAD" in table
+        and "of AR's" in table
+        and "DEX can beat it" in table
+    )
     rows = re.findall(r"<tr><td>(\d)</td>", table)
     assert rows == ["2", "3", "4", "5", "6"]  # K up to the tiny model's 6 layers; 7 and 8 need more
     assert "Depth view" in str(depth) and "rank" in str(depth)
@@ -82,8 +117,9 @@ def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_u
 def test_bad_input_is_one_error_status_and_leaves_the_panels_unchanged(app_url):
     from gradio_client import Client
 
-    job = Client(app_url, verbose=False).submit(PROMPT, False, 3, "2,4", False, True, False, 1.0, 0, 1.0, 0, 8,
-                                                api_name="/generate")
+    job = Client(app_url, verbose=False).submit(
+        PROMPT, False, 3, "2,4", False, True, False, 1.0, 0, 1.0, 0, 8, api_name="/generate"
+    )
     *_, last = list(job)
     status = last[-1]
     assert "data-state='error'" in status and "must end at the model&#x27;s 6 layers" in status
@@ -105,31 +141,38 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
         page.wait_for_function(
             "() => { const gd = document.querySelector('#live-lattice .js-plotly-plot');"
             " return gd && gd.data && gd.data.some(t => t.mode && t.mode.includes('markers') && t.x && t.x.length); }",
-            timeout=60_000)
-        page.wait_for_function("() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')",
-                               timeout=60_000)
+            timeout=60_000,
+        )
+        page.wait_for_function(
+            "() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')", timeout=60_000
+        )
         page.get_by_role("tab", name="Debugger").click()
         page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
         title = "() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.title.text"
         last = page.evaluate(title)
         page.locator("#dbg-prev").click()
         page.wait_for_function(f"() => ({title})() !== {last!r}", timeout=30_000)
-        assert re.search(r"Round (\d+)", page.evaluate(title)).group(1) != re.search(r"Round (\d+)", last).group(1)
+        assert re.search(r"Round (\d+)", page.evaluate(title)).group(1) != re.search(
+            r"Round (\d+)", last
+        ).group(1)
         page.screenshot(path=str(tmp_path / "debugger.png"), full_page=True)
         browser.close()
     assert (tmp_path / "debugger.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("controls,message", [
-    ({"explorers": 2.7}, "explorers must be a whole number"),
-    ({"explorers": float("nan")}, "explorers must be a whole number"),
-    ({"max_new_tokens": float("inf")}, "max_new_tokens must be a whole number"),
-    ({"sample": True, "top_p": float("nan")}, "top_p must be a finite number"),
-    ({"sample": True, "top_k": 1.5}, "top_k must be a whole number"),
-    ({"seed": "abc"}, "seed must be a whole number"),
-    ({"depths": "4,2,6"}, "strictly increasing"),
-    ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4"),
-])
+@pytest.mark.parametrize(
+    "controls,message",
+    [
+        ({"explorers": 2.7}, "explorers must be a whole number"),
+        ({"explorers": float("nan")}, "explorers must be a whole number"),
+        ({"max_new_tokens": float("inf")}, "max_new_tokens must be a whole number"),
+        ({"sample": True, "top_p": float("nan")}, "top_p must be a finite number"),
+        ({"sample": True, "top_k": 1.5}, "top_k must be a whole number"),
+        ({"seed": "abc"}, "seed must be a whole number"),
+        ({"depths": "4,2,6"}, "strictly increasing"),
+        ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4"),
+    ],
+)
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
     from app.runtime import ui_config
     from dex_core import DexError
@@ -176,7 +219,9 @@ def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_de
     hint = dbg.frame([], 0)[1]
     assert "No trace yet" in hint and "Generate" in hint and "load a trace" in hint
     err = DexError("cannot read the trace file /tmp/gradio/abc123/mine.json in /tmp/gradio/abc123")
-    assert dbg.clean_message(err, "/tmp/gradio/abc123/mine.json") == "cannot read the trace file mine.json in …"
+    assert (
+        dbg.clean_message(err, "/tmp/gradio/abc123/mine.json") == "cannot read the trace file mine.json in …"
+    )
 
 
 def test_the_tab_bar_holds_only_tabs_so_gradio_draws_each_label_once():
@@ -224,7 +269,11 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     end = example.events[-1]["stats"]
     assert "run A pinned: bundled trace &#x27;example&#x27;" in status
     assert f"{end['rounds_per_token']:.3f}" in table and f"{end['depth_speedup']:.3f}" in table
-    assert f"{tiny.rounds_per_token:.3f}" in table and "&lt;b&gt;tiny&lt;/b&gt;" in table and "<b>tiny" not in table
+    assert (
+        f"{tiny.rounds_per_token:.3f}" in table
+        and "&lt;b&gt;tiny&lt;/b&gt;" in table
+        and "<b>tiny" not in table
+    )
     assert "outputs differ" in table and "the prompts differ" in table
     bars = json.loads(plot.value["plot"])["data"]
     assert len(bars) == 2 and bars[0]["marker"]["color"] != bars[1]["marker"]["color"]
@@ -233,8 +282,13 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert sum(int(b or 0) for b in bars[1]["text"]) == tiny.tokens
     assert [y is None for y in bars[1]["y"]] == [d not in tiny.depths for d in depths]
     d, w = [0] + end["depths"], example.events[0]["cost"]  # the weights of the example's heads and adapters
-    stage = [d[k + 1] - d[k] + (w["head"] if k == len(d) - 2 else w["proposal"] + w["adapter"]) for k in range(len(d) - 1)]
-    slowest = [max(stage[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]]  # memory-bound: per round
+    stage = [
+        d[k + 1] - d[k] + (w["head"] if k == len(d) - 2 else w["proposal"] + w["adapter"])
+        for k in range(len(d) - 1)
+    ]
+    slowest = [
+        max(stage[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]
+    ]  # memory-bound: per round
     assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table and "all the work" in table
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "dex-trace"')
@@ -243,7 +297,10 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert kept == {"__type__": "update"} and "not loaded" in refused and str(tmp_path) not in refused
     save_trace(tmp_path / "k2.json", events, {"model": "tiny"})
     loaded, note, _ = cmp.load_pinned(runtime, str(tmp_path / "k2.json"))
-    assert loaded["origin"] == "loaded 'k2.json'" and "identical outputs" in cmp.update(loaded, events, {}, "")[0]
+    assert (
+        loaded["origin"] == "loaded 'k2.json'"
+        and "identical outputs" in cmp.update(loaded, events, {}, "")[0]
+    )
 
 
 def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(tiny_dir, monkeypatch):
@@ -253,7 +310,9 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
     from app import runtime as rt
     from dex_core import DexError, load_model
 
-    def staged(spec, dtype=None, device="auto", log=None):  # a model whose loading takes a while, in two stages
+    def staged(
+        spec, dtype=None, device="auto", log=None
+    ):  # a model whose loading takes a while, in two stages
         log("fetching the weights")
         time.sleep(1.2)
         log("converting them")
@@ -263,7 +322,9 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
     monkeypatch.setattr(rt, "load_model", staged)
     runtime = rt.Runtime(rt.AppSettings(model=str(tiny_dir)))
     lines = list(cb.loading(runtime))
-    assert runtime.loaded and any("fetching the weights" in x for x in lines) and "converting them" in lines[-1]
+    assert (
+        runtime.loaded and any("fetching the weights" in x for x in lines) and "converting them" in lines[-1]
+    )
     assert all(line.startswith("first use: ") and line.endswith(" s)") for line in lines)
     assert list(cb.loading(runtime)) == []  # loaded: nothing to report
     broken = rt.Runtime(rt.AppSettings(model=str(tiny_dir / "missing")))

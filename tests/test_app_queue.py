@@ -10,13 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "hello world the prime number"
 STATE = "(box => document.querySelector(box + ' [data-state]')?.dataset.state)"
-EXCHANGE = {"exchange": {1: 1e-4, 2: 1e-4, 4: 2e-4, 8: 3e-4, 16: 5e-4}}  # a profile's exchange table (seconds)
+EXCHANGE = {
+    "exchange": {1: 1e-4, 2: 1e-4, 4: 2e-4, 8: 3e-4, 16: 5e-4}
+}  # a profile's exchange table (seconds)
 
 
 @pytest.fixture
@@ -46,7 +47,9 @@ def slow_explorers(monkeypatch, seconds=0.02):
     from dex_core.model.explorer import Explorer
 
     expand = Explorer.expand
-    monkeypatch.setattr(Explorer, "expand", lambda self, *a, **k: (time.sleep(seconds), expand(self, *a, **k))[1])
+    monkeypatch.setattr(
+        Explorer, "expand", lambda self, *a, **k: (time.sleep(seconds), expand(self, *a, **k))[1]
+    )
 
 
 def dex_seconds(frame) -> float:
@@ -66,7 +69,9 @@ def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_on
     timing = [f[3] for f in frames if "first race: timing" in str(f[3])]
     assert profiles == [runtime.decoder(ui_config(explorers=3)).proposal_vocab] and timing
     assert "identical output" in frames[-1][3]
-    assert dex_seconds(frames[-1]) < 1.0 and max(frames[-1][2].data[0].x) < 1.0  # the 2 s of profiling are in neither clock
+    assert (
+        dex_seconds(frames[-1]) < 1.0 and max(frames[-1][2].data[0].x) < 1.0
+    )  # the 2 s of profiling are in neither clock
     again = list(race.race_frames(runtime, stops, PROMPT, False, 3, False, 12))
     assert len(profiles) == 1 and not any("first race" in str(f[3]) for f in again)
 
@@ -85,15 +90,22 @@ def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their
         if isinstance(frame[1], str) and frame[1]:  # DEX has a token: press Stop
             race.stop(stops, request)
     ar_text, dex_text, _, summary = shown[-1]
-    assert "stopped by you" in summary and "data-state='stopped'" in summary and "the panes keep them" in summary
+    assert (
+        "stopped by you" in summary and "data-state='stopped'" in summary and "the panes keep them" in summary
+    )
     model, tok = runtime.model()
-    full = tok.decode(ar_generate(model, encode_prompt(tok, PROMPT, False), 40).tokens, skip_special_tokens=True)
+    full = tok.decode(
+        ar_generate(model, encode_prompt(tok, PROMPT, False), 40).tokens, skip_special_tokens=True
+    )
     assert dex_text and full.startswith(dex_text) and full.startswith(ar_text) and len(dex_text) < len(full)
-    assert sum(1 for f in shown if isinstance(f[1], str) and f[1]) == 2  # one step after the Stop, then the end
+    assert (
+        sum(1 for f in shown if isinstance(f[1], str) and f[1]) == 2
+    )  # one step after the Stop, then the end
 
 
-def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what_it_made(tiny_dir, profiles,
-                                                                                          monkeypatch):
+def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what_it_made(
+    tiny_dir, profiles, monkeypatch
+):
     from app import callbacks as cb
     from app import race
     from app.runtime import AppSettings
@@ -106,14 +118,23 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     runtime = runtime_for(tiny_dir, request_seconds=1)
     slow_explorers(monkeypatch)
     tic = time.monotonic()
-    *_, last = cb.live_frames(runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200)
+    *_, last = cb.live_frames(
+        runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200
+    )
     status, events = last[-1], last[4]
     assert time.monotonic() - tic < 8  # the profile is not in the Live tab; a full run would take about 25 s
-    assert "data-state='stopped'" in status and "at this host&#x27;s limit of 1 s of model time per request" in status
+    assert (
+        "data-state='stopped'" in status
+        and "at this host&#x27;s limit of 1 s of model time per request" in status
+    )
     made = sum(len(round_commits(e)) for e in events if e["event"] == "round")
     assert 0 < made < 200 and f"({made} tokens)" in status
     *_, raced = race.race_frames(runtime, cb.StopRequests(), PROMPT, False, 3, False, 200)
-    assert "stopped at this host&#x27;s limit of 1 s" in raced[3] and raced[1] and "the panes keep them" in raced[3]
+    assert (
+        "stopped at this host&#x27;s limit of 1 s" in raced[3]
+        and raced[1]
+        and "the panes keep them" in raced[3]
+    )
 
     stream = cb.ar_stream
     monkeypatch.setattr(cb, "ar_stream", lambda *a, **k: ((time.sleep(0.05), e)[1] for e in stream(*a, **k)))
@@ -129,12 +150,20 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
 
     runtime = runtime_for(tiny_dir, request_seconds=10)
     model, _ = runtime.model()
-    monkeypatch.setattr(rt, "CPU_RATE", sum(p.numel() for p in model.parameters()))  # one pass of the model: 1 s
+    monkeypatch.setattr(
+        rt, "CPU_RATE", sum(p.numel() for p in model.parameters())
+    )  # one pass of the model: 1 s
     monkeypatch.setattr(rt, "SLOW_SECONDS", 5)
     # Live: K passes a token (12 s), past the host's 10 s; Race: K + 1 for AR (16 s); Analysis: 1.5 (6 s)
     with pytest.warns(UserWarning, match=r"K=3 × 4 tokens on CPU: about 12 s.*ends a request after 10 s"):
-        list(cb.live_frames(runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4))
-    with pytest.warns(UserWarning, match=r"a race of K=3 × 4 tokens on CPU: about 16 s.*AR beside them.*after 10 s"):
+        list(
+            cb.live_frames(
+                runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4
+            )
+        )
+    with pytest.warns(
+        UserWarning, match=r"a race of K=3 × 4 tokens on CPU: about 16 s.*AR beside them.*after 10 s"
+    ):
         list(race.race_frames(runtime, cb.StopRequests(), PROMPT, False, 3, False, 4))
     with pytest.warns(UserWarning, match=r"analysing 4 tokens on CPU: about 6 s; fewer tokens is faster\.$"):
         cb.analyse(runtime, PROMPT, False, False, 4)
@@ -165,8 +194,11 @@ def test_a_stop_from_one_session_never_stops_another_sessions_race(served, profi
     from app import race
 
     slow_explorers(monkeypatch)  # a 40-token race lasts about 6 s
-    stop = "/" + next(f.api_name for f in served.demo.fns.values()
-                      if getattr(f.fn, "__wrapped__", getattr(f.fn, "func", None)) is race.stop)  # bound to its StopRequests
+    stop = "/" + next(
+        f.api_name
+        for f in served.demo.fns.values()
+        if getattr(f.fn, "__wrapped__", getattr(f.fn, "func", None)) is race.stop
+    )  # bound to its StopRequests
     mine, other = Client(served.url, verbose=False), Client(served.url, verbose=False)
     for stopper, stopped in ((other, False), (mine, True)):
         job = mine.submit(PROMPT, False, 3, False, 40, api_name="/race")
@@ -177,7 +209,21 @@ def test_a_stop_from_one_session_never_stops_another_sessions_race(served, profi
         assert ("stopped by you" in summary) == stopped and ("identical output" in summary) != stopped
 
 
-GENERATE = ["hello", False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 8, "auto"]  # as the Live tab sends them
+GENERATE = [
+    "hello",
+    False,
+    3,
+    "",
+    False,
+    True,
+    False,
+    1.0,
+    0,
+    1.0,
+    0,
+    8,
+    "auto",
+]  # as the Live tab sends them
 BAD_GENERATE = [  # (index, value, message in the status line)
     (0, {"role": "user"}, "the prompt must be text (a str); got dict"),
     (2, 99, "explorers must be between 1 and 8 in this app"),
@@ -192,7 +238,11 @@ BAD_OTHERS = [  # (endpoint, inputs, the error's message)
     ("/race", [["hello"], False, 3, False, 8], "the prompt must be text (a str); got list"),
     ("/race", [PROMPT, False, 3, "on", 8], "adapters must be True or False"),
     ("/race", [PROMPT, False, 3, False, -1], "max_new_tokens must be between 1 and 512"),
-    ("/analyse", [PROMPT, False, False, 8, "colour"], "metric must be one of probability, rank; got 'colour'"),
+    (
+        "/analyse",
+        [PROMPT, False, False, 8, "colour"],
+        "metric must be one of probability, rank; got 'colour'",
+    ),
     ("/analyse", [PROMPT, False, False, 2.5, "rank"], "max_new_tokens must be a whole number"),
     ("/analyse", [{"text": PROMPT}, False, False, 8, "rank"], "the prompt must be text (a str); got dict"),
 ]
@@ -205,9 +255,12 @@ def test_every_endpoint_reports_bad_input_as_documented_without_a_traceback_in_t
     client = Client(served.url, verbose=False)
     capfd.readouterr()
     for index, value, message in BAD_GENERATE:
-        inputs = GENERATE[:index] + [value] + GENERATE[index + 1:]
+        inputs = GENERATE[:index] + [value] + GENERATE[index + 1 :]
         status = list(client.submit(*inputs, api_name="/generate"))[-1][-1]
-        assert "data-state='error'" in status and message in status and "nothing ran" in status, (index, value)
+        assert "data-state='error'" in status and message in status and "nothing ran" in status, (
+            index,
+            value,
+        )
     for endpoint, inputs, message in BAD_OTHERS:
         with pytest.raises(AppError, match=re.escape(message)):
             client.predict(*inputs, api_name=endpoint)
@@ -236,13 +289,27 @@ def test_the_readme_endpoint_table_matches_the_apis_own_description():
     for name, (inputs, outputs) in table.items():
         assert inputs == [p["parameter_name"] for p in api[name]["parameters"]], name
         plots = ["plotly" in str(r["python_type"]) for r in api[name]["returns"]]
-        assert ["plot" in out for out in outputs] == plots, name  # one described output per returned one, in order
+        assert ["plot" in out for out in outputs] == plots, (
+            name
+        )  # one described output per returned one, in order
 
 
 def test_visualize_commands_run_without_a_runpy_warning(tmp_path):
     for command in ("visualize.report", "visualize.graph"):
-        proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", command, str(tmp_path / "no.json"),
-                               str(tmp_path / "out.html")], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-W",
+                "error::RuntimeWarning",
+                "-m",
+                command,
+                str(tmp_path / "no.json"),
+                str(tmp_path / "out.html"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         assert proc.returncode == 2 and "Warning" not in proc.stderr and "no.json" in proc.stderr, proc.stderr
 
 
@@ -259,36 +326,48 @@ def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path,
         def load(*args, **kwargs):
             order.append((what, lines[-1]))  # the step announced before this part of the work began
             return value
+
         return staticmethod(load)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loaded("tokenizer", tiny_tokenizer()))
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded("weights", tiny_model("llama").float()))
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", loaded("weights", tiny_model("llama").float())
+    )
     target = dm.prepare_default(lines.append)
     steps = [int(m.group(1)) for line in lines if (m := re.search(r"step (\d) of 4: ", line))]
     assert steps == [1, 2, 3, 4] and dm._complete(target)
     assert [w for w, _ in order] == ["tokenizer", "weights"]
-    assert "step 1 of 4: reading the tokenizer" in order[0][1] and "step 2 of 4: reading and de-quantizing" in order[1][1]
+    assert (
+        "step 1 of 4: reading the tokenizer" in order[0][1]
+        and "step 2 of 4: reading and de-quantizing" in order[1][1]
+    )
     size = sum(p.numel() * 4 for p in tiny_model("llama").parameters()) / 2**20  # float32, tied weights once
     assert f"about {size:.0f} MB" in lines[-1] and str(tmp_path / "cache") in lines[-1]
 
 
 @needs_chromium
 def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_follows_sample_race_stops(
-        served, monkeypatch):
+    served, monkeypatch
+):
     from playwright.sync_api import sync_playwright
 
     from app.debugger import bundled
 
     slow_explorers(monkeypatch)  # a 64-token run lasts about 10 s
-    sampling = ["#live-temperature input[type=number]", "#live-top-k input", "#live-top-p input[type=number]",
-                "#live-seed input"]
+    sampling = [
+        "#live-temperature input[type=number]",
+        "#live-top-k input",
+        "#live-top-p input[type=number]",
+        "#live-seed input",
+    ]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(served.url, timeout=60_000)
         shown = bundled(None).meta["prompt"]  # the prompt box holds the prompt of the example the panels show
-        page.wait_for_function(f"() => document.querySelector('#live-prompt textarea')?.value === {shown!r}",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"() => document.querySelector('#live-prompt textarea')?.value === {shown!r}", timeout=60_000
+        )
         page.locator("text=Exploration and sampling").click()
         assert [page.locator(s).is_disabled() for s in sampling] == [True] * 4  # greedy
         page.locator("#live-sample input").check()
@@ -309,8 +388,9 @@ def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_fol
         page.locator("#race-new input[type=number]").fill("200")  # about 25 s: long enough to be stopped
         page.locator("#race-new input[type=number]").press("Enter")
         page.locator("#race-go").click()
-        page.wait_for_function("() => document.querySelector('#race-summary')?.innerText.includes('tokens/s')",
-                               timeout=120_000)
+        page.wait_for_function(
+            "() => document.querySelector('#race-summary')?.innerText.includes('tokens/s')", timeout=120_000
+        )
         assert page.locator("#race-go").is_disabled()
         page.evaluate("() => document.querySelector('#race-stop').click()")  # the race redraws every step
         page.wait_for_function(f"() => {STATE}('#race-summary') === 'stopped'", timeout=30_000)

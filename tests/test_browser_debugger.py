@@ -9,7 +9,6 @@ with draft chains: its chain frames on the timeline and a round of several commi
 import json
 
 import pytest
-
 from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_model, tiny_tokenizer
 
 pytestmark = needs_chromium
@@ -62,7 +61,9 @@ def page(browser):
 
 
 def plot_ready(page, elem: str, timeout=180_000):  # generous: a loaded 2-core CI machine draws slowly
-    page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.data?.length", timeout=timeout)
+    page.wait_for_function(
+        f"() => document.querySelector('#{elem} .js-plotly-plot')?.data?.length", timeout=timeout
+    )
 
 
 def example_events() -> list[dict]:
@@ -89,8 +90,9 @@ def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, pag
     plot_ready(page, "dbg-timeline")
     assert "bundled trace 'example'" in page.inner_text("#dbg-status")
     page.goto(url + "?trace=../../etc/passwd", timeout=60_000)  # only names from assets/traces
-    page.wait_for_function("() => document.querySelector('#live-status')?.innerText.includes('no bundled trace')",
-                           timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelector('#live-status')?.innerText.includes('no bundled trace')", timeout=60_000
+    )
     assert "passwd" not in page.inner_text("#live-text") and not demo.runtime.loaded
 
 
@@ -100,12 +102,16 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
     fates = ("matched", "final", "committed", "discarded", "cut", "pending")  # cut ones need gate 1
-    drawn = page.evaluate(f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
-                          f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
+    drawn = page.evaluate(
+        f"() => document.querySelector('#dbg-timeline .js-plotly-plot').data"
+        f".filter(t => {json.dumps(list(fates))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)"
+    )
     assert drawn == example_nodes()
     last = page.evaluate(TITLE)
-    page.evaluate("() => document.querySelector('#dbg-timeline .js-plotly-plot')"
-                  ".on('plotly_click', e => { window.__clicked = e.points[0].customdata; })")
+    page.evaluate(
+        "() => document.querySelector('#dbg-timeline .js-plotly-plot')"
+        ".on('plotly_click', e => { window.__clicked = e.points[0].customdata; })"
+    )
     points = page.locator("#dbg-timeline .scatterlayer .trace:nth-child(3) .points path")  # the matched nodes
     box = points.nth(3).bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -118,8 +124,9 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
     assert f"Round {clicked}</b>" in page.inner_html("#dbg-table")
     assert page.locator("#dbg-round input[type=number]").input_value() == str(clicked)
     # the band follows the round: a watcher moves it within ~300 ms of the round input changing
-    page.wait_for_function(f"() => {{ const b = ({BAND})(); return b?.round === {clicked} && b.x0 < b.lo; }}",
-                           timeout=30_000)
+    page.wait_for_function(
+        f"() => {{ const b = ({BAND})(); return b?.round === {clicked} && b.x0 < b.lo; }}", timeout=30_000
+    )
     band = page.evaluate(BAND)
     assert band["x0"] < band["lo"] <= band["hi"] < band["x1"] < band["hi"] + 5 and band["lo"] - 5 < band["x0"]
 
@@ -142,7 +149,9 @@ def generate(page, tokens: int, depths: str = "", prune: str = "", draft: bool =
 def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_their_boxes(app_url, page):
     url, _ = app_url
     page.goto(url, timeout=60_000)
-    page.get_by_role("tab", name="Debugger").click()  # the tab exists from here on and is redrawn while hidden
+    page.get_by_role(
+        "tab", name="Debugger"
+    ).click()  # the tab exists from here on and is redrawn while hidden
     plot_ready(page, "dbg-timeline")
     page.get_by_role("tab", name="Live").click()
     plot_ready(page, "live-lattice")
@@ -151,13 +160,21 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_th
     assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
     assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
-    page.wait_for_function("() => document.querySelector('#dbg-status')?.textContent.includes('live run')",
-                           timeout=120_000)  # drawn while the Debugger was hidden
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-status')?.textContent.includes('live run')", timeout=120_000
+    )  # drawn while the Debugger was hidden
     page.get_by_role("tab", name="Debugger").click()
     fitted = f"() => ['dbg-timeline', 'dbg-lattice'].map(id => ({WIDTHS})(id))"
-    page.wait_for_function(f"() => ({fitted})().every(([fig, box]) => Math.abs(fig - box) <= 2)", timeout=10_000)
+    page.wait_for_function(
+        f"() => ({fitted})().every(([fig, box]) => Math.abs(fig - box) <= 2)", timeout=10_000
+    )
     assert all(box > 500 for _, box in page.evaluate(fitted)), page.evaluate(fitted)
-    assert page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.yaxis.ticktext.length") == 8
+    assert (
+        page.evaluate(
+            "() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.yaxis.ticktext.length"
+        )
+        == 8
+    )
     assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
 
 
@@ -166,14 +183,18 @@ def test_stop_shows_stopped_and_an_error_keeps_the_previous_run_labelled(app_url
     page.goto(url, timeout=60_000)
     plot_ready(page, "live-lattice")
     generate(page, 200)
-    page.wait_for_function("() => /round [3-9]|round \\d\\d/.test(document.querySelector('#live-status')?.innerText)",
-                           timeout=120_000)
+    page.wait_for_function(
+        "() => /round [3-9]|round \\d\\d/.test(document.querySelector('#live-status')?.innerText)",
+        timeout=120_000,
+    )
     page.evaluate("() => document.querySelector('#live-stop').click()")  # the page redraws every round
     page.wait_for_function(f"() => ({STATUS})() === 'stopped'", timeout=30_000)
     page.wait_for_timeout(2000)
     assert page.evaluate(STATUS) == "stopped" and "stopped by you" in page.inner_text("#live-status")
-    text, title = page.inner_text("#live-text"), page.evaluate(
-        "() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text")
+    text, title = (
+        page.inner_text("#live-text"),
+        page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text"),
+    )
 
     page.get_by_label("Depths (optional, e.g. 8,15,23,30)").fill("2,4")  # does not end at the 8 layers
     page.locator("#live-generate").click()
@@ -182,11 +203,16 @@ def test_stop_shows_stopped_and_an_error_keeps_the_previous_run_labelled(app_url
     status = page.inner_text("#live-status")
     assert "must end at the model's 8 layers" in status and "previous run" in status
     assert page.inner_text("#live-text") == text  # the panels are intact
-    assert page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text") == title
+    assert (
+        page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').layout.title.text")
+        == title
+    )
     assert page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').data.length") > 0
     assert page.locator("[data-testid='toast-text']").count() == 0  # shown once, in the status line
-    badges = page.evaluate("() => [...document.querySelectorAll('#live-text, #live-lattice, #live-fsm, #live-stats')]"
-                           ".map(e => e.querySelector('.error')).filter(Boolean).length")
+    badges = page.evaluate(
+        "() => [...document.querySelectorAll('#live-text, #live-lattice, #live-fsm, #live-stats')]"
+        ".map(e => e.querySelector('.error')).filter(Boolean).length"
+    )
     assert badges == 0
 
 
@@ -203,12 +229,19 @@ def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_p
     path.write_bytes(body)
     offline = page.context.new_page()
     requests = []
-    offline.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+    offline.on(
+        "request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None
+    )
     offline.goto(path.as_uri(), timeout=60_000)
-    offline.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
-                              " && g.querySelector('.scatterlayer .point')).length === 2", timeout=60_000)
-    nodes = offline.evaluate("() => document.querySelector('#dex-timeline').data.filter(t => t.mode === 'markers'"
-                             " && t.name !== 'collapses').reduce((n, t) => n + t.x.length, 0)")
+    offline.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
+        " && g.querySelector('.scatterlayer .point')).length === 2",
+        timeout=60_000,
+    )
+    nodes = offline.evaluate(
+        "() => document.querySelector('#dex-timeline').data.filter(t => t.mode === 'markers'"
+        " && t.name !== 'collapses').reduce((n, t) => n + t.x.length, 0)"
+    )
     assert nodes == example_nodes() and requests == []
     events = example_events()
     # the Numbers panel: each figure is the <b> under its label
@@ -251,7 +284,8 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     from dex_core import DexDecoder, save_trace
 
     result = DexDecoder(tiny_model("llama", layers=8), explorers=2, tokenizer=tiny_tokenizer()).generate(
-        [1, 2, 3, 4], 10)
+        [1, 2, 3, 4], 10
+    )
     save_trace(tmp_path / "k2.json", result.trace, {"model": "tiny k2"})
     (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
     url, _ = app_url
@@ -259,31 +293,50 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     page.get_by_role("tab", name="Analysis").click()  # the tab Gradio used to draw twice
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    assert page.locator("[role=tablist] [role=tab]").all_inner_texts() == ["Live", "Race", "Debugger", "Analysis"]
+    assert page.locator("[role=tablist] [role=tab]").all_inner_texts() == [
+        "Live",
+        "Race",
+        "Debugger",
+        "Analysis",
+    ]
     page.locator("#dbg-compare").get_by_text("Compare two runs").click()
-    page.wait_for_function("() => document.querySelector('#dbg-compare-empty')?.innerText.includes('Nothing pinned')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-compare-empty')?.innerText.includes('Nothing pinned')",
+        timeout=30_000,
+    )
     page.locator("#dbg-pin").click()
     table = "() => document.querySelector('#dbg-compare-table')?.innerText || ''"
-    page.wait_for_function(f"() => ({table})().includes('run A') && ({table})().includes('identical outputs')",
-                           timeout=60_000)
+    page.wait_for_function(
+        f"() => ({table})().includes('run A') && ({table})().includes('identical outputs')", timeout=60_000
+    )
     page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "k2.json"))  # becomes run B
     page.wait_for_function(f"() => ({table})().includes('k2.json')", timeout=120_000)
     text = page.inner_text("#dbg-compare-table")
     end = example_events()[-1]["stats"]
-    numbers = [f"{x:.3f}" for x in (end["rounds_per_token"], end["depth_speedup"], result.stats.rounds_per_token,
-                                    result.stats.depth_speedup)]
+    numbers = [
+        f"{x:.3f}"
+        for x in (
+            end["rounds_per_token"],
+            end["depth_speedup"],
+            result.stats.rounds_per_token,
+            result.stats.depth_speedup,
+        )
+    ]
     for value in numbers + ["bundled trace 'example'", "tiny k2", "outputs differ"]:
         assert value in text, value
     plot_ready(page, "dbg-compare-plot")
-    bars = page.evaluate("() => document.querySelector('#dbg-compare-plot .js-plotly-plot').data"
-                         ".map(t => [t.type, t.marker.color, t.text.filter(Boolean).map(Number)])")
+    bars = page.evaluate(
+        "() => document.querySelector('#dbg-compare-plot .js-plotly-plot').data"
+        ".map(t => [t.type, t.marker.color, t.text.filter(Boolean).map(Number)])"
+    )
     assert [b[0] for b in bars] == ["bar", "bar"] and bars[0][1] != bars[1][1]
     assert sum(bars[0][2]) == end["tokens"] and sum(bars[1][2]) == result.stats.tokens
     page.locator("#dbg-compare-load input[type=file]").set_input_files(str(tmp_path / "bad.json"))
     refused = "() => document.querySelector('#dbg-compare-status [data-state]')?.dataset.state === 'error'"
     page.wait_for_function(refused, timeout=60_000)
-    assert "run A is unchanged" in page.inner_text("#dbg-compare-status") and str(tmp_path) not in page.content()
+    assert (
+        "run A is unchanged" in page.inner_text("#dbg-compare-status") and str(tmp_path) not in page.content()
+    )
     assert "bundled trace 'example'" in page.inner_text("#dbg-compare-table")
 
 
@@ -306,14 +359,19 @@ def upload(page, path):
     page.locator("#dbg-load input[type=file]").set_input_files(str(path))
 
 
-def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fate_legend_in_view(page, app_url,
-                                                                                                  tmp_path):
+def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fate_legend_in_view(
+    page, app_url, tmp_path
+):
     from dex_core import DexDecoder, save_trace
     from visualize import lattice_graph
 
     model, fates = tiny_model("llama", layers=8), {}
     for K in (2, 8):
-        trace = DexDecoder(model, explorers=K, tokenizer=tiny_tokenizer(), prune="none").generate([1, 2, 3, 4], 8).trace
+        trace = (
+            DexDecoder(model, explorers=K, tokenizer=tiny_tokenizer(), prune="none")
+            .generate([1, 2, 3, 4], 8)
+            .trace
+        )
         save_trace(tmp_path / f"k{K}.json", trace, {"model": f"tiny k{K}"})
         fates[K] = {n["fate"] for _, n in lattice_graph(trace).nodes(data=True)}
     url, _ = app_url
@@ -322,16 +380,28 @@ def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fat
     plot_ready(page, "dbg-timeline")
     for K in (2, 8):
         upload(page, tmp_path / f"k{K}.json")
-        page.wait_for_function(f"() => document.querySelectorAll('#dbg-timeline .ytick text').length === {K}"
-                               f" && document.querySelectorAll('#dbg-text .dex-key').length === {K}", timeout=60_000)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#dbg-timeline .ytick text').length === {K}"
+            f" && document.querySelectorAll('#dbg-text .dex-key').length === {K}",
+            timeout=60_000,
+        )
         g = page.evaluate(GEOMETRY)
         assert g["plot"] >= 120, (K, g["plot"])
         assert all(a[1] <= b[0] for a, b in zip(g["ticks"], g["ticks"][1:])), (K, g["ticks"])  # labels apart
         shown = {text: rest for text, *rest in g["entries"]}
-        assert fates[K] <= set(shown) and g["scroll"] == 0, (K, shown, g["scroll"])  # every fate, no scrolling
+        assert fates[K] <= set(shown) and g["scroll"] == 0, (
+            K,
+            shown,
+            g["scroll"],
+        )  # every fate, no scrolling
         top, bottom, left, right = g["svg"]
         for text, (t, b, l, r) in shown.items():  # inside the figure, above its plot area, one line each
-            assert top <= t and b <= g["plot_top"] and left <= l and r <= right and b - t < 30, (K, text, t, b)
+            assert top <= t and b <= g["plot_top"] and left <= l and r <= right and b - t < 30, (
+                K,
+                text,
+                t,
+                b,
+            )
         assert len({t for t, _ in g["keys"]}) == 1 and all(h < 24 for _, h in g["keys"]), g["keys"]  # one row
 
 
@@ -378,37 +448,50 @@ COLLAPSE_AT = f"""round => {{ const gd = document.querySelector('#dbg-timeline .
 
 
 def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_opened_from_the_timeline(
-        page, app_url, tmp_path):
+    page, app_url, tmp_path
+):
     from dex_core import DexDecoder, save_trace
     from visualize import lattice_graph
 
-    decoder = DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0")
+    decoder = DexDecoder(
+        tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0"
+    )
     trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24).trace
     save_trace(tmp_path / "chains.json", trace, {"model": "tiny, draft chains"})
     drafted = sum(d["drafted"] for _, d in lattice_graph(trace).nodes(data=True))
     rounds = [e for e in trace if e["event"] == "round"]
     several = next(e for e in rounds if len(e["commits"]) > 1)
-    n, upto = len(several["commits"]), rounds[:rounds.index(several) + 1]
+    n, upto = len(several["commits"]), rounds[: rounds.index(several) + 1]
     url, _ = app_url
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
     upload(page, tmp_path / "chains.json")  # the bundled example has chains too: wait for this run's timeline
     title = f"Whole run: {sum(len(e['nodes']) for e in rounds)} nodes in {len(rounds)} rounds"
-    page.wait_for_function(f"() => document.querySelector('#dbg-timeline .js-plotly-plot')?.layout.title.text"
-                           f".startsWith({title!r}) && ({FRAMES})().path > 0", timeout=60_000)
+    page.wait_for_function(
+        f"() => document.querySelector('#dbg-timeline .js-plotly-plot')?.layout.title.text"
+        f".startsWith({title!r}) && ({FRAMES})().path > 0",
+        timeout=60_000,
+    )
     frames = page.evaluate(FRAMES)
-    assert frames["boxes"] == drafted > 0 and frames["dash"] not in ("none", "")  # every chain node framed, dotted
+    assert frames["boxes"] == drafted > 0 and frames["dash"] not in (
+        "none",
+        "",
+    )  # every chain node framed, dotted
     assert "draft chain" in frames["legend"]
     x, y, label = page.evaluate(f"({COLLAPSE_AT})({several['round']})")
     assert label == f"×{n}"
     page.mouse.move(x, y)
     page.wait_for_timeout(300)
     page.mouse.click(x, y)
-    page.wait_for_function(f"() => document.querySelector('#dbg-fsm')?.innerText.includes('committed {n} tokens this round')",
-                           timeout=30_000)
+    page.wait_for_function(
+        f"() => document.querySelector('#dbg-fsm')?.innerText.includes('committed {n} tokens this round')",
+        timeout=30_000,
+    )
     fsm = page.inner_text("#dbg-fsm")
     assert fsm.count("(drafted)") == sum(c["drafted"] for c in several["commits"]) >= 1
-    assert f"committed {n} tokens" in page.evaluate(TITLE) and f"Commit {n} of {n}" in page.inner_text("#dbg-table")
+    assert f"committed {n} tokens" in page.evaluate(TITLE) and f"Commit {n} of {n}" in page.inner_text(
+        "#dbg-table"
+    )
     marked = sum(c["drafted"] for e in upto for c in e["commits"])
     assert page.locator("#dbg-text .dex-tok[data-drafted='1']").count() == marked

@@ -6,15 +6,22 @@ import json
 import re
 
 import pytest
-
 from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
+
 from dex_core import DexDecoder, save_trace
 
-PAYLOADS = ['<img src=x onerror="window.__xss=1">', "<img src=x onerror=alert(1)>",
-            '"><svg onload="window.__xss=1">', "<script>window.__xss=1</script>",
-            "<a href=\"javascript:window.__xss=1\">click</a>", "' onmouseover='window.__xss=1' x='"]
-INJECTED = "() => document.querySelectorAll('img[src=\"x\"], svg[onload], [onerror], [onmouseover], " \
-           "a[href^=\"javascript\"]').length"
+PAYLOADS = [
+    '<img src=x onerror="window.__xss=1">',
+    "<img src=x onerror=alert(1)>",
+    '"><svg onload="window.__xss=1">',
+    "<script>window.__xss=1</script>",
+    '<a href="javascript:window.__xss=1">click</a>',
+    "' onmouseover='window.__xss=1' x='",
+]
+INJECTED = (
+    '() => document.querySelectorAll(\'img[src="x"], svg[onload], [onerror], [onmouseover], '
+    'a[href^="javascript"]\').length'
+)
 STATUS = "() => document.querySelector('#dbg-status')?.innerText || ''"
 pytestmark = needs_chromium
 
@@ -41,8 +48,13 @@ def traces(llama, tmp_path_factory):
     """A clean trace, the same trace with markup in every text field, and one file per confirmed
     numeric XSS vector (markup where a number or a kind belongs)."""
     folder = tmp_path_factory.mktemp("crafted")
-    events = json.loads(json.dumps(DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5).generate(
-        [1, 2, 3, 4], 6).trace))
+    events = json.loads(
+        json.dumps(
+            DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5)
+            .generate([1, 2, 3, 4], 6)
+            .trace
+        )
+    )
     save_trace(folder / "clean.json", events, {"model": "tiny"})
     marked = json.loads(json.dumps(events))
     n = 0
@@ -53,9 +65,14 @@ def traces(llama, tmp_path_factory):
     same_first_commit(marked)
     save_trace(folder / "markup.json", marked, {"model": PAYLOADS[0], "prompt": PAYLOADS[3]})
     commit = next(i for i, e in enumerate(events) if e.get("commit"))
-    vectors = {"depths": (0, "depths", 0), "kind": (1, "nodes", 0, "kind"), "round": (1, "round"),
-               "state_before": (2, "state_before"), "kept": (commit, "collapse", "kept"),
-               "position": (commit, "commit", "position")}
+    vectors = {
+        "depths": (0, "depths", 0),
+        "kind": (1, "nodes", 0, "kind"),
+        "round": (1, "round"),
+        "state_before": (2, "state_before"),
+        "kept": (commit, "collapse", "kept"),
+        "position": (commit, "commit", "position"),
+    }
     numeric = {}
     for name, path in vectors.items():
         bad = json.loads(json.dumps(events))
@@ -97,24 +114,34 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(app_url, timeout=60_000)
         page.get_by_role("tab", name="Debugger").click()
-        page.wait_for_function(f"() => ({STATUS})().includes('bundled trace')", timeout=60_000)  # the page load's
+        page.wait_for_function(
+            f"() => ({STATUS})().includes('bundled trace')", timeout=60_000
+        )  # the page load's
         upload(page, clean)
         last = [e for e in json.loads(clean.read_text())["events"] if e["event"] == "round"][-1]["round"]
-        page.wait_for_function(f"() => document.querySelector('#dbg-table')?.innerText.includes('Round {last} ·')",
-                               timeout=60_000)  # a loaded trace opens at its last round, as a live run does
+        page.wait_for_function(
+            f"() => document.querySelector('#dbg-table')?.innerText.includes('Round {last} ·')",
+            timeout=60_000,
+        )  # a loaded trace opens at its last round, as a live run does
 
         clean_text = table_text(page)
         upload(page, markup)
-        page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(clean_text)}",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(clean_text)}",
+            timeout=60_000,
+        )
         page.wait_for_timeout(500)
         assert_nothing_ran(page, dialogs)
         assert any(payload in table_text(page) for payload in PAYLOADS)  # shown as text
-        for _ in range(4):  # back through commit rounds: the commit text is in the table, title and text panel
+        for _ in range(
+            4
+        ):  # back through commit rounds: the commit text is in the table, title and text panel
             before = table_text(page)
             page.locator("#dbg-prev").click()
-            page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(before)}",
-                                   timeout=30_000)
+            page.wait_for_function(
+                f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(before)}",
+                timeout=30_000,
+            )
             box = page.locator("#dbg-lattice .scatterlayer .point").first.bounding_box(timeout=10_000)
             if box:  # hover a node so Plotly draws its hover label (None while the plot redraws)
                 page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -128,8 +155,10 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
 
         for name, path in numeric.items():  # each refusal names its field in the Debugger's status line
             upload(page, path)
-            page.wait_for_function(f"() => ({STATUS})().includes('not loaded') && ({STATUS})().includes({json.dumps(name)})",
-                                   timeout=30_000)
+            page.wait_for_function(
+                f"() => ({STATUS})().includes('not loaded') && ({STATUS})().includes({json.dumps(name)})",
+                timeout=30_000,
+            )
             message = page.evaluate(STATUS)
             assert "this trace was not loaded" in message and "not a valid DEX trace" in message, message
             assert "still shows the previous trace" in message, message
@@ -141,15 +170,20 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
         garbage = numeric["depths"].parent / "garbage.json"
         garbage.write_text("this is not JSON")
         upload(page, garbage)
-        page.wait_for_function(f"() => ({STATUS})().includes('garbage.json') || ({STATUS})().includes('not loaded')",
-                               timeout=30_000)
+        page.wait_for_function(
+            f"() => ({STATUS})().includes('garbage.json') || ({STATUS})().includes('not loaded')",
+            timeout=30_000,
+        )
         message = page.evaluate(STATUS)
-        assert "/tmp" not in message and "gradio" not in message.lower() and table_text(page) == shown, message
+        assert "/tmp" not in message and "gradio" not in message.lower() and table_text(page) == shown, (
+            message
+        )
         assert page.locator("[data-testid='toast-text']").count() == 0
 
         page.locator("#dbg-prev").click()  # the session still holds the markup trace
-        page.wait_for_function(f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(shown)}",
-                               timeout=30_000)
+        page.wait_for_function(
+            f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(shown)}", timeout=30_000
+        )
         shown_now = table_text(page) + page.evaluate("() => document.querySelector('#dbg-text').innerText")
         assert any(payload in shown_now for payload in PAYLOADS)
         assert_nothing_ran(page, dialogs)

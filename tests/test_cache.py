@@ -75,7 +75,11 @@ def test_commits_match_a_full_reindex_computed_the_slow_way():
     gen, next_id, next_slot = torch.Generator().manual_seed(0), 40, 100
     for step in range(30):
         n = int(torch.randint(1, 6, (1,), generator=gen))
-        slots = [next_slot + i for i in range(n)] if step % 3 else ref_slots[:1] + [next_slot + i for i in range(n - 1)]
+        slots = (
+            [next_slot + i for i in range(n)]
+            if step % 3
+            else ref_slots[:1] + [next_slot + i for i in range(n - 1)]
+        )
         slots = list(dict.fromkeys(slots))[:n]
         new_ids = list(range(next_id, next_id + len(slots)))
         grow(cache, new_ids, slots, [1000 + i for i in new_ids])
@@ -89,10 +93,13 @@ def test_commits_match_a_full_reindex_computed_the_slow_way():
             continue
         kept = {s for s in lattice if s != slot and torch.rand(1, generator=gen) < 0.5}
         base = len(ref_ids) - len(ref_slots)
-        order = list(range(base)) + [base + i for i, s in enumerate(ref_slots) if s == slot] + \
-            [base + i for i, s in enumerate(ref_slots) if s in kept]
-        ref_slots = [ref_slots[i - base] for i in order[base + 1:]]
-        ref_positions = [ref_positions[i - base] for i in order[base + 1:]]
+        order = (
+            list(range(base))
+            + [base + i for i, s in enumerate(ref_slots) if s == slot]
+            + [base + i for i, s in enumerate(ref_slots) if s in kept]
+        )
+        ref_slots = [ref_slots[i - base] for i in order[base + 1 :]]
+        ref_positions = [ref_positions[i - base] for i in order[base + 1 :]]
         ref_ids = [ref_ids[i] for i in order]
         cache.commit(slot, kept)
         assert entry_ids(cache) == ref_ids and entry_ids(cache, layer=4) == ref_ids
@@ -101,7 +108,14 @@ def test_commits_match_a_full_reindex_computed_the_slow_way():
 
 
 def test_retain_equals_keep_with_the_whole_index_list():
-    for lattice, promote in [([0, 1, 2, 3], 0), ([2, 0, 3], 1), ([0, 1], 2), ([], 0), ([3], 1), ([1, 3, 0], 0)]:
+    for lattice, promote in [
+        ([0, 1, 2, 3], 0),
+        ([2, 0, 3], 1),
+        ([0, 1], 2),
+        ([], 0),
+        ([3], 1),
+        ([1, 3, 0], 0),
+    ]:
         fast, _, _ = filled(n_committed=5, capacity=4)
         slow, _, _ = filled(n_committed=5, capacity=4)
         fast.retain(lattice, promote)
@@ -116,8 +130,9 @@ def test_a_commit_names_only_lattice_entries_however_long_the_context(monkeypatc
 
     sizes = []
     real = cache_module.to_device
-    monkeypatch.setattr(cache_module, "to_device",
-                        lambda values, device: sizes.append(len(values)) or real(values, device))
+    monkeypatch.setattr(
+        cache_module, "to_device", lambda values, device: sizes.append(len(values)) or real(values, device)
+    )
     for context in (8, 2048):
         cache, _, _ = filled(n_committed=context, slots=(10, 11, 12, 13), capacity=8)
         cache.commit(slot=11, kept_slots={13})

@@ -47,7 +47,9 @@ def test_streamed_text_equals_the_full_decode_with_characters_split_over_tokens(
     text, prefixes = streamed(tokenizer, tokens)
     assert text == tokenizer.decode(tokens) == TEXT
     assert all(TEXT.startswith(p) and "\ufffd" not in p for p in prefixes)  # never a broken character
-    assert prefixes[tokens.index(tokenizer("你")["input_ids"][0])] == "héllo wörld, "  # held back mid-character
+    assert (
+        prefixes[tokens.index(tokenizer("你")["input_ids"][0])] == "héllo wörld, "
+    )  # held back mid-character
 
 
 def test_streaming_decodes_a_bounded_window_however_long_the_text():

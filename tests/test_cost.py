@@ -5,12 +5,12 @@ import random
 
 import pytest
 import torch
-
 from conftest import tiny_model, tiny_tokenizer
+
 from dex_core import DexDecoder
 from dex_core.model.adapters import new_adapters
-from dex_core.tools.baselines import self_spec_layer_forwards
 from dex_core.model.cost import VIEWS, ModelCost
+from dex_core.tools.baselines import self_spec_layer_forwards
 
 
 def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_count():
@@ -27,8 +27,13 @@ def weights_read(model, root) -> int:
     """Parameters that one forward of ``model`` reads inside ``root``, counted by hooks on the modules that ran;
     an embedding is a lookup of a few rows, not a read of its matrix, so it is left out."""
     seen = {}
-    hooks = [m.register_forward_hook(lambda mod, *_: seen.update({id(p): p.numel() for p in mod.parameters(recurse=False)}))
-             for m in root.modules() if not isinstance(m, torch.nn.Embedding)]
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, *_: seen.update({id(p): p.numel() for p in mod.parameters(recurse=False)})
+        )
+        for m in root.modules()
+        if not isinstance(m, torch.nn.Embedding)
+    ]
     try:
         with torch.no_grad():
             model(torch.tensor([[1, 2, 3]]))
@@ -43,8 +48,12 @@ def test_an_ar_token_costs_the_weights_that_one_forward_reads(family, tied):
     model = tiny_model(family, layers=6, vocab=96, tie_word_embeddings=tied)
     layer = weights_read(model, model.model.layers[0])
     cost = ModelCost.of(model)
-    assert cost.ar() == pytest.approx(weights_read(model, model) / layer)  # a tied head is read once, as the head
-    assert cost.head == pytest.approx((weights_read(model, model.lm_head) + weights_read(model, model.model.norm)) / layer)
+    assert cost.ar() == pytest.approx(
+        weights_read(model, model) / layer
+    )  # a tied head is read once, as the head
+    assert cost.head == pytest.approx(
+        (weights_read(model, model.lm_head) + weights_read(model, model.model.norm)) / layer
+    )
 
 
 def test_one_stage_dex_is_ar_and_k_stages_partition_the_layers():
@@ -74,9 +83,13 @@ def test_views_differ_only_when_batches_hold_several_rows():
         assert (rows == memory) == (max(batches) <= 1) and rows >= memory
     for k in range(len(depths)):
         one = cost.stage(depths, k, 1, "memory", adapters)
-        assert [cost.stage(depths, k, n, "rows", adapters) for n in range(5)] == [0.0] + [n * one for n in range(1, 5)]
+        assert [cost.stage(depths, k, n, "rows", adapters) for n in range(5)] == [0.0] + [
+            n * one for n in range(1, 5)
+        ]
         assert [cost.stage(depths, k, n, "memory", adapters) for n in range(5)] == [0.0] + [one] * 4
-    assert cost.dex_round(depths, [3, 0, 0, 0], "memory", adapters) == cost.stage(depths, 0, 1, "memory", adapters)
+    assert cost.dex_round(depths, [3, 0, 0, 0], "memory", adapters) == cost.stage(
+        depths, 0, 1, "memory", adapters
+    )
     with pytest.raises(ValueError, match=r"view must be one of \('memory', 'rows'\); got 'flops'"):
         cost.stage(depths, 0, 1, "flops")
 
@@ -119,8 +132,14 @@ def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(
     got = prof.measure_profile(model, proposal_rows=16, repeats=2, log=lambda *_: None)
     for part in ("layer", "head", "proposal", "exchange"):
         seconds = [got[part][n] for n in prof.ROWS]
-        assert sorted(got[part]) == list(prof.ROWS) and len(set(seconds)) == len(prof.ROWS), (part, seconds)  # one timing per n
-        assert all(1e-6 < s < 1.0 for s in seconds), (part, seconds)  # real work timed in seconds: not a bare stamp pair
+        assert sorted(got[part]) == list(prof.ROWS) and len(set(seconds)) == len(prof.ROWS), (
+            part,
+            seconds,
+        )  # one timing per n
+        assert all(1e-6 < s < 1.0 for s in seconds), (
+            part,
+            seconds,
+        )  # real work timed in seconds: not a bare stamp pair
     assert len(list(tmp_path.glob("*.json"))) == 1
     assert prof.measure_profile(model, proposal_rows=16, log=lambda *_: pytest.fail("not cached")) == got
     table = {1: 1.0, 2: 2.0, 4: 3.0}
@@ -141,20 +160,29 @@ def test_each_block_is_timed_in_decode_order_after_a_warm_up_and_its_median_kept
             return self.now - start
 
     clock, calls = FakeClock(), []
-    took = {"layer": iter([100.0, 3.0, 1.0, 2.0]), "head": iter([200.0, 7.0, 9.0, 8.0])}  # the first: the warm-up
+    took = {
+        "layer": iter([100.0, 3.0, 1.0, 2.0]),
+        "head": iter([200.0, 7.0, 9.0, 8.0]),
+    }  # the first: the warm-up
 
     def block(name):
         def run():
             calls.append(name)
             clock.now += next(took[name])
+
         return run
 
-    assert decode_order_seconds({"layer": block("layer"), "head": block("head")}, 3, clock) == {"layer": 2.0, "head": 8.0}
+    assert decode_order_seconds({"layer": block("layer"), "head": block("head")}, 3, clock) == {
+        "layer": 2.0,
+        "head": 8.0,
+    }
     assert calls == ["layer", "head"] * 4  # interleaved as a decode runs them, never one block in a loop
 
 
 def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model(llama):
-    decoder = DexDecoder(llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tiny_tokenizer())
+    decoder = DexDecoder(
+        llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tiny_tokenizer()
+    )
     start = decoder.generate([1, 2, 3], 4).trace[0]
     built = ModelCost.of(llama, decoder.adapters, decoder.proposal_vocab)
     assert start["cost"] == built.weights() and start["cost"]["proposal"] < start["cost"]["head"]

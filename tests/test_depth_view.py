@@ -1,10 +1,11 @@
 """The logit-lens depth view: every layer's probability and rank of the committed token, and its heatmap."""
 
 from conftest import tiny_model, tiny_tokenizer
+
 from dex_core import ar_generate
 from dex_core.model.adapters import new_adapters
-from dex_core.tools.ead import layer_matches
 from dex_core.model.lens import depth_view, layer_candidates
+from dex_core.tools.ead import layer_matches
 from visualize.charts import depth_figure
 
 
@@ -22,24 +23,36 @@ def test_the_depth_view_agrees_with_the_rankings_and_marks_the_stable_layer():
         for layer in range(6):
             top = [c for c, _ in view["top"][t][layer]]
             assert top == cands[t, layer].tolist()
-            assert (view["rank"][t][layer] == 0) == bool(layer_matches(model, prompt, tokens, adapters)[t, layer])
+            assert (view["rank"][t][layer] == 0) == bool(
+                layer_matches(model, prompt, tokens, adapters)[t, layer]
+            )
             assert 0 <= view["prob"][t][layer] <= view["top"][t][layer][0][1] + 1e-4
     texts = {i: tiny_tokenizer().decode([i]) for i in range(96)}
     fig = depth_figure(view, texts, depths=(2, 4, 6))
     heat, stable = fig.data
     assert len(heat.z) == 6 and len(heat.z[0]) == 10
-    assert list(stable.y) == [next(l + 1 for l in range(6) if all(r == 0 for r in view["rank"][t][l:])) for t in range(10)]
+    assert list(stable.y) == [
+        next(l + 1 for l in range(6) if all(r == 0 for r in view["rank"][t][l:])) for t in range(10)
+    ]
     assert "top:" in heat.text[0][0] and len(fig.layout.shapes) == 3
     order = layer_candidates(model, prompt, tokens, adapters, top=96)  # (T, L, 96): every token, best first
-    ranks = [[order[t, layer].tolist().index(tokens[t]) for t in range(10)] for layer in range(6)]  # (layer, token)
+    ranks = [
+        [order[t, layer].tolist().index(tokens[t]) for t in range(10)] for layer in range(6)
+    ]  # (layer, token)
     assert any(r > 0 for row in ranks for r in row)  # lower layers rank the committed token below the top
     by_rank = depth_figure(view, texts, metric="rank").data[0]
     assert [list(row) for row in by_rank.z] == ranks and by_rank.zmax == min(50, max(map(max, ranks)))
 
 
 def test_the_depth_view_carries_both_colourings_so_a_page_can_switch_without_the_server():
-    view = {"num_layers": 3, "tokens": [5, 6], "adapter_depths": [], "prob": [[0.1, 0.5, 0.9], [0.2, 0.3, 0.8]],
-            "rank": [[7, 1, 0], [3, 0, 0]], "top": [[[(5, 0.9)]] * 3] * 2}
+    view = {
+        "num_layers": 3,
+        "tokens": [5, 6],
+        "adapter_depths": [],
+        "prob": [[0.1, 0.5, 0.9], [0.2, 0.3, 0.8]],
+        "rank": [[7, 1, 0], [3, 0, 0]],
+        "top": [[[(5, 0.9)]] * 3] * 2,
+    }
     texts = {5: "a", 6: "b"}
     figures = {m: depth_figure(view, texts, depths=(1,), metric=m) for m in ("prob", "rank")}
     for metric, fig in figures.items():

@@ -21,18 +21,35 @@ from torch.overrides import TorchFunctionMode
 
 import dex_core
 from dex_core import DexDecoder, DexError, ar_generate, load_model
-from dex_core.model.adapters import load_adapters, new_adapters, read_metadata, save_adapters
-from dex_core.tools.baselines import hf_early_exit_generate, self_spec_generate
 from dex_core.flags import add_flags, from_args
-from dex_core.tools.ead import layer_matches, matched_stages
+from dex_core.model.adapters import load_adapters, new_adapters, read_metadata, save_adapters
 from dex_core.model.lens import depth_view, layer_candidates
 from dex_core.model.load import resolve_device
 from dex_core.testing import tiny_model
+from dex_core.tools.baselines import hf_early_exit_generate, self_spec_generate
+from dex_core.tools.ead import layer_matches, matched_stages
 
-FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.zeros, torch.ones, torch.full, torch.empty,
-             torch.empty_strided, torch.arange, torch.rand, torch.randn, torch.randint, torch.randperm,
-             torch.linspace, torch.logspace, torch.eye, torch.scalar_tensor, torch.tril_indices,
-             torch.triu_indices}
+FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.asarray,
+    torch.zeros,
+    torch.ones,
+    torch.full,
+    torch.empty,
+    torch.empty_strided,
+    torch.arange,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.linspace,
+    torch.logspace,
+    torch.eye,
+    torch.scalar_tensor,
+    torch.tril_indices,
+    torch.triu_indices,
+}
 DEX = str(Path(dex_core.__file__).parent) + os.sep
 TORCH = str(Path(torch.__file__).parent) + os.sep
 # Where file data becomes tensors: safetensors' own reads land in host memory (memory-mapped), called from its
@@ -54,12 +71,19 @@ class DeviceRule(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in FACTORIES:
             frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_filename.startswith(TORCH):  # nn.Linear etc.: its caller
+            while frame is not None and frame.f_code.co_filename.startswith(
+                TORCH
+            ):  # nn.Linear etc.: its caller
                 frame = frame.f_back
-            if frame is not None and frame.f_code.co_filename.startswith(DEX) and not (
-                    frame.f_code.co_filename == FILE_READS and func is torch.asarray):
-                where = f"{Path(frame.f_code.co_filename).relative_to(Path(DEX).parent)}:{frame.f_lineno} " \
-                        f"torch.{func.__name__}"
+            if (
+                frame is not None
+                and frame.f_code.co_filename.startswith(DEX)
+                and not (frame.f_code.co_filename == FILE_READS and func is torch.asarray)
+            ):
+                where = (
+                    f"{Path(frame.f_code.co_filename).relative_to(Path(DEX).parent)}:{frame.f_lineno} "
+                    f"torch.{func.__name__}"
+                )
                 self.seen.append(where)
                 if kwargs.get("device") is None:
                     self.missing.append(where)
@@ -73,8 +97,10 @@ def device_rule(least: int = 1):
     with DeviceRule() as rule:
         yield rule
     if len(rule.seen) < least:
-        pytest.fail(f"dex_core made {len(rule.seen)} factory calls here, expected at least {least}: the rule "
-                    f"watched nothing")
+        pytest.fail(
+            f"dex_core made {len(rule.seen)} factory calls here, expected at least {least}: the rule "
+            f"watched nothing"
+        )
     if rule.missing:
         pytest.fail("tensors created without device=:\n" + "\n".join(sorted(set(rule.missing))))
 
@@ -92,7 +118,9 @@ def adapter_file(model, tmp_path_factory):
     for a in adapters.values():
         torch.nn.init.normal_(a.down.weight, std=1.0)
         a.alpha.data.fill_(1.0)
-    save_adapters(path, adapters, model, {}, ranking=torch.randperm(96, generator=torch.Generator().manual_seed(0)))
+    save_adapters(
+        path, adapters, model, {}, ranking=torch.randperm(96, generator=torch.Generator().manual_seed(0))
+    )
     return path
 
 
@@ -104,15 +132,25 @@ def as_dex_code(source: str) -> dict:
 
 
 def test_the_rule_flags_dex_factory_calls_without_a_device_and_only_those():
-    for source in ("torch.zeros(3)", "torch.tensor([1, 2], device=None)", "torch.nn.Linear(2, 2)",
-                   "torch.arange(4, dtype=torch.long)"):
+    for source in (
+        "torch.zeros(3)",
+        "torch.tensor([1, 2], device=None)",
+        "torch.nn.Linear(2, 2)",
+        "torch.arange(4, dtype=torch.long)",
+    ):
         with DeviceRule() as rule:
             as_dex_code(source)
-        assert rule.missing and all(w.startswith("dex_core/example.py:1 torch.") for w in rule.missing), source
+        assert rule.missing and all(w.startswith("dex_core/example.py:1 torch.") for w in rule.missing), (
+            source
+        )
     with DeviceRule() as rule:
-        as_dex_code("torch.zeros(3, device='cpu'); torch.nn.Linear(2, 2, device='cpu'); torch.zeros_like(torch.ones("
-                    "2, device='cpu'))")
-    assert len(rule.seen) == 4 and rule.missing == []  # zeros, Linear's weight and bias, ones; *_like not watched
+        as_dex_code(
+            "torch.zeros(3, device='cpu'); torch.nn.Linear(2, 2, device='cpu'); torch.zeros_like(torch.ones("
+            "2, device='cpu'))"
+        )
+    assert (
+        len(rule.seen) == 4 and rule.missing == []
+    )  # zeros, Linear's weight and bias, ones; *_like not watched
     with DeviceRule() as rule:
         torch.zeros(3)  # a call from outside dex_core (this test) is not DEX's
     assert rule.seen == [] and rule.missing == []
@@ -123,16 +161,25 @@ def test_adapters_are_built_and_loaded_on_the_models_device(model, adapter_file)
         fresh = new_adapters(model, [2, 4], bottleneck=8)
     with device_rule():
         loaded = load_adapters(adapter_file, model)
-    assert all(p.device == model.device and p.dtype == torch.float32 for a in fresh.values() for p in a.parameters())
-    assert all(p.device == model.device and p.dtype == model.dtype for a in loaded.values() for p in a.parameters())
+    assert all(
+        p.device == model.device and p.dtype == torch.float32 for a in fresh.values() for p in a.parameters()
+    )
+    assert all(
+        p.device == model.device and p.dtype == model.dtype for a in loaded.values() for p in a.parameters()
+    )
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_k": 8, "seed": 3}], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampling", [{}, {"temperature": 0.9, "top_k": 8, "seed": 3}], ids=["greedy", "seeded"]
+)
 def test_the_round_loop_names_the_device_of_every_tensor_it_creates(model, adapter_file, sampling):
     with device_rule():
-        decoder = DexDecoder(model, depths=(2, 4, 6), adapters=adapter_file, proposal_vocab=12, decs=True,
-                             trace_top=3)
-    assert sorted(decoder.adapters) == [2, 4] and decoder.proposal_vocab == 12  # adapters and light heads in use
+        decoder = DexDecoder(
+            model, depths=(2, 4, 6), adapters=adapter_file, proposal_vocab=12, decs=True, trace_top=3
+        )
+    assert (
+        sorted(decoder.adapters) == [2, 4] and decoder.proposal_vocab == 12
+    )  # adapters and light heads in use
     with device_rule(least=12):  # every round builds masks and positions: at least one factory call per token
         result = decoder.generate(PROMPT, 12, **sampling)
     assert result.tokens == ar_generate(model, PROMPT, 12, **sampling).tokens
@@ -148,7 +195,9 @@ def test_the_lens_and_ead_name_the_device_of_every_tensor_they_create(model, ada
     adapters = load_adapters(adapter_file, model)
     tokens = ar_generate(model, PROMPT, 8).tokens
     with device_rule(least=5):
-        candidates = layer_candidates(model, PROMPT, tokens, adapters, shortlist=torch.arange(12, device="cpu"))
+        candidates = layer_candidates(
+            model, PROMPT, tokens, adapters, shortlist=torch.arange(12, device="cpu")
+        )
         assert layer_matches(model, PROMPT, tokens, adapters)[:, -1].all()
         assert matched_stages(candidates, tokens, (2, 4, 6)).shape == (8,)
         assert len(depth_view(model, PROMPT, tokens, adapters)["prob"]) == 8
@@ -173,53 +222,145 @@ def run_cli(capsys, *argv):
 
 
 def test_every_model_command_runs_with_device_cpu(tiny_dir, tmp_path, capsys):
-    code, out, err = run_cli(capsys, "generate", "hello world", "--model", tiny_dir, "--device", "cpu", "--no-chat",
-                             "--max-new-tokens", "4", "--explorers", "2")
+    code, out, err = run_cli(
+        capsys,
+        "generate",
+        "hello world",
+        "--model",
+        tiny_dir,
+        "--device",
+        "cpu",
+        "--no-chat",
+        "--max-new-tokens",
+        "4",
+        "--explorers",
+        "2",
+    )
     assert code == 0 and "4 tokens" in out and "(float32, cpu)" in err, err  # the load line names the device
     bench = tmp_path / "bench.json"
-    code, out, err = run_cli(capsys, "bench", "--quick", "--device", "cpu", "--methods", "ar-hf,dex,self-spec",
-                             "--explorers", "2", "--out", bench)
+    code, out, err = run_cli(
+        capsys,
+        "bench",
+        "--quick",
+        "--device",
+        "cpu",
+        "--methods",
+        "ar-hf,dex,self-spec",
+        "--explorers",
+        "2",
+        "--out",
+        bench,
+    )
     report = json.loads(bench.read_text())
     assert code == 0 and report["device"] == "cpu" and report["config"]["device"] == "cpu", err
-    assert "on cpu, every method" in out and {r["method"] for r in report["results"]} == {"ar-hf", "dex", "self-spec"}
+    assert "on cpu, every method" in out and {r["method"] for r in report["results"]} == {
+        "ar-hf",
+        "dex",
+        "self-spec",
+    }
     ead = tmp_path / "ead.json"
-    code, _, err = run_cli(capsys, "ead", "--model", tiny_dir, "--device", "cpu", "--adapters", "none", "--sets",
-                           "builtin", "--prompts", "1", "--max-new-tokens", "4", "--explorers", "2", "--no-best",
-                           "--out", ead)
+    code, _, err = run_cli(
+        capsys,
+        "ead",
+        "--model",
+        tiny_dir,
+        "--device",
+        "cpu",
+        "--adapters",
+        "none",
+        "--sets",
+        "builtin",
+        "--prompts",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--explorers",
+        "2",
+        "--no-best",
+        "--out",
+        ead,
+    )
     assert code == 0 and json.loads(ead.read_text())["runs"][0]["all"]["tokens"] == 4, err
     adapters = tmp_path / "a.safetensors"
-    code, out, err = run_cli(capsys, "train-adapters", "--model", tiny_dir, "--device", "cpu", "--out", adapters,
-                             "--depths", "2", "--tokens", "32", "--seq-len", "16", "--no-bf16")
+    code, out, err = run_cli(
+        capsys,
+        "train-adapters",
+        "--model",
+        tiny_dir,
+        "--device",
+        "cpu",
+        "--out",
+        adapters,
+        "--depths",
+        "2",
+        "--tokens",
+        "32",
+        "--seq-len",
+        "16",
+        "--no-bf16",
+    )
     assert code == 0 and "2 steps" in out and read_metadata(adapters)["training"]["bf16"] is False, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-@pytest.mark.parametrize("argv", [
-    ["generate", "hi", "--model", "{tiny}", "--no-chat"],
-    ["bench", "--quick", "--methods", "ar-hf,dex"],
-    ["ead", "--model", "{tiny}", "--sets", "builtin", "--prompts", "1", "--max-new-tokens", "2", "--no-best"],
-    ["train-adapters", "--model", "{tiny}", "--out", "{tmp}/a.safetensors", "--depths", "2", "--tokens", "16"],
-    ["shortlist", "{tmp}/a.safetensors", "--model", "{tiny}"],
-], ids=lambda argv: argv[0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "hi", "--model", "{tiny}", "--no-chat"],
+        ["bench", "--quick", "--methods", "ar-hf,dex"],
+        [
+            "ead",
+            "--model",
+            "{tiny}",
+            "--sets",
+            "builtin",
+            "--prompts",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--no-best",
+        ],
+        [
+            "train-adapters",
+            "--model",
+            "{tiny}",
+            "--out",
+            "{tmp}/a.safetensors",
+            "--depths",
+            "2",
+            "--tokens",
+            "16",
+        ],
+        ["shortlist", "{tmp}/a.safetensors", "--model", "{tiny}"],
+    ],
+    ids=lambda argv: argv[0],
+)
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_device_cuda_without_a_gpu_is_one_clear_error_and_exit_2(tiny_dir, tmp_path, capsys, argv, device):
     argv = [a.format(tiny=tiny_dir, tmp=tmp_path) for a in argv]
     code, out, err = run_cli(capsys, *argv, "--device", device)
     assert code == 2 and out == "" and "Traceback" not in err
-    assert err.strip().splitlines() == [f"dex: error: --device {device}: no CUDA device is visible to torch "
-                                        "(torch.cuda.is_available() is False); use --device cpu or auto"]
+    assert err.strip().splitlines() == [
+        f"dex: error: --device {device}: no CUDA device is visible to torch "
+        "(torch.cuda.is_available() is False); use --device cpu or auto"
+    ]
 
 
 def test_device_flags_are_checked_and_never_abbreviated(tiny_dir, capsys):
     code, _, err = run_cli(capsys, "generate", "hi", "--model", tiny_dir, "--device", "gpu")
     assert code == 2 and "device must be auto, cpu, cuda or cuda:N (e.g. cuda:1); got 'gpu'" in err
-    code, _, err = run_cli(capsys, "generate", "hi", "--model", tiny_dir, "--dev", "cpu")  # not --devices, not --device
+    code, _, err = run_cli(
+        capsys, "generate", "hi", "--model", tiny_dir, "--dev", "cpu"
+    )  # not --devices, not --device
     assert code == 2 and "unrecognized arguments: --dev" in err
 
 
 def test_resolve_device_names_what_exists():
-    assert resolve_device("auto") == torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+    assert (
+        resolve_device("auto") == torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
         else resolve_device("auto") == torch.device("cpu")
+    )
     assert resolve_device(" CPU ") == resolve_device(torch.device("cpu")) == torch.device("cpu")
     with pytest.raises(DexError, match=r"cuda:99: .*(torch sees|no CUDA device)"):
         resolve_device("cuda:99")
@@ -231,7 +372,9 @@ def test_resolve_device_names_what_exists():
 def test_the_app_takes_its_device_from_dex_device(tiny_dir, monkeypatch):
     from app import runtime as rt
 
-    assert rt.AppSettings().device == "auto" and rt.AppSettings.from_env({"DEX_DEVICE": "CPU"}).device == "cpu"
+    assert (
+        rt.AppSettings().device == "auto" and rt.AppSettings.from_env({"DEX_DEVICE": "CPU"}).device == "cpu"
+    )
     parser = argparse.ArgumentParser()
     add_flags(parser, rt.AppSettings)  # as app/main.py builds its command line
     assert from_args(rt.AppSettings, parser.parse_args(["--device", "cpu"])).device == "cpu"
@@ -252,8 +395,16 @@ def test_the_app_takes_its_device_from_dex_device(tiny_dir, monkeypatch):
             rt.Runtime(rt.AppSettings(model=str(tiny_dir), device="cuda")).model()
 
 
-READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__float__,
-         torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
+READS = {
+    torch.Tensor.tolist,
+    torch.Tensor.item,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__bool__,
+    torch.Tensor.__index__,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+}
 
 
 class HostReads(TorchFunctionMode):
@@ -272,14 +423,19 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}], ids=["greedy", "seeded"]
+)
 def test_each_explorer_reads_back_from_the_device_once_per_round(model, adapter_file, sampling):
-    dex = DexDecoder(model, depths=(2, 4, 6), adapters=str(adapter_file), proposal_vocab=48, trace_top=5,
-                     prune=2)
+    dex = DexDecoder(
+        model, depths=(2, 4, 6), adapters=str(adapter_file), proposal_vocab=48, trace_top=5, prune=2
+    )
     with HostReads() as watch:
         events = list(dex.stream(PROMPT, 12, **sampling))
     rounds = [e for e in events if e["event"] == "round"]
-    stage_rounds = sum(1 for r in rounds for batch in r["batches"] if batch)  # an explorer with work, one round
+    stage_rounds = sum(
+        1 for r in rounds for batch in r["batches"] if batch
+    )  # an explorer with work, one round
     extra = len(watch.reads) - stage_rounds
     # one read per explorer per round (tokens, probabilities, margins and top-5 together); the light heads'
     # shortlist is read once when DECS first masks through it
@@ -299,12 +455,16 @@ def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_half_precision_on_cuda
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert resolve_dtype("auto", "cuda", saved("float16")) == torch.float16
     assert resolve_dtype("auto", "cuda", saved(torch.bfloat16)) == torch.bfloat16
-    assert resolve_dtype("auto", "cuda", saved("float32")) == torch.bfloat16  # GGUF-converted models are float32
+    assert (
+        resolve_dtype("auto", "cuda", saved("float32")) == torch.bfloat16
+    )  # GGUF-converted models are float32
     assert resolve_dtype(None, "cuda", SimpleNamespace()) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", "cuda", saved("float32")) == torch.float16  # a GPU without bfloat16
     assert resolve_dtype("float64", "cuda", saved("float16")) == torch.float64
-    with pytest.raises(DexError, match="dtype must be one of auto, float32, float64, bfloat16, float16; got 'half'"):
+    with pytest.raises(
+        DexError, match="dtype must be one of auto, float32, float64, bfloat16, float16; got 'half'"
+    ):
         resolve_dtype("half", "cpu")
 
 
@@ -315,7 +475,10 @@ def test_an_explorers_part_is_built_naming_the_device_of_every_tensor(tmp_path):
     model = tiny_model("llama", layers=4)
     model.save_pretrained(tmp_path, max_shard_size="40KB")
     with device_rule(least=3):
-        for part in (StagePart((2, 4), 0, (7, 3, 5)), StagePart((2, 4), 1)):  # light head rows; the whole head
+        for part in (
+            StagePart((2, 4), 0, (7, 3, 5)),
+            StagePart((2, 4), 1),
+        ):  # light head rows; the whole head
             stage = load_stage(model.config, part, Checkpoint(tmp_path), "cpu", torch.float32)
         checkpoint_identity(model.config, Checkpoint(tmp_path))
     assert stage.model.lm_head.weight.device.type == "cpu"

@@ -6,12 +6,12 @@ import time
 import psutil
 import pytest
 import torch
-
 from conftest import tiny_model
-from dex_core.testing import tiny_tokenizer
+from faults import RaiseOnce
+
 from dex_core import DexDecoder, ar_generate
 from dex_core.distributed.group import ExplorerError, ExplorerGroup
-from faults import RaiseOnce
+from dex_core.testing import tiny_tokenizer
 
 
 def without_timings(trace):
@@ -24,14 +24,21 @@ def model():
 
 
 @pytest.mark.parametrize("K,light", [(2, False), (3, True)])
-def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_token_first_request(model, K, light):
+def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_token_first_request(
+    model, K, light
+):
     # a fresh group's first request has a one-token prompt (no prefill): in its first round only ranks 0
     # and 1 exchange rows, the rest go straight to the control all-gather (on NCCL this hung before the
     # communicator was formed eagerly and warmed up by every rank)
     prompts = [[9], [5, 17, 3, 88, 40, 2, 61], list(range(1, 22)), [4, 8, 15, 16, 23, 42] * 3]
-    options = {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2,
-               "draft": "gate=0"} if light else {}  # draft chains forced on: every lookup runs all stages
-    with DexDecoder(model, explorers=K, backend="distributed", devices=("cpu",) * K, threads=1, **options) as dist_decoder:
+    options = (
+        {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2, "draft": "gate=0"}
+        if light
+        else {}
+    )  # draft chains forced on: every lookup runs all stages
+    with DexDecoder(
+        model, explorers=K, backend="distributed", devices=("cpu",) * K, threads=1, **options
+    ) as dist_decoder:
         pids = dist_decoder.group.pids()
         assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
         assert dist_decoder.group.data_link == ("gloo", False)  # CPU ranks: rows straight over gloo
@@ -40,7 +47,9 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
             distributed = dist_decoder.generate(prompt, 40)
             assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
             assert without_timings(distributed.trace) == without_timings(sequential.trace)
-            chained = [e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1]
+            chained = [
+                e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1
+            ]
             assert chained or not light or i < 3  # the repeating prompt commits along draft chains
             sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
@@ -50,7 +59,8 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
         rounds = [e for e in distributed.trace if e["event"] == "round"]
         assert all(len(e["timings"]["expand"]) == K and e["timings"]["communication"] > 0 for e in rounds)
         assert distributed.trace[-1]["stats"]["communication_seconds"] == pytest.approx(
-            sum(e["timings"]["communication"] for e in rounds))
+            sum(e["timings"]["communication"] for e in rounds)
+        )
         assert all(e["timings"]["communication"] == 0 for e in sequential.trace if e["event"] == "round")
         assert sequential.trace[-1]["stats"]["communication_seconds"] == 0
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
@@ -61,7 +71,9 @@ def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tok
     # K=3: the middle rank both receives and sends; a one-token prompt skips the prefill, a longer one uses it
     monkeypatch.setattr(ExplorerGroup, "stage_rows", True)
     options = {"tokenizer": tiny_tokenizer(), "trace_top": 2}
-    with DexDecoder(model, explorers=3, backend="distributed", devices=("cpu",) * 3, threads=1, **options) as decoder:
+    with DexDecoder(
+        model, explorers=3, backend="distributed", devices=("cpu",) * 3, threads=1, **options
+    ) as decoder:
         assert decoder.group.data_link == ("gloo", True)
         for prompt in ([9], [5, 17, 3, 88, 40, 2, 61]):
             sequential = DexDecoder(model, explorers=3, **options).generate(prompt, 24)
@@ -74,8 +86,9 @@ def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tok
 
 def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(model, tmp_path):
     adapter = RaiseOnce(str(tmp_path / "raised"), at=3)
-    decoder = DexDecoder(model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", devices=("cpu",) * 3,
-                         threads=1)
+    decoder = DexDecoder(
+        model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", devices=("cpu",) * 3, threads=1
+    )
     pids = decoder.group.pids()
     tic = time.monotonic()
     with pytest.raises(ExplorerError, match="explorer rank 0 failed: RuntimeError: injected fault at call 3"):
@@ -111,16 +124,49 @@ def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, c
     from dex_core.cli import main
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [torchrun, "--nproc-per-node", "2", "-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat", "--device", "cpu",
-           "--max-new-tokens", "10", "--prompt", "hello world", "--prompt", "the prime number"]
+    cmd = [
+        torchrun,
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dex_core.serve",
+        "--model",
+        str(tiny_dir),
+        "--no-chat",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "10",
+        "--prompt",
+        "hello world",
+        "--prompt",
+        "the prime number",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    answers = [next(x for x in reversed(lines[:i]) if x.strip()) for i, line in enumerate(lines)
-               if line.startswith("depths [")]
+    answers = [
+        next(x for x in reversed(lines[:i]) if x.strip())
+        for i, line in enumerate(lines)
+        if line.startswith("depths [")
+    ]
     for prompt, answer in zip(["hello world", "the prime number"], answers):
-        assert main(["generate", prompt, "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "10",
-                     "--explorers", "2"]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    prompt,
+                    "--model",
+                    str(tiny_dir),
+                    "--no-chat",
+                    "--max-new-tokens",
+                    "10",
+                    "--explorers",
+                    "2",
+                ]
+            )
+            == 0
+        )
         assert capsys.readouterr().out.strip().splitlines()[0] == answer
     assert len(answers) == 2 and proc.stdout.count("depths [3, 6] (K=2; uniform split)") == 2
 
@@ -128,14 +174,43 @@ def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, c
 def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
     from dex_core.cli import main
 
-    code = main(["generate", "hello world", "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "6",
-                 "--explorers", "2", "--backend", "distributed", "--devices", "cpu,cpu", "--threads", "1"])
+    code = main(
+        [
+            "generate",
+            "hello world",
+            "--model",
+            str(tiny_dir),
+            "--no-chat",
+            "--max-new-tokens",
+            "6",
+            "--explorers",
+            "2",
+            "--backend",
+            "distributed",
+            "--devices",
+            "cpu,cpu",
+            "--threads",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "distributed schedule:" in out and "6 tokens" in out
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     missing = f"cuda:{gpus}"  # one past the visible GPUs, on any machine
-    code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "distributed",
-                 "--devices", f"{missing},{missing}"])
+    code = main(
+        [
+            "generate",
+            "hello",
+            "--model",
+            str(tiny_dir),
+            "--explorers",
+            "2",
+            "--backend",
+            "distributed",
+            "--devices",
+            f"{missing},{missing}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and f"{missing} is not available: {gpus} GPU(s) visible for 2 explorers" in err
     code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "mpi"])
@@ -179,21 +254,31 @@ def _fault_after_round(decoder, prompt, at_round, fault):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,rank,message", [
-    ("kill", 1, "explorer rank 1 died (was killed by SIGKILL)"),
-    ("stop", 0, "explorer rank 0 stopped"),
-    ("stop-all", None, "explorer ranks 0, 1 stopped"),
-])
-def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_is_exact(model, fault, rank, message):
+@pytest.mark.parametrize(
+    "fault,rank,message",
+    [
+        ("kill", 1, "explorer rank 1 died (was killed by SIGKILL)"),
+        ("stop", 0, "explorer rank 0 stopped"),
+        ("stop-all", None, "explorer ranks 0, 1 stopped"),
+    ],
+)
+def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_is_exact(
+    model, fault, rank, message
+):
     import os
     import signal
 
     op_timeout = 6.0
-    with DexDecoder(model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1,
-                    op_timeout=op_timeout) as decoder:
+    with DexDecoder(
+        model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1, op_timeout=op_timeout
+    ) as decoder:
         sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
         error, seconds = _fault_after_round(
-            decoder, [3, 1, 4], 3, lambda pids: [os.kill(p, sig) for k, p in enumerate(pids) if rank in (None, k)])
+            decoder,
+            [3, 1, 4],
+            3,
+            lambda pids: [os.kill(p, sig) for k, p in enumerate(pids) if rank in (None, k)],
+        )
         assert message in error and seconds < op_timeout + 5, (error, seconds)
         assert not decoder.group.alive
         again = decoder.generate([2, 7, 1, 8], 12)  # a fresh group
@@ -232,8 +317,9 @@ def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, 
     os.kill(parent.pid, getattr(signal, signal_name))
     parent.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                              for p in pids):
+    while time.monotonic() < deadline and any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
+    ):
         time.sleep(0.2)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"explorers {alive} outlived their parent by 10 s"

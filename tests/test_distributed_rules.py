@@ -9,14 +9,14 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import tiny_model
+
 from dex_core.config import DexError
 from dex_core.distributed.group import resolve_devices
-from dex_core.tools.profile import decode_order_seconds
+from dex_core.distributed.link import DistLink
 from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
 from dex_core.distributed.serve import torchrun_device
-from dex_core.distributed.link import DistLink
+from dex_core.tools.profile import decode_order_seconds
 
 
 def gloo_pair():
@@ -52,8 +52,11 @@ def test_a_peer_that_never_sends_fails_the_wait_within_op_timeout_naming_the_ran
     waiting = link(device=device)
     work = waiting_group.recv([torch.empty(2, 4)], 0, 7) if device == "cpu" else gather(waiting_group, 1)[0]
     tic = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"explorer rank 1 timed out after 1 s \(op_timeout\) waiting for "
-                                           r"the rows from rank 0"):
+    with pytest.raises(
+        TimeoutError,
+        match=r"explorer rank 1 timed out after 1 s \(op_timeout\) waiting for "
+        r"the rows from rank 0",
+    ):
         waiting._wait([work], "the rows from rank 0")
     seconds = time.monotonic() - tic
     assert 0.9 < seconds < 2.5 and waiting.comm_seconds == pytest.approx(seconds, abs=0.2)
@@ -106,12 +109,16 @@ def test_the_warm_up_is_an_exchange_that_every_rank_takes_part_in(monkeypatch):
     posted = {}
     monkeypatch.setattr(dist, "P2POp", lambda op, tensor, peer: (op.__name__, peer, tuple(tensor.shape)))
     for rank in range(4):
-        monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops, rank=rank: posted.setdefault(rank, ops) and [])
+        monkeypatch.setattr(
+            dist, "batch_isend_irecv", lambda ops, rank=rank: posted.setdefault(rank, ops) and []
+        )
         warm_up(link(rank, 4))
-    assert posted == {0: [("isend", 1, (1, 4))],
-                      1: [("isend", 2, (1, 4)), ("irecv", 0, (1, 4))],
-                      2: [("isend", 3, (1, 4)), ("irecv", 1, (1, 4))],
-                      3: [("irecv", 2, (1, 4))]}
+    assert posted == {
+        0: [("isend", 1, (1, 4))],
+        1: [("isend", 2, (1, 4)), ("irecv", 0, (1, 4))],
+        2: [("isend", 3, (1, 4)), ("irecv", 1, (1, 4))],
+        3: [("irecv", 2, (1, 4))],
+    }
 
 
 def test_an_nccl_world_forms_its_communicator_in_init_process_group():
@@ -128,16 +135,24 @@ def test_ranks_agree_on_the_data_backend_or_refuse_clearly():
     # per-rank CUDA_VISIBLE_DEVICES: every rank's cuda:0, three different GPUs (one on another node)
     one_each = [report("cuda:0", "GPU-a"), report("cuda:0", "GPU-b"), report("cuda:0", "GPU-a", "node-b")]
     assert data_backend(one_each) == DataLink("nccl", staged=False)
-    with pytest.raises(DexError, match=r"disagree on the device \(rank 0 on cuda:0, rank 1 on cuda:1, rank 2 on cpu\)"):
+    with pytest.raises(
+        DexError, match=r"disagree on the device \(rank 0 on cuda:0, rank 1 on cuda:1, rank 2 on cpu\)"
+    ):
         data_backend([report("cuda:0", "GPU-a"), report("cuda:1", "GPU-b"), report("cpu")])
-    with pytest.raises(DexError, match=r"ranks 0 and 2 are on the same GPU \(cuda:0 on node-a\); NCCL refuses.*"
-                                       r"torchrun ranks cannot share a GPU"):  # torchrun's ranks do not allow it
+    with pytest.raises(
+        DexError,
+        match=r"ranks 0 and 2 are on the same GPU \(cuda:0 on node-a\); NCCL refuses.*"
+        r"torchrun ranks cannot share a GPU",
+    ):  # torchrun's ranks do not allow it
         data_backend([report("cuda:0", "GPU-a"), report("cuda:1", "GPU-b"), report("cuda:0", "GPU-a")])
 
 
 def test_ranks_that_share_a_gpu_all_stage_their_rows_through_the_host_over_gloo():
-    shared = [report("cuda:0", "GPU-a", share=True), report("cuda:1", "GPU-b", share=True),
-              report("cuda:0", "GPU-a", share=True)]  # one shared GPU stages every rank, not just those two
+    shared = [
+        report("cuda:0", "GPU-a", share=True),
+        report("cuda:1", "GPU-b", share=True),
+        report("cuda:0", "GPU-a", share=True),
+    ]  # one shared GPU stages every rank, not just those two
     assert data_backend(shared) == DataLink("gloo", staged=True)
     apart = [report("cuda:0", "GPU-a", share=True), report("cuda:1", "GPU-b", share=True)]
     assert data_backend(apart) == DataLink("nccl", staged=False)  # allowed to share, but each has its own
@@ -164,7 +179,12 @@ def gpus(monkeypatch, count):
 
 
 def env(local, ranks):
-    return {"RANK": str(local), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ranks)}
+    return {
+        "RANK": str(local),
+        "WORLD_SIZE": str(ranks),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(ranks),
+    }
 
 
 def test_torchrun_ranks_pick_their_gpu_from_local_rank_and_all_refuse_too_few_gpus(monkeypatch):
@@ -191,7 +211,9 @@ def test_default_devices_take_one_gpu_each_or_share_the_visible_gpus_with_a_warn
         warnings.simplefilter("error")  # one GPU each: nothing to warn about
         assert resolve_devices(None, 2) == ["cuda:0", "cuda:1"]
         assert resolve_devices(("cuda:1", "cuda:0"), 2) == ["cuda:1", "cuda:0"]
-    staged = r"explorers share cuda:0, cuda:1 \(cuda:0, cuda:1, cuda:0, cuda:1\): hidden rows are staged through"
+    staged = (
+        r"explorers share cuda:0, cuda:1 \(cuda:0, cuda:1, cuda:0, cuda:1\): hidden rows are staged through"
+    )
     with pytest.warns(UserWarning, match=staged + " the host over gloo"):
         assert resolve_devices(None, 4) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     with pytest.warns(UserWarning, match=r"explorers share cuda:0 \(cuda:0, cuda:1, cuda:0\)"):
@@ -237,13 +259,19 @@ def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it
     gpus(monkeypatch, 1)  # one GPU: the explorers (one GPU each) would run on CPU, over gloo
     assert prof.link_devices("cuda:0") == ("cpu", "cpu")
     monkeypatch.setattr(prof, "CACHE", tmp_path)
-    monkeypatch.setattr(prof, "_compute_profile", lambda *_: {part: {1: 1.0} for part in ("layer", "head", "proposal")})
+    monkeypatch.setattr(
+        prof, "_compute_profile", lambda *_: {part: {1: 1.0} for part in ("layer", "head", "proposal")}
+    )
     links = []
-    monkeypatch.setattr(prof, "_exchange_profile", lambda h, d, r, link: links.append(link) or {1: 2.0, 2: 3.0})
+    monkeypatch.setattr(
+        prof, "_exchange_profile", lambda h, d, r, link: links.append(link) or {1: 2.0, 2: 3.0}
+    )
     model = tiny_model("llama")
     got = prof.measure_profile(model, 16, 2, log=lambda *_: None)
     nccl = prof.measure_profile(model, 16, 2, log=lambda *_: None, link=("cuda:0", "cuda:1"))
     assert links == [("cpu", "cpu"), ("cuda:0", "cuda:1")]
     assert "-float64-cpu-xgloo-" in got["key"] and "-float64-cpu-xnccl-" in nccl["key"]
     assert got["exchange_link"] == {"backend": "gloo", "devices": ["cpu", "cpu"]}
-    assert prof.measure_profile(model, 16, log=lambda *_: pytest.fail("not cached")) == got  # tables read back
+    assert (
+        prof.measure_profile(model, 16, log=lambda *_: pytest.fail("not cached")) == got
+    )  # tables read back

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexDecoder, DexError, ar_generate
-from dex_core.config import DraftBounds
 from dex_core.algorithm.chains import ChainPlanner
 from dex_core.algorithm.draft import PromptLookup
 from dex_core.algorithm.lattice import Lattice
+from dex_core.config import DraftBounds
 from dex_core.testing import tiny_model, tiny_tokenizer
 from dex_core.trace.events import round_commits
 
@@ -34,7 +34,17 @@ def test_lookup_prefers_the_longest_match_and_its_first_occurrence():
 def test_draft_bounds_parse_and_refuse_bad_text():
     assert DecoderOptions().draft == DraftBounds() and DecoderOptions(draft="none").draft is None
     assert DecoderOptions(draft="length=4,chains=2").draft == DraftBounds(length=4, chains=2)
-    for bad in ("x", "length=0", "rows=-1", "colour=1", "gate=2", "ngram=1,min_ngram=2", "length=2.5", 3, True):
+    for bad in (
+        "x",
+        "length=0",
+        "rows=-1",
+        "colour=1",
+        "gate=2",
+        "ngram=1,min_ngram=2",
+        "length=2.5",
+        3,
+        True,
+    ):
         with pytest.raises(DexError, match="draft"):
             DecoderOptions(draft=bad)
 
@@ -74,10 +84,16 @@ def test_a_chain_that_matches_commits_all_its_slots_in_one_round():
     assert [n.kind for n in plan.batches[0]] == ["root", "chain", "chain", "chain", "chain"]
     assert [n.input_token for n in plan.batches[0]] == [6, 7, 8, 9, 5]
     plans = _complete(lat, lambda p: text[p] if p < len(text) else 0, 6, plan)
-    assert [(r, p.token) for r, p in plans[:5]] == [(3, t) for t in text[7:12]]  # the root and its chain, round 3
-    assert [p.via for _, p in plans[:5]] == ["chain"] * 5  # round 2 grew the chain by a slot (its prefix ends "8 9 5")
+    assert [(r, p.token) for r, p in plans[:5]] == [
+        (3, t) for t in text[7:12]
+    ]  # the root and its chain, round 3
+    assert [p.via for _, p in plans[:5]] == [
+        "chain"
+    ] * 5  # round 2 grew the chain by a slot (its prefix ends "8 9 5")
     assert [p.drafted for _, p in plans[:5]] == [False, True, True, True, True]
-    assert plans[5][0] == 4 and plans[5][1].drafted  # that slot was one stage behind: it commits the round after
+    assert (
+        plans[5][0] == 4 and plans[5][1].drafted
+    )  # that slot was one stage behind: it commits the round after
 
 
 def test_a_contradicted_chain_is_cut_and_its_predecessor_branches_as_usual():
@@ -97,7 +113,9 @@ def test_a_chain_slot_whose_candidate_differs_starts_the_recovery_branch_that_co
     plan = lat.plan_round()
     root, first, second = plan.batches[0]
     lat.insert({root.id: 7, first.id: 4, second.id: 1})  # the first chain slot proposes 4, not the drafted 8
-    pending = {lat.nodes[p.parent].slot: lat.nodes[p.parent].token for p in lat.children if p.kind == "position"}
+    pending = {
+        lat.nodes[p.parent].slot: lat.nodes[p.parent].token for p in lat.children if p.kind == "position"
+    }
     assert pending == {first.slot: 4, second.slot: 1}  # no branch under the root: its chain slot repeats 7
     nxt = lat.plan_round()
     recovery = next(n for n in nxt.batches[0] if n.kind == "position" and n.input_token == 4)
@@ -122,19 +140,35 @@ def chain_cases(draw):
     """A prompt that repeats a random piece (so lookups find drafts), forced chains, random options."""
     piece = draw(st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=6))
     prompt = draw(st.lists(st.integers(0, VOCAB - 1), max_size=3)) + piece * draw(st.integers(2, 3))
-    depths = draw(st.lists(st.integers(1, LAYERS - 1), unique=True, max_size=3).map(lambda d: tuple(sorted(d)) + (LAYERS,)))
+    depths = draw(
+        st.lists(st.integers(1, LAYERS - 1), unique=True, max_size=3).map(
+            lambda d: tuple(sorted(d)) + (LAYERS,)
+        )
+    )
     ngram = draw(st.integers(1, 3))
-    bounds = {"ngram": ngram, "min_ngram": draw(st.integers(1, ngram)), "length": draw(st.integers(1, 6)),
-              "chains": draw(st.integers(1, 3)),
-              "rows": draw(st.integers(1, 12)), "gate": draw(st.integers(0, 1))}
-    decoder = {"depths": depths, "decs": draw(st.booleans()), "prune": draw(st.sampled_from([None, 1, 2])),
-               "proposal_vocab": draw(st.sampled_from(["full", 12])),
-               "draft": ",".join(f"{k}={v}" for k, v in bounds.items())}
+    bounds = {
+        "ngram": ngram,
+        "min_ngram": draw(st.integers(1, ngram)),
+        "length": draw(st.integers(1, 6)),
+        "chains": draw(st.integers(1, 3)),
+        "rows": draw(st.integers(1, 12)),
+        "gate": draw(st.integers(0, 1)),
+    }
+    decoder = {
+        "depths": depths,
+        "decs": draw(st.booleans()),
+        "prune": draw(st.sampled_from([None, 1, 2])),
+        "proposal_vocab": draw(st.sampled_from(["full", 12])),
+        "draft": ",".join(f"{k}={v}" for k, v in bounds.items()),
+    }
     sampled = draw(st.booleans())
     generation = {"max_new_tokens": draw(st.integers(4, 14))}
     if sampled:
-        generation.update(temperature=draw(st.floats(0.3, 1.5)), seed=draw(st.integers(0, 2 ** 32)),
-                          top_k=draw(st.sampled_from([None, 8])))
+        generation.update(
+            temperature=draw(st.floats(0.3, 1.5)),
+            seed=draw(st.integers(0, 2**32)),
+            top_k=draw(st.sampled_from([None, 8])),
+        )
     return draw(st.integers(0, 2)), decoder, generation, prompt
 
 
@@ -145,9 +179,14 @@ def test_dex_with_draft_chains_forced_on_emits_the_ar_references_tokens(case):
     result = DexDecoder(model(seed), tokenizer=tokenizer(), **decoder_options).generate(prompt, **generation)
     assert result.tokens == ar_generate(model(seed), prompt, **generation).tokens
     commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
-    assert [c["token"] for c in commits] == result.tokens and result.stats.drafted == sum(c["drafted"] for c in commits)
-    event("several commits in a round" if result.stats.rounds < len(result.tokens) + len(decoder_options["depths"]) - 1
-          else "one commit per round")
+    assert [c["token"] for c in commits] == result.tokens and result.stats.drafted == sum(
+        c["drafted"] for c in commits
+    )
+    event(
+        "several commits in a round"
+        if result.stats.rounds < len(result.tokens) + len(decoder_options["depths"]) - 1
+        else "one commit per round"
+    )
 
 
 def test_chains_carry_greedy_and_sampled_runs_past_one_token_per_round():

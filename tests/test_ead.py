@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from dex_core import DexDecoder
 from dex_core.model.adapters import new_adapters
-from dex_core.tools.ead import analyse, best_depths, layer_matches, matched_stages, set_cost
 from dex_core.model.lens import layer_candidates
+from dex_core.tools.ead import analyse, best_depths, layer_matches, matched_stages, set_cost
 
 
 def scripted(omega, tokens, others=None):
@@ -23,9 +23,14 @@ def scripted(omega, tokens, others=None):
 
 
 def test_ead_and_stable_ead_follow_their_definitions():
-    cands, tokens = scripted([[0, 0, 0, 1, 1, 1],   # ready at 4
-                              [1, 0, 1, 1, 0, 1],   # first match 1, stable only at 6
-                              [1, 1, 1, 1, 1, 1]], [5, 6, 7])
+    cands, tokens = scripted(
+        [
+            [0, 0, 0, 1, 1, 1],  # ready at 4
+            [1, 0, 1, 1, 0, 1],  # first match 1, stable only at 6
+            [1, 1, 1, 1, 1, 1],
+        ],
+        [5, 6, 7],
+    )
     out = analyse(cands, tokens, explorers=[2, 3, 6], decs=False)
     assert out["ead"] == [4, 1, 1] and out["ead_stable"] == [4, 6, 1]
     assert out["oracle"] == 6 * 3 / (4 + 6 + 1)
@@ -52,7 +57,9 @@ def test_dex_matches_at_the_predicted_stage_with_and_without_decs():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     for depths, decs in itertools.product([(2, 4, 6), (1, 2, 3, 4, 5, 6), (3, 6)], [False, True]):
         chosen = {d: a for d, a in adapters.items() if d in depths[:-1]}
-        result = DexDecoder(model, depths=depths, decs=decs, adapters=chosen, prune="none", draft="none").generate(prompt, 40)
+        result = DexDecoder(
+            model, depths=depths, decs=decs, adapters=chosen, prune="none", draft="none"
+        ).generate(prompt, 40)
         cands = layer_candidates(model, prompt, result.tokens, chosen)
         assert result.stats.matched_stages == matched_stages(cands, result.tokens, depths, decs).tolist()
         predicted = set_cost(cands, result.tokens, depths, decs)
@@ -72,8 +79,10 @@ def test_best_exploration_set_is_the_cheapest_under_rounds_times_longest_stage()
         cands[:, layer, 0] = torch.where(layer + 1 >= ready, tokens, cands[:, layer, 0])
     for K in (2, 3):
         best = best_depths(cands, tokens, K)
-        every = [set_cost(cands, tokens, c + (L,))["layer_times_per_token"]
-                 for c in itertools.combinations(range(1, L), K - 1)]
+        every = [
+            set_cost(cands, tokens, c + (L,))["layer_times_per_token"]
+            for c in itertools.combinations(range(1, L), K - 1)
+        ]
         assert best["layer_times_per_token"] == min(every)
         assert best["depths"][-1] == L and len(best["depths"]) == K
     out = analyse(cands, tokens, explorers=[2, 3], best=True)

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.trace.events import round_commits
 
@@ -38,7 +38,11 @@ def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_
         assert [c["matched_stage"] for _, c in commits] == result.stats.matched_stages and commits[0][0] == K
         for (r, c), (later, _) in zip(commits, commits[1:]):
             gap = later - r
-            assert 0 <= gap < K if c["via"] == "chain" else gap == (K if c["via"] == "root" else c["matched_stage"] + 1)
+            assert (
+                0 <= gap < K
+                if c["via"] == "chain"
+                else gap == (K if c["via"] == "root" else c["matched_stage"] + 1)
+            )
         assert result.stats.rounds == commits[-1][0]
 
 
@@ -52,8 +56,9 @@ def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 20, None),
-                                                     (1.3, None, 0.9), (0.9, 10, 0.8)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, None, None), (0.7, 20, None), (1.3, None, 0.9), (0.9, 10, 0.8)]
+)
 def test_seeded_sampling_dex_equals_ar_generate(family_model, seed, temperature, top_k, top_p):
     prompt = [3, 14, 15, 92, 65, 35]
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
@@ -83,8 +88,9 @@ def test_generation_stops_at_eos_and_includes_it(llama):
     stopped = DexDecoder(llama, explorers=3).generate(prompt, 40, eos_token_id=eos)
     assert stopped.tokens == free.tokens[: first + 1]
     assert stopped.stats.stop == "eos"
-    hf = llama.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40, eos_token_id=eos,
-                        pad_token_id=eos)[0, 3:].tolist()
+    hf = llama.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=40, eos_token_id=eos, pad_token_id=eos
+    )[0, 3:].tolist()
     assert hf[: first + 1] == stopped.tokens
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dex_core import DexError, load_model
-from dex_core.model import gguf as dm
-from dex_core import testing
+from dex_core import DexError, load_model, testing
 from dex_core.model import checkpoint
+from dex_core.model import gguf as dm
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAULT_GGUF}
@@ -46,6 +45,7 @@ CHILD = textwrap.dedent("""
 
 def fake_conversion(monkeypatch, calls=None, fail=None):
     """Replace the GGUF step by a tiny float32 model whose config carries the GGUF loader's leftover."""
+
     def convert(workdir, log):
         if calls is not None:
             calls.append(workdir)
@@ -69,8 +69,17 @@ def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_c
     cache, barrier = tmp_path / "cache", tmp_path / "barrier"
     barrier.mkdir()
     env = {**os.environ, "DEX_CACHE": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(barrier), str(i), "3"], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(barrier), str(i), "3"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
     outs = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
@@ -78,7 +87,9 @@ def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_c
         outs.append(out)
     assert all("LOADED 6 False" in out for out in outs), outs  # the tiny model, without a GGUF quantizer
     assert sum(out.count("CONVERTING") for out in outs) == 1, outs  # one process converted
-    waited = [out for out in outs if "waiting for another process converting SmolLM2-135M-Instruct (lock " in out]
+    waited = [
+        out for out in outs if "waiting for another process converting SmolLM2-135M-Instruct (lock " in out
+    ]
     assert len(waited) >= 1, outs  # the others waited (or, started late, found it ready) and said so
     assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME, dm.DEFAULT_NAME + ".lock"]
     target = cache / dm.DEFAULT_NAME
@@ -104,7 +115,10 @@ def test_a_killed_conversions_leftovers_are_removed_by_the_next_process(cache, m
     calls = []
     fake_conversion(monkeypatch, calls)
     load_model("default", device="cpu", log=lines.append)
-    assert calls == [] and sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME, dm.DEFAULT_NAME + ".lock"]
+    assert calls == [] and sorted(p.name for p in cache.iterdir()) == [
+        dm.DEFAULT_NAME,
+        dm.DEFAULT_NAME + ".lock",
+    ]
 
 
 def test_an_incomplete_copy_is_converted_again(cache, monkeypatch):
@@ -112,7 +126,9 @@ def test_an_incomplete_copy_is_converted_again(cache, monkeypatch):
     fake_conversion(monkeypatch, calls)
     target = dm.prepare_default(print)
     (target / "model.safetensors").unlink()
-    assert dm.prepare_default(print) == target and len(calls) == 2 and (target / "model.safetensors").is_file()
+    assert (
+        dm.prepare_default(print) == target and len(calls) == 2 and (target / "model.safetensors").is_file()
+    )
 
 
 def test_a_cached_config_with_the_gguf_quantizer_is_repaired_in_place_and_loads_plain(cache, monkeypatch):
@@ -136,8 +152,11 @@ def test_a_cached_config_with_the_gguf_quantizer_is_repaired_in_place_and_loads_
 
 def test_a_failed_conversion_is_a_dex_error_with_a_next_step_and_leaves_nothing(cache, monkeypatch):
     fake_conversion(monkeypatch, fail=RuntimeError("tensor 'blk.0.attn_q' has an unknown type 99"))
-    with pytest.raises(DexError, match=r"could not convert the default model SmolLM2-135M-Instruct \(tensor "
-                                       r"'blk.0.attn_q' has an unknown type 99\); retry, or pass --model"):
+    with pytest.raises(
+        DexError,
+        match=r"could not convert the default model SmolLM2-135M-Instruct \(tensor "
+        r"'blk.0.attn_q' has an unknown type 99\); retry, or pass --model",
+    ):
         load_model("default", device="cpu", log=print)
     assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME + ".lock"]
     fake_conversion(monkeypatch, fail=OSError(28, "No space left on device"))
@@ -148,7 +167,9 @@ def test_a_failed_conversion_is_a_dex_error_with_a_next_step_and_leaves_nothing(
 def test_a_cache_path_that_is_not_a_folder_is_a_dex_error_naming_dex_cache(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("DEX_CACHE", str(tmp_path / "file"))
-    with pytest.raises(DexError, match=r"cannot create the DEX cache .*file.*point DEX_CACHE at a writable folder"):
+    with pytest.raises(
+        DexError, match=r"cannot create the DEX cache .*file.*point DEX_CACHE at a writable folder"
+    ):
         load_model("default", device="cpu", log=print)
 
 
@@ -181,9 +202,12 @@ def test_the_hub_check_asks_huggingface_hub_with_a_short_timeout(monkeypatch):
 
 def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
     calls = hub(monkeypatch, ConnectionRefusedError("[Errno 111] Connection refused"))
-    with pytest.raises(DexError, match=r"model 'some-org/some-model' is not a local directory or \.gguf file, and "
-                                       r"the Hugging Face hub \(https://.*\) cannot be reached \(\[Errno 111\] "
-                                       r"Connection refused\); download the model where the hub is reachable"):
+    with pytest.raises(
+        DexError,
+        match=r"model 'some-org/some-model' is not a local directory or \.gguf file, and "
+        r"the Hugging Face hub \(https://.*\) cannot be reached \(\[Errno 111\] "
+        r"Connection refused\); download the model where the hub is reachable",
+    ):
         checkpoint.check_hub("some-org/some-model")
     assert len(calls) == 1
 
@@ -191,10 +215,14 @@ def test_an_unreachable_hub_is_a_clear_error(monkeypatch):
 def test_a_model_the_hub_does_not_have_is_a_clear_error(monkeypatch):
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    missing = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its constructor wants an HTTP response
+    missing = RepositoryNotFoundError.__new__(
+        RepositoryNotFoundError
+    )  # its constructor wants an HTTP response
     Exception.__init__(missing, "404 Client Error: Repository Not Found")
     hub(monkeypatch, missing)
-    with pytest.raises(DexError, match="has no model by that name that you may read; check the name, or log in"):
+    with pytest.raises(
+        DexError, match="has no model by that name that you may read; check the name, or log in"
+    ):
         checkpoint.check_hub("some-org/no-such-model")
 
 
@@ -226,6 +254,11 @@ def test_a_gguf_file_is_converted_once_into_the_cache_and_read_from_there(cache,
     model, _ = load_model(str(gguf), device="cpu", log=print)
     folder = locate(str(gguf), print)  # the same copy, for explorers that read their own parts
     assert calls == [gguf.resolve()] and folder.parent == cache / "gguf" and folder.name.startswith("m-")
-    assert model.config.num_hidden_layers == 6 and "model.layers.5.mlp.up_proj.weight" in Checkpoint(folder).keys()
-    os.utime(gguf, ns=(0, 10**9))  # a changed file (its modification time) is converted again, beside the old copy
+    assert (
+        model.config.num_hidden_layers == 6
+        and "model.layers.5.mlp.up_proj.weight" in Checkpoint(folder).keys()
+    )
+    os.utime(
+        gguf, ns=(0, 10**9)
+    )  # a changed file (its modification time) is converted again, beside the old copy
     assert locate(str(gguf), print) != folder and len(calls) == 2

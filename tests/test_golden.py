@@ -2,9 +2,8 @@
 
 import json
 
-import pytest
-
 import golden
+import pytest
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +33,8 @@ def test_the_sequential_schedule_reproduces_every_golden_trace(shared, records):
 def test_the_distributed_schedule_reproduces_golden_traces(shared, records):
     cases = golden.matrix()
     names = ["K3-decs1-draft1-prune1-greedy", "K3-decs1-draft1-prune1-sampled"]  # one group, two requests
-    with golden.decoder(cases[names[0]], shared, backend="distributed", devices=("cpu",) * 3, threads=1) as dex:
+    with golden.decoder(
+        cases[names[0]], shared, backend="distributed", devices=("cpu",) * 3, threads=1
+    ) as dex:
         for name in names:
             assert golden.trace(dex, cases[name]) == records[name], name

@@ -13,14 +13,22 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     out = tmp_path / "gpu.json"
-    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(out), "--markdown", str(tmp_path / "gpu.md")]) == 0
+    assert (
+        gpu_check.main(
+            ["--device", "cpu", "--quick", "--out", str(out), "--markdown", str(tmp_path / "gpu.md")]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     exact = report["exactness"]
     assert set(exact) == {"float32 greedy", "bfloat16 greedy", "bfloat16 sampled"}
     assert exact["float32 greedy"]["dex_eq_ar"] == exact["float32 greedy"]["dex_eq_hf"] == 2
     assert all(r["certified"] == r["tokens"] == 16 for r in exact.values())  # 2 prompts x 8 tokens
-    assert [r["method"] for r in report["speed"]] == ["AR (HF generate)", "DEX K=2 (sequential, one device)",
-                                                     "DEX K=3 (sequential, one device)"]
+    assert [r["method"] for r in report["speed"]] == [
+        "AR (HF generate)",
+        "DEX K=2 (sequential, one device)",
+        "DEX K=3 (sequential, one device)",
+    ]
     assert all(r["identical_to_ar"] for r in report["speed"][1:])
     assert all(1.0 <= r["rounds_per_token"] <= K for r, K in zip(report["speed"][1:], (2, 3)))
     assert sorted(map(int, report["profile"])) == [1, 2, 4]

@@ -61,7 +61,7 @@ def test_state_q_holds_two_to_the_q_minus_one_nodes(K):
         assert plan.state_before == q - 1
         lat.insert({n.id: 100 + n.id for b in plan.batches for n in b})
         assert lat.state == q
-        assert len(lat.nodes) == 2 ** q - 1
+        assert len(lat.nodes) == 2**q - 1
         assert sum(len(b) for b in plan.batches) == 2 ** (q - 1)
 
 
@@ -100,8 +100,10 @@ def test_collapse_keeps_only_the_matched_subtree(K):
 @pytest.mark.parametrize("K", [2, 3, 4])
 def test_token_matched_at_stage_k_costs_k_plus_one_rounds(K):
     for k in range(K):
+
         def guess(node, on_track, k=k):
             return truth(node.position) if on_track and node.stage >= k else -7 - node.stage
+
         _, commits, rounds_at = run(K, 12, guess)
         gaps = [b - a for a, b in zip(rounds_at, rounds_at[1:])]
         assert all(c.matched_stage == k for c in commits)
@@ -129,7 +131,9 @@ def test_commit_before_the_anchor_is_complete_is_refused():
     lat.plan_round()  # round 1: the root (node 0) at stage 0
     with pytest.raises(ValueError, match=r"^no candidate recorded for nodes \[0\]$"):
         lat.insert({})
-    with pytest.raises(RuntimeError, match=r"^cannot commit in state 1 of 3$"):  # q=1: one of the 3 rounds the anchor needs
+    with pytest.raises(
+        RuntimeError, match=r"^cannot commit in state 1 of 3$"
+    ):  # q=1: one of the 3 rounds the anchor needs
         lat.validate_and_commit()
 
 
@@ -140,7 +144,9 @@ def test_pruning_starts_the_most_probable_branches_and_never_stops_a_slot():
     (branch,), (deeper,), _ = plan.batches
     lat.insert({branch.id: 2, deeper.id: 2}, {branch.id: 0.2, deeper.id: 0.9})
     plan = lat.plan_round(prune=1)
-    assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [branch.id]  # the 0.9 candidate's
+    assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [
+        branch.id
+    ]  # the 0.9 candidate's
     assert [len(b) for b in plan.batches] == [1, 1, 1]  # depth children are never pruned
 
 
@@ -155,7 +161,9 @@ def test_pruned_runs_are_exact_and_mark_what_they_pruned(prune, options):
     assert result.tokens == ar_generate(model, [4, 9, 1, 30], 30, **options).tokens
     rounds = [e for e in result.trace if e["event"] == "round"]
     kinds = {n["id"]: n["kind"] for e in rounds for n in e["nodes"]}
-    started = [[i for i in e["batches"][0] if kinds[i] != "chain"] for e in rounds]  # draft chains are bounded apart
+    started = [
+        [i for i in e["batches"][0] if kinds[i] != "chain"] for e in rounds
+    ]  # draft chains are bounded apart
     assert max(map(len, started)) <= prune + 1  # new branches (+ a root after a miss)
     assert sum(len(e["pruned"]) for e in rounds) > 0
     computed = {n["id"] for e in rounds for n in e["nodes"]}
@@ -168,7 +176,10 @@ def test_auto_pruning_is_one_branch_on_cpu_off_on_accelerators_and_recorded_in_t
     from dex_core.testing import tiny_model
 
     assert resolve_prune("auto", ["cpu", "cpu"]) == 1
-    assert resolve_prune("auto", ["cuda:0", "cuda:1"]) is None and resolve_prune("auto", ["cpu", "cuda:1"]) is None
+    assert (
+        resolve_prune("auto", ["cuda:0", "cuda:1"]) is None
+        and resolve_prune("auto", ["cpu", "cuda:1"]) is None
+    )
     assert resolve_prune(2, ["cuda:0"]) == 2 and resolve_prune(None, ["cpu"]) is None
     model = tiny_model("llama").double()
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")

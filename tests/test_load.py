@@ -6,10 +6,10 @@ import threading
 
 import psutil
 import pytest
-
 from conftest import launch_app, tiny_tokenizer
-from dex_core import DexError, ar_generate, encode_prompt, load_model
 from test_app import shown_tokens
+
+from dex_core import DexError, ar_generate, encode_prompt, load_model
 
 PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
 
@@ -37,15 +37,18 @@ def _client(url, worker: int, model, results: list, errors: list) -> None:
             kind = ("generate", "race", "cancel")[(worker + i) % 3]
             if kind == "generate":
                 k, n = 2 + (worker % 3), 10 + worker
-                *_, last = client.submit(prompt, False, k, "", False, True, False, 1.0, 0, 1.0, 0, n,
-                                         api_name="/generate")
+                *_, last = client.submit(
+                    prompt, False, k, "", False, True, False, 1.0, 0, 1.0, 0, n, api_name="/generate"
+                )
                 ar = ar_generate(model, ids, n).tokens
                 results.append(shown_tokens(last[0]) == "".join(tok.decode([t]) for t in ar))
             elif kind == "race":
                 ar_text, dex_text, _, summary = client.predict(prompt, False, 3, False, 12, api_name="/race")
                 results.append(ar_text == dex_text and "identical output" in summary)
             else:
-                job = client.submit(prompt, False, 4, "", False, True, False, 1.0, 0, 1.0, 0, 200, api_name="/generate")
+                job = client.submit(
+                    prompt, False, 4, "", False, True, False, 1.0, 0, 1.0, 0, 200, api_name="/generate"
+                )
                 for _ in job:
                     break
                 job.cancel()
@@ -71,7 +74,7 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
     assert not errors, errors
     assert len(results) == 24 and all(results), results
     gc.collect()
-    grown = (me.memory_info().rss - baseline) / 2 ** 20
+    grown = (me.memory_info().rss - baseline) / 2**20
     assert grown < 150, f"RSS grew by {grown:.0f} MB under load"
     assert me.children(recursive=True) == []  # the sequential backend starts no process
 
@@ -84,21 +87,33 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
     me = psutil.Process()
     reference, _ = load_model(str(tiny_dir), device="cpu")
     try:
-        settings = [dict(explorers=2), dict(explorers=2, decs=False), dict(explorers=3), dict(depths="2,6"),
-                    dict(explorers=2, adapters=False), dict(explorers=3, decs=False), dict(depths="3,6"),
-                    dict(explorers=2)]  # depths 3,6 are K=2's uniform set: the same group as the one before
+        settings = [
+            dict(explorers=2),
+            dict(explorers=2, decs=False),
+            dict(explorers=3),
+            dict(depths="2,6"),
+            dict(explorers=2, adapters=False),
+            dict(explorers=3, decs=False),
+            dict(depths="3,6"),
+            dict(explorers=2),
+        ]  # depths 3,6 are K=2's uniform set: the same group as the one before
         groups = []
         for controls in settings:
             config = ui_config(max_new_tokens=6, **controls)
             decoder = runtime.decoder(config)
             groups.append(decoder.group.pids())
             ids = encode_prompt(tiny_tokenizer(), "hello world", chat=False)
-            assert decoder.generate(ids, options=config.generation()).tokens == ar_generate(reference, ids, 6).tokens
+            assert (
+                decoder.generate(ids, options=config.generation()).tokens
+                == ar_generate(reference, ids, 6).tokens
+            )
             assert decoder.model is None  # the server holds no weights: each explorer reads its own part
             alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
             assert len(alive) == decoder.K, (controls, alive)
         assert groups[7] == groups[6] and len({tuple(g) for g in groups}) == 7
-        with pytest.raises(DexError, match="the Race \\(its AR lane\\) runs the whole model in this server's process"):
+        with pytest.raises(
+            DexError, match="the Race \\(its AR lane\\) runs the whole model in this server's process"
+        ):
             runtime.model("the Race (its AR lane)")
     finally:
         runtime.close()

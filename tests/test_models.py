@@ -2,20 +2,34 @@
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from dex_core import DexDecoder, DexError, UnsupportedModelError, ar_generate, resolve_depths
 
 
-@pytest.mark.parametrize("L,K,expected", [(30, 4, (8, 15, 23, 30)), (6, 4, (2, 3, 5, 6)), (6, 1, (6,)),
-                                          (6, 6, (1, 2, 3, 4, 5, 6)), (32, 8, (4, 8, 12, 16, 20, 24, 28, 32))])
+@pytest.mark.parametrize(
+    "L,K,expected",
+    [
+        (30, 4, (8, 15, 23, 30)),
+        (6, 4, (2, 3, 5, 6)),
+        (6, 1, (6,)),
+        (6, 6, (1, 2, 3, 4, 5, 6)),
+        (32, 8, (4, 8, 12, 16, 20, 24, 28, 32)),
+    ],
+)
 def test_uniform_split(L, K, expected):
     assert resolve_depths(L, explorers=K) == expected
 
 
-@pytest.mark.parametrize("depths,message", [((8, 15, 23), "must end at the model's 30 layers"),
-                                            ((0, 30), r"depths must be integers >= 1; got \(0, 30\)"),
-                                            ((15, 8, 30), "strictly increasing"), ((), "empty")])
+@pytest.mark.parametrize(
+    "depths,message",
+    [
+        ((8, 15, 23), "must end at the model's 30 layers"),
+        ((0, 30), r"depths must be integers >= 1; got \(0, 30\)"),
+        ((15, 8, 30), "strictly increasing"),
+        ((), "empty"),
+    ],
+)
 def test_invalid_depths_are_refused_with_a_reason(depths, message):
     with pytest.raises(DexError, match=message):
         resolve_depths(30, depths=depths)
@@ -57,7 +71,9 @@ def test_adapters_change_which_branch_survives_but_never_the_tokens():
     model = tiny_model("llama")
     prompt = [7, 1, 4, 2, 8]
     plain = DexDecoder(model, depths=(2, 4, 6)).generate(prompt, 48)
-    adapted = DexDecoder(model, depths=(2, 4, 6), adapters={2: Shift(48, 0), 4: Shift(48, 1)}).generate(prompt, 48)
+    adapted = DexDecoder(model, depths=(2, 4, 6), adapters={2: Shift(48, 0), 4: Shift(48, 1)}).generate(
+        prompt, 48
+    )
     assert adapted.tokens == plain.tokens == ar_generate(model, prompt, 48).tokens
     assert adapted.stats.matched_stages != plain.stats.matched_stages
     with pytest.raises(DexError, match="only the non-final explored depths"):

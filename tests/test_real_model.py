@@ -5,10 +5,10 @@ import json
 import pytest
 
 from dex_core import DexDecoder, hf_greedy, load_model
-from dex_core.trace.events import round_commits
-from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.data.sets import humaneval_prompts
+from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.proposal import DEFAULT_PROPOSAL_VOCAB
+from dex_core.trace.events import round_commits
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,9 @@ def test_dex_k4_equals_hf_generate_on_humaneval_prompts(default_model):
     with safe_open(str(DEFAULT_ADAPTERS), "pt") as fh:  # what the shipped file records, read directly
         stored, ranking = json.loads(fh.metadata()["best_sets"])["4"], fh.get_tensor("shortlist").tolist()
     assert list(decoder.depths) == stored and decoder.depth_choice == "best set stored with the adapters"
-    assert decoder.shortlist.tolist() == ranking[:DEFAULT_PROPOSAL_VOCAB]  # light heads: the file's most frequent tokens
+    assert (
+        decoder.shortlist.tolist() == ranking[:DEFAULT_PROPOSAL_VOCAB]
+    )  # light heads: the file's most frequent tokens
     assert decoder.proposal_vocab == DEFAULT_PROPOSAL_VOCAB < len(ranking) == model.config.vocab_size
     for item in humaneval_prompts(2):
         prompt = tokenizer(item["prompt"])["input_ids"]
@@ -41,7 +43,11 @@ def test_dex_k4_equals_hf_generate_on_humaneval_prompts(default_model):
         assert commits[0][0] == 4 and result.stats.rounds == commits[-1][0]
         for (r, c), (later, _) in zip(commits, commits[1:]):
             gap = later - r
-            assert 0 <= gap < 4 if c["via"] == "chain" else gap == (4 if c["via"] == "root" else c["matched_stage"] + 1)
+            assert (
+                0 <= gap < 4
+                if c["via"] == "chain"
+                else gap == (4 if c["via"] == "root" else c["matched_stage"] + 1)
+            )
         assert result.stats.rounds_per_token == pytest.approx(result.stats.rounds / len(result.tokens))
 
 
@@ -58,17 +64,25 @@ def test_every_figure_of_a_default_model_trace_builds_with_at_most_15_lattice_no
     prompt = tokenizer("def fibonacci(n):")["input_ids"]
     trace = DexDecoder(model, explorers=4, tokenizer=tokenizer, draft="none").generate(prompt, 24).trace
     views, rounds = viz.replay(trace), [e for e in trace if e["event"] == "round"]
-    assert len(views) == len(rounds) == trace[-1]["stats"]["rounds"] and views[-1].tokens == trace[-1]["tokens"]
+    assert (
+        len(views) == len(rounds) == trace[-1]["stats"]["rounds"] and views[-1].tokens == trace[-1]["tokens"]
+    )
     alive = []
     for view, event in zip(views, rounds):
         # a round's lattice: the nodes alive after the round before and the ones this round's plan ran, at most
         # the 2^(q+1) - 1 of the FSM state q it started in (15 for K = 4)
         size = viz.lattice_size(view)
-        assert size == len(alive) + sum(map(len, event["batches"])) <= 2 ** (event["state_before"] + 1) - 1 <= 15
+        assert (
+            size == len(alive) + sum(map(len, event["batches"])) <= 2 ** (event["state_before"] + 1) - 1 <= 15
+        )
         alive = event["alive"]
-        assert sum(len(t.x) for t in viz.lattice_figure(view).data if "markers" in t.mode) == size  # each node drawn
+        assert (
+            sum(len(t.x) for t in viz.lattice_figure(view).data if "markers" in t.mode) == size
+        )  # each node drawn
         assert viz.tokens_html(view).count('class="dex-tok"') == len(view.tokens)
-        assert all(isinstance(html, str) and html for html in (viz.fsm_html(view), viz.round_table_html(view)))
+        assert all(
+            isinstance(html, str) and html for html in (viz.fsm_html(view), viz.round_table_html(view))
+        )
 
 
 def test_shipped_adapters_load_for_the_default_model_and_keep_dex_exact(default_model):

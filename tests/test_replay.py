@@ -1,8 +1,8 @@
 """A live trace's replay is extended round by round and equals a full rebuild of the same events."""
 
 import pytest
-
 from conftest import tiny_tokenizer
+
 from dex_core import DexDecoder
 from visualize import ReplayCache, replay
 from visualize.replay import _Index

@@ -10,15 +10,28 @@ import time
 import psutil
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
-
 from conftest import tiny_model, tiny_tokenizer
+from faults import Silent, SlowLoad
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+)
+
 from dex_core import DexDecoder, DexError, ExplorerError, ar_generate
 from dex_core.model.adapters import model_identity, new_adapters, save_adapters
 from dex_core.model.checkpoint import Checkpoint
+from dex_core.model.stage_load import (
+    StagePart,
+    StateDict,
+    checkpoint_identity,
+    load_stage,
+    part_bytes,
+    skeleton,
+)
 from dex_core.tools.plan import parse_size, plan_ranks
-from dex_core.model.stage_load import StagePart, StateDict, checkpoint_identity, load_stage, part_bytes, skeleton
-from faults import Silent, SlowLoad
 
 ROWS = 512  # the light heads' rows in these tests
 
@@ -30,9 +43,19 @@ def sharded(tmp_path_factory):
     set); returns (folder, model, adapter file)."""
     folder = tmp_path_factory.mktemp("sharded")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = model.generation_config.pad_token_id = None
     model.save_pretrained(folder, max_shard_size="12MB")
@@ -73,9 +96,12 @@ def test_each_part_holds_exactly_what_from_pretrained_puts_there(tmp_path, tied)
             got = stage.model.state_dict()
             layers = tuple(f"model.layers.{i}." for i in part.layers)
             for key, value in reference.items():
-                held = key.startswith(layers) or key == "model.norm.weight" or (
-                    key == "model.embed_tokens.weight" and rank == 0) or (key == "lm_head.weight" and (
-                        rows is None or rank == 2))
+                held = (
+                    key.startswith(layers)
+                    or key == "model.norm.weight"
+                    or (key == "model.embed_tokens.weight" and rank == 0)
+                    or (key == "lm_head.weight" and (rows is None or rank == 2))
+                )
                 assert torch.equal(got[key], value) if held else got[key].is_meta, (rank, rows, key)
             if rows is not None and rank < 2:
                 assert torch.equal(stage.head_rows[0], reference["lm_head.weight"][list(ids)])
@@ -86,18 +112,38 @@ def test_each_part_holds_exactly_what_from_pretrained_puts_there(tmp_path, tied)
 def test_fused_expert_weights_are_converted_by_transformers_own_rules(tmp_path):
     # a saved mixture-of-experts checkpoint stores one tensor per expert; the model fuses them: the loader must
     # map keys the way from_pretrained does (WeightConverter), not assume that the names match
-    config = Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                            shared_expert_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
-                            num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)
+    config = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
     Qwen2MoeForCausalLM(config).save_pretrained(tmp_path, max_shard_size="30KB")
     keys = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
-    assert "model.layers.2.mlp.experts.3.up_proj.weight" in keys and "model.layers.2.mlp.experts.gate_up_proj" not in keys
+    assert (
+        "model.layers.2.mlp.experts.3.up_proj.weight" in keys
+        and "model.layers.2.mlp.experts.gate_up_proj" not in keys
+    )
     reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).state_dict()
     stage = load_stage(config, StagePart((2, 4), 1), Checkpoint(tmp_path), "cpu", torch.float32)
     got = stage.model.state_dict()
-    assert torch.equal(got["model.layers.2.mlp.experts.gate_up_proj"], reference["model.layers.2.mlp.experts.gate_up_proj"])
-    assert all(torch.equal(got[k], v) for k, v in reference.items() if k.startswith(("model.layers.2.", "model.layers.3.")))
-    assert sum(k.startswith("model.layers.2.mlp.experts.") for k in stage.read) == 12  # 4 experts x 3 matrices
+    assert torch.equal(
+        got["model.layers.2.mlp.experts.gate_up_proj"], reference["model.layers.2.mlp.experts.gate_up_proj"]
+    )
+    assert all(
+        torch.equal(got[k], v)
+        for k, v in reference.items()
+        if k.startswith(("model.layers.2.", "model.layers.3."))
+    )
+    assert (
+        sum(k.startswith("model.layers.2.mlp.experts.") for k in stage.read) == 12
+    )  # 4 experts x 3 matrices
 
 
 def test_a_model_built_in_memory_hands_its_parts_over_without_files(tmp_path):
@@ -115,27 +161,40 @@ def test_the_parent_reads_the_embeddings_first_rows_for_the_identity(sharded):
 
 
 def test_distributed_from_a_checkpoint_the_parent_holds_no_weights_and_each_rank_reads_only_its_keys(
-        sharded, monkeypatch, tmp_path):
+    sharded, monkeypatch, tmp_path
+):
     folder, model, adapters = sharded
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the group's private folder goes
     reads = []
     original = Checkpoint.read
-    monkeypatch.setattr(Checkpoint, "read", lambda self, key, rows=None: reads.append((key, rows)) or original(
-        self, key, rows))
+    monkeypatch.setattr(
+        Checkpoint,
+        "read",
+        lambda self, key, rows=None: reads.append((key, rows)) or original(self, key, rows),
+    )
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", None)  # the parent must not load a model
     options = dict(explorers=3, adapters=str(adapters), proposal_vocab=ROWS, trace_top=2)
     prompts = [[9], [5, 17, 3, 88, 40, 2, 61] * 3]
     # float64 (from a float32 checkpoint), as exactness tests run: a random model's candidates are near-ties
-    with DexDecoder.from_pretrained(str(folder), backend="distributed", device="cpu", threads=1, dtype="float64",
-                                    **options) as dist:
+    with DexDecoder.from_pretrained(
+        str(folder), backend="distributed", device="cpu", threads=1, dtype="float64", **options
+    ) as dist:
         assert dist.model is None and all(p.is_meta for p in dist.view.model.parameters())
-        assert reads == [("model.embed_tokens.weight", range(64))]  # the adapters' identity check, nothing else
+        assert reads == [
+            ("model.embed_tokens.weight", range(64))
+        ]  # the adapters' identity check, nothing else
         files = [p for p in tmp_path.rglob("*") if p.is_file()]
-        assert not [p for p in files if p.stat().st_size > 4096], files  # sockets and the rendezvous file only
+        assert not [p for p in files if p.stat().st_size > 4096], (
+            files
+        )  # sockets and the rendezvous file only
         index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
         ranking = dist.shortlist.tolist()
         for k, (start, stop) in enumerate([(0, 3), (3, 6), (6, 8)]):
-            want = {key: None for key in index if key.startswith(tuple(f"model.layers.{i}." for i in range(start, stop)))}
+            want = {
+                key: None
+                for key in index
+                if key.startswith(tuple(f"model.layers.{i}." for i in range(start, stop)))
+            }
             want |= {"model.norm.weight": None, "lm_head.weight": ROWS if k < 2 else None}
             want |= {"model.embed_tokens.weight": None} if k == 0 else {}
             assert dist.group.loaded[k]["read"] == want, k
@@ -149,8 +208,12 @@ def test_distributed_from_a_checkpoint_the_parent_holds_no_weights_and_each_rank
         for prompt in prompts:
             got, same = dist.generate(prompt, 24), sequential.generate(prompt, 24)
             assert got.tokens == same.tokens == ar_generate(model, prompt, 24).tokens
-            strip = lambda trace: [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
-            assert strip(got.trace) == strip(same.trace)  # the same adapters and light heads: the same lattice
+            strip = lambda trace: [
+                {k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace
+            ]
+            assert strip(got.trace) == strip(
+                same.trace
+            )  # the same adapters and light heads: the same lattice
         sampled = dist.generate(prompts[1], 16, temperature=0.8, top_p=0.9, seed=5)
         assert sampled.tokens == ar_generate(model, prompts[1], 16, temperature=0.8, top_p=0.9, seed=5).tokens
         pids = dist.group.pids()
@@ -160,10 +223,20 @@ def test_distributed_from_a_checkpoint_the_parent_holds_no_weights_and_each_rank
 def test_a_rank_that_loads_slowly_but_reports_progress_outlives_start_timeout(sharded):
     folder, model, _ = sharded
     tic = time.monotonic()
-    with DexDecoder.from_pretrained(str(folder), backend="distributed", device="cpu", threads=1, depths=(4, 8),
-                                    adapters={4: SlowLoad(0.25)}, proposal_vocab="full", start_timeout=2.0) as dex:
+    with DexDecoder.from_pretrained(
+        str(folder),
+        backend="distributed",
+        device="cpu",
+        threads=1,
+        depths=(4, 8),
+        adapters={4: SlowLoad(0.25)},
+        proposal_vocab="full",
+        start_timeout=2.0,
+    ) as dex:
         took = time.monotonic() - tic
-        assert len(dex.group.loaded[0]["read"]) == 39  # 4 layers x 9, norm, head, embeddings: each 0.25 s late
+        assert (
+            len(dex.group.loaded[0]["read"]) == 39
+        )  # 4 layers x 9, norm, head, embeddings: each 0.25 s late
         assert dex.generate([3, 1, 4, 1, 5], 8).tokens == ar_generate(model, [3, 1, 4, 1, 5], 8).tokens
     assert took > 39 * 0.25
 
@@ -171,17 +244,36 @@ def test_a_rank_that_loads_slowly_but_reports_progress_outlives_start_timeout(sh
 def test_a_rank_silent_while_it_loads_is_named_after_start_timeout(sharded):
     folder, _, _ = sharded
     tic = time.monotonic()
-    with pytest.raises(ExplorerError, match=r"explorer rank 1 sent nothing for 2 s while loading its part of the "
-                                            r"model \(0 of 16 MB placed\); raise start_timeout"):
-        DexDecoder.from_pretrained(str(folder), backend="distributed", device="cpu", threads=1, depths=(2, 6, 8),
-                                   adapters={6: Silent(120)}, proposal_vocab="full", start_timeout=2.0)
+    with pytest.raises(
+        ExplorerError,
+        match=r"explorer rank 1 sent nothing for 2 s while loading its part of the "
+        r"model \(0 of 16 MB placed\); raise start_timeout",
+    ):
+        DexDecoder.from_pretrained(
+            str(folder),
+            backend="distributed",
+            device="cpu",
+            threads=1,
+            depths=(2, 6, 8),
+            adapters={6: Silent(120)},
+            proposal_vocab="full",
+            start_timeout=2.0,
+        )
     assert time.monotonic() - tic < 60  # the import of torch, then 2 s of silence: not the 120 s it sleeps
     me = psutil.Process()
     assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
-LLAMA2_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 32000, "torch_dtype": "float16"}
+LLAMA2_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "torch_dtype": "float16",
+}
 
 
 def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, capsys):
@@ -196,13 +288,20 @@ def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, 
     assert plans[7].kv == 10 * 2 * 8 * 128 * 8192 * 2  # 4096 tokens + 255 lattice rows: StageCache holds 8192
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA2_70B))
-    assert main(["plan", "--config", str(path), "--explorers", "8", "--dtype", "bfloat16", "--gpu-memory", "80GB"]) == 0
+    assert (
+        main(
+            ["plan", "--config", str(path), "--explorers", "8", "--dtype", "bfloat16", "--gpu-memory", "80GB"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count(" 17.1 GB ") == 8 and out.count(": fits") == 8
     assert main(["plan", "--config", str(path), "--explorers", "4", "--gpu-memory", "24GiB"]) == 1
     out = capsys.readouterr().out
     assert "K=4 explorers in float16" in out and out.count("does NOT fit") == 4  # 34 GB of layers per GPU
-    assert main(["plan", "--config", str(path), "--explorers", "8", "--gpus", "4", "--gpu-memory", "80GB"]) == 0
+    assert (
+        main(["plan", "--config", str(path), "--explorers", "8", "--gpus", "4", "--gpu-memory", "80GB"]) == 0
+    )
     assert "GPU 3 (ranks 3, 7)" in capsys.readouterr().out
 
 
@@ -213,7 +312,10 @@ def test_plan_refuses_bad_sizes_and_a_missing_model(capsys):
     assert main(["plan", "--config", "x.json", "--gpu-memory", "lots"]) == 2
     assert "a memory size is a number with a unit, like 80GB" in capsys.readouterr().err
     assert main(["plan"]) == 2 and "give a model (SPEC) or --config" in capsys.readouterr().err
-    assert main(["plan", "--config", os.devnull]) == 2 and "could not read the model's config" in capsys.readouterr().err
+    assert (
+        main(["plan", "--config", os.devnull]) == 2
+        and "could not read the model's config" in capsys.readouterr().err
+    )
 
 
 def test_a_hub_id_is_fetched_once_as_safetensors_and_read_like_a_folder(sharded, monkeypatch):
@@ -224,8 +326,11 @@ def test_a_hub_id_is_fetched_once_as_safetensors_and_read_like_a_folder(sharded,
     folder, _, _ = sharded
     asked = []
     monkeypatch.setattr(checkpoint, "check_hub", lambda repo_id: asked.append(("check", repo_id)))
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda repo_id, allow_patterns: asked.append((repo_id, allow_patterns)) or str(folder))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, allow_patterns: asked.append((repo_id, allow_patterns)) or str(folder),
+    )
     assert checkpoint.locate("some-org/some-model", print) == folder
     assert asked[0] == ("check", "some-org/some-model") and asked[1][0] == "some-org/some-model"
     assert "*.safetensors" in asked[1][1] and not any("bin" in p or "pt" == p[-2:] for p in asked[1][1])

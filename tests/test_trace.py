@@ -7,16 +7,20 @@ import pytest
 from dex_core import DexDecoder, DexError, load_trace, save_trace
 from dex_core.trace.events import TRACE_VERSION, round_commits
 
-
 CHAINED = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a prompt that repeats itself: lookups find drafts
 
 
 @pytest.fixture(scope="module", params=["sampled", "chains"])
 def trace(llama, request):
     if request.param == "sampled":
-        return DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="none").generate(
-            [4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2).trace
-    events = DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="gate=0").generate(CHAINED, 24).trace
+        return (
+            DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="none")
+            .generate([4, 8, 15, 16, 23, 42], 24, temperature=0.8, seed=2)
+            .trace
+        )
+    events = (
+        DexDecoder(llama, explorers=4, trace_top=5, prune="none", draft="gate=0").generate(CHAINED, 24).trace
+    )
     assert any(len(round_commits(e)) > 1 for e in events if e["event"] == "round")  # the test must see chains
     return events
 
@@ -62,12 +66,16 @@ def test_replaying_rounds_rebuilds_the_lattice_and_the_output(trace):
             c = event["collapse"]
             assert set(c["kept"]) | set(c["dropped"]) | set(c["committed"]) == set(alive)
             commits = round_commits(event)
-            assert commits[0] is event["commit"] and c["committed"] == [i for m in commits for i in m["anchor_nodes"]]
+            assert commits[0] is event["commit"] and c["committed"] == [
+                i for m in commits for i in m["anchor_nodes"]
+            ]
             for commit, after in zip(commits, commits[1:] + [None]):
                 assert [alive[i]["token"] for i in commit["anchor_nodes"]] == commit["anchor_candidates"]
                 assert commit["token"] == commit["anchor_candidates"][-1]
                 assert commit["anchor_candidates"].index(commit["token"]) == commit["matched_stage"]
-                if after is not None:  # a second commit in a round is a chain slot fed the token just committed
+                if (
+                    after is not None
+                ):  # a second commit in a round is a chain slot fed the token just committed
                     assert commit["via"] == "chain" and after["drafted"]
                     assert alive[after["anchor_nodes"][0]]["input_token"] == commit["token"]
                 committed.append(commit["token"])
@@ -106,7 +114,10 @@ def test_dtype_device_and_commit_margins_are_recorded_and_optional(trace, tmp_pa
     save_trace(tmp_path / "bad.json", bad)
     with pytest.raises(DexError, match=r"events\[0\].device must name a device like cpu or cuda:0"):
         load_trace(tmp_path / "bad.json")
-    bad[0]["device"], next(e for e in bad if e["event"] == "round" and e["commit"])["commit"]["near_tie"] = "cpu", 1
+    bad[0]["device"], next(e for e in bad if e["event"] == "round" and e["commit"])["commit"]["near_tie"] = (
+        "cpu",
+        1,
+    )
     save_trace(tmp_path / "bad.json", bad)
     with pytest.raises(DexError, match=r"commit.near_tie must be true or false"):
         load_trace(tmp_path / "bad.json")

@@ -6,14 +6,22 @@ import json
 import math
 
 import pytest
+from conftest import tiny_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import tiny_tokenizer
 from dex_core import DexDecoder, DexError, ar_stream, load_trace, save_trace
 from dex_core.trace.schema import TRACE_LIMITS, TraceLimits, parse_trace
-from visualize import (ReplayCache, fsm_html, lattice_figure, lattice_graph, replay, round_table_html, stats_html,
-                       tokens_html)
+from visualize import (
+    ReplayCache,
+    fsm_html,
+    lattice_figure,
+    lattice_graph,
+    replay,
+    round_table_html,
+    stats_html,
+    tokens_html,
+)
 
 PAYLOAD = '"><img src=x onerror="window.__xss=1">'
 PROMPT = [1, 2, 3, 4]
@@ -72,10 +80,17 @@ def real_traces(llama):
     tok = tiny_tokenizer()
     traces = {}
     for K in (1, 2, 3, 4):
-        traces[f"greedy-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(PROMPT, 8).trace
-        traces[f"sampled-K{K}"] = DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(
-            PROMPT, 8, temperature=0.8, top_k=20, top_p=0.9, seed=K).trace
-    traces["no-tokenizer-no-decs-no-top"] = DexDecoder(llama, explorers=3, decs=False, trace_top=0).generate(PROMPT, 6).trace
+        traces[f"greedy-K{K}"] = (
+            DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(PROMPT, 8).trace
+        )
+        traces[f"sampled-K{K}"] = (
+            DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5)
+            .generate(PROMPT, 8, temperature=0.8, top_k=20, top_p=0.9, seed=K)
+            .trace
+        )
+    traces["no-tokenizer-no-decs-no-top"] = (
+        DexDecoder(llama, explorers=3, decs=False, trace_top=0).generate(PROMPT, 6).trace
+    )
     traces["stopped-early"] = traces["greedy-K3"][:-3]
     traces["ar"] = list(ar_stream(llama, PROMPT, 6, tokenizer=tok))
     traces["ar-sampled"] = list(ar_stream(llama, PROMPT, 6, temperature=0.7, seed=3))
@@ -107,7 +122,9 @@ def test_markup_in_any_numeric_field_is_refused_with_the_field_named(valid):
     for path in paths:
         message = rejected(replaced(valid, path, PAYLOAD))
         assert "not a valid DEX trace" in message and "<img" not in message, path
-    assert "events[0].depths[0] must be an integer" in rejected(replaced(valid, ("events", 0, "depths", 0), PAYLOAD))
+    assert "events[0].depths[0] must be an integer" in rejected(
+        replaced(valid, ("events", 0, "depths", 0), PAYLOAD)
+    )
 
 
 def test_markup_in_a_text_field_is_kept_as_text_and_escaped_when_drawn(valid):
@@ -123,10 +140,17 @@ def test_markup_in_a_text_field_is_kept_as_text_and_escaped_when_drawn(valid):
 
 def test_markup_in_fields_that_name_a_kind_is_refused(valid):
     for path in first_of_each_field(valid, str):
-        if path[-1] not in ("text", "model") and path[-3:-1][:1] != ("top",):  # a top entry's third item is text
+        if path[-1] not in ("text", "model") and path[-3:-1][:1] != (
+            "top",
+        ):  # a top entry's third item is text
             message = rejected(replaced(valid, path, PAYLOAD))
-            assert "must be one of" in message or path == ("format",) and "not a DEX trace" in message or \
-                path[-1] == "device" and "events[0].device must name a device like cpu or cuda:0" in message, path
+            assert (
+                "must be one of" in message
+                or path == ("format",)
+                and "not a DEX trace" in message
+                or path[-1] == "device"
+                and "events[0].device must name a device like cpu or cuda:0" in message
+            ), path
     assert "has a key that a DEX trace does not have" in rejected(replaced(valid, ("events", 1, PAYLOAD), 1))
 
 
@@ -144,8 +168,21 @@ def test_a_wrong_type_or_range_anywhere_is_refused(valid, value):
 def test_a_missing_key_is_refused_and_named(valid):
     for event in (0, 1, len(valid["events"]) - 1):
         for key in valid["events"][event]:
-            if key in ("adapter_depths", "timings", "proposal_vocab", "depth_choice", "pruned", "prune", "cost", "dtype",
-                       "device", "draft", "commits", "chains", "cut"):  # optional (absent in older traces)
+            if key in (
+                "adapter_depths",
+                "timings",
+                "proposal_vocab",
+                "depth_choice",
+                "pruned",
+                "prune",
+                "cost",
+                "dtype",
+                "device",
+                "draft",
+                "commits",
+                "chains",
+                "cut",
+            ):  # optional (absent in older traces)
                 continue
             doc = copy.deepcopy(valid)
             del doc["events"][event][key]
@@ -155,21 +192,30 @@ def test_a_missing_key_is_refused_and_named(valid):
     assert "events[1].nodes[0] is missing stage" in rejected(node)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", "invalid JSON"), ("[]", "not a DEX trace"), ("1", "not a DEX trace"), ('"x"', "not a DEX trace"),
-    ("null", "not a DEX trace"), ('{"format": "dex-trace"', "invalid JSON"), (b"\xff\xfe\x00{", "not a DEX trace"),
-    ('{"format": "dex-trace", "version": 1, "events": []}', "events has fewer than 1 items"),
-    ('{"format": "dex-trace", "version": 1, "events": [1]}', "events[0] must be an object"),
-    ('{"format": "dex-trace", "version": 1, "events": [{}]}', "events[0] is missing event"),
-    ('{"format": "dex-trace", "version": 9, "events": []}', "newer trace version"),
-    ('{"format": "dex-trace", "version": 1.0, "events": []}', "version must be an integer"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"format": "dex-trace", "meta": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
-    ('{"format": "dex-trace", "version": 1, "meta": {"a": [[[[1]]]]}, "events": []}', "meta.a must be"),
-    ('{"format": "dex-trace", "version": NaN}', "NaN"), ('{"format": "dex-trace", "version": -Infinity}', "NaN"),
-    ('{"format": "dex-trace", "version": 1e999}', "out of range"),
-    ('{"format": "dex-trace", "version": ' + "9" * 5000 + "}", "numbers in range"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "invalid JSON"),
+        ("[]", "not a DEX trace"),
+        ("1", "not a DEX trace"),
+        ('"x"', "not a DEX trace"),
+        ("null", "not a DEX trace"),
+        ('{"format": "dex-trace"', "invalid JSON"),
+        (b"\xff\xfe\x00{", "not a DEX trace"),
+        ('{"format": "dex-trace", "version": 1, "events": []}', "events has fewer than 1 items"),
+        ('{"format": "dex-trace", "version": 1, "events": [1]}', "events[0] must be an object"),
+        ('{"format": "dex-trace", "version": 1, "events": [{}]}', "events[0] is missing event"),
+        ('{"format": "dex-trace", "version": 9, "events": []}', "newer trace version"),
+        ('{"format": "dex-trace", "version": 1.0, "events": []}', "version must be an integer"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"format": "dex-trace", "meta": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deeply"),
+        ('{"format": "dex-trace", "version": 1, "meta": {"a": [[[[1]]]]}, "events": []}', "meta.a must be"),
+        ('{"format": "dex-trace", "version": NaN}', "NaN"),
+        ('{"format": "dex-trace", "version": -Infinity}', "NaN"),
+        ('{"format": "dex-trace", "version": 1e999}', "out of range"),
+        ('{"format": "dex-trace", "version": ' + "9" * 5000 + "}", "numbers in range"),
+    ],
+)
 def test_malformed_documents_are_refused(text, message):
     assert message in rejected(text)
 
@@ -182,27 +228,73 @@ def test_nan_and_infinity_in_a_trace_are_refused(valid):
 
 def minimal_rounds(rounds: int, K: int = 1, nodes_per_round: int = 1) -> dict:
     """A valid K=1 DEX trace: each round creates roots and commits the first one."""
-    events = [{"event": "start", "version": 1, "method": "dex", "explorers": K, "depths": list(range(1, K + 1)),
-               "num_layers": K, "prompt": [1], "max_new_tokens": rounds, "decs": True,
-               "sampling": {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0}}]
+    events = [
+        {
+            "event": "start",
+            "version": 1,
+            "method": "dex",
+            "explorers": K,
+            "depths": list(range(1, K + 1)),
+            "num_layers": K,
+            "prompt": [1],
+            "max_new_tokens": rounds,
+            "decs": True,
+            "sampling": {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0},
+        }
+    ]
     for r in range(rounds):
         ids = list(range(r * nodes_per_round, (r + 1) * nodes_per_round))
-        nodes = [{"id": i, "slot": i, "parent": None, "kind": "root", "stage": 0, "position": 1 + r,
-                  "input_token": 1, "token": 5, "text": "a", "top": [[5, 1.0]], "masked": []} for i in ids]
-        events.append({"event": "round", "round": r + 1, "state_before": 0, "state_after": 0,
-                       "batches": [ids] + [[] for _ in range(K - 1)], "nodes": nodes,
-                       "commit": {"index": r, "position": 1 + r, "token": 5, "text": "a", "matched_stage": 0,
-                                  "anchor_nodes": ids[:1] * K, "anchor_candidates": [5] * K},
-                       "collapse": {"committed": ids[:1], "kept": [], "dropped": ids[1:], "new_anchor": None},
-                       "alive": []})
+        nodes = [
+            {
+                "id": i,
+                "slot": i,
+                "parent": None,
+                "kind": "root",
+                "stage": 0,
+                "position": 1 + r,
+                "input_token": 1,
+                "token": 5,
+                "text": "a",
+                "top": [[5, 1.0]],
+                "masked": [],
+            }
+            for i in ids
+        ]
+        events.append(
+            {
+                "event": "round",
+                "round": r + 1,
+                "state_before": 0,
+                "state_after": 0,
+                "batches": [ids] + [[] for _ in range(K - 1)],
+                "nodes": nodes,
+                "commit": {
+                    "index": r,
+                    "position": 1 + r,
+                    "token": 5,
+                    "text": "a",
+                    "matched_stage": 0,
+                    "anchor_nodes": ids[:1] * K,
+                    "anchor_candidates": [5] * K,
+                },
+                "collapse": {"committed": ids[:1], "kept": [], "dropped": ids[1:], "new_anchor": None},
+                "alive": [],
+            }
+        )
     return document(events)
 
 
 def test_sizes_beyond_the_limits_are_refused_before_deeper_work(tmp_path):
     assert parse_trace(json.dumps(minimal_rounds(20)))[0][-1]["round"] == 20
-    assert "8000 rounds; this DEX accepts at most 5000 (TraceLimits.max_rounds)" in rejected(minimal_rounds(8000))
-    assert "TraceLimits.max_nodes" in rejected(minimal_rounds(20, nodes_per_round=10), TraceLimits(max_nodes=100))
-    assert "has more than 8 items" in rejected(minimal_rounds(3, nodes_per_round=9), TraceLimits(max_nodes_per_round=8))
+    assert "8000 rounds; this DEX accepts at most 5000 (TraceLimits.max_rounds)" in rejected(
+        minimal_rounds(8000)
+    )
+    assert "TraceLimits.max_nodes" in rejected(
+        minimal_rounds(20, nodes_per_round=10), TraceLimits(max_nodes=100)
+    )
+    assert "has more than 8 items" in rejected(
+        minimal_rounds(3, nodes_per_round=9), TraceLimits(max_nodes_per_round=8)
+    )
     assert "explorers must be <= 64" in rejected(minimal_rounds(2, K=65))
     long_text = replaced(minimal_rounds(2), ("events", 1, "nodes", 0, "text"), "x" * 1001)
     assert "text is longer than 1000 characters" in rejected(long_text)
@@ -231,7 +323,9 @@ def test_broken_references_are_refused(valid):
     commit_round = next(i for i, e in enumerate(valid["events"]) if e.get("commit"))
     for key in ("anchor_nodes", "matched_stage"):
         value = [10_000, 10_001, 10_002] if key == "anchor_nodes" else 3
-        assert "not a valid DEX trace" in rejected(replaced(valid, ("events", commit_round, "commit", key), value))
+        assert "not a valid DEX trace" in rejected(
+            replaced(valid, ("events", commit_round, "commit", key), value)
+        )
     assert "exactly when commit is" in rejected(replaced(valid, ("events", commit_round, "collapse"), None))
     ends_twice = replaced(valid, ("events",), valid["events"] + [valid["events"][-1]])
     assert "only the last" in rejected(ends_twice)
@@ -274,13 +368,22 @@ def test_a_missing_file_is_refused_without_its_folder(tmp_path):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=20)
     | st.sampled_from([PAYLOAD, "round", "start", "end", "root", "depth", "dex", -1, 0, 1, 2**31]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
-PLAUSIBLE = {int: st.integers(0, 40), float: st.floats(0, 1), str: st.sampled_from([PAYLOAD, "", "x"]) | st.text()}
+PLAUSIBLE = {
+    int: st.integers(0, 40),
+    float: st.floats(0, 1),
+    str: st.sampled_from([PAYLOAD, "", "x"]) | st.text(),
+}
 
 
 def mutated(data, doc):
@@ -295,7 +398,7 @@ def mutated(data, doc):
     if how == "drop" and isinstance(path[-1], str):
         del parent[path[-1]]
     elif how == "plausible" and isinstance(value, list):
-        parent[path[-1]] = data.draw(st.permutations(value))[:data.draw(st.integers(0, len(value)))]
+        parent[path[-1]] = data.draw(st.permutations(value))[: data.draw(st.integers(0, len(value)))]
     elif how == "plausible" and type(value) in PLAUSIBLE:
         parent[path[-1]] = data.draw(PLAUSIBLE[type(value)])
     else:

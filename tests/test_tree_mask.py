@@ -15,8 +15,13 @@ def reference(committed, slots, positions, paths, queries, window, dtype):
     keys = list(range(committed)) + positions + queries
     owners = [None] * committed + slots + [p[-1] for p in paths]
     low = torch.finfo(dtype).min
-    rows = [[0.0 if (j < committed or owners[j] in path) and (window is None or q - keys[j] < window) else low
-             for j in range(len(keys))] for path, q in zip(paths, queries)]
+    rows = [
+        [
+            0.0 if (j < committed or owners[j] in path) and (window is None or q - keys[j] < window) else low
+            for j in range(len(keys))
+        ]
+        for path, q in zip(paths, queries)
+    ]
     return torch.tensor(rows, dtype=dtype)[None, None]
 
 

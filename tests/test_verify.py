@@ -4,15 +4,15 @@ import json
 
 import pytest
 import torch
-
 from conftest import tiny_model, tiny_tokenizer
+
 from dex_core import DexDecoder, DexError, save_trace
-from dex_core.cli import main
-from dex_core.runtime.reference import ar_generate, hf_greedy
-from dex_core.config import GenerationOptions
 from dex_core.algorithm.sampling import Sampler, tie_gap
-from dex_core.trace.events import round_commits
+from dex_core.cli import main
+from dex_core.config import GenerationOptions
+from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.tools.verify import Certificate, certify_tokens, verify_trace
+from dex_core.trace.events import round_commits
 
 PROMPT = [4, 8, 15, 16, 23, 42]
 SAMPLED = {"temperature": 0.8, "top_k": 20, "seed": 4}
@@ -22,7 +22,9 @@ def _checks_agree_with_the_run(cert: Certificate, tokens: list[int]) -> None:
     assert cert.total == cert.certified == len(tokens) and cert.ok and cert.worst_gap == 0.0
     assert [c.token for c in cert.checks] == [c.top for c in cert.checks] == tokens
     assert [c.position for c in cert.checks] == list(range(len(PROMPT), len(PROMPT) + len(tokens)))
-    assert cert.summary() == f"certified: {len(tokens)} of {len(tokens)} tokens within the tie gap (worst gap 0)"
+    assert (
+        cert.summary() == f"certified: {len(tokens)} of {len(tokens)} tokens within the tie gap (worst gap 0)"
+    )
 
 
 @pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "sampled"])
@@ -43,7 +45,10 @@ def test_a_wrong_token_has_the_models_logit_gap_and_taints_nothing_before_it(lla
         logits = llama(torch.tensor([PROMPT + bad[:5]])).logits[0, -1]
     first = cert.uncertified[0]
     assert (first.index, first.position, first.token, first.top) == (5, len(PROMPT) + 5, bad[5], tokens[5])
-    assert first.gap == pytest.approx(float(logits.max() - logits[bad[5]]), rel=1e-12) and first.gap > first.tie_gap
+    assert (
+        first.gap == pytest.approx(float(logits.max() - logits[bad[5]]), rel=1e-12)
+        and first.gap > first.tie_gap
+    )
     assert all(c.certified for c in cert.checks[:5]) and cert.worst_gap >= first.gap
 
 
@@ -57,7 +62,11 @@ def test_a_bfloat16_near_tie_is_certified_and_a_real_miss_is_not():
 
     rows = [last_row(i) for i in range(40)]
     best = [r.topk(2) for r in rows]
-    ties = [i for i, b in enumerate(best) if 0 < b.values[0] - b.values[1] <= tie_gap(torch.bfloat16, rows[i].max())]
+    ties = [
+        i
+        for i, b in enumerate(best)
+        if 0 < b.values[0] - b.values[1] <= tie_gap(torch.bfloat16, rows[i].max())
+    ]
     assert ties, "this seed's bfloat16 model has near-ties among its first 40 tokens"
     i = ties[0]
     (top, runner_up), margin = best[i].indices.tolist(), float(best[i].values[0] - best[i].values[1])
@@ -112,10 +121,10 @@ def test_a_token_at_the_edge_of_the_top_p_nucleus_is_a_near_tie_and_one_far_outs
 
 def test_tie_gap_is_four_units_in_the_last_place_and_scales_with_the_dtype():
     gaps = [tie_gap(d, 20.0) for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64)]
-    assert gaps == [0.5, 0.0625, 2.0 ** -17, 2.0 ** -46]  # 4 x eps x 16 at magnitude 20
+    assert gaps == [0.5, 0.0625, 2.0**-17, 2.0**-46]  # 4 x eps x 16 at magnitude 20
     assert tie_gap(torch.bfloat16, -20.0) == 0.5 and tie_gap(torch.bfloat16, 40.0) == 1.0
     assert tie_gap(torch.bfloat16, 20.0, temperature=0.5) == 1.0
-    assert tie_gap(torch.float32, torch.tensor([1.0, 3.0])).tolist() == [2.0 ** -21, 2.0 ** -20]
+    assert tie_gap(torch.float32, torch.tensor([1.0, 3.0])).tolist() == [2.0**-21, 2.0**-20]
 
 
 def test_sampled_traces_verify_only_on_the_device_type_they_were_made_on(llama):
@@ -124,7 +133,9 @@ def test_sampled_traces_verify_only_on_the_device_type_they_were_made_on(llama):
     with pytest.raises(DexError, match="made on cuda.*verify it on cuda"):
         verify_trace(moved, model=llama)
     greedy = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
-    assert verify_trace([{**greedy[0], "device": "cuda:0"}] + greedy[1:], model=llama).ok  # greedy: any device
+    assert verify_trace(
+        [{**greedy[0], "device": "cuda:0"}] + greedy[1:], model=llama
+    ).ok  # greedy: any device
     with pytest.raises(DexError, match="made in bfloat16 but the model given is float64"):
         verify_trace([{**greedy[0], "dtype": "bfloat16"}] + greedy[1:], model=llama)
 
@@ -137,8 +148,24 @@ def _verify(capsys, *argv):
 
 def test_dex_verify_passes_a_real_trace_and_fails_a_corrupted_one(tiny_dir, tmp_path, capsys):
     path = tmp_path / "t.json"
-    assert main(["generate", "hello world", "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "12",
-                 "--explorers", "3", "--trace", str(path)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "hello world",
+                "--model",
+                str(tiny_dir),
+                "--no-chat",
+                "--max-new-tokens",
+                "12",
+                "--explorers",
+                "3",
+                "--trace",
+                str(path),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     code, lines, err = _verify(capsys, path)
     assert code == 0, err
@@ -156,10 +183,14 @@ def test_dex_verify_passes_a_real_trace_and_fails_a_corrupted_one(tiny_dir, tmp_
     code, lines, err = _verify(capsys, path, "--model", tiny_dir, "--device", "cpu")
     assert code == 1, err
     word = lambda t: repr(tiny_tokenizer().decode([t]))  # noqa: E731
-    assert lines[0].startswith(f"token 4 (position {commits[4]['position']}): {new} {word(new)} is not the model's "
-                               f"choice {old} {word(old)}: gap ")
+    assert lines[0].startswith(
+        f"token 4 (position {commits[4]['position']}): {new} {word(new)} is not the model's "
+        f"choice {old} {word(old)}: gap "
+    )
     last = lines[-1]
-    assert last.startswith("certified: ") and last.endswith(")") and " of 12 tokens within the tie gap" in last
+    assert (
+        last.startswith("certified: ") and last.endswith(")") and " of 12 tokens within the tie gap" in last
+    )
     assert int(last.split()[1]) < 12 and float(last.split("worst gap ")[1][:-1]) > 0
 
 
@@ -167,9 +198,16 @@ def test_dex_verify_refuses_bad_input_with_exit_2(tiny_dir, tmp_path, capsys):
     trace = DexDecoder(tiny_model("llama"), explorers=2).generate(PROMPT, 4).trace
     save_trace(tmp_path / "nameless.json", trace)
     (tmp_path / "foreign.json").write_text('{"x": 1}')
-    split = [*trace[:-1], {**trace[-1], "tokens": trace[-1]["tokens"][:2] + [(t + 1) % 96 for t in trace[-1]["tokens"][2:]]}]
+    split = [
+        *trace[:-1],
+        {**trace[-1], "tokens": trace[-1]["tokens"][:2] + [(t + 1) % 96 for t in trace[-1]["tokens"][2:]]},
+    ]
     save_trace(tmp_path / "split.json", split, {"model": str(tiny_dir)})
-    for name, message in [("missing.json", "cannot read the trace file"), ("foreign.json", "not a DEX trace"),
-                          ("nameless.json", "does not name its model"), ("split.json", "contradicts itself")]:
+    for name, message in [
+        ("missing.json", "cannot read the trace file"),
+        ("foreign.json", "not a DEX trace"),
+        ("nameless.json", "does not name its model"),
+        ("split.json", "contradicts itself"),
+    ]:
         code, lines, err = _verify(capsys, tmp_path / name)
         assert code == 2 and message in err and err.count("dex: error:") == 1 and "Traceback" not in err

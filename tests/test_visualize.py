@@ -9,23 +9,45 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_model, tiny_tokenizer
-from dex_core import DexDecoder, ar_generate
 from test_visualize_chains import chains, cut_chains  # noqa: F401  (the draft-chain traces, fixtures)
-from visualize import (FATE_COLORS, OKABE_ITO, STATUS_COLORS, ead_figure, export_graph, fsm_html, lattice_figure,
-                       lattice_graph, lattice_size, node_status, race_figure, race_summary_html, replay,
-                       round_table_html, run_report_html, speedup_figure, stage_color, stats_html, status_html,
-                       timeline_figure, tokens_html)
-from visualize import palette
+
+from dex_core import DexDecoder, ar_generate
+from visualize import (
+    FATE_COLORS,
+    OKABE_ITO,
+    STATUS_COLORS,
+    ead_figure,
+    export_graph,
+    fsm_html,
+    lattice_figure,
+    lattice_graph,
+    lattice_size,
+    node_status,
+    palette,
+    race_figure,
+    race_summary_html,
+    replay,
+    round_table_html,
+    run_report_html,
+    speedup_figure,
+    stage_color,
+    stats_html,
+    status_html,
+    timeline_figure,
+    tokens_html,
+)
 from visualize.lattice import EDGE_GROUPS
 from visualize.replay import commits_of
 
 
 @pytest.fixture(scope="module")
 def greedy(llama):
-    return DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="none").generate(
-        [1, 2, 3, 4], 16).trace
+    return (
+        DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="none")
+        .generate([1, 2, 3, 4], 16)
+        .trace
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +58,9 @@ def sampled(llama):
 
 @pytest.fixture(scope="module")
 def deep():
-    decoder = DexDecoder(tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer(), trace_top=5, prune="none")
+    decoder = DexDecoder(
+        tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer(), trace_top=5, prune="none"
+    )
     return decoder.generate([1, 2, 3, 4], 2).trace
 
 
@@ -64,7 +88,11 @@ class Spans(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag == "span":
             attrs = dict(attrs)
-            style = dict(map(str.strip, part.split(":", 1)) for part in (attrs.get("style") or "").split(";") if ":" in part)
+            style = dict(
+                map(str.strip, part.split(":", 1))
+                for part in (attrs.get("style") or "").split(";")
+                if ":" in part
+            )
             self._open.append((attrs.get("class"), style, []))
 
     def handle_data(self, data):
@@ -91,13 +119,15 @@ def test_replay_holds_the_lattice_before_collapse(trace):
     assert pruned == (trace[0]["sampling"]["temperature"] > 0)
     for view in replay(trace):
         if view.commit:
-            assert lattice_size(view) == len(view.committed_ids) + len(view.kept) + len(view.dropped) + len(view.cut)
+            assert lattice_size(view) == len(view.committed_ids) + len(view.kept) + len(view.dropped) + len(
+                view.cut
+            )
         elif any(n["kind"] == "chain" for n in view.nodes.values()):  # draft chains add slots to the lattice
-            assert lattice_size(view) > 2 ** view.state_after - 1 or view.cut
+            assert lattice_size(view) > 2**view.state_after - 1 or view.cut
         elif pruned:  # a full lattice at state q holds 2^q - 1 nodes; pruning leaves out branches
-            assert lattice_size(view) <= 2 ** view.state_after - 1
+            assert lattice_size(view) <= 2**view.state_after - 1
         else:
-            assert lattice_size(view) == 2 ** view.state_after - 1
+            assert lattice_size(view) == 2**view.state_after - 1
         assert set(view.new) <= set(view.nodes)
         assert sorted(i for batch in view.batches for i in batch) == sorted(view.new)
 
@@ -139,7 +169,9 @@ def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
     assert all(node_status(view, i) == "discarded" for i in view.dropped)
     fig = lattice_figure(view)
     by_name = {t.name: t for t in fig.data}
-    assert len(by_name["final"].x) == len(view.round_commits) and len(by_name["discarded"].x) == len(view.dropped)
+    assert len(by_name["final"].x) == len(view.round_commits) and len(by_name["discarded"].x) == len(
+        view.dropped
+    )
     assert by_name["discarded"].opacity == pytest.approx(0.25)
     assert by_name["accepted"].opacity == 1
     for status, color in STATUS_COLORS.items():
@@ -151,7 +183,8 @@ def test_pending_rounds_mark_the_anchor_slot_and_pending_nodes(greedy):
     view = next(v for v in replay(greedy) if not v.commit and v.state_after == 3)
     statuses = {i: node_status(view, i) for i in view.nodes}
     assert sorted(i for i, s in statuses.items() if s == "anchor") == sorted(
-        i for i, n in view.nodes.items() if n["position"] == view.commit_position)
+        i for i, n in view.nodes.items() if n["position"] == view.commit_position
+    )
     assert list(statuses.values()).count("anchor") == 3 and list(statuses.values()).count("pending") == 4
 
 
@@ -241,7 +274,9 @@ def test_round_table_lists_each_batch_and_the_commit_decision(greedy):
 
 
 def test_race_figure_draws_one_line_per_series():
-    fig = race_figure([{"name": "DEX", "times": [0.1, 0.15, 0.3]}, {"name": "AR", "times": [0.2, 0.4], "dash": True}])
+    fig = race_figure(
+        [{"name": "DEX", "times": [0.1, 0.15, 0.3]}, {"name": "AR", "times": [0.2, 0.4], "dash": True}]
+    )
     assert [t.name for t in fig.data] == ["DEX", "AR"]
     assert list(fig.data[0].y) == [0, 1, 2, 3] and list(fig.data[0].x) == [0.0, 0.1, 0.15, 0.3]
     assert fig.data[1].line.dash == "dash" and fig.data[0].line.dash == "solid"
@@ -254,9 +289,12 @@ def test_ead_and_speedup_figures_plot_histograms_and_the_oracle_line():
     from dex_core.tools.ead import analyse
 
     tokens = torch.tensor([5, 6, 7, 8])
-    ready = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]]).bool()
-    cands = torch.stack([torch.where(ready, tokens[:, None], tokens[:, None] + 50),
-                         torch.full((4, 6), 99)], dim=2)
+    ready = torch.tensor(
+        [[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]]
+    ).bool()
+    cands = torch.stack(
+        [torch.where(ready, tokens[:, None], tokens[:, None] + 50), torch.full((4, 6), 99)], dim=2
+    )
     analysis = analyse(cands, tokens, explorers=[3, 2], best=True)
     ead = ead_figure(analysis)
     assert [t.name for t in ead.data] == ["stable EAD", "EAD"]
@@ -264,9 +302,15 @@ def test_ead_and_speedup_figures_plot_histograms_and_the_oracle_line():
     assert list(ead.data[0].y) == [0, 2, 1, 0, 0, 1] and list(ead.data[1].y) == [0, 2, 1, 0, 0, 1]
     speed = speedup_figure(analysis)
     by_k = {p["explorers"]: p for p in analysis["predicted"]}
-    assert list(speed.data[0].x) == [2, 3] and list(speed.data[0].y) == [by_k[2]["speedup"], by_k[3]["speedup"]]
+    assert list(speed.data[0].x) == [2, 3] and list(speed.data[0].y) == [
+        by_k[2]["speedup"],
+        by_k[3]["speedup"],
+    ]
     assert list(speed.data[1].y) == [by_k[2]["uniform"]["depth_speedup"], by_k[3]["uniform"]["depth_speedup"]]
-    assert list(speed.data[2].text) == [f"depths {by_k[2]['best']['depths']}", f"depths {by_k[3]['best']['depths']}"]
+    assert list(speed.data[2].text) == [
+        f"depths {by_k[2]['best']['depths']}",
+        f"depths {by_k[3]['best']['depths']}",
+    ]
     assert speed.data[-1].name == "oracle S_EAD" and list(speed.data[-1].y) == [analysis["oracle"]] * 2
     assert speed.data[-1].line.dash == "dash"
 
@@ -300,13 +344,16 @@ def test_lattice_graph_holds_every_node_of_the_run_as_a_dag_with_each_nodes_fate
     assert fates.count("matched") + fates.count("final") + fates.count("committed") == K * len(tokens)
     dropped = {i for e in rounds if e["collapse"] for i in e["collapse"]["dropped"]}
     assert {i for i, d in graph.nodes(data=True) if d["fate"] == "discarded"} == dropped
-    cut = {i: e["round"] for e in rounds for i in e.get("cut", [])}  # draft-chain nodes their predecessor contradicted
+    cut = {
+        i: e["round"] for e in rounds for i in e.get("cut", [])
+    }  # draft-chain nodes their predecessor contradicted
     assert {i: d["cut_round"] for i, d in graph.nodes(data=True) if d["fate"] == "cut"} == cut
     assert {i for i, d in graph.nodes(data=True) if d["fate"] == "pending"} == set(rounds[-1]["alive"])
     for parent, child, kind in graph.edges(data="kind"):
         p, c = graph.nodes[parent], graph.nodes[child]
-        assert (c["stage"], c["position"]) == ((p["stage"] + 1, p["position"]) if kind == "depth"
-                                               else (0, p["position"] + 1))
+        assert (c["stage"], c["position"]) == (
+            (p["stage"] + 1, p["position"]) if kind == "depth" else (0, p["position"] + 1)
+        )
 
 
 def test_lattice_graph_exports_as_graphml_and_node_link_json(greedy, tmp_path):
@@ -320,8 +367,18 @@ def test_lattice_graph_exports_as_graphml_and_node_link_json(greedy, tmp_path):
     assert len(doc["nodes"]) == back.number_of_nodes() and doc["directed"]
     with pytest.raises(ValueError, match="graphml or .json"):
         export_graph(greedy, tmp_path / "g.png")
-    proc = subprocess.run([sys.executable, "-m", "visualize.graph", str(tmp_path / "missing.json"),
-                           str(tmp_path / "o.graphml")], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "visualize.graph",
+            str(tmp_path / "missing.json"),
+            str(tmp_path / "o.graphml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
@@ -333,43 +390,84 @@ def test_race_summary_says_identical_only_when_both_finished_with_the_same_token
     assert "outputs differ" in race_summary_html({"ar": [1, 2], "dex": [1, 3]}, times, True, facts)
     assert "racing" in race_summary_html({"ar": [1], "dex": []}, times, False, facts)
     stopped = race_summary_html({"ar": [1, 2], "dex": [1]}, times, False, facts, "by you")
-    assert "stopped by you: AR made 2 tokens, DEX 1 (the first 1 agree)" in stopped and "racing" not in stopped
+    assert (
+        "stopped by you: AR made 2 tokens, DEX 1 (the first 1 agree)" in stopped and "racing" not in stopped
+    )
 
 
 def test_race_summary_leads_with_the_measured_speed_and_folds_the_jargon_away():
     times = {"ar": [0.1, 0.2], "dex": [0.3, 0.5], "proj": [0.1, 0.125]}  # AR 10 tokens/s, DEX 4, projected 16
-    facts = {"K": 4, "first": "AR", "depths": [8, 15, 23, 30], "rounds_per_token": 2.5, "depth_speedup": 1.6,
-             "ar_cost": 38.0, "dex_cost": 26.0, "dex_cost_rows": 40.0}
+    facts = {
+        "K": 4,
+        "first": "AR",
+        "depths": [8, 15, 23, 30],
+        "rounds_per_token": 2.5,
+        "depth_speedup": 1.6,
+        "ar_cost": 38.0,
+        "dex_cost": 26.0,
+        "dex_cost_rows": 40.0,
+    }
     html = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, facts)
     head = re.search(r"<div id='race-headline'[^>]*>(.*?)</div>", html).group(1)
-    assert head == ("On this machine DEX ran at <b>0.40×</b> AR's speed (measured); on 4 devices it would be about "
-                    "1.60× — a projection.")
-    assert html.index("race-headline") < html.index("race-measured") < html.index("race-projected") < \
-        html.index("<details id='race-how'") < html.index("layer-equivalents") < html.index("memory-bound")
-    fold = html[html.index("<details"):]
+    assert head == (
+        "On this machine DEX ran at <b>0.40×</b> AR's speed (measured); on 4 devices it would be about "
+        "1.60× — a projection."
+    )
+    assert (
+        html.index("race-headline")
+        < html.index("race-measured")
+        < html.index("race-projected")
+        < html.index("<details id='race-how'")
+        < html.index("layer-equivalents")
+        < html.index("memory-bound")
+    )
+    fold = html[html.index("<details") :]
     assert "How this is counted" in fold and "until AR finished" in fold and "Where DEX wins" in fold
     assert "layer-times" not in html and "until ar " not in html
     alone = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, {"K": 1, "first": "DEX"})
     assert "on 1 device it would be" in alone and "1 devices" not in alone
     real = race_summary_html({"ar": [1, 2], "dex": [1, 2]}, times, True, {"K": 2, "distributed": True})
-    assert "DEX ran at <b>0.40×</b> AR's speed (measured)." in real and "projection" not in real.split("<details")[0]
+    assert (
+        "DEX ran at <b>0.40×</b> AR's speed (measured)." in real
+        and "projection" not in real.split("<details")[0]
+    )
 
 
 def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
     import json
 
-    report = {"model": "m", "oracle": {"s": {"speedup": 1.2}}, "results": [
-        {"set": "s", "method": "ar-hf", "layer_speedup": 1.0, "speedup_vs_ar": 1.0},
-        {"set": "s", "method": "dex", "explorers": 2, "adapters": True, "decs": True, "layer_speedup": 1.1,
-         "speedup_vs_ar": 0.7}]}
+    report = {
+        "model": "m",
+        "oracle": {"s": {"speedup": 1.2}},
+        "results": [
+            {"set": "s", "method": "ar-hf", "layer_speedup": 1.0, "speedup_vs_ar": 1.0},
+            {
+                "set": "s",
+                "method": "dex",
+                "explorers": 2,
+                "adapters": True,
+                "decs": True,
+                "layer_speedup": 1.1,
+                "speedup_vs_ar": 0.7,
+            },
+        ],
+    }
     (tmp_path / "r.json").write_text(json.dumps(report))
     root = Path(__file__).parents[1]
-    proc = subprocess.run([sys.executable, "-m", "visualize.report", str(tmp_path / "r.json"), str(tmp_path / "r.html")],
-                          capture_output=True, text=True, cwd=root)
+    proc = subprocess.run(
+        [sys.executable, "-m", "visualize.report", str(tmp_path / "r.json"), str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "plotly" in (tmp_path / "r.html").read_text()[:5000].lower()
-    bad = subprocess.run([sys.executable, "-m", "visualize.report", str(tmp_path / "nope.json"), str(tmp_path / "x.html")],
-                         capture_output=True, text=True, cwd=root)
+    bad = subprocess.run(
+        [sys.executable, "-m", "visualize.report", str(tmp_path / "nope.json"), str(tmp_path / "x.html")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     assert bad.returncode == 2 and "not a readable DEX trace or dex bench report" in bad.stderr
 
 
@@ -383,18 +481,26 @@ def test_every_stage_colour_is_an_okabe_ito_colour_and_the_same_in_every_panel(g
         assert panels.count(f"background: {stage_color(k)}") >= 3  # legend key, FSM row, histogram bar
         assert sum(f"color:{stage_color(k)}" in t for t in ticks) == 2
     backgrounds = {c.upper() for c in re.findall(r"background: (#[0-9a-fA-F]{6})", panels)}
-    assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", palette.DARK, palette.PALE}, backgrounds  # table heads, id chips
+    assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", palette.DARK, palette.PALE}, (
+        backgrounds
+    )  # table heads, id chips
 
 
 def grey(colour: str) -> bool:
-    return colour.upper() in ("WHITE", "BLACK") or (colour[0] == "#" and colour[1:3] == colour[3:5] == colour[5:7])
+    return colour.upper() in ("WHITE", "BLACK") or (
+        colour[0] == "#" and colour[1:3] == colour[3:5] == colour[5:7]
+    )
 
 
 def figure_colours(fig) -> set[str]:
     """Every colour a figure's traces draw with: markers, their outlines, lines and bars."""
     out = set()
     for t in fig.data:
-        for part in (getattr(t, "marker", None), getattr(getattr(t, "marker", None), "line", None), getattr(t, "line", None)):
+        for part in (
+            getattr(t, "marker", None),
+            getattr(getattr(t, "marker", None), "line", None),
+            getattr(t, "line", None),
+        ):
             colour = getattr(part, "color", None) if part is not None else None
             out |= {colour} if isinstance(colour, str) else set(colour or ())
     return out
@@ -405,14 +511,23 @@ def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colou
 
     for marks in (palette.STATUS_MARKS, palette.FATE_MARKS):
         assert all(grey(c) for m in marks.values() for c in (m.fill, m.line, m.ink))
-        assert len({(m.fill, m.symbol, m.width) for m in marks.values()}) == len(marks)  # shade, shape or outline
+        assert len({(m.fill, m.symbol, m.width) for m in marks.values()}) == len(
+            marks
+        )  # shade, shape or outline
         assert len({m.fill for m in marks.values()} | {m.symbol for m in marks.values()}) >= 4
-    others = [palette.CUT_COLOR, palette.CURRENT_ROUND_COLOR, *palette.RUN_COLORS, *(c for c, _, _ in palette.SERIES)]
+    others = [
+        palette.CUT_COLOR,
+        palette.CURRENT_ROUND_COLOR,
+        *palette.RUN_COLORS,
+        *(c for c, _, _ in palette.SERIES),
+    ]
     assert all(grey(c) for c in others), others
     views = replay(deep)
     figures = [lattice_figure(v) for v in (views[0], first_commit_with(views, lambda v: True))]
     figures += [timeline_figure(greedy), timeline_figure(deep), timeline_figure(cut_chains)]
-    figures += [lattice_figure(v) for v in replay(cut_chains) if v.cut and len(v.round_commits) > 1]  # chains, cuts
+    figures += [
+        lattice_figure(v) for v in replay(cut_chains) if v.cut and len(v.round_commits) > 1
+    ]  # chains, cuts
     for fig in figures:
         drawn = figure_colours(fig)
         assert drawn and not drawn & set(OKABE_ITO), drawn & set(OKABE_ITO)
@@ -436,11 +551,16 @@ def test_k8_panels_fold_node_ids_and_labels_are_whole_or_absent(deep):
     assert len(folded) == 8  # one per explorer: each lists its stage's node ids, the new ones in bold
     for k, chips in enumerate(folded):
         spans = Spans(chips).spans
-        assert [int(text) for _, _, text in spans] == sorted(i for i, n in full.nodes.items() if n["stage"] == k)
-        assert {int(text) for _, style, text in spans if style.get("font-weight") == "bold"} == \
-               {i for i in full.new if full.nodes[i]["stage"] == k}
+        assert [int(text) for _, _, text in spans] == sorted(
+            i for i, n in full.nodes.items() if n["stage"] == k
+        )
+        assert {int(text) for _, style, text in spans if style.get("font-weight") == "bold"} == {
+            i for i in full.new if full.nodes[i]["stage"] == k
+        }
     outside = Spans(re.sub(r"<details>.*?</details>", "", html, flags=re.S)).spans
-    assert not [text for _, _, text in outside if text.strip().isdigit()]  # every id chip is behind a <details>
+    assert not [
+        text for _, _, text in outside if text.strip().isdigit()
+    ]  # every id chip is behind a <details>
     for k in range(8):
         assert f"<b>{sum(1 for n in full.nodes.values() if n['stage'] == k)}</b> (" in html
     fig = lattice_figure(full)
@@ -485,7 +605,9 @@ def test_timeline_draws_every_node_once_at_its_position_with_its_round_and_fate(
     commits = [e for e in trace if e.get("event") == "round" and e["commit"]]
     cuts = next(t for t in fig.data if t.name == "collapses")
     assert list(cuts.customdata) == [e["round"] for e in commits]
-    assert [x - 0.5 for x in cuts.x] == [commits_of(e)[-1]["position"] for e in commits]  # after the round's last
+    assert [x - 0.5 for x in cuts.x] == [
+        commits_of(e)[-1]["position"] for e in commits
+    ]  # after the round's last
     hover = " ".join(nodes["matched"].hovertext)
     assert "top: &#39;" in hover or "top: '" in hover or "top: #" in hover
     assert "fate: matched" in hover and "round " in hover
@@ -496,7 +618,11 @@ def test_run_report_is_one_page_with_plotly_inlined_and_the_trace_escaped(greedy
 
     page = run_report_html(greedy, {"model": "tiny", "prompt": "<script>alert(1)</script>"})
     assert page.count("<script>alert(1)</script>") == 0 and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "<script src" not in page and page.count('id="dex-timeline"') == 1 and page.count('id="dex-lattice"') == 1
+    assert (
+        "<script src" not in page
+        and page.count('id="dex-timeline"') == 1
+        and page.count('id="dex-lattice"') == 1
+    )
     assert get_plotlyjs() in page  # plotly.js itself, whole: the page opens offline
     proc = subprocess.run([sys.executable, "-m", "visualize.report", "-h"], capture_output=True, text=True)
     assert "trace" in proc.stdout
@@ -511,22 +637,34 @@ def test_status_line_names_its_state_and_escapes_its_detail():
 
 def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(greedy):
     commits = [e for e in greedy if e["event"] == "round" and e["commit"]]
-    assert all(c["commit"].get("near_tie") is False and c["commit"]["margin"] > c["commit"]["tie_gap"] for c in commits)
+    assert all(
+        c["commit"].get("near_tie") is False and c["commit"]["margin"] > c["commit"]["tie_gap"]
+        for c in commits
+    )
     index = next(i for i, e in enumerate(greedy) if e is commits[2])
     marked = json.loads(json.dumps(greedy))
     marked[0]["dtype"] = "bfloat16"
-    for commit in (marked[index]["commit"], marked[index]["commits"][0]):  # the first commit is recorded in both
+    for commit in (
+        marked[index]["commit"],
+        marked[index]["commits"][0],
+    ):  # the first commit is recorded in both
         commit.update(margin=0.125, near_tie=True, tie_gap=0.5)
     views = replay(marked)
     html = tokens_html(views)
     assert html.count('data-near-tie="1"') == 1 and html.count("dashed") == 2 and "1 near-tie commit:" in html
     spans = re.findall(r'<span class="dex-tok"[^>]*>', html)
     assert len(spans) == len(commits) and "data-near-tie" in spans[2] and "≈ near-tie" in spans[2]
-    sentence = ("Near-tie: the final layer's top two tokens were 0.125 apart, within bfloat16 rounding (tie gap 0.5); "
-                "<code>dex verify</code> certifies such tokens against the unmodified model.")
+    sentence = (
+        "Near-tie: the final layer's top two tokens were 0.125 apart, within bfloat16 rounding (tie gap 0.5); "
+        "<code>dex verify</code> certifies such tokens against the unmodified model."
+    )
     tables = {v.round: round_table_html(v) for v in views}
-    assert [r for r, t in tables.items() if sentence in t and "≈ near-tie</span>" in t] == [marked[index]["round"]]
-    older = json.loads(json.dumps(greedy))  # traces made before commits carried the key (or a commits list) show nothing
+    assert [r for r, t in tables.items() if sentence in t and "≈ near-tie</span>" in t] == [
+        marked[index]["round"]
+    ]
+    older = json.loads(
+        json.dumps(greedy)
+    )  # traces made before commits carried the key (or a commits list) show nothing
     for e in older:
         if e["event"] == "round" and e["commit"]:
             e.pop("commits")
@@ -541,16 +679,33 @@ def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(gre
 def test_the_timeline_height_follows_k_and_its_legend_sits_above_the_plot(llama, deep):
     from visualize.timeline import MIN_PLOT_PX
 
-    k2 = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none").generate([1, 2, 3, 4], 6).trace
+    k2 = (
+        DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
+        .generate([1, 2, 3, 4], 6)
+        .trace
+    )
     plots = {}
     for K, trace in ((2, k2), (8, deep)):
         fig = timeline_figure(trace)
         layout = fig.layout
         plots[K] = layout.height - layout.margin.t - layout.margin.b
-        span = abs(layout.yaxis.range[0] - layout.yaxis.range[1])  # y units: K stage rows and the collapse row
-        assert plots[K] >= MIN_PLOT_PX >= 120 and plots[K] / span >= 20, (K, plots[K])  # labels >= 20 px apart
+        span = abs(
+            layout.yaxis.range[0] - layout.yaxis.range[1]
+        )  # y units: K stage rows and the collapse row
+        assert plots[K] >= MIN_PLOT_PX >= 120 and plots[K] / span >= 20, (
+            K,
+            plots[K],
+        )  # labels >= 20 px apart
         assert layout.legend.orientation == "h" and layout.legend.y >= 1 and layout.legend.yanchor == "bottom"
         legend = sorted((t for t in fig.data if t.showlegend is not False), key=lambda t: t.legendrank)
-        assert [t.name for t in legend] == ["matched", "final", "committed", "discarded", "pending", "collapses",
-                                            "edges", "edges into discarded nodes"]
+        assert [t.name for t in legend] == [
+            "matched",
+            "final",
+            "committed",
+            "discarded",
+            "pending",
+            "collapses",
+            "edges",
+            "edges into discarded nodes",
+        ]
     assert plots[8] > plots[2]

@@ -5,11 +5,21 @@ the text and the timeline. ``test_visualize`` also runs its whole-trace checks o
 import re
 
 import pytest
-
 from conftest import tiny_tokenizer
+
 from dex_core import DexDecoder
-from visualize import (fsm_html, lattice_figure, lattice_graph, node_status, replay, round_table_html,
-                       run_report_html, stats_html, timeline_figure, tokens_html)
+from visualize import (
+    fsm_html,
+    lattice_figure,
+    lattice_graph,
+    node_status,
+    replay,
+    round_table_html,
+    run_report_html,
+    stats_html,
+    timeline_figure,
+    tokens_html,
+)
 from visualize.lattice import CHAIN_EDGES, CHAIN_FRAMES, chain_nodes
 
 PROMPT = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a repeating prompt: every n-gram has a continuation to look up
@@ -18,14 +28,18 @@ PROMPT = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a repeating prompt: every n-gram ha
 @pytest.fixture(scope="module")
 def chains(llama):
     """Chains forced through every stage (gate=0): rounds that commit two tokens, no cuts."""
-    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="gate=0")
+    decoder = DexDecoder(
+        llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="gate=0"
+    )
     return decoder.generate(PROMPT, 24).trace
 
 
 @pytest.fixture(scope="module")
 def cut_chains(llama):
     """The default draft bounds: chains whose predecessor proposed another token are cut."""
-    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="min_ngram=1,gate=1")
+    decoder = DexDecoder(
+        llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="min_ngram=1,gate=1"
+    )
     return decoder.generate(PROMPT, 24).trace
 
 
@@ -56,13 +70,19 @@ def test_every_chain_node_is_framed_on_the_lattice_and_chain_edges_run_one_posit
         boxes = [b for t in frames for b in frame_boxes(t)]
         assert len(boxes) == len(chain_nodes(view)) and [t.showlegend for t in frames] == [True, False]
         assert {(round(x, 6), round(y, 6)) for x, y in boxes} <= markers_at(fig)  # each frame around a node
-        assert sum(len(t.x) for t in fig.data if "markers" in t.mode) == len(view.nodes)  # frames are no markers
+        assert sum(len(t.x) for t in fig.data if "markers" in t.mode) == len(
+            view.nodes
+        )  # frames are no markers
         edges = next(t for t in fig.data if t.name == CHAIN_EDGES)
-        segments = [(edges.x[i], edges.y[i], edges.x[i + 1], edges.y[i + 1]) for i in range(0, len(edges.x), 3)]
+        segments = [
+            (edges.x[i], edges.y[i], edges.x[i + 1], edges.y[i + 1]) for i in range(0, len(edges.x), 3)
+        ]
         kinds = [n for n in view.nodes.values() if n["kind"] == "chain" and n["parent"] in view.nodes]
         assert len(segments) == len(kinds)
         assert all(0.5 < x1 - x0 < 1.5 and abs(y0) < 0.5 and abs(y1) < 0.5 for x0, y0, x1, y1 in segments)
-    bare = next(v for v in views if not chain_nodes(v))  # a round with no chain slot in its lattice draws neither
+    bare = next(
+        v for v in views if not chain_nodes(v)
+    )  # a round with no chain slot in its lattice draws neither
     assert not {CHAIN_FRAMES, CHAIN_EDGES} & {t.name for t in lattice_figure(bare).data}
 
 
@@ -111,7 +131,8 @@ def test_the_graph_marks_every_node_of_a_chain_slot_drafted_and_chain_edges_go_o
     records = {n["id"]: n for e in chains if e["event"] == "round" for n in e["nodes"]}
     slots = {n["slot"] for n in records.values() if n["kind"] == "chain"}
     assert slots and {i for i, d in graph.nodes(data=True) if d["drafted"]} == {
-        i for i, n in records.items() if n["slot"] in slots}
+        i for i, n in records.items() if n["slot"] in slots
+    }
     assert any(records[i]["stage"] > 0 for i, d in graph.nodes(data=True) if d["drafted"])  # deeper nodes too
     chain_edges = [(a, b) for a, b, kind in graph.edges(data="kind") if kind == "chain"]
     assert len(chain_edges) == sum(n["kind"] == "chain" for n in records.values())
@@ -128,10 +149,18 @@ def test_the_timeline_frames_chain_nodes_and_labels_a_round_of_n_commits_xn(chai
         by_name.setdefault(t.name, []).append(t)
     frames = by_name["draft chain"]
     assert sum(len(frame_boxes(t)) for t in frames) == sum(d["drafted"] for _, d in graph.nodes(data=True))
-    assert [t.opacity for t in frames] == [1.0, 0.3] and frames[0].legendgroup == by_name["chain edges"][0].legendgroup
-    live = sum(1 for a, b, k in graph.edges(data="kind") if k == "chain" and graph.nodes[b]["fate"] not in ("discarded", "cut"))
+    assert [t.opacity for t in frames] == [1.0, 0.3] and frames[0].legendgroup == by_name["chain edges"][
+        0
+    ].legendgroup
+    live = sum(
+        1
+        for a, b, k in graph.edges(data="kind")
+        if k == "chain" and graph.nodes[b]["fate"] not in ("discarded", "cut")
+    )
     assert sum(x is None for x in by_name["chain edges"][0].x) == live
-    legend = [t.name for t in sorted((t for t in fig.data if t.showlegend is not False), key=lambda t: t.legendrank)]
+    legend = [
+        t.name for t in sorted((t for t in fig.data if t.showlegend is not False), key=lambda t: t.legendrank)
+    ]
     assert legend.index("draft chain") == legend.index("pending") + 1
     collapses = by_name["collapses"][0]
     rounds = [e for e in chains if e["event"] == "round" and e["commits"]]
@@ -140,7 +169,9 @@ def test_the_timeline_frames_chain_nodes_and_labels_a_round_of_n_commits_xn(chai
     for e, hover in zip(rounds, collapses.hovertext):
         if len(e["commits"]) > 1:
             drafted = ", ".join(str(c["position"]) for c in e["commits"] if c["drafted"])
-            assert f"committed {len(e['commits'])} tokens at positions {e['commits'][0]['position']}–" in hover
+            assert (
+                f"committed {len(e['commits'])} tokens at positions {e['commits'][0]['position']}–" in hover
+            )
             assert f"(drafted: {drafted})" in hover
 
 
@@ -151,9 +182,13 @@ def test_the_fsm_panel_says_how_many_tokens_a_round_committed_and_which_were_dra
         assert f"(committed {n} tokens this round; lattice {len(view.nodes)} nodes)" in html
         listed = re.search(r"class='dex-fsm-commits'[^>]*>(.*?)</span>", html).group(1)
         assert listed.count("(drafted)") == sum(c["drafted"] for c in view.round_commits) >= 1
-        assert [int(p) for p in re.findall(r" at (\d+)", listed)] == [c["position"] for c in view.round_commits]
+        assert [int(p) for p in re.findall(r" at (\d+)", listed)] == [
+            c["position"] for c in view.round_commits
+        ]
         committed = len(chains[0]["prompt"]) - 1 + len(view.tokens) - n
-        assert html.count(f"<b>{committed}</b> +{n} + ") == 4 and f"+{n}: the tokens this round commit<" in html
+        assert (
+            html.count(f"<b>{committed}</b> +{n} + ") == 4 and f"+{n}: the tokens this round commit<" in html
+        )
     single = next(v for v in views if len(v.round_commits) == 1 and not v.round_commits[0]["drafted"])
     assert "(committed 1 token this round;" in fsm_html(single) and "dex-fsm-commits" not in fsm_html(single)
     assert "(no commit;" in fsm_html(next(v for v in views if not v.round_commits))
@@ -176,7 +211,11 @@ def test_drafted_tokens_are_underlined_in_the_text_and_marked_in_the_round_table
         for c in view.round_commits:
             assert f"at position {c['position']}, matched at stage {c['matched_stage']}" in table
     assert f"<b>{len(drafted)}</b>" in stats_html(views[-1]).split("drafted tokens (draft chains)")[1][:80]
-    plain = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none").generate([1, 2, 3, 4], 4).trace
+    plain = (
+        DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
+        .generate([1, 2, 3, 4], 4)
+        .trace
+    )
     assert "drafted" not in tokens_html(replay(plain)) + stats_html(replay(plain)[-1])
 
 

@@ -24,8 +24,13 @@ from .panels import fsm_html, round_table_html, stats_html, tokens_html
 from .replay import Replay, ReplayCache, RoundView, lattice_size, replay
 from .summary import race_summary_html, readiness_table_html, status_html
 
-_ON_FIRST_USE = {"export_graph": "graph", "lattice_graph": "graph", "run_report_html": "report",
-                 "write_run_report": "report", "timeline_figure": "timeline"}
+_ON_FIRST_USE = {
+    "export_graph": "graph",
+    "lattice_graph": "graph",
+    "run_report_html": "report",
+    "write_run_report": "report",
+    "timeline_figure": "timeline",
+}
 
 
 def __getattr__(name: str):
@@ -34,8 +39,37 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
 
 
-__all__ = ["RoundView", "Replay", "ReplayCache", "replay", "lattice_size", "OKABE_ITO", "STATUS_COLORS", "FATE_COLORS",
-           "stage_color", "stage_legend_html", "node_status", "node_statuses", "lattice_figure", "timeline_figure",
-           "tokens_html", "fsm_html", "stats_html", "round_table_html", "race_figure", "ead_figure", "speedup_figure", "depth_figure",
-           "race_summary_html", "readiness_table_html", "status_html", "lattice_graph", "export_graph",
-           "run_report_html", "write_run_report", "RunSide", "compare_html", "compare_figure"]
+__all__ = [
+    "RoundView",
+    "Replay",
+    "ReplayCache",
+    "replay",
+    "lattice_size",
+    "OKABE_ITO",
+    "STATUS_COLORS",
+    "FATE_COLORS",
+    "stage_color",
+    "stage_legend_html",
+    "node_status",
+    "node_statuses",
+    "lattice_figure",
+    "timeline_figure",
+    "tokens_html",
+    "fsm_html",
+    "stats_html",
+    "round_table_html",
+    "race_figure",
+    "ead_figure",
+    "speedup_figure",
+    "depth_figure",
+    "race_summary_html",
+    "readiness_table_html",
+    "status_html",
+    "lattice_graph",
+    "export_graph",
+    "run_report_html",
+    "write_run_report",
+    "RunSide",
+    "compare_html",
+    "compare_figure",
+]

@@ -11,23 +11,39 @@ from plotly.subplots import make_subplots
 from .markup import plot_text
 from .palette import INK, OKABE_ITO, SERIES, stage_tick
 
-_LAYOUT = dict(plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2))
+_LAYOUT = dict(
+    plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2)
+)
 
 
 def race_figure(series: list[dict]) -> go.Figure:
     """Tokens against seconds, one step line per series ``{"name", "times", "dash"?}``, where
     ``times[i]`` is when token i became available; measured series solid, a projected one (``dash``) dashed,
     and the title says which is which."""
-    traces = [go.Scatter(x=[0.0] + list(s["times"]), y=list(range(len(s["times"]) + 1)), mode="lines",
-                         name=plot_text(s["name"]), line=dict(shape="hv", width=2, dash="dash" if s.get("dash") else "solid",
-                                                              color=OKABE_ITO[(4, 0, 2, 6)[i % 4]]))
-              for i, s in enumerate(series)]
+    traces = [
+        go.Scatter(
+            x=[0.0] + list(s["times"]),
+            y=list(range(len(s["times"]) + 1)),
+            mode="lines",
+            name=plot_text(s["name"]),
+            line=dict(
+                shape="hv",
+                width=2,
+                dash="dash" if s.get("dash") else "solid",
+                color=OKABE_ITO[(4, 0, 2, 6)[i % 4]],
+            ),
+        )
+        for i, s in enumerate(series)
+    ]
     fig = go.Figure(data=traces)
     projected = any(s.get("dash") for s in series)
-    fig.update_layout(title=dict(text="Tokens over time" + (": solid measured, dashed projected" if projected else "")),
-                      uirevision="race",
-                      xaxis=dict(title=dict(text="seconds"), rangemode="tozero", gridcolor="#eaecee"),
-                      yaxis=dict(title=dict(text="tokens"), rangemode="tozero", gridcolor="#eaecee"), **_LAYOUT)
+    fig.update_layout(
+        title=dict(text="Tokens over time" + (": solid measured, dashed projected" if projected else "")),
+        uirevision="race",
+        xaxis=dict(title=dict(text="seconds"), rangemode="tozero", gridcolor="#eaecee"),
+        yaxis=dict(title=dict(text="tokens"), rangemode="tozero", gridcolor="#eaecee"),
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -56,13 +72,19 @@ def ead_figure(analysis: dict) -> go.Figure:
     """Histogram over layers 1..L of the stable EAD (bars) with the plain EAD overlaid."""
     L = analysis["num_layers"]
     layers = list(range(1, L + 1))
-    fig = go.Figure(data=[
-        go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=_bar(0)),
-        go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=_bar(2)),
-    ])
-    fig.update_layout(title=dict(text="Earliest available depth per token"), barmode="group",
-                      xaxis=dict(title=dict(text="layer"), range=[0.5, L + 0.5]),
-                      yaxis=dict(title=dict(text="tokens"), gridcolor="#eaecee"), **_LAYOUT)
+    fig = go.Figure(
+        data=[
+            go.Bar(x=layers, y=_counts(analysis["ead_stable"], L), name="stable EAD", marker=_bar(0)),
+            go.Bar(x=layers, y=_counts(analysis["ead"], L), name="EAD", marker=_bar(2)),
+        ]
+    )
+    fig.update_layout(
+        title=dict(text="Earliest available depth per token"),
+        barmode="group",
+        xaxis=dict(title=dict(text="layer"), range=[0.5, L + 0.5]),
+        yaxis=dict(title=dict(text="tokens"), gridcolor="#eaecee"),
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -71,25 +93,57 @@ def speedup_figure(analysis: dict) -> go.Figure:
     predicted = sorted(analysis["predicted"], key=lambda p: p["explorers"])
     ks = [p["explorers"] for p in predicted]
     traces = [
-        go.Scatter(x=ks, y=[p["speedup"] for p in predicted], mode="markers+lines", name="S_X (stable EAD)",
-                   text=[plot_text(f"depths {p['depths']}") for p in predicted],
-                   hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=_line(0), marker=_symbol(0)),
-        go.Scatter(x=ks, y=[p["uniform"]["depth_speedup"] for p in predicted], mode="markers+lines",
-                   name="DEX K / rounds per token" + (" (DECS)" if predicted and predicted[0]["decs"] else ""),
-                   hovertemplate="K=%{x}: %{y:.2f}×<extra></extra>", line=_line(1), marker=_symbol(1)),
+        go.Scatter(
+            x=ks,
+            y=[p["speedup"] for p in predicted],
+            mode="markers+lines",
+            name="S_X (stable EAD)",
+            text=[plot_text(f"depths {p['depths']}") for p in predicted],
+            hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>",
+            line=_line(0),
+            marker=_symbol(0),
+        ),
+        go.Scatter(
+            x=ks,
+            y=[p["uniform"]["depth_speedup"] for p in predicted],
+            mode="markers+lines",
+            name="DEX K / rounds per token" + (" (DECS)" if predicted and predicted[0]["decs"] else ""),
+            hovertemplate="K=%{x}: %{y:.2f}×<extra></extra>",
+            line=_line(1),
+            marker=_symbol(1),
+        ),
     ]
     if predicted and "best" in predicted[0]:
-        traces.append(go.Scatter(
-            x=ks, y=[p["best"]["pipeline_speedup"] for p in predicted], mode="markers+lines",
-            name="best set: L / (rounds × longest stage)", text=[plot_text(f"depths {p['best']['depths']}") for p in predicted],
-            hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>", line=_line(2), marker=_symbol(2)))
-    fig = go.Figure(data=traces + [
-        go.Scatter(x=[min(ks, default=1), max(ks, default=1)], y=[analysis["oracle"]] * 2, mode="lines",
-                   name="oracle S_EAD", line=_line(3)),
-    ])
-    fig.update_layout(title=dict(text="Predicted depth-side speedup"),
-                      xaxis=dict(title=dict(text="explorers K"), tickvals=ks, gridcolor="#eaecee"),
-                      yaxis=dict(title=dict(text="speedup ×"), rangemode="tozero", gridcolor="#eaecee"), **_LAYOUT)
+        traces.append(
+            go.Scatter(
+                x=ks,
+                y=[p["best"]["pipeline_speedup"] for p in predicted],
+                mode="markers+lines",
+                name="best set: L / (rounds × longest stage)",
+                text=[plot_text(f"depths {p['best']['depths']}") for p in predicted],
+                hovertemplate="K=%{x}: %{y:.2f}× (%{text})<extra></extra>",
+                line=_line(2),
+                marker=_symbol(2),
+            )
+        )
+    fig = go.Figure(
+        data=traces
+        + [
+            go.Scatter(
+                x=[min(ks, default=1), max(ks, default=1)],
+                y=[analysis["oracle"]] * 2,
+                mode="lines",
+                name="oracle S_EAD",
+                line=_line(3),
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=dict(text="Predicted depth-side speedup"),
+        xaxis=dict(title=dict(text="explorers K"), tickvals=ks, gridcolor="#eaecee"),
+        yaxis=dict(title=dict(text="speedup ×"), rangemode="tozero", gridcolor="#eaecee"),
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -97,28 +151,68 @@ def bench_figure(report: dict) -> go.Figure:
     """``dex bench``: per method, the critical-path speedup over AR (L / layer forwards per token) and
     the measured tokens/s ratio over HF generate, one bar group per prompt set; the EAD oracle dashed."""
 
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("critical path: L / layer forwards per token (hardware-neutral)",
-                                        "measured tokens/s over HF generate (this machine)"))
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=(
+            "critical path: L / layer forwards per token (hardware-neutral)",
+            "measured tokens/s over HF generate (this machine)",
+        ),
+    )
     for i, (set_name, oracle) in enumerate(report["oracle"].items()):
         rows = [r for r in report["results"] if r["set"] == set_name]
         labels = [plot_text(_bench_label(r)) for r in rows]
         set_name = plot_text(set_name)
-        fig.add_trace(go.Bar(x=labels, y=[r["layer_speedup"] for r in rows], name=set_name, marker=_bar(i),
-                             legendgroup=set_name), row=1, col=1)
-        fig.add_trace(go.Bar(x=labels, y=[r["speedup_vs_ar"] for r in rows], name=set_name, marker=_bar(i),
-                             legendgroup=set_name, showlegend=False), row=2, col=1)
-        fig.add_trace(go.Scatter(x=[labels[0], labels[-1]], y=[oracle["speedup"]] * 2,
-                                 mode="lines", name=f"EAD oracle ({set_name})", line=_line(i)), row=1, col=1)
-    fig.update_layout(title=dict(text=plot_text(f"dex bench: {report['model']}")), barmode="group", height=720, **_LAYOUT)
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=[r["layer_speedup"] for r in rows],
+                name=set_name,
+                marker=_bar(i),
+                legendgroup=set_name,
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=[r["speedup_vs_ar"] for r in rows],
+                name=set_name,
+                marker=_bar(i),
+                legendgroup=set_name,
+                showlegend=False,
+            ),
+            row=2,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[labels[0], labels[-1]],
+                y=[oracle["speedup"]] * 2,
+                mode="lines",
+                name=f"EAD oracle ({set_name})",
+                line=_line(i),
+            ),
+            row=1,
+            col=1,
+        )
+    fig.update_layout(
+        title=dict(text=plot_text(f"dex bench: {report['model']}")), barmode="group", height=720, **_LAYOUT
+    )
     fig.update_yaxes(title_text="× AR", rangemode="tozero", gridcolor="#eaecee")
     return fig
 
 
 def _bench_label(row: dict) -> str:
     if row["method"].startswith("dex"):
-        extra = "" if row["adapters"] and row["decs"] else \
-            f" ({'adapters' if row['adapters'] else 'no adapters'}, DECS {'on' if row['decs'] else 'off'})"
+        extra = (
+            ""
+            if row["adapters"] and row["decs"]
+            else f" ({'adapters' if row['adapters'] else 'no adapters'}, DECS {'on' if row['decs'] else 'off'})"
+        )
         return f"{row['method']} K={row['explorers']}{extra}"
     if "exit" in row:
         return f"{row['method']} E={row['exit']} n={row['draft']}"
@@ -131,8 +225,13 @@ def depth_colouring(view: dict, metric: str) -> dict:
     L = view["num_layers"]
     z = [[row[l] for row in view[metric]] for l in range(L)]  # (layer, token)
     zmax = 1 if metric == "prob" else min(50, max(map(max, z), default=1))
-    return {"z": [z], "zmin": [0], "zmax": [zmax], "reversescale": [metric == "rank"],  # Viridis, 0 = top rank bright
-            "colorbar.title.text": ["p(token)" if metric == "prob" else "rank"]}
+    return {
+        "z": [z],
+        "zmin": [0],
+        "zmax": [zmax],
+        "reversescale": [metric == "rank"],  # Viridis, 0 = top rank bright
+        "colorbar.title.text": ["p(token)" if metric == "prob" else "rank"],
+    }
 
 
 def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go.Figure:
@@ -146,31 +245,75 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
     labels = [plot_text(f"{i}: {texts.get(t, str(t))!r}") for i, t in enumerate(tokens)]
     colourings = {m: depth_colouring(view, m) for m in ("prob", "rank")}
     shown = {key: value[0] for key, value in colourings[metric].items()}
-    hover = [[plot_text(f"token {i} {texts.get(tokens[i], tokens[i])!r}, layer {l + 1}: p {view['prob'][i][l]:.3f}, "
-                        f"rank {view['rank'][i][l]}<br>top: " + ", ".join(
-                            f"{texts.get(c, str(c))!r} {p:.3f}" for c, p in view["top"][i][l]))
-              for i in range(len(tokens))] for l in range(L)]
-    stable = [next((l + 1 for l in range(L) if all(r == 0 for r in view["rank"][i][l:])), L)
-              for i in range(len(tokens))]  # a sampled token need not be the last layer's top
-    fig = go.Figure(data=[
-        go.Heatmap(z=shown["z"], x=list(range(len(tokens))), y=list(range(1, L + 1)), text=hover, hoverinfo="text",
-                   colorscale="Viridis", reversescale=shown["reversescale"], zmin=0, zmax=shown["zmax"],
-                   colorbar=dict(title=dict(text=shown["colorbar.title.text"]))),
-        go.Scatter(x=list(range(len(tokens))), y=stable, mode="markers",
-                   name="white dot: the token's stable EAD, the layer from which it stays the top candidate",
-                   marker=dict(color="white", size=7, line=dict(color="black", width=1)),
-                   hovertemplate="token %{x}: top candidate from layer %{y} on<extra></extra>"),
-    ])
+    hover = [
+        [
+            plot_text(
+                f"token {i} {texts.get(tokens[i], tokens[i])!r}, layer {l + 1}: p {view['prob'][i][l]:.3f}, "
+                f"rank {view['rank'][i][l]}<br>top: "
+                + ", ".join(f"{texts.get(c, str(c))!r} {p:.3f}" for c, p in view["top"][i][l])
+            )
+            for i in range(len(tokens))
+        ]
+        for l in range(L)
+    ]
+    stable = [
+        next((l + 1 for l in range(L) if all(r == 0 for r in view["rank"][i][l:])), L)
+        for i in range(len(tokens))
+    ]  # a sampled token need not be the last layer's top
+    fig = go.Figure(
+        data=[
+            go.Heatmap(
+                z=shown["z"],
+                x=list(range(len(tokens))),
+                y=list(range(1, L + 1)),
+                text=hover,
+                hoverinfo="text",
+                colorscale="Viridis",
+                reversescale=shown["reversescale"],
+                zmin=0,
+                zmax=shown["zmax"],
+                colorbar=dict(title=dict(text=shown["colorbar.title.text"])),
+            ),
+            go.Scatter(
+                x=list(range(len(tokens))),
+                y=stable,
+                mode="markers",
+                name="white dot: the token's stable EAD, the layer from which it stays the top candidate",
+                marker=dict(color="white", size=7, line=dict(color="black", width=1)),
+                hovertemplate="token %{x}: top candidate from layer %{y} on<extra></extra>",
+            ),
+        ]
+    )
     for k, d in enumerate(depths):
         fig.add_hline(y=d + 0.5, line=dict(color="white", dash="dash", width=1.5))
-        fig.add_annotation(x=1, xref="paper", xanchor="right", y=d + 0.5, yanchor="bottom", showarrow=False,
-                           text=stage_tick(k, d) + " ends", font=dict(size=11, color="white"), bgcolor="rgba(0,0,0,0.55)")
+        fig.add_annotation(
+            x=1,
+            xref="paper",
+            xanchor="right",
+            y=d + 0.5,
+            yanchor="bottom",
+            showarrow=False,
+            text=stage_tick(k, d) + " ends",
+            font=dict(size=11, color="white"),
+            bgcolor="rgba(0,0,0,0.55)",
+        )
     adapters = view["adapter_depths"]
-    fig.update_layout(title=dict(text="Depth view: the final token at every layer (logit lens"
-                                      + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
-                                      + "); dashed lines: the explored depths"),
-                      xaxis=dict(title=dict(text="generated token"), tickvals=list(range(len(tokens))),
-                                 ticktext=labels, tickangle=-60),
-                      yaxis=dict(title=dict(text="layer")), height=520, showlegend=True, meta={"colourings": colourings},
-                      **{**_LAYOUT, "legend": dict(orientation="h", x=0, y=1.0, yanchor="bottom")})
+    fig.update_layout(
+        title=dict(
+            text="Depth view: the final token at every layer (logit lens"
+            + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
+            + "); dashed lines: the explored depths"
+        ),
+        xaxis=dict(
+            title=dict(text="generated token"),
+            tickvals=list(range(len(tokens))),
+            ticktext=labels,
+            tickangle=-60,
+        ),
+        yaxis=dict(title=dict(text="layer")),
+        height=520,
+        showlegend=True,
+        meta={"colourings": colourings},
+        **{**_LAYOUT, "legend": dict(orientation="h", x=0, y=1.0, yanchor="bottom")},
+    )
     return fig

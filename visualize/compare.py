@@ -24,48 +24,58 @@ PROMPT_CHARS = 80
 class RunSide:
     """One run of a comparison."""
 
-    name: str                  # "A" (pinned) or "B" (the run the Debugger shows)
-    origin: str                # where it came from: a live run, a loaded file, a bundled trace
-    view: RoundView            # its last round
-    meta: dict                 # the trace's metadata (model, prompt), untrusted
-    ended: str | None = None   # the end event's stop reason; None for a run stopped before its end
-    cost: dict | None = None   # layer-equivalents per token: {"memory", "rows", "ar", "whole"} (the caller's cost model)
+    name: str  # "A" (pinned) or "B" (the run the Debugger shows)
+    origin: str  # where it came from: a live run, a loaded file, a bundled trace
+    view: RoundView  # its last round
+    meta: dict  # the trace's metadata (model, prompt), untrusted
+    ended: str | None = None  # the end event's stop reason; None for a run stopped before its end
+    cost: dict | None = (
+        None  # layer-equivalents per token: {"memory", "rows", "ar", "whole"} (the caller's cost model)
+    )
 
 
 def _sampling(start: dict) -> str:
     s = start.get("sampling") or {}
     if not s.get("temperature"):
         return "greedy"
-    parts = [f"temperature {s['temperature']}"] + [f"{k.replace('_', '-')} {s[k]}" for k in ("top_k", "top_p")
-                                                   if s.get(k) is not None]
+    parts = [f"temperature {s['temperature']}"] + [
+        f"{k.replace('_', '-')} {s[k]}" for k in ("top_k", "top_p") if s.get(k) is not None
+    ]
     return ", ".join(parts + [f"seed {s.get('seed')}"])
 
 
 def _adapters(start: dict) -> str:
     if "adapter_depths" not in start:
         return "not recorded"
-    return f"on, at depths {', '.join(map(str, start['adapter_depths']))}" if start["adapter_depths"] else "off"
+    return (
+        f"on, at depths {', '.join(map(str, start['adapter_depths']))}" if start["adapter_depths"] else "off"
+    )
 
 
 def _meta(side: RunSide, key: str) -> str:
     value = side.meta.get(key)
     text = str(value) if isinstance(value, (str, int, float)) else "—"
-    return text if len(text) <= PROMPT_CHARS else text[:PROMPT_CHARS - 1] + "…"
+    return text if len(text) <= PROMPT_CHARS else text[: PROMPT_CHARS - 1] + "…"
 
 
 def _cost(side: RunSide) -> str:
     c = side.cost
     if not c:
         return "—"
-    return (f"{num(c['memory'], '.1f')} on K devices ({num(c['memory'] / c['ar'], '.2f')} of AR's "
-            f"{num(c['ar'], '.1f')}); {num(c['rows'], '.1f')} when every row counts"
-            + ("" if c.get("whole") else " (decoder layers only: an older trace without the heads' weights)"))
+    return (
+        f"{num(c['memory'], '.1f')} on K devices ({num(c['memory'] / c['ar'], '.2f')} of AR's "
+        f"{num(c['ar'], '.1f')}); {num(c['rows'], '.1f')} when every row counts"
+        + ("" if c.get("whole") else " (decoder layers only: an older trace without the heads' weights)")
+    )
 
 
 def _draft(start: dict) -> str:
     d = start.get("draft")
-    return "off (or a trace made before them)" if not isinstance(d, dict) else \
-        f"chains of up to {d.get('length')} looked-up tokens, n-grams {d.get('min_ngram')}–{d.get('ngram')}"
+    return (
+        "off (or a trace made before them)"
+        if not isinstance(d, dict)
+        else f"chains of up to {d.get('length')} looked-up tokens, n-grams {d.get('min_ngram')}–{d.get('ngram')}"
+    )
 
 
 def _rows(side: RunSide) -> list[tuple[str, str]]:
@@ -84,15 +94,29 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
         ("DECS", esc("on" if start.get("decs") else "off" if "decs" in start else "not recorded")),
         ("sampling", esc(_sampling(start))),
         ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
-        ("lattice pruning", esc(f"at most {start['prune']} new branch{'es' * (start['prune'] > 1)} a round" if start.get("prune")
-                                else "none")),
+        (
+            "lattice pruning",
+            esc(
+                f"at most {start['prune']} new branch{'es' * (start['prune'] > 1)} a round"
+                if start.get("prune")
+                else "none"
+            ),
+        ),
         ("draft chains", esc(_draft(start))),
         ("ended", esc(side.ended or "stopped before its end")),
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
-        ("rounds/token", num(n.rounds_per_token, ".3f") + esc(f" ({n.tokens / n.rounds:.2f} tokens per round, "
-                                                             f"{sum(c.get('drafted', False) for c in side.view.commits)} "
-                                                             "drafted)" if n.rounds else "")),
+        (
+            "rounds/token",
+            num(n.rounds_per_token, ".3f")
+            + esc(
+                f" ({n.tokens / n.rounds:.2f} tokens per round, "
+                f"{sum(c.get('drafted', False) for c in side.view.commits)} "
+                "drafted)"
+                if n.rounds
+                else ""
+            ),
+        ),
         ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".3f") + "×"),
         ("cost per token (layer-equivalents, all the work)", _cost(side)),
     ]
@@ -102,36 +126,53 @@ def _outputs_line(a: RunSide, b: RunSide) -> str:
     ta, tb = a.view.tokens, b.view.tokens
     same_prompt = a.view.start.get("prompt") == b.view.start.get("prompt")
     if ta == tb:
-        return (f"<div id='dbg-compare-same' data-same='yes'>✓ identical outputs: both runs committed the same "
-                f"{esc(len(ta))} tokens{'' if same_prompt else ' (from different prompts)'}</div>")
+        return (
+            f"<div id='dbg-compare-same' data-same='yes'>✓ identical outputs: both runs committed the same "
+            f"{esc(len(ta))} tokens{'' if same_prompt else ' (from different prompts)'}</div>"
+        )
     first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-    why = "the prompts differ" if not same_prompt else \
-        "same prompt: sampling, settings or the model differ" if first < min(len(ta), len(tb)) else \
-        "one run is a prefix of the other (a shorter run)"
-    return (f"<div id='dbg-compare-same' data-same='no'>✗ outputs differ from token {esc(first)} on "
-            f"({esc(len(ta))} vs {esc(len(tb))} tokens; {esc(why)})</div>")
+    why = (
+        "the prompts differ"
+        if not same_prompt
+        else "same prompt: sampling, settings or the model differ"
+        if first < min(len(ta), len(tb))
+        else "one run is a prefix of the other (a shorter run)"
+    )
+    return (
+        f"<div id='dbg-compare-same' data-same='no'>✗ outputs differ from token {esc(first)} on "
+        f"({esc(len(ta))} vs {esc(len(tb))} tokens; {esc(why)})</div>"
+    )
 
 
 def compare_html(sides: list[RunSide]) -> str:
     """A table with one column per run (a value that differs between two runs is shaded), then whether
     the outputs are identical. With one side, its column alone."""
     columns = [_rows(side) for side in sides]
-    head = "".join(f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: #fff;'>run {esc(side.name)}</th>"
-                   for i, side in enumerate(sides))
+    head = "".join(
+        f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: #fff;'>run {esc(side.name)}</th>"
+        for i, side in enumerate(sides)
+    )
     body = []
     for r, (label, _) in enumerate(columns[0]):
         values = [col[r][1] for col in columns]
         shade = _DIFFERS if len(set(values)) > 1 else ""
-        body.append(f"<tr><th style='{_CELL} font-weight: normal; color: #566573;'>{esc(label)}</th>"
-                    + "".join(f"<td style='{_CELL}{shade}'>{v}</td>" for v in values) + "</tr>")
-    table = (f"<table class='dex-compare' style='border-collapse: collapse; margin: 4px 0;'><tr><th "
-             f"style='{_CELL}'></th>{head}</tr>{''.join(body)}</table>")
+        body.append(
+            f"<tr><th style='{_CELL} font-weight: normal; color: #566573;'>{esc(label)}</th>"
+            + "".join(f"<td style='{_CELL}{shade}'>{v}</td>" for v in values)
+            + "</tr>"
+        )
+    table = (
+        f"<table class='dex-compare' style='border-collapse: collapse; margin: 4px 0;'><tr><th "
+        f"style='{_CELL}'></th>{head}</tr>{''.join(body)}</table>"
+    )
     same = _outputs_line(*sides) if len(sides) == 2 else ""
-    note = ("<div style='font-size: 11px; color: #7f8c8d;'>Cost per token from the project's cost model, in "
-            "layer-equivalents (one decoder layer's weights): layers, LM heads (light ones at non-final depths) "
-            "and adapters. On K devices a round costs its slowest explorer (a batch costs its weights once, as on "
-            "a GPU); AR = every layer and the head once per token.</div>")
-    return (f"<div style='font-family: system-ui, sans-serif; font-size: 13px;'>{table}{same}{note}</div>")
+    note = (
+        "<div style='font-size: 11px; color: #7f8c8d;'>Cost per token from the project's cost model, in "
+        "layer-equivalents (one decoder layer's weights): layers, LM heads (light ones at non-final depths) "
+        "and adapters. On K devices a round costs its slowest explorer (a batch costs its weights once, as on "
+        "a GPU); AR = every layer and the head once per token.</div>"
+    )
+    return f"<div style='font-family: system-ui, sans-serif; font-size: 13px;'>{table}{same}{note}</div>"
 
 
 def compare_figure(sides: list[RunSide]) -> go.Figure:
@@ -144,19 +185,37 @@ def compare_figure(sides: list[RunSide]) -> go.Figure:
         run_depths = side.view.start["depths"]
         counts = dict(zip(run_depths, stage_counts(side.view.matched, len(run_depths))))
         total = max(1, len(side.view.matched))
-        ys = [counts[d] / total if d in counts else None for d in depths]  # no bar where the run has no explorer
-        hover = [plot_text(f"run {side.name}: {counts.get(d, 0)} of {total} tokens matched at depth {d}")
-                 for d in depths]
-        traces.append(go.Bar(
-            x=[str(d) for d in depths], y=ys, text=[str(counts[d]) if d in counts else "" for d in depths],
-            textposition="outside", cliponaxis=False, hovertext=hover, hovertemplate="%{hovertext}<extra></extra>",
-            name=plot_text(f"run {side.name}: K={len(run_depths)}, {side.origin}"[:70]),
-            marker=dict(color=RUN_COLORS[i % 2])))
+        ys = [
+            counts[d] / total if d in counts else None for d in depths
+        ]  # no bar where the run has no explorer
+        hover = [
+            plot_text(f"run {side.name}: {counts.get(d, 0)} of {total} tokens matched at depth {d}")
+            for d in depths
+        ]
+        traces.append(
+            go.Bar(
+                x=[str(d) for d in depths],
+                y=ys,
+                text=[str(counts[d]) if d in counts else "" for d in depths],
+                textposition="outside",
+                cliponaxis=False,
+                hovertext=hover,
+                hovertemplate="%{hovertext}<extra></extra>",
+                name=plot_text(f"run {side.name}: K={len(run_depths)}, {side.origin}"[:70]),
+                marker=dict(color=RUN_COLORS[i % 2]),
+            )
+        )
     fig = go.Figure(data=traces)
-    fig.update_layout(title=dict(text="Where tokens matched: share of each run's tokens by depth"), barmode="group",
-                      height=320, plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=50),
-                      legend=dict(orientation="h", y=-0.25),
-                      xaxis=dict(title=dict(text="depth (layer) of the explorer that matched"), type="category"),
-                      yaxis=dict(title=dict(text="share of tokens"), tickformat=".0%", rangemode="tozero",
-                                 gridcolor="#eaecee"))
+    fig.update_layout(
+        title=dict(text="Where tokens matched: share of each run's tokens by depth"),
+        barmode="group",
+        height=320,
+        plot_bgcolor="white",
+        margin=dict(l=60, r=20, t=50, b=50),
+        legend=dict(orientation="h", y=-0.25),
+        xaxis=dict(title=dict(text="depth (layer) of the explorer that matched"), type="category"),
+        yaxis=dict(
+            title=dict(text="share of tokens"), tickformat=".0%", rangemode="tozero", gridcolor="#eaecee"
+        ),
+    )
     return fig

@@ -44,10 +44,18 @@ def lattice_graph(events: list[dict]) -> nx.DiGraph:
         for n in event["nodes"]:
             if n["kind"] == "chain":
                 chain_slots.add(int(n["slot"]))
-            graph.add_node(int(n["id"]), stage=int(n["stage"]), position=int(n["position"]),
-                           round=int(event["round"]), kind=str(n["kind"]), token=int(n["token"]),
-                           text="" if n.get("text") is None else str(n["text"]), fate="pending", cut_round=-1,
-                           drafted=int(n["slot"]) in chain_slots)
+            graph.add_node(
+                int(n["id"]),
+                stage=int(n["stage"]),
+                position=int(n["position"]),
+                round=int(event["round"]),
+                kind=str(n["kind"]),
+                token=int(n["token"]),
+                text="" if n.get("text") is None else str(n["text"]),
+                fate="pending",
+                cut_round=-1,
+                drafted=int(n["slot"]) in chain_slots,
+            )
             if n.get("parent") is not None:
                 graph.add_edge(int(n["parent"]), int(n["id"]), kind=str(n["kind"]))
         for commit in commits_of(event):
@@ -77,8 +85,9 @@ def export_graph(events: list[dict], path: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m visualize.graph",
-                                     description="Export a saved DEX trace's lattice as a graph.")
+    parser = argparse.ArgumentParser(
+        prog="python -m visualize.graph", description="Export a saved DEX trace's lattice as a graph."
+    )
     parser.add_argument("trace", help="a trace saved by dex generate --trace or the app")
     parser.add_argument("out", help="output file: .graphml or .json (node-link)")
     args = parser.parse_args(argv)

@@ -24,12 +24,15 @@ from .palette import CHAIN_EDGE, CHAIN_LINE, PALE, STATUS_MARKS, frames, stage_t
 from .replay import RoundView
 
 DISCARDED_OPACITY = 0.25
-PLOT_WIDTH_PX = 800          # nominal width used to fit marker sizes; the app may resize freely
-STAGE_HEIGHT_PX = 70         # per stage up to K = 5; larger K share MAX_STAGES_PX
+PLOT_WIDTH_PX = 800  # nominal width used to fit marker sizes; the app may resize freely
+STAGE_HEIGHT_PX = 70  # per stage up to K = 5; larger K share MAX_STAGES_PX
 MAX_STAGES_PX = 360
 FONT_PX = 11
 EDGE_GROUPS = ("edges: this round", "edges: kept", "edges: other")
-CHAIN_EDGES, CHAIN_FRAMES = "edges: draft chain", "draft chain"  # drawn when the round's lattice has chain slots
+CHAIN_EDGES, CHAIN_FRAMES = (
+    "edges: draft chain",
+    "draft chain",
+)  # drawn when the round's lattice has chain slots
 
 
 def stage_height(K: int) -> float:
@@ -73,8 +76,10 @@ def node_statuses(view: RoundView) -> dict[int, str]:
             else:
                 out[i] = "anchor"
         return out
-    return {i: "cut" if i in cut else "anchor" if n["position"] == view.commit_position else "pending"
-            for i, n in view.nodes.items()}
+    return {
+        i: "cut" if i in cut else "anchor" if n["position"] == view.commit_position else "pending"
+        for i, n in view.nodes.items()
+    }
 
 
 def node_status(view: RoundView, node_id: int) -> str:
@@ -108,10 +113,13 @@ def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None], chain
     masked = ", ".join(_describe(t, vocab) for t in node.get("masked") or []) or "none"
     head = f"node {node['id']}"
     chain = ", a draft-chain slot: its input was looked up" if chained else ""
-    lines = [f"({node['kind']}, slot {node['slot']}, parent {node['parent']}{chain})",
-             f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
-             f"candidate {_describe(node['token'], vocab)} (input {node['input_token']})",
-             f"top: {top}", f"DECS-masked: {masked}"]
+    lines = [
+        f"({node['kind']}, slot {node['slot']}, parent {node['parent']}{chain})",
+        f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
+        f"candidate {_describe(node['token'], vocab)} (input {node['input_token']})",
+        f"top: {top}",
+        f"DECS-masked: {masked}",
+    ]
     return f"<b>{plot_text(head)}</b> " + "<br>".join(plot_text(line) for line in lines)
 
 
@@ -149,7 +157,9 @@ def _title(view: RoundView) -> str:
     drafted = sum(c.get("drafted") is True for c in commits)
     if len(commits) == 1:
         c = commits[0]
-        title += f" · commit {_shown(c)} matched at stage {c['matched_stage']}" + (" (drafted)" if drafted else "")
+        title += f" · commit {_shown(c)} matched at stage {c['matched_stage']}" + (
+            " (drafted)" if drafted else ""
+        )
     elif commits:
         shown = " ".join(_shown(c) for c in commits[:6]) + (" …" if len(commits) > 6 else "")
         title += f" · committed {len(commits)} tokens {shown} ({drafted} drafted)"
@@ -177,18 +187,38 @@ def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
     columns = min(window, max(K, reach))
     groups, edges, boxes = _marks(view, _layout_cells(view, window, columns), columns)
     chained = bool(chain_nodes(view))
-    traces = [go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
-                         visible="legendonly" if name == EDGE_GROUPS[2] else True,
-                         line=CHAIN_EDGE if name == CHAIN_EDGES else
-                         dict(color="#8C8C8C" if name != EDGE_GROUPS[2] else "#C8C8C8", width=1))
-              for name, (xs, ys) in edges.items() if name in EDGE_GROUPS or chained]
+    traces = [
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name=name,
+            hoverinfo="skip",
+            visible="legendonly" if name == EDGE_GROUPS[2] else True,
+            line=CHAIN_EDGE
+            if name == CHAIN_EDGES
+            else dict(color="#8C8C8C" if name != EDGE_GROUPS[2] else "#C8C8C8", width=1),
+        )
+        for name, (xs, ys) in edges.items()
+        if name in EDGE_GROUPS or chained
+    ]
     traces += [_status_trace(s, g) for s, g in groups.items()]
     if chained:
         for gone, group in boxes.items():  # a dropped node's frame fades with it
             xs, ys = frames(group)
-            traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", line=CHAIN_LINE,
-                                     legendgroup="chains", showlegend=not gone,
-                                     opacity=DISCARDED_OPACITY if gone else 1.0))
+            traces.append(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    name=CHAIN_FRAMES,
+                    hoverinfo="skip",
+                    line=CHAIN_LINE,
+                    legendgroup="chains",
+                    showlegend=not gone,
+                    opacity=DISCARDED_OPACITY if gone else 1.0,
+                )
+            )
     return _laid_out(go.Figure(data=traces), view, columns)
 
 
@@ -205,11 +235,16 @@ def _marks(view: RoundView, place: dict, columns: int) -> tuple[dict, dict, dict
     for i, (x, y, size, chars, room_x, room_y) in place.items():
         node, g = view.nodes[i], groups[status[i]]
         label = _label(node.get("text"), node["token"])
-        for key, value in (("x", x), ("y", y), ("size", size), ("text", plot_text(label) if len(label) <= chars
-                                                                    else "")):
+        for key, value in (
+            ("x", x),
+            ("y", y),
+            ("size", size),
+            ("text", plot_text(label) if len(label) <= chars else ""),
+        ):
             g[key].append(value)
-        g["hover"].append(_hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab,
-                                 i in chained))
+        g["hover"].append(
+            _hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab, i in chained)
+        )
         if i in chained:
             box = (x, y, min((size / 2 + 3) / cell_w, room_x), min((size / 2 + 3) / cell_h, room_y))
             boxes[status[i] in ("discarded", "cut")].append(box)
@@ -225,11 +260,20 @@ def _marks(view: RoundView, place: dict, columns: int) -> tuple[dict, dict, dict
 def _status_trace(status: str, g: dict) -> go.Scatter:
     mark = STATUS_MARKS[status]
     return go.Scatter(
-        x=g["x"], y=g["y"], mode="markers+text", name=status, text=g["text"], hovertext=g["hover"],
-        hovertemplate="%{hovertext}<extra></extra>", textposition="middle center",
+        x=g["x"],
+        y=g["y"],
+        mode="markers+text",
+        name=status,
+        text=g["text"],
+        hovertext=g["hover"],
+        hovertemplate="%{hovertext}<extra></extra>",
+        textposition="middle center",
         textfont=dict(size=FONT_PX, color=mark.ink),
-        marker=dict(color=mark.fill, size=g["size"], symbol=mark.symbol, line=dict(color=mark.line, width=mark.width)),
-        opacity=DISCARDED_OPACITY if status in ("discarded", "cut") else 1.0)
+        marker=dict(
+            color=mark.fill, size=g["size"], symbol=mark.symbol, line=dict(color=mark.line, width=mark.width)
+        ),
+        opacity=DISCARDED_OPACITY if status in ("discarded", "cut") else 1.0,
+    )
 
 
 def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
@@ -237,13 +281,41 @@ def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
     depths = view.start["depths"]
     K = len(depths)
     fig.update_layout(
-        title=dict(text=_title(view)), uirevision="lattice", height=round(130 + stage_height(K) * K),
-        margin=dict(l=90, r=20, t=60, b=40), plot_bgcolor="white", legend=dict(title=dict(text="status"), tracegroupgap=0),
-        xaxis=dict(title=dict(text="position relative to the anchor"), tickvals=list(range(columns)),
-                   ticktext=[f"+{j}" for j in range(columns)], range=[-0.6, columns - 0.4],
-                   showgrid=False, zeroline=False),
-        yaxis=dict(tickvals=list(range(K)), ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
-                   range=[K - 0.5, -0.5], showgrid=False, zeroline=False),
-        shapes=[dict(type="rect", xref="x", yref="paper", x0=-0.5, x1=0.5, y0=0, y1=1,
-                     fillcolor=PALE, opacity=0.6, line=dict(width=0), layer="below")])
+        title=dict(text=_title(view)),
+        uirevision="lattice",
+        height=round(130 + stage_height(K) * K),
+        margin=dict(l=90, r=20, t=60, b=40),
+        plot_bgcolor="white",
+        legend=dict(title=dict(text="status"), tracegroupgap=0),
+        xaxis=dict(
+            title=dict(text="position relative to the anchor"),
+            tickvals=list(range(columns)),
+            ticktext=[f"+{j}" for j in range(columns)],
+            range=[-0.6, columns - 0.4],
+            showgrid=False,
+            zeroline=False,
+        ),
+        yaxis=dict(
+            tickvals=list(range(K)),
+            ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
+            range=[K - 0.5, -0.5],
+            showgrid=False,
+            zeroline=False,
+        ),
+        shapes=[
+            dict(
+                type="rect",
+                xref="x",
+                yref="paper",
+                x0=-0.5,
+                x1=0.5,
+                y0=0,
+                y1=1,
+                fillcolor=PALE,
+                opacity=0.6,
+                line=dict(width=0),
+                layer="below",
+            )
+        ],
+    )
     return fig

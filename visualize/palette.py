@@ -37,15 +37,17 @@ class Mark:
     ink: str = INK
 
 
-STATUS_MARKS = {                                     # a node during one round (``lattice.node_statuses``)
-    "anchor": Mark(WHITE, INK, 2.5, "square"),       # the anchor slot's nodes while its token is pending
-    "pending": Mark(PALE, MID, 1, "square"),         # other live speculative nodes
-    "accepted": Mark(DARK, INK, 1, "square", WHITE),  # commit round: the matched anchor node and the kept subtree
-    "discarded": Mark(GREY, MID, 1, "square"),       # dropped by this round's collapse (drawn faded)
+STATUS_MARKS = {  # a node during one round (``lattice.node_statuses``)
+    "anchor": Mark(WHITE, INK, 2.5, "square"),  # the anchor slot's nodes while its token is pending
+    "pending": Mark(PALE, MID, 1, "square"),  # other live speculative nodes
+    "accepted": Mark(
+        DARK, INK, 1, "square", WHITE
+    ),  # commit round: the matched anchor node and the kept subtree
+    "discarded": Mark(GREY, MID, 1, "square"),  # dropped by this round's collapse (drawn faded)
     "final": Mark(LIGHT, INK, 2.5, "diamond-wide"),  # commit round: the anchor's final-stage reference node
-    "cut": Mark(GREY, MID, 1, "x"),                  # a chain node dropped: the slot before it proposed another token
+    "cut": Mark(GREY, MID, 1, "x"),  # a chain node dropped: the slot before it proposed another token
 }
-FATE_MARKS = {                                       # a node over the whole run (``graph.FATES``)
+FATE_MARKS = {  # a node over the whole run (``graph.FATES``)
     "matched": Mark(DARK, INK, 1, "square"),
     "final": Mark(LIGHT, INK, 1.5, "diamond-wide"),
     "committed": Mark(WHITE, INK, 1.5, "circle"),
@@ -57,10 +59,17 @@ CHAIN_LINE = dict(color=INK, width=1.5, dash="dot")  # the frame around every no
 CHAIN_EDGE = dict(color=MID, width=1.5, dash="dash")  # a chain's edges, along the token axis
 STATUS_COLORS = {name: mark.fill for name, mark in STATUS_MARKS.items()}
 FATE_COLORS = {name: mark.fill for name, mark in FATE_MARKS.items()}
-CUT_COLOR = DARK                 # collapses drawn as cuts in the timeline
-RUN_COLORS = (DARK, "#767676")   # run A and run B of a comparison (white text reads on both)
-CURRENT_ROUND_COLOR = "#BFBFBF"  # the band over the round the Debugger shows, on the timeline (at half opacity)
-SERIES = ((DARK, "solid", "circle"), (MID, "dot", "square"), (LIGHT, "dashdot", "diamond"), (INK, "dash", "x"))
+CUT_COLOR = DARK  # collapses drawn as cuts in the timeline
+RUN_COLORS = (DARK, "#767676")  # run A and run B of a comparison (white text reads on both)
+CURRENT_ROUND_COLOR = (
+    "#BFBFBF"  # the band over the round the Debugger shows, on the timeline (at half opacity)
+)
+SERIES = (
+    (DARK, "solid", "circle"),
+    (MID, "dot", "square"),
+    (LIGHT, "dashdot", "diamond"),
+    (INK, "dash", "x"),
+)
 """A chart's non-stage series in order: (colour, dash, marker symbol)."""
 
 
@@ -92,8 +101,13 @@ def stage_tick(stage: int, depth: int) -> str:
 def stage_legend_html(depths, label: str = "matched at") -> str:
     """The stage key: ``label``, then one chip per stage in its colour, named as the figures name it
     (``E<stage> · d=<depth>``); a chip never breaks across lines, so K = 8 keys wrap between chips."""
-    keys = "".join(f"<span class=\"dex-key\" style=\"background: {stage_color(k)}; color: {stage_ink(k)}; "
-                   f"padding: 0 6px; margin: 0 6px 2px 0; border-radius: 3px; display: inline-block; "
-                   f"white-space: nowrap;\">E{k} · d={esc(d)}</span>" for k, d in enumerate(depths))
-    return (f"<div class='dex-legend' style='margin-top: 6px; font-size: 12px;'>"
-            f"<span style='margin-right: 6px;'>{esc(label)}:</span>{keys}</div>")
+    keys = "".join(
+        f'<span class="dex-key" style="background: {stage_color(k)}; color: {stage_ink(k)}; '
+        f"padding: 0 6px; margin: 0 6px 2px 0; border-radius: 3px; display: inline-block; "
+        f'white-space: nowrap;">E{k} · d={esc(d)}</span>'
+        for k, d in enumerate(depths)
+    )
+    return (
+        f"<div class='dex-legend' style='margin-top: 6px; font-size: 12px;'>"
+        f"<span style='margin-right: 6px;'>{esc(label)}:</span>{keys}</div>"
+    )

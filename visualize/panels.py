@@ -48,8 +48,10 @@ def near_tie_sentence(commit: dict, dtype: str | None) -> str:
         return ""
     margin = f" were {num(commit['margin'], '.4g')} apart" if "margin" in commit else " were within rounding"
     gap = f" (tie gap {num(commit['tie_gap'], '.4g')})" if "tie_gap" in commit else ""
-    return (f"≈ Near-tie: the final layer's top two tokens{margin}, within {esc(dtype or 'the model dtype')} "
-            f"rounding{gap}; <code>dex verify</code> certifies such tokens against the unmodified model.")
+    return (
+        f"≈ Near-tie: the final layer's top two tokens{margin}, within {esc(dtype or 'the model dtype')} "
+        f"rounding{gap}; <code>dex verify</code> certifies such tokens against the unmodified model."
+    )
 
 
 def tokens_html(view_or_views) -> str:
@@ -62,40 +64,65 @@ def tokens_html(view_or_views) -> str:
     depths = view.start["depths"]
     K = len(depths)
     spans, ties, drafts = [], 0, 0
-    for i, (token, text, stage, chain) in enumerate(zip(view.tokens, view.texts, view.matched, view.anchor_chains)):
+    for i, (token, text, stage, chain) in enumerate(
+        zip(view.tokens, view.texts, view.matched, view.anchor_chains)
+    ):
         title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
         commit = view.commits[i] if i < len(view.commits) else {}
         near, drafted = commit.get("near_tie") is True, commit.get("drafted") is True
         ties, drafts = ties + near, drafts + drafted
         shown = text if text is not None else f"⟨{token}⟩"
         attrs = (' data-near-tie="1"' if near else "") + (' data-drafted="1"' if drafted else "")
-        title += (" · ≈ near-tie" if near else "") + (" · drafted: its input came from a draft chain" if drafted else "")
-        spans.append(f"<span class=\"dex-tok\"{attrs} title=\"{esc(title)}\" style=\"background: {stage_color(stage)}; "
-                     f"color: {stage_ink(stage)}; border-radius: 3px;{_NEAR_TIE if near else ''}"
-                     f"{_DRAFTED if drafted else ''}\">{esc(shown)}</span>")
-    note = (f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
+        title += (" · ≈ near-tie" if near else "") + (
+            " · drafted: its input came from a draft chain" if drafted else ""
+        )
+        spans.append(
+            f'<span class="dex-tok"{attrs} title="{esc(title)}" style="background: {stage_color(stage)}; '
+            f"color: {stage_ink(stage)}; border-radius: 3px;{_NEAR_TIE if near else ''}"
+            f'{_DRAFTED if drafted else ""}">{esc(shown)}</span>'
+        )
+    note = (
+        (
+            f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
             f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
             f"within {esc(view.start.get('dtype') or 'the model dtype')} rounding (each round's table says by how "
-            f"much)</div>") if ties else ""
-    inside = (f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d; font-family: system-ui, sans-serif;'>"
-              f"<span style='{_DRAFTED}'>{drafts} drafted token{'s' if drafts != 1 else ''}</span>: committed from "
-              f"draft-chain slots, whose input was looked up in the text so far (exact like every token)</div>"
-              ) if drafts else ""  # inside the box: its second line, free under a short text (a K=8 page's height)
-    return (f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
-            f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
-            f"{''.join(spans)}{inside}</div>{note}{stage_legend_html(depths)}</div>")
+            f"much)</div>"
+        )
+        if ties
+        else ""
+    )
+    inside = (
+        (
+            f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d; font-family: system-ui, sans-serif;'>"
+            f"<span style='{_DRAFTED}'>{drafts} drafted token{'s' if drafts != 1 else ''}</span>: committed from "
+            f"draft-chain slots, whose input was looked up in the text so far (exact like every token)</div>"
+        )
+        if drafts
+        else ""
+    )  # inside the box: its second line, free under a short text (a K=8 page's height)
+    return (
+        f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
+        f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
+        f"{''.join(spans)}{inside}</div>{note}{stage_legend_html(depths)}</div>"
+    )
 
 
 def _chip(node_id: int, new: bool) -> str:
-    style = ("display: inline-block; min-width: 22px; text-align: center; margin: 1px; padding: 0 3px; "
-             "border-radius: 3px; font-size: 11px; ")
-    style += f"background: {DARK}; color: #fff; font-weight: bold;" if new else f"background: {PALE};"  # greys: colours name stages
+    style = (
+        "display: inline-block; min-width: 22px; text-align: center; margin: 1px; padding: 0 3px; "
+        "border-radius: 3px; font-size: 11px; "
+    )
+    style += (
+        f"background: {DARK}; color: #fff; font-weight: bold;" if new else f"background: {PALE};"
+    )  # greys: colours name stages
     return f"<span style='{style}'>{esc(node_id)}</span>"
 
 
 def _stage_key(k: int, depth) -> str:
-    return (f"<span style='background: {stage_color(k)}; color: {stage_ink(k)}; padding: 0 5px; "
-            f"border-radius: 3px; white-space: nowrap;'>E{k} · d={esc(depth)}</span>")
+    return (
+        f"<span style='background: {stage_color(k)}; color: {stage_ink(k)}; padding: 0 5px; "
+        f"border-radius: 3px; white-space: nowrap;'>E{k} · d={esc(depth)}</span>"
+    )
 
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
@@ -116,14 +143,23 @@ def fsm_html(view: RoundView) -> str:
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
     listed = ""
-    if n > 1 or any(c.get("drafted") is True for c in commits):  # one line (cut short, in full on hover): a K=8
-        text = ", ".join(f"{_quoted(c.get('text'), c['token'])} at {c['position']}"  # page keeps its height
-                         + (" (drafted)" if c.get("drafted") is True else "") for c in commits)
-        listed = f" <span class='dex-fsm-commits' style='font-size: 12px;' title='{esc(text)}'>{esc(text)}</span>"
-    parts = [f"<div style='font-size: 15px; margin-bottom: 6px; white-space: nowrap; overflow: hidden; "
-             f"text-overflow: ellipsis;'>state <b>q={esc(view.state_before)}</b> → "
-             f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
-             f"{len(view.nodes)} nodes)</span>{listed}</div>"]
+    if n > 1 or any(
+        c.get("drafted") is True for c in commits
+    ):  # one line (cut short, in full on hover): a K=8
+        text = ", ".join(
+            f"{_quoted(c.get('text'), c['token'])} at {c['position']}"  # page keeps its height
+            + (" (drafted)" if c.get("drafted") is True else "")
+            for c in commits
+        )
+        listed = (
+            f" <span class='dex-fsm-commits' style='font-size: 12px;' title='{esc(text)}'>{esc(text)}</span>"
+        )
+    parts = [
+        f"<div style='font-size: 15px; margin-bottom: 6px; white-space: nowrap; overflow: hidden; "
+        f"text-overflow: ellipsis;'>state <b>q={esc(view.state_before)}</b> → "
+        f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
+        f"{len(view.nodes)} nodes)</span>{listed}</div>"
+    ]
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
         by_stage[node["stage"]].append(i)
@@ -132,17 +168,29 @@ def fsm_html(view: RoundView) -> str:
     for k, (ids, (committed, lattice)) in enumerate(zip(by_stage, kv_counts(view))):
         fresh = sum(1 for i in ids if i in new)
         chips = "".join(_chip(i, i in new) for i in sorted(ids))
-        nodes = (f"<details><summary><b>{len(ids)}</b> ({fresh} new)</summary>{chips}</details>" if ids
-                 else "<span style='color: #aab7b8;'>empty</span>")
-        bar = (f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
-               f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>")
+        nodes = (
+            f"<details><summary><b>{len(ids)}</b> ({fresh} new)</summary>{chips}</details>"
+            if ids
+            else "<span style='color: #aab7b8;'>empty</span>"
+        )
+        bar = (
+            f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
+            f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>"
+        )
         plus = f" +{n}" if n else ""
-        rows.append([_stage_key(k, depths[k]), nodes,
-                     f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + <b>{esc(lattice)}</b></span>"])
+        rows.append(
+            [
+                _stage_key(k, depths[k]),
+                nodes,
+                f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + <b>{esc(lattice)}</b></span>",
+            ]
+        )
     parts.append(_table(["explorer", "nodes (new this round)", "KV entries: committed + lattice"], rows))
     if n:
-        parts.append(f"<div style='font-size: 11px; color: #7f8c8d;'>+{n}: the token{'s' if n != 1 else ''} this round "
-                     f"commit{'s' if n == 1 else ''}</div>")
+        parts.append(
+            f"<div style='font-size: 11px; color: #7f8c8d;'>+{n}: the token{'s' if n != 1 else ''} this round "
+            f"commit{'s' if n == 1 else ''}</div>"
+        )
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
 
 
@@ -157,8 +205,10 @@ def _histogram(matched: list[int], depths: list[int]) -> str:
     rows = []
     for k, (d, c) in enumerate(zip(depths, counts)):
         width = int(120 * c / top)
-        rows.append(f"<div>{_stage_key(k, d)} <span style='display: inline-block; width: {width}px; "
-                    f"height: 10px; background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>")
+        rows.append(
+            f"<div>{_stage_key(k, d)} <span style='display: inline-block; width: {width}px; "
+            f"height: 10px; background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>"
+        )
     return "".join(rows)
 
 
@@ -184,23 +234,37 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     chains (runs with chains), the matched-stage histogram, and (given the end event) measured and
     projected tokens/s."""
     n = run_numbers(view)
-    items = [("tokens", esc(n.tokens)), ("rounds", esc(n.rounds)), ("rounds/token", num(n.rounds_per_token, ".2f")),
-             ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
-             ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none"))]
+    items = [
+        ("tokens", esc(n.tokens)),
+        ("rounds", esc(n.rounds)),
+        ("rounds/token", num(n.rounds_per_token, ".2f")),
+        ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
+        ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none")),
+    ]
     if view.start.get("draft"):
-        items.append(("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits))))
+        items.append(
+            ("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits)))
+        )
     if end is not None:
         stats = end.get("stats", {})
         if stats.get("tokens_per_second"):
             items.append(("tokens/s (measured)", num(stats["tokens_per_second"], ".1f")))
         if stats.get("projected_seconds"):
-            items.append(("tokens/s (projected, K devices)", num(len(end["tokens"]) / stats["projected_seconds"],
-                                                                 ".1f")))
-    cells = "".join(f"<div style='display: inline-block; margin: 0 18px 6px 0;'><div style='font-size: 11px; "
-                    f"color: #7f8c8d;'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
-                    for name, value in items)
-    return (f"<div style='{_BOX}'><div>{cells}</div><div style='font-size: 12px;'>matched stage"
-            f"{_histogram(view.matched, view.start['depths'])}</div></div>")
+            items.append(
+                (
+                    "tokens/s (projected, K devices)",
+                    num(len(end["tokens"]) / stats["projected_seconds"], ".1f"),
+                )
+            )
+    cells = "".join(
+        f"<div style='display: inline-block; margin: 0 18px 6px 0;'><div style='font-size: 11px; "
+        f"color: #7f8c8d;'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
+        for name, value in items
+    )
+    return (
+        f"<div style='{_BOX}'><div>{cells}</div><div style='font-size: 12px;'>matched stage"
+        f"{_histogram(view.matched, view.start['depths'])}</div></div>"
+    )
 
 
 def _cand(token: int, vocab: dict[int, str | None]) -> str:
@@ -209,7 +273,11 @@ def _cand(token: int, vocab: dict[int, str | None]) -> str:
 
 
 OPEN_ROWS = 8  # an explorer's batch is listed open up to this many nodes, else folded
-_VIA = {"chain": "its chain slot", "position": "the matched stage's position child", "root": "a new root (from scratch)"}
+_VIA = {
+    "chain": "its chain slot",
+    "position": "the matched stage's position child",
+    "root": "a new root (from scratch)",
+}
 
 
 def round_table_html(view: RoundView) -> str:
@@ -220,16 +288,26 @@ def round_table_html(view: RoundView) -> str:
     depths = view.start["depths"]
     K = len(depths)
     vocab = token_texts(view)
-    parts = [f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
-             f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"]
+    parts = [
+        f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
+        f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
+    ]
     for k, batch in enumerate(view.batches):
         rows = []
         for i in batch:
             n = view.nodes[i]
             top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.get("top") or [])
             masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
-            rows.append([esc(i), esc(n["kind"]), f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})",
-                         _cand(n["token"], vocab), top, masked])
+            rows.append(
+                [
+                    esc(i),
+                    esc(n["kind"]),
+                    f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})",
+                    _cand(n["token"], vocab),
+                    top,
+                    masked,
+                ]
+            )
         title = f"{_stage_key(k, depths[k])} · batch of {len(batch)}"
         if not rows:
             parts.append(f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>")
@@ -239,26 +317,40 @@ def round_table_html(view: RoundView) -> str:
         parts.append(f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>")
     commits = view_commits(view)
     for j, c in enumerate(commits):
-        rows = [[_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
-                for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))]
+        rows = [
+            [_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
+            for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))
+        ]
         near = near_tie_sentence(c, view.start.get("dtype"))
-        badge = f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>" if near else ""
+        badge = (
+            f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>"
+            if near
+            else ""
+        )
         if c.get("drafted") is True:
             badge += f" · <span class='dex-drafted' style='{_DRAFTED}'>drafted</span> (its input came from a draft chain)"
         badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
         which = f" {j + 1} of {len(commits)}" if len(commits) > 1 else ""
-        parts.append(f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
-                     f"matched at stage {esc(c['matched_stage'])}{badge}</div>")
+        parts.append(
+            f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
+            f"matched at stage {esc(c['matched_stage'])}{badge}</div>"
+        )
         if near:
             parts.append(f"<div style='font-size: 12px;'>{near}</div>")
         parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
     if commits:
-        parts.append(f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
-                     f"kept ({len(view.kept)}): {join(view.kept) or '—'}"
-                     f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>")
+        parts.append(
+            f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
+            f"kept ({len(view.kept)}): {join(view.kept) or '—'}"
+            f"<br>dropped ({len(view.dropped)}): {join(view.dropped) or '—'}</details>"
+        )
     else:
         parts.append("<div><b>no commit this round</b></div>")
     if view.cut:
-        parts.append(f"<details class='dex-cut'><summary><b>Cut</b> {len(view.cut)} draft-chain nodes: the slot before "
-                     f"each proposed another token</summary>{join(view.cut)}</details>")
-    return f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"
+        parts.append(
+            f"<details class='dex-cut'><summary><b>Cut</b> {len(view.cut)} draft-chain nodes: the slot before "
+            f"each proposed another token</summary>{join(view.cut)}</details>"
+        )
+    return (
+        f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"
+    )

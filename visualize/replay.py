@@ -20,28 +20,34 @@ from dataclasses import dataclass, field
 class RoundView:
     """The lattice and the decoding progress during one round (before its collapse)."""
 
-    index: int                      # 0-based index among round events
-    round: int                      # the trace's round number
-    start: dict                     # the start event
-    nodes: dict[int, dict]          # id -> node record of every node in the lattice this round
-    new: list[int]                  # ids created this round
-    dropped: list[int]              # ids this round's collapse discarded (empty without a commit)
-    committed_ids: list[int]        # anchor node ids committed this round (empty without a commit)
-    kept: list[int]                 # ids surviving this round's collapse (empty without a commit)
-    commit: dict | None             # the round's (first) commit record
-    tokens: list[int]               # committed token ids up to and including this round
-    texts: list[str | None]         # their texts
-    matched: list[int]              # matched stage of each committed token
+    index: int  # 0-based index among round events
+    round: int  # the trace's round number
+    start: dict  # the start event
+    nodes: dict[int, dict]  # id -> node record of every node in the lattice this round
+    new: list[int]  # ids created this round
+    dropped: list[int]  # ids this round's collapse discarded (empty without a commit)
+    committed_ids: list[int]  # anchor node ids committed this round (empty without a commit)
+    kept: list[int]  # ids surviving this round's collapse (empty without a commit)
+    commit: dict | None  # the round's (first) commit record
+    tokens: list[int]  # committed token ids up to and including this round
+    texts: list[str | None]  # their texts
+    matched: list[int]  # matched stage of each committed token
     anchor_chains: list[list[tuple[int, str | None]]]  # per token: (candidate, text) per stage
     state_before: int
     state_after: int
-    commit_position: int            # absolute position of this round's anchor slot
-    batches: list[list[int]]        # node ids each explorer computed
+    commit_position: int  # absolute position of this round's anchor slot
+    batches: list[list[int]]  # node ids each explorer computed
     timings: dict = field(default_factory=dict)
     vocab: dict[int, str] = field(default_factory=dict)  # token -> text of every token the run names (shared)
-    commits: list[dict] = field(default_factory=list)  # the commit record of each committed token (near_tie, margin)
-    round_commits: list[dict] = field(default_factory=list)  # this round's commits (several along a draft chain)
-    cut: list[int] = field(default_factory=list)  # chain nodes this round dropped (their predecessor proposed another token)
+    commits: list[dict] = field(
+        default_factory=list
+    )  # the commit record of each committed token (near_tie, margin)
+    round_commits: list[dict] = field(
+        default_factory=list
+    )  # this round's commits (several along a draft chain)
+    cut: list[int] = field(
+        default_factory=list
+    )  # chain nodes this round dropped (their predecessor proposed another token)
 
     @property
     def num_stages(self) -> int:
@@ -108,7 +114,7 @@ class _Index:
     def add(self, events: list[dict]) -> tuple[int, int]:
         """Index ``events[consumed:]``; returns how many rounds and how many events are indexed."""
         with self.lock:
-            new = events[self.consumed:]  # one read: the list may grow meanwhile (a live run)
+            new = events[self.consumed :]  # one read: the list may grow meanwhile (a live run)
             for event in new:
                 if event.get("event") == "round":
                     self._round(event)
@@ -139,8 +145,10 @@ class Replay(Sequence[RoundView]):
 
     def __init__(self, events: list[dict], _index: _Index | None = None):
         if not events or events[0].get("event") != "start":
-            raise ValueError("a trace must begin with its start event; got "
-                             f"{events[0].get('event') if events else 'an empty list'}")
+            raise ValueError(
+                "a trace must begin with its start event; got "
+                f"{events[0].get('event') if events else 'an empty list'}"
+            )
         self.start = events[0]
         self._index = _index or _Index(events)
         self._count, self.length = self._index.add(events)  # its rounds, and the trace's events it covers
@@ -164,7 +172,11 @@ class Replay(Sequence[RoundView]):
         return self._view(i % len(self))
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, (list, Replay)) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return (
+            isinstance(other, (list, Replay))
+            and len(self) == len(other)
+            and all(a == b for a, b in zip(self, other))
+        )
 
     __hash__ = None
 
@@ -176,16 +188,29 @@ class Replay(Sequence[RoundView]):
         commit, collapse, commits = event.get("commit"), event.get("collapse"), commits_of(event)
         n = x.before[i] + len(commits)
         return RoundView(
-            index=i, round=event["round"], start=self.start,
-            nodes={j: x.seen[j] for j in dict.fromkeys([*alive, *new])}, new=new,
+            index=i,
+            round=event["round"],
+            start=self.start,
+            nodes={j: x.seen[j] for j in dict.fromkeys([*alive, *new])},
+            new=new,
             dropped=list(collapse["dropped"]) if collapse else [],
             committed_ids=list(collapse["committed"]) if collapse else [],
             kept=list(collapse["kept"]) if collapse else [],
-            commit=commit, tokens=x.tokens[:n], texts=x.texts[:n], matched=x.matched[:n],
-            anchor_chains=x.chains[:n], state_before=event["state_before"], state_after=event["state_after"],
-            commit_position=len(self.start["prompt"]) + x.before[i], batches=event["batches"],
-            timings=event.get("timings", {}), vocab=self.vocab, commits=x.commits[:n], round_commits=commits,
-            cut=list(event.get("cut", [])))
+            commit=commit,
+            tokens=x.tokens[:n],
+            texts=x.texts[:n],
+            matched=x.matched[:n],
+            anchor_chains=x.chains[:n],
+            state_before=event["state_before"],
+            state_after=event["state_after"],
+            commit_position=len(self.start["prompt"]) + x.before[i],
+            batches=event["batches"],
+            timings=event.get("timings", {}),
+            vocab=self.vocab,
+            commits=x.commits[:n],
+            round_commits=commits,
+            cut=list(event.get("cut", [])),
+        )
 
 
 def replay(events: list[dict]) -> Replay:

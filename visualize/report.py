@@ -27,9 +27,11 @@ from .panels import round_table_html, stats_html, tokens_html
 from .replay import replay
 from .timeline import timeline_figure
 
-_PAGE = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><script>{js}</script></head>"
-         "<body style='font-family: system-ui, sans-serif; max-width: 1280px; margin: 16px auto; padding: 0 12px;'>"
-         "{body}</body></html>")
+_PAGE = (
+    "<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><script>{js}</script></head>"
+    "<body style='font-family: system-ui, sans-serif; max-width: 1280px; margin: 16px auto; padding: 0 12px;'>"
+    "{body}</body></html>"
+)
 
 
 def _figure(fig: go.Figure, div_id: str) -> str:
@@ -49,19 +51,26 @@ def run_report_html(events: list[dict], meta: dict | None = None) -> str:
     last, start = views[-1], events[0]
     end = events[-1] if events[-1].get("event") == "end" else None
     meta = meta or {}
-    facts = [("model", meta.get("model", "not recorded")), ("prompt", meta.get("prompt", "not recorded")),
-             ("depths", ", ".join(map(str, start["depths"]))),
-             ("adapters at depths", ", ".join(map(str, start.get("adapter_depths") or [])) or "none"),
-             ("DECS", "on" if start.get("decs") else "off"),
-             ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.get("draft") or {}).items()) or "off"),
-             ("rounds", len(views)),
-             ("finished", end["stop"] if end else "no (stopped early)")]
-    rows = "".join(f"<tr><th style='text-align: left; padding-right: 12px;'>{esc(k)}</th><td>{esc(v)}</td></tr>"
-                   for k, v in facts)
-    body = (f"<h1>DEX run</h1><table>{rows}</table><h2>Text</h2>{tokens_html(last)}<h2>Numbers</h2>"
-            f"{stats_html(last, end)}<h2>Timeline: every node of the run</h2>"
-            f"{stage_legend_html(start['depths'], 'stage')}{_figure(timeline_figure(events), 'dex-timeline')}"
-            f"<h2>The last round</h2>{_figure(lattice_figure(last), 'dex-lattice')}{round_table_html(last)}")
+    facts = [
+        ("model", meta.get("model", "not recorded")),
+        ("prompt", meta.get("prompt", "not recorded")),
+        ("depths", ", ".join(map(str, start["depths"]))),
+        ("adapters at depths", ", ".join(map(str, start.get("adapter_depths") or [])) or "none"),
+        ("DECS", "on" if start.get("decs") else "off"),
+        ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.get("draft") or {}).items()) or "off"),
+        ("rounds", len(views)),
+        ("finished", end["stop"] if end else "no (stopped early)"),
+    ]
+    rows = "".join(
+        f"<tr><th style='text-align: left; padding-right: 12px;'>{esc(k)}</th><td>{esc(v)}</td></tr>"
+        for k, v in facts
+    )
+    body = (
+        f"<h1>DEX run</h1><table>{rows}</table><h2>Text</h2>{tokens_html(last)}<h2>Numbers</h2>"
+        f"{stats_html(last, end)}<h2>Timeline: every node of the run</h2>"
+        f"{stage_legend_html(start['depths'], 'stage')}{_figure(timeline_figure(events), 'dex-timeline')}"
+        f"<h2>The last round</h2>{_figure(lattice_figure(last), 'dex-lattice')}{round_table_html(last)}"
+    )
     return standalone_html("DEX run", body)
 
 
@@ -73,9 +82,13 @@ def write_run_report(events: list[dict], meta: dict | None, path: str | Path) ->
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m visualize.report",
-                                     description="A DEX trace or a dex bench JSON report as one standalone HTML file.")
-    parser.add_argument("input", help="a trace (dex generate --trace, the app's Save) or JSON written by dex bench --out")
+    parser = argparse.ArgumentParser(
+        prog="python -m visualize.report",
+        description="A DEX trace or a dex bench JSON report as one standalone HTML file.",
+    )
+    parser.add_argument(
+        "input", help="a trace (dex generate --trace, the app's Save) or JSON written by dex bench --out"
+    )
     parser.add_argument("html", help="HTML file to write")
     args = parser.parse_args(argv)
     try:
@@ -86,8 +99,10 @@ def main(argv=None) -> int:
             Path(args.html).parent.mkdir(parents=True, exist_ok=True)
             bench_figure(doc).write_html(args.html, include_plotlyjs=True)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
-        print(f"visualize.report: error: {args.input} is not a readable DEX trace or dex bench report ({err})",
-              file=sys.stderr)
+        print(
+            f"visualize.report: error: {args.input} is not a readable DEX trace or dex bench report ({err})",
+            file=sys.stderr,
+        )
         return 2
     print(f"written to {args.html}")
     return 0

@@ -26,13 +26,13 @@ from .markup import plot_text
 from .palette import CHAIN_EDGE, CHAIN_LINE, CUT_COLOR, FATE_MARKS, frames, stage_tick
 from .replay import commits_of, event_texts
 
-PLOT_WIDTH_PX = 1100   # nominal width used to fit marker sizes
-TOP_PX = 70            # the title, then the legend in one row, above the plot
-BOTTOM_PX = 55         # the x axis and its title
-ROW_PX = 22            # per y unit (a stage row) when K is large: stage labels stay apart
-MIN_PLOT_PX = 150      # the plot area at small K, so its few rows and stage labels stay apart
+PLOT_WIDTH_PX = 1100  # nominal width used to fit marker sizes
+TOP_PX = 70  # the title, then the legend in one row, above the plot
+BOTTOM_PX = 55  # the x axis and its title
+ROW_PX = 22  # per y unit (a stage row) when K is large: stage labels stay apart
+MIN_PLOT_PX = 150  # the plot area at small K, so its few rows and stage labels stay apart
 EDGE_COLOR = "#C8C8C8"
-CUT_ROW = -0.8         # y of the collapse markers, above stage 0
+CUT_ROW = -0.8  # y of the collapse markers, above stage 0
 GONE_EDGES, CHAIN_FRAMES = "edges into discarded nodes", "draft chain"
 Y_TOP = CUT_ROW - 0.4  # the y axis runs from K - 0.5 (below the last stage) up to here
 
@@ -52,12 +52,18 @@ def _describe(token: int, vocab: dict[int, str]) -> str:
 
 
 def _hover(node: dict, record: dict, depths, vocab: dict[int, str]) -> str:
-    top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in record.get("top") or []) or "not recorded"
+    top = (
+        ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in record.get("top") or []) or "not recorded"
+    )
     fate = node["fate"] + (f" (in round {node['cut_round']})" if node["fate"] in ("discarded", "cut") else "")
     chain = " · draft chain (its input was looked up)" if node["drafted"] else ""
-    lines = [f"node {record['id']} · round {node['round']}{chain}",
-             f"E{node['stage']} · d={depths[node['stage']]} · position {node['position']}",
-             f"candidate {_describe(node['token'], vocab)}", f"top: {top}", f"fate: {fate}"]
+    lines = [
+        f"node {record['id']} · round {node['round']}{chain}",
+        f"E{node['stage']} · d={depths[node['stage']]} · position {node['position']}",
+        f"candidate {_describe(node['token'], vocab)}",
+        f"top: {top}",
+        f"fate: {fate}",
+    ]
     return "<br>".join(plot_text(line) for line in lines)
 
 
@@ -77,7 +83,11 @@ def _place(graph, row_px: float) -> dict[int, tuple[float, float, float]]:
         size = max(4.0, min(12.0, 0.7 * min(cell_w / cols, row_px / rows)))
         for k, i in enumerate(ids):
             r, c = divmod(k, cols)
-            place[i] = (position + (c - (cols - 1) / 2) * (0.8 / cols), stage + (r - (rows - 1) / 2) * (0.8 / rows), size)
+            place[i] = (
+                position + (c - (cols - 1) / 2) * (0.8 / cols),
+                stage + (r - (rows - 1) / 2) * (0.8 / rows),
+                size,
+            )
     return place
 
 
@@ -100,10 +110,18 @@ def _cuts(events: list[dict], graph) -> tuple[dict, dict]:
         marks["round"].append(event["round"])
         marks["label"].append(f"×{len(commits)}" if len(commits) > 1 else "")
         drafted = [c["position"] for c in commits if c.get("drafted") is True]
-        what = (f"committed {len(commits)} tokens at positions {commits[0]['position']}–{last} "
-                f"(drafted: {', '.join(map(str, drafted)) or 'none'}), " if len(commits) > 1 else "")
-        marks["hover"].append(plot_text(f"round {event['round']}: {what}collapse after position {last}, "
-                                        f"kept {len(collapse.get('kept', []))}, dropped {len(stages)}"))
+        what = (
+            f"committed {len(commits)} tokens at positions {commits[0]['position']}–{last} "
+            f"(drafted: {', '.join(map(str, drafted)) or 'none'}), "
+            if len(commits) > 1
+            else ""
+        )
+        marks["hover"].append(
+            plot_text(
+                f"round {event['round']}: {what}collapse after position {last}, "
+                f"kept {len(collapse.get('kept', []))}, dropped {len(stages)}"
+            )
+        )
     return lines, marks
 
 
@@ -120,16 +138,30 @@ def timeline_figure(events: list[dict], note: str = "") -> go.Figure:
             vocab.update(event_texts(event))
     place = _place(graph, plot_height(len(depths)) / y_units(len(depths)))
     edges = _edge_lines(graph, place)
-    traces = [go.Scatter(x=edges[name][0], y=edges[name][1], mode="lines", name=name, hoverinfo="skip", legendrank=300,
-                         visible=True if name == "edges" else "legendonly", line=dict(color=EDGE_COLOR, width=1))
-              for name in ("edges", GONE_EDGES)]
+    traces = [
+        go.Scatter(
+            x=edges[name][0],
+            y=edges[name][1],
+            mode="lines",
+            name=name,
+            hoverinfo="skip",
+            legendrank=300,
+            visible=True if name == "edges" else "legendonly",
+            line=dict(color=EDGE_COLOR, width=1),
+        )
+        for name in ("edges", GONE_EDGES)
+    ]
     for rank, fate in enumerate(FATES):  # the fates lead the legend, then the chains, collapses and edges
         ids = [i for i, n in graph.nodes(data=True) if n["fate"] == fate]
         if ids or fate != "cut":  # "cut" named only where draft chains cut nodes
             traces.append(_fate_trace(graph, ids, fate, rank, place, (records, depths, vocab)))
-    traces += _chain_traces(graph, place, edges["chain"], len(depths)) + _collapse_traces(*_cuts(events, graph))
+    traces += _chain_traces(graph, place, edges["chain"], len(depths)) + _collapse_traces(
+        *_cuts(events, graph)
+    )
     rounds = sum(1 for e in events if e.get("event") == "round")
-    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (f" · {plot_text(note)}" if note else "")
+    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (
+        f" · {plot_text(note)}" if note else ""
+    )
     return _laid_out(go.Figure(data=traces), title, depths)
 
 
@@ -149,12 +181,22 @@ def _fate_trace(graph, ids: list, fate: str, rank: int, place: dict, texts: tupl
     records, depths, vocab = texts
     nodes, mark = [graph.nodes[i] for i in ids], FATE_MARKS[fate]
     return go.Scatter(
-        x=[place[i][0] for i in ids], y=[place[i][1] for i in ids], mode="markers", name=fate,
-        legendrank=100 + rank, customdata=[n["round"] for n in nodes],
+        x=[place[i][0] for i in ids],
+        y=[place[i][1] for i in ids],
+        mode="markers",
+        name=fate,
+        legendrank=100 + rank,
+        customdata=[n["round"] for n in nodes],
         hovertext=[_hover(n, records[i], depths, vocab) for i, n in zip(ids, nodes)],
-        hovertemplate="%{hovertext}<extra></extra>", opacity=0.45 if fate in ("discarded", "cut") else 1.0,
-        marker=dict(color=mark.fill, size=[place[i][2] for i in ids], symbol=mark.symbol,
-                    line=dict(color=mark.line, width=mark.width)))
+        hovertemplate="%{hovertext}<extra></extra>",
+        opacity=0.45 if fate in ("discarded", "cut") else 1.0,
+        marker=dict(
+            color=mark.fill,
+            size=[place[i][2] for i in ids],
+            symbol=mark.symbol,
+            line=dict(color=mark.line, width=mark.width),
+        ),
+    )
 
 
 def _chain_traces(graph, place: dict, chain_edges: tuple, K: int) -> list:
@@ -166,34 +208,87 @@ def _chain_traces(graph, place: dict, chain_edges: tuple, K: int) -> list:
     row_px = plot_height(K) / y_units(K)
     traces = []
     for gone in (False, True):  # a dropped node's frame fades with it
-        xs, ys = frames((place[i][0], place[i][1], (place[i][2] / 2 + 2) / cell_w, (place[i][2] / 2 + 2) / row_px)
-                        for i in drafted if (graph.nodes[i]["fate"] in ("discarded", "cut")) == gone)
-        traces.append(go.Scatter(x=xs, y=ys, mode="lines", name=CHAIN_FRAMES, hoverinfo="skip", legendrank=150,
-                                 legendgroup="chains", showlegend=not gone, opacity=0.3 if gone else 1.0,
-                                 line=CHAIN_LINE))
-    return traces + [go.Scatter(x=chain_edges[0], y=chain_edges[1], mode="lines", name="chain edges",
-                                hoverinfo="skip", legendgroup="chains", showlegend=False, line=CHAIN_EDGE)]
+        xs, ys = frames(
+            (place[i][0], place[i][1], (place[i][2] / 2 + 2) / cell_w, (place[i][2] / 2 + 2) / row_px)
+            for i in drafted
+            if (graph.nodes[i]["fate"] in ("discarded", "cut")) == gone
+        )
+        traces.append(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                name=CHAIN_FRAMES,
+                hoverinfo="skip",
+                legendrank=150,
+                legendgroup="chains",
+                showlegend=not gone,
+                opacity=0.3 if gone else 1.0,
+                line=CHAIN_LINE,
+            )
+        )
+    return traces + [
+        go.Scatter(
+            x=chain_edges[0],
+            y=chain_edges[1],
+            mode="lines",
+            name="chain edges",
+            hoverinfo="skip",
+            legendgroup="chains",
+            showlegend=False,
+            line=CHAIN_EDGE,
+        )
+    ]
 
 
 def _collapse_traces(lines: dict, marks: dict) -> list:
     """The collapses: dotted cuts across the stages and a marker per commit round above them."""
-    return [go.Scatter(x=lines["x"], y=lines["y"], mode="lines", name="collapse cuts", hoverinfo="skip",
-                       legendgroup="collapses", showlegend=False, line=dict(color=CUT_COLOR, width=1, dash="dot")),
-            go.Scatter(x=marks["x"], y=[CUT_ROW] * len(marks["x"]), mode="markers+text", name="collapses",
-                       legendgroup="collapses", legendrank=200, text=marks["label"], textposition="middle right",
-                       textfont=dict(size=10, color=CUT_COLOR), customdata=marks["round"], hovertext=marks["hover"],
-                       hovertemplate="%{hovertext}<extra></extra>",
-                       marker=dict(color=CUT_COLOR, symbol="triangle-down", size=7))]
+    return [
+        go.Scatter(
+            x=lines["x"],
+            y=lines["y"],
+            mode="lines",
+            name="collapse cuts",
+            hoverinfo="skip",
+            legendgroup="collapses",
+            showlegend=False,
+            line=dict(color=CUT_COLOR, width=1, dash="dot"),
+        ),
+        go.Scatter(
+            x=marks["x"],
+            y=[CUT_ROW] * len(marks["x"]),
+            mode="markers+text",
+            name="collapses",
+            legendgroup="collapses",
+            legendrank=200,
+            text=marks["label"],
+            textposition="middle right",
+            textfont=dict(size=10, color=CUT_COLOR),
+            customdata=marks["round"],
+            hovertext=marks["hover"],
+            hovertemplate="%{hovertext}<extra></extra>",
+            marker=dict(color=CUT_COLOR, symbol="triangle-down", size=7),
+        ),
+    ]
 
 
 def _laid_out(fig: go.Figure, title: str, depths: list) -> go.Figure:
     K = len(depths)
     fig.update_layout(
         title=dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=8)),
-        uirevision="timeline", height=TOP_PX + plot_height(K) + BOTTOM_PX, plot_bgcolor="white", hovermode="closest",
+        uirevision="timeline",
+        height=TOP_PX + plot_height(K) + BOTTOM_PX,
+        plot_bgcolor="white",
+        hovermode="closest",
         margin=dict(l=90, r=20, t=TOP_PX, b=BOTTOM_PX),
         legend=dict(title=dict(text="fate:"), orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
         xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),
-        yaxis=dict(tickvals=list(range(K)), ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
-                   range=[K - 0.5, Y_TOP], showgrid=False, zeroline=False))
+        yaxis=dict(
+            tickvals=list(range(K)),
+            ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
+            range=[K - 0.5, Y_TOP],
+            showgrid=False,
+            zeroline=False,
+        ),
+    )
     return fig

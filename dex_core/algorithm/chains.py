@@ -35,23 +35,38 @@ class ChainPlanner:
     def extensions(self, lattice) -> list[tuple]:
         """At the start of a round: the chains whose last slot still finds a draft (at most ``chains``, shallowest
         first) as (slot, tokens), and the queued branches their first new slot repeats dropped."""
-        self.room = self.bounds.rows - sum(s.drafted for s in lattice.slots.values())  # alive chain slots count
-        ends = sorted((s for s in lattice.slots.values() if s.drafted and s.chain_child is None),
-                      key=lambda s: s.position)
-        out = [(s, t) for s in ends[:self.bounds.chains] if (t := self._draft(lattice, s))]
+        self.room = self.bounds.rows - sum(
+            s.drafted for s in lattice.slots.values()
+        )  # alive chain slots count
+        ends = sorted(
+            (s for s in lattice.slots.values() if s.drafted and s.chain_child is None),
+            key=lambda s: s.position,
+        )
+        out = [(s, t) for s in ends[: self.bounds.chains] if (t := self._draft(lattice, s))]
         first = {s.id: t[0] for s, t in out}
-        lattice.children = [c for c in lattice.children if c.kind != "position"
-                            or first.get(lattice.nodes[c.parent].slot) != lattice.nodes[c.parent].token]
+        lattice.children = [
+            c
+            for c in lattice.children
+            if c.kind != "position"
+            or first.get(lattice.nodes[c.parent].slot) != lattice.nodes[c.parent].token
+        ]
         return out
 
     def grow(self, lattice, extensions: list[tuple], new: list) -> list[list]:
         """After the round's nodes are made: the extensions, then chains for the new stage-0 slots (the root first,
         then the most probable branches), within ``chains`` per round; each chain as its stage-0 nodes."""
         chains = [self._grow(lattice, lattice.nodes[slot.nodes[0]], tokens) for slot, tokens in extensions]
-        heads = sorted((n for n in new if n.kind in ("root", "position")), key=lambda n: (
-            n.kind != "root", -(lattice.nodes[n.parent].prob if n.parent in lattice.nodes else 1)))
+        heads = sorted(
+            (n for n in new if n.kind in ("root", "position")),
+            key=lambda n: (
+                n.kind != "root",
+                -(lattice.nodes[n.parent].prob if n.parent in lattice.nodes else 1),
+            ),
+        )
         for head in heads:
-            if len(chains) < self.bounds.chains and (tokens := self._draft(lattice, lattice.slots[head.slot])):
+            if len(chains) < self.bounds.chains and (
+                tokens := self._draft(lattice, lattice.slots[head.slot])
+            ):
                 chains.append(self._grow(lattice, head, tokens))
         return chains
 
@@ -77,8 +92,11 @@ class ChainPlanner:
         from its input, in the order of ``inserted`` (a slot under one cut already is gone with it)."""
         for node in inserted:
             child = lattice.slots[node.slot].chain_child if node.id in lattice.nodes else None
-            if child is not None and self.bounds.gate and lattice.slots[child].input_token not in \
-                    lattice.prior_tokens(node) + [node.token]:
+            if (
+                child is not None
+                and self.bounds.gate
+                and lattice.slots[child].input_token not in lattice.prior_tokens(node) + [node.token]
+            ):
                 lattice.cut_chain(child)
 
     @staticmethod

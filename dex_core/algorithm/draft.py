@@ -25,19 +25,19 @@ class PromptLookup:
         """Append a committed token: the n-grams ending just before it now have a continuation."""
         end = len(self.tokens)
         for n in range(1, min(self.n, end) + 1):
-            self.ends.setdefault(tuple(self.tokens[end - n:end]), end)
+            self.ends.setdefault(tuple(self.tokens[end - n : end]), end)
         self.tokens.append(int(token))
 
     def find(self, suffix: list[int], min_ngram: int, length: int) -> tuple[int, list[int]]:
         """The longest n-gram (``min_ngram`` <= n <= ``ngram``) ending ``suffix`` that occurred before, and up
         to ``length`` tokens that followed it: ``(n, draft)``, or ``(0, [])`` without a match."""
         for n in range(min(self.n, len(suffix)), min_ngram - 1, -1):
-            end = self.ends.get(tuple(suffix[len(suffix) - n:]))
+            end = self.ends.get(tuple(suffix[len(suffix) - n :]))
             if end is not None:
-                return n, self.tokens[end:end + length]
+                return n, self.tokens[end : end + length]
         return 0, []
 
     def draft(self, branch: list[int], room: int, min_ngram: int) -> list[int]:
         """At most ``room`` tokens drafted after the context followed by ``branch`` (a branch's uncommitted inputs)."""
-        text = (self.tokens[-self.n:] + branch[-self.n:])[-self.n:]
+        text = (self.tokens[-self.n :] + branch[-self.n :])[-self.n :]
         return self.find(text, min_ngram, room)[1] if room > 0 else []

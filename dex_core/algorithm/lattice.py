@@ -109,7 +109,9 @@ class Lattice:
     """Lattice of one decoding run for ``explorers`` stages. ``root_token`` is the last prompt token,
     ``root_position`` the first position to generate; ``chains`` plans draft chains (None: off)."""
 
-    def __init__(self, explorers: int, root_token: int, root_position: int, chains: ChainPlanner | None = None):
+    def __init__(
+        self, explorers: int, root_token: int, root_position: int, chains: ChainPlanner | None = None
+    ):
         if explorers < 1:
             raise ValueError(f"need at least one explorer; got {explorers}")
         self.K, self.chains = explorers, chains
@@ -119,7 +121,9 @@ class Lattice:
         self.rounds = 0
         self.anchor: int | None = None  # slot id, set when the root is computed
         self._next_node = self._next_slot = 0
-        self.children: list[Child] = [Child("root", None, root_token, root_position)]  # queued for the next round
+        self.children: list[Child] = [
+            Child("root", None, root_token, root_position)
+        ]  # queued for the next round
         self._latest: list[Node] = []
 
     @property
@@ -245,9 +249,17 @@ class Lattice:
         chained = self.chains.next_anchor(self, anchor, y) if self.chains else None
         position = self.nodes[anchor.nodes[k]].position_child if k < self.K - 1 else None
         via = "chain" if chained is not None else "root" if position is None else "position"
-        return Commit(position=anchor.position, token=y, matched_stage=k, anchor_nodes=list(anchor.nodes),
-                      anchor_candidates=candidates, anchor_slot=anchor.id,
-                      next_anchor=chained if chained is not None else position, via=via, drafted=anchor.drafted)
+        return Commit(
+            position=anchor.position,
+            token=y,
+            matched_stage=k,
+            anchor_nodes=list(anchor.nodes),
+            anchor_candidates=candidates,
+            anchor_slot=anchor.id,
+            next_anchor=chained if chained is not None else position,
+            via=via,
+            drafted=anchor.drafted,
+        )
 
     def collapse(self, commit: Commit) -> Collapse:
         """Keep the next anchor's subtree (its slots' nodes, re-rooted there) and drop every other node."""
@@ -256,7 +268,9 @@ class Lattice:
         root = None if commit.next_anchor is None else self.nodes[commit.next_anchor].slot
         kept_slots = {s.id for s in self.slots.values() if root is not None and root in s.path}
         kept = sorted(n.id for n in self.nodes.values() if n.slot in kept_slots)
-        dropped = sorted(n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot)
+        dropped = sorted(
+            n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot
+        )
         self.nodes = {n: self.nodes[n] for n in kept}
         self.slots = {s: self.slots[s] for s in kept_slots}
         if root is None:
@@ -266,5 +280,5 @@ class Lattice:
             self.anchor = root
             self.children = [c for c in self.children if c.parent in self.nodes]
             for slot in self.slots.values():
-                slot.path = slot.path[slot.path.index(root):]
+                slot.path = slot.path[slot.path.index(root) :]
         return Collapse(kept=kept, dropped=dropped, kept_slots=kept_slots, state_after=self.state)

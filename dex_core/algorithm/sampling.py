@@ -48,7 +48,11 @@ def tie_gap(dtype: torch.dtype, magnitude, temperature: float = 0.0):
     ``TIE_ULPS`` units in the last place at ``magnitude`` (the row's largest logit; a float or a tensor),
     divided by the temperature when sampling. bfloat16 at 16-32: 4 x 0.125 = 0.5; float64: ~1e-14."""
     info = torch.finfo(dtype)
-    m = torch.as_tensor(magnitude, dtype=torch.float64, device=getattr(magnitude, "device", "cpu")).abs().clamp(min=info.tiny)
+    m = (
+        torch.as_tensor(magnitude, dtype=torch.float64, device=getattr(magnitude, "device", "cpu"))
+        .abs()
+        .clamp(min=info.tiny)
+    )
     gap = TIE_ULPS * info.eps * torch.exp2(torch.floor(torch.log2(m)))
     gap = gap / temperature if temperature > 0 else gap
     return float(gap) if gap.dim() == 0 else gap
@@ -88,8 +92,14 @@ class Decision:
 class Sampler:
     """Chooses candidates for a batch of nodes; greedy when ``temperature == 0``."""
 
-    def __init__(self, vocab: int, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int = 0):
+    def __init__(
+        self,
+        vocab: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+    ):
         self.vocab = vocab
         self.temperature = temperature
         self.top_k = top_k
@@ -123,13 +133,25 @@ class Sampler:
         scores = logits / self.temperature
         return filter_logits(scores, self.top_k, self.top_p) if final else scores
 
-    def choose(self, logits: torch.Tensor, positions: list[int], final: bool,
-               masked: list[list[int]] | None = None, head=None) -> torch.Tensor:
+    def choose(
+        self,
+        logits: torch.Tensor,
+        positions: list[int],
+        final: bool,
+        masked: list[list[int]] | None = None,
+        head=None,
+    ) -> torch.Tensor:
         """Token ids (n,) for logits at ``positions``: ``decide(...).tokens``."""
         return self.decide(logits, positions, final, masked, head).tokens
 
-    def decide(self, logits: torch.Tensor, positions: list[int], final: bool,
-               masked: list[list[int]] | None = None, head=None) -> Decision:
+    def decide(
+        self,
+        logits: torch.Tensor,
+        positions: list[int],
+        final: bool,
+        masked: list[list[int]] | None = None,
+        head=None,
+    ) -> Decision:
         """Tokens for logits at ``positions`` (and, at the final depth, their margins); ``masked[i]`` are
         DECS-masked ids. Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
         (``head.index``: id -> column, or -1). Nothing here waits for the device."""

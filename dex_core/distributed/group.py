@@ -47,8 +47,14 @@ from ..runtime.request import Request
 from ..runtime.settings import RunSettings
 from .rank import KEY_ENV, Start
 
-_PEER_LOSS = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out", "Timeout",
-              "NCCL communicator was aborted")
+_PEER_LOSS = (
+    "Connection closed by peer",
+    "Connection reset",
+    "Broken pipe",
+    "timed out",
+    "Timeout",
+    "NCCL communicator was aborted",
+)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -82,14 +88,18 @@ def resolve_devices(devices, count: int) -> list[str]:
     for d in devices:
         index = torch.device(d).index
         if torch.device(d).type == "cuda" and (index is None or index >= gpus):
-            raise DexError(f"{d} is not available: {gpus} GPU(s) visible for {count} explorers; give visible "
-                           f"GPUs (explorers may share one, e.g. cuda:0,cuda:0) or devices=cpu")
+            raise DexError(
+                f"{d} is not available: {gpus} GPU(s) visible for {count} explorers; give visible "
+                f"GPUs (explorers may share one, e.g. cuda:0,cuda:0) or devices=cpu"
+            )
     devices = [str(torch.device(d)) for d in devices]
     shared = sorted({d for d in devices if devices.count(d) > 1}) if kinds == {"cuda"} else []
     if shared:  # attributed to this line, so the decoder's and the group's calls warn once
-        warnings.warn(f"explorers share {', '.join(shared)} ({', '.join(devices)}): hidden rows are staged through "
-                      "the host over gloo (NCCL refuses two ranks on one GPU), and explorers on one GPU take turns",
-                      stacklevel=1)
+        warnings.warn(
+            f"explorers share {', '.join(shared)} ({', '.join(devices)}): hidden rows are staged through "
+            "the host over gloo (NCCL refuses two ranks on one GPU), and explorers on one GPU take turns",
+            stacklevel=1,
+        )
     return devices
 
 
@@ -129,7 +139,9 @@ class ExplorerGroup:
         self.threads = options.threads or default_threads(self.count)
         self.op_timeout, self.start_timeout = options.op_timeout, options.start_timeout
         self.part_bytes = [sum(part_bytes(model, settings.part(k)).values()) for k in range(self.count)]
-        self.loaded: list[dict] = []  # per rank, once started: the checkpoint keys it read and the bytes it placed
+        self.loaded: list[
+            dict
+        ] = []  # per rank, once started: the checkpoint keys it read and the bytes it placed
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
         self.start()
@@ -149,25 +161,54 @@ class ExplorerGroup:
     def _start_message(self, rank: int, join_timeout: float) -> bytes:
         depth = self.settings.depths[rank]
         settings = dataclasses.replace(self.settings, adapters=self.settings.adapters.only(depth))
-        return pickle.dumps(Start(settings=settings, source=self._source(rank), device=self.devices[rank],
-                                  threads=self.threads, count=self.count,
-                                  init_method=(self._tmp / "rendezvous").as_uri(), op_timeout=self.op_timeout,
-                                  join_timeout=join_timeout, share=True, stage=self.stage_rows))
+        return pickle.dumps(
+            Start(
+                settings=settings,
+                source=self._source(rank),
+                device=self.devices[rank],
+                threads=self.threads,
+                count=self.count,
+                init_method=(self._tmp / "rendezvous").as_uri(),
+                op_timeout=self.op_timeout,
+                join_timeout=join_timeout,
+                share=True,
+                stage=self.stage_rows,
+            )
+        )
 
     def start(self) -> None:
         if not _LIVE:
             atexit.register(_close_all)
         self._tmp = Path(tempfile.mkdtemp(prefix="dex-group-"))
         key = os.urandom(32)
-        env = dict(os.environ, **{KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        env = dict(
+            os.environ, **{KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        )
         entry = "from dex_core.distributed.rank import main; main()"  # a module's code, never the caller's __main__
-        self._procs = [subprocess.Popen([sys.executable, "-c", entry, "--rank", str(k), "--folder", str(self._tmp),
-                                         "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL)
-                       for k in range(self.count)]
+        self._procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    entry,
+                    "--rank",
+                    str(k),
+                    "--folder",
+                    str(self._tmp),
+                    "--parent",
+                    str(os.getpid()),
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+            for k in range(self.count)
+        ]
         _LIVE.add(self)
         self._conns: list = [None] * self.count
         self._progress, self._activity = [0] * self.count, time.monotonic()
-        self._status = [("starting", 0, 0, "")] * self.count  # per rank: (phase, bytes done, of bytes, tensor)
+        self._status = [
+            ("starting", 0, 0, "")
+        ] * self.count  # per rank: (phase, bytes done, of bytes, tensor)
         self._heard = [time.monotonic()] * self.count
         self._begun = time.monotonic()
         self._bound = IMPORT_SECONDS + self.start_timeout + max(self.part_bytes) / LOAD_RATE
@@ -200,8 +241,11 @@ class ExplorerGroup:
             where = f"; last tensor {key}" if key else ""
             total = total or self.part_bytes[rank]
             return f"loading its part of the model ({done / 1e6:.0f} of {total / 1e6:.0f} MB placed{where})"
-        return {"starting": "starting (its interpreter and imports)", "joining": "joining the process group",
-                "ready": "ready"}[phase]
+        return {
+            "starting": "starting (its interpreter and imports)",
+            "joining": "joining the process group",
+            "ready": "ready",
+        }[phase]
 
     def _check_start(self) -> None:
         """While starting: raise for a dead rank, a rank silent for ``start_timeout`` while it loads (or for
@@ -214,15 +258,28 @@ class ExplorerGroup:
         for k, (phase, *_) in enumerate(self._status):
             limit = IMPORT_SECONDS if phase == "starting" else self.start_timeout
             if phase in ("starting", "loading") and now - self._heard[k] > limit:
-                self._fail([], [], f"sent nothing for {limit:.0f} s while {self._doing(k)}; raise start_timeout "
-                                   "if its storage is that slow, or check the device", rank=k)
+                self._fail(
+                    [],
+                    [],
+                    f"sent nothing for {limit:.0f} s while {self._doing(k)}; raise start_timeout "
+                    "if its storage is that slow, or check the device",
+                    rank=k,
+                )
         waiting = [k for k, (phase, *_) in enumerate(self._status) if phase == "joining"]
         if len(waiting) == self.count and now - max(self._heard) > self.start_timeout:
-            self._fail([], [], f"loaded their parts but did not join within {self.start_timeout:.0f} s (start_timeout)")
+            self._fail(
+                [],
+                [],
+                f"loaded their parts but did not join within {self.start_timeout:.0f} s (start_timeout)",
+            )
         if now - self._begun > self._bound:
             slow = min(range(self.count), key=lambda k: self._status[k][1] - (self._status[k][0] == "ready"))
-            self._fail([], [], f"did not start within {self._bound:.0f} s (the bound for {max(self.part_bytes) / 1e6:.0f} "
-                               f"MB a rank); rank {slow} was {self._doing(slow)}")
+            self._fail(
+                [],
+                [],
+                f"did not start within {self._bound:.0f} s (the bound for {max(self.part_bytes) / 1e6:.0f} "
+                f"MB a rank); rank {slow} was {self._doing(slow)}",
+            )
 
     def _check_run(self) -> None:
         """While serving: raise for a dead rank, or when every rank fell silent for ``op_timeout``."""
@@ -259,20 +316,26 @@ class ExplorerGroup:
         reported = {e[1] for e in errors}
         for k, code in dead:
             if k not in reported:
-                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                how = (
+                    f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                )
                 return f"explorer rank {k} died ({how}) without reporting an error"
         stopped = [k for k, pid in enumerate(self.pids()) if _stopped(pid)]
         if stopped:
-            return f"explorer rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped " \
-                   f"(the process is suspended) and the group could not go on"
+            return (
+                f"explorer rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped "
+                f"(the process is suspended) and the group could not go on"
+            )
         root = next((e for e in errors if not any(s in e[2][0] for s in _PEER_LOSS)), None)
         if root:
             _, rank, (cause, tb) = root
             return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
         behind = [k for k, r in enumerate(self._progress) if r == min(self._progress)]
         if len(behind) < self.count:
-            return (f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
-                    f"round {min(self._progress) + 1} while the others waited at round {max(self._progress)}")
+            return (
+                f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
+                f"round {min(self._progress) + 1} while the others waited at round {max(self._progress)}"
+            )
         if silent and rank is not None:
             return f"explorer rank {rank} {silent}"
         if silent:
@@ -292,8 +355,11 @@ class ExplorerGroup:
                     continue
                 if msg[0] == "error":
                     errors.append(msg)
-        dead = list(dead) + [(k, p.poll()) for k, p in enumerate(self._procs)
-                             if p.poll() is not None and k not in {d[0] for d in dead}]
+        dead = list(dead) + [
+            (k, p.poll())
+            for k, p in enumerate(self._procs)
+            if p.poll() is not None and k not in {d[0] for d in dead}
+        ]
         message = self._blame(errors, dead, silent, rank)
         self.close()
         raise ExplorerError(message)

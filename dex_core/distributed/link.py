@@ -22,8 +22,20 @@ from ..runtime.links import LocalLink, StageOutput
 class DistLink(LocalLink):
     """Explorer ``rank`` of ``count`` on an initialized torch.distributed world."""
 
-    def __init__(self, rank: int, count: int, hidden_size: int, dtype: torch.dtype, device,
-                 ctrl_group, top: int, op_timeout: float, cancel=None, progress=None, staged: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        count: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device,
+        ctrl_group,
+        top: int,
+        op_timeout: float,
+        cancel=None,
+        progress=None,
+        staged: bool = False,
+    ):
         super().__init__(count)
         self.staged = staged  # rows travel as host tensors over a gloo data group (ranks that share a GPU)
         self.cancel = cancel  # has is_set(): the parent asked to stop early
@@ -77,8 +89,10 @@ class DistLink(LocalLink):
         return True
 
     def _timed_out(self, what: str) -> str:
-        return (f"explorer rank {self.rank} timed out after {self.timeout.total_seconds():g} s (op_timeout) waiting "
-                f"for {what}: a peer is hung, stopped or far slower; raise op_timeout only if the peers are slow")
+        return (
+            f"explorer rank {self.rank} timed out after {self.timeout.total_seconds():g} s (op_timeout) waiting "
+            f"for {what}: a peer is hung, stopped or far slower; raise op_timeout only if the peers are slow"
+        )
 
     def _start(self, send: torch.Tensor | None, recv_rows: int):
         """Start sending ``send`` to the next rank and receiving ``recv_rows`` rows from the previous one.
@@ -93,16 +107,27 @@ class DistLink(LocalLink):
             send = send.to("cpu") if self.staged else send  # (n, hidden)
             ops.append(dist.P2POp(dist.isend, send.contiguous(), self.rank + 1))
         if recv_rows and self.rank > 0:
-            buf = torch.empty(recv_rows, self.hidden_size, dtype=self.dtype, device="cpu" if self.staged else
-                              self.device, pin_memory=self.staged and self.device.type == "cuda")  # (n, hidden)
+            buf = torch.empty(
+                recv_rows,
+                self.hidden_size,
+                dtype=self.dtype,
+                device="cpu" if self.staged else self.device,
+                pin_memory=self.staged and self.device.type == "cuda",
+            )  # (n, hidden)
             ops.append(dist.P2POp(dist.irecv, buf, self.rank - 1))
         return (dist.batch_isend_irecv(ops) if ops else []), buf
 
     def _swap(self, send: torch.Tensor | None, recv_rows: int) -> torch.Tensor | None:
         works, buf = self._start(send, recv_rows)
-        self._wait(works, "the prompt's hidden rows" + (f" from rank {self.rank - 1}" if recv_rows else
-                                                         f" to reach rank {self.rank + 1}"), data=not self.staged)
-        return None if buf is None else buf.to(self.device, non_blocking=True)  # staged: host -> device, no sync
+        self._wait(
+            works,
+            "the prompt's hidden rows"
+            + (f" from rank {self.rank - 1}" if recv_rows else f" to reach rank {self.rank + 1}"),
+            data=not self.staged,
+        )
+        return (
+            None if buf is None else buf.to(self.device, non_blocking=True)
+        )  # staged: host -> device, no sync
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
@@ -110,8 +135,7 @@ class DistLink(LocalLink):
 
     def prefill(self, explorers, view, tokens: list[int]) -> None:
         (e,) = explorers
-        h = view.embed(to_device(tokens, view.device)) if self.rank == 0 else \
-            self._swap(None, len(tokens))
+        h = view.embed(to_device(tokens, view.device)) if self.rank == 0 else self._swap(None, len(tokens))
         out = e.prefill(h)
         self._swap(out, 0)
 
@@ -122,29 +146,40 @@ class DistLink(LocalLink):
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
         works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
         self._posted = None
-        self._wait(works, f"the hidden rows from rank {self.rank - 1}" if rows is not None else
-                   f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged)  # staged: gloo works
+        self._wait(
+            works,
+            f"the hidden rows from rank {self.rank - 1}"
+            if rows is not None
+            else f"the hidden rows to reach rank {self.rank + 1}",
+            data=not self.staged,
+        )  # staged: gloo works
         if rows is not None:  # staged: host -> device from pinned memory, no sync; the stream orders its use
             self.hidden.update(zip((n.id for n in prev), rows.to(self.device, non_blocking=True)))
 
         # control: every stage's tokens, probabilities, margins, top candidates and expansion time, as one
         # int64 tensor (floats as their float64 bit patterns): token, prob, margin, tie gap, top ids, top probs
         width, top = max(len(b) for b in plan.batches), self.top
-        packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu")  # gloo: on the host
+        packed = torch.full(
+            (width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu"
+        )  # gloo: on the host
         if mine is not None:
             n = len(mine.tokens)
             floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
             packed[:n, 0] = to_device(mine.tokens, "cpu")
             packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
             if top:
-                packed[:n, 4:4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
-                packed[:n, 4 + top:] = to_device([[p for _, p in row] for row in mine.top], "cpu",
-                                                 torch.float64).view(torch.int64)
+                packed[:n, 4 : 4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
+                packed[:n, 4 + top :] = to_device(
+                    [[p for _, p in row] for row in mine.top], "cpu", torch.float64
+                ).view(torch.int64)
             packed[width, 0] = to_device([mine.seconds], "cpu", torch.float64).view(torch.int64)[0]
         packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
-        self._wait([dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)], "the candidates all-gather",
-                   data=False)
+        self._wait(
+            [dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)],
+            "the candidates all-gather",
+            data=False,
+        )
         self.cancelled = any(int(g[width, 1]) > 0 for g in gathered)
         result = {}
         for k, batch in enumerate(plan.batches):
@@ -155,7 +190,15 @@ class DistLink(LocalLink):
                 continue
             g, n = gathered[k], len(batch)
             floats = g[:n, 1:4].contiguous().view(torch.float64).T.tolist()  # probs, margins, tie gaps
-            ids, probs = g[:n, 4:4 + top].tolist(), g[:n, 4 + top:].contiguous().view(torch.float64).tolist()
-            result[k] = StageOutput(g[:n, 0].tolist(), [list(zip(i, p)) for i, p in zip(ids, probs)], None,
-                                    float(g[width, :1].contiguous().view(torch.float64)), *floats)
+            ids, probs = (
+                g[:n, 4 : 4 + top].tolist(),
+                g[:n, 4 + top :].contiguous().view(torch.float64).tolist(),
+            )
+            result[k] = StageOutput(
+                g[:n, 0].tolist(),
+                [list(zip(i, p)) for i, p in zip(ids, probs)],
+                None,
+                float(g[width, :1].contiguous().view(torch.float64)),
+                *floats,
+            )
         return result

@@ -101,9 +101,11 @@ def data_backend(reports: list[dict]) -> DataLink:
     kinds = [torch.device(r["device"]).type for r in reports]
     if len(set(kinds)) > 1:
         ranks = ", ".join(f"rank {k} on {r['device']}" for k, r in enumerate(reports))
-        raise DexError(f"the explorer ranks disagree on the device ({ranks}); every rank needs its own GPU or every "
-                       "rank runs on CPU: give each rank a GPU (at most one rank per visible GPU, or one "
-                       "CUDA_VISIBLE_DEVICES per rank) or hide the GPUs from all of them (CUDA_VISIBLE_DEVICES=)")
+        raise DexError(
+            f"the explorer ranks disagree on the device ({ranks}); every rank needs its own GPU or every "
+            "rank runs on CPU: give each rank a GPU (at most one rank per visible GPU, or one "
+            "CUDA_VISIBLE_DEVICES per rank) or hide the GPUs from all of them (CUDA_VISIBLE_DEVICES=)"
+        )
     staged = any(r.get("stage") for r in reports)
     if kinds[0] == "cpu":
         return DataLink("gloo", staged)
@@ -112,10 +114,12 @@ def data_backend(reports: list[dict]) -> DataLink:
         where = (r["host"], r["gpu"])
         if r["gpu"] is not None and where in seen:
             if not all(x.get("share") for x in reports):
-                raise DexError(f"explorer ranks {seen[where]} and {k} are on the same GPU ({r['device']} on "
-                               f"{r['host']}); NCCL refuses two ranks on one GPU: give each rank its own GPU or use "
-                               "fewer explorers (torchrun ranks cannot share a GPU; DexDecoder(backend='distributed')"
-                               " can, staging the rows through the host)")
+                raise DexError(
+                    f"explorer ranks {seen[where]} and {k} are on the same GPU ({r['device']} on "
+                    f"{r['host']}); NCCL refuses two ranks on one GPU: give each rank its own GPU or use "
+                    "fewer explorers (torchrun ranks cannot share a GPU; DexDecoder(backend='distributed')"
+                    " can, staging the rows through the host)"
+                )
             staged = True
         seen[where] = k
     return DataLink("gloo", True) if staged else DataLink("nccl", False)
@@ -130,8 +134,15 @@ def init_options(backend: str, device: str) -> dict:
     return {}
 
 
-def init_world(device: str, init_method: str, rank: int, count: int, timeout: timedelta, share: bool = False,
-               stage: bool = False):
+def init_world(
+    device: str,
+    init_method: str,
+    rank: int,
+    count: int,
+    timeout: timedelta,
+    share: bool = False,
+    stage: bool = False,
+):
     """Rendezvous, agree on the data link over the rendezvous store (before any communicator exists, so a
     disagreement is a clear error on every rank, not a hang in ``new_group``), start the default process
     group on its backend, and return (the link, the store)."""
@@ -143,18 +154,44 @@ def init_world(device: str, init_method: str, rank: int, count: int, timeout: ti
     link = data_backend([json.loads(board.get(str(k))) for k in range(count)])
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(link.backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=count,
-                            timeout=timeout, **init_options(link.backend, device))
+    dist.init_process_group(
+        link.backend,
+        store=dist.PrefixStore("default_pg", store),
+        rank=rank,
+        world_size=count,
+        timeout=timeout,
+        **init_options(link.backend, device),
+    )
     return link, store
 
 
-def connect(view, rank: int, count: int, data: DataLink, device: str, trace_top: int, op_timeout: float,
-            cancel=None, progress=None) -> DistLink:
+def connect(
+    view,
+    rank: int,
+    count: int,
+    data: DataLink,
+    device: str,
+    trace_top: int,
+    op_timeout: float,
+    cancel=None,
+    progress=None,
+) -> DistLink:
     """This rank's link to its peers on an initialized world (``init_world``, or torchrun's), warmed up."""
 
     ctrl = dist.new_group(backend="gloo") if data.backend == "nccl" else None
-    link = DistLink(rank, count, view.model.config.hidden_size, view.dtype, device, ctrl, trace_top, op_timeout,
-                    cancel, progress, data.staged)
+    link = DistLink(
+        rank,
+        count,
+        view.model.config.hidden_size,
+        view.dtype,
+        device,
+        ctrl,
+        trace_top,
+        op_timeout,
+        cancel,
+        progress,
+        data.staged,
+    )
     warm_up(link)
     return link
 
@@ -214,12 +251,12 @@ def _reporter(send, rank: int):
         if now - last[0] >= REPORT_SECONDS or done >= total:
             last[0] = now
             send("status", rank, ("loading", done, total, key))
+
     return progress
 
 
 def main(argv=None) -> None:
     """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
-
 
     parser = argparse.ArgumentParser(prog="dex_core.distributed.rank")
     for flag in ("--rank", "--parent"):
@@ -238,15 +275,35 @@ def main(argv=None) -> None:
             conn.send(msg)
 
     try:
-        start: Start = pickle.loads(conn.recv_bytes())  # from this rank's own parent, over the authenticated socket
+        start: Start = pickle.loads(
+            conn.recv_bytes()
+        )  # from this rank's own parent, over the authenticated socket
         torch.set_num_threads(start.threads)
         threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
-        view, explorer, report = open_part(start.settings, start.source, rank, start.device, _reporter(send, rank))
+        view, explorer, report = open_part(
+            start.settings, start.source, rank, start.device, _reporter(send, rank)
+        )
         send("status", rank, ("joining", 0, 0, ""))
-        data, _ = init_world(start.device, start.init_method, rank, start.count, timedelta(seconds=start.join_timeout),
-                             start.share, start.stage)
-        link = connect(view, rank, start.count, data, start.device, start.settings.trace_top, start.op_timeout,
-                       cancel, lambda r: send("progress", rank, r))
+        data, _ = init_world(
+            start.device,
+            start.init_method,
+            rank,
+            start.count,
+            timedelta(seconds=start.join_timeout),
+            start.share,
+            start.stage,
+        )
+        link = connect(
+            view,
+            rank,
+            start.count,
+            data,
+            start.device,
+            start.settings.trace_top,
+            start.op_timeout,
+            cancel,
+            lambda r: send("progress", rank, r),
+        )
         send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
         while (msg := inbox.get())[0] == "request":
             request = msg[1]

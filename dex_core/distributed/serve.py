@@ -42,8 +42,27 @@ from .group import IMPORT_SECONDS, LOAD_RATE, default_threads
 from .rank import connect, init_world, open_part, serve_request
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
-FLAGS = ("model", "depths", "adapters", "decs", "proposal_vocab", "prune", "draft", "max_new_tokens", "temperature",
-         "top_k", "top_p", "seed", "eos_token_id", "chat", "dtype", "device", "threads", "op_timeout", "start_timeout")
+FLAGS = (
+    "model",
+    "depths",
+    "adapters",
+    "decs",
+    "proposal_vocab",
+    "prune",
+    "draft",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "eos_token_id",
+    "chat",
+    "dtype",
+    "device",
+    "threads",
+    "op_timeout",
+    "start_timeout",
+)
 USAGE = "torchrun --nproc-per-node 4 -m dex_core.serve --prompt 'Hello'"
 
 
@@ -62,17 +81,23 @@ def torchrun_device(env, want: str = "auto") -> str:
     if want == "cpu" or (want == "auto" and gpus == 0):
         return "cpu"
     if want not in ("auto", "cuda"):
-        raise DexError(f"under torchrun each rank takes the GPU of its LOCAL_RANK: give --device auto, cuda or cpu "
-                       f"(choose the GPUs with CUDA_VISIBLE_DEVICES); got {want!r}")
+        raise DexError(
+            f"under torchrun each rank takes the GPU of its LOCAL_RANK: give --device auto, cuda or cpu "
+            f"(choose the GPUs with CUDA_VISIBLE_DEVICES); got {want!r}"
+        )
     if gpus == 0:
-        raise DexError("--device cuda, but this rank sees no GPU: check CUDA_VISIBLE_DEVICES or use --device cpu")
+        raise DexError(
+            "--device cuda, but this rank sees no GPU: check CUDA_VISIBLE_DEVICES or use --device cpu"
+        )
     if gpus >= ranks:
         return f"cuda:{local}"
     if gpus == 1:
         return "cuda:0"
-    raise DexError(f"this node shows {gpus} GPUs to {ranks} ranks, and NCCL needs one GPU per rank: start at most "
-                   f"{gpus} ranks per node (--nproc-per-node {gpus}), give each rank its own GPU "
-                   "(CUDA_VISIBLE_DEVICES per rank), or run every rank on CPU (--device cpu)")
+    raise DexError(
+        f"this node shows {gpus} GPUs to {ranks} ranks, and NCCL needs one GPU per rank: start at most "
+        f"{gpus} ranks per node (--nproc-per-node {gpus}), give each rank its own GPU "
+        "(CUDA_VISIBLE_DEVICES per rank), or run every rank on CPU (--device cpu)"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,19 +122,34 @@ def run(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     config = from_args(DexConfig, args, explorers=world)
     device = torchrun_device(os.environ, config.device)  # before the model loads: fail fast
-    log = (lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True)) if rank == 0 else (lambda line: None)
+    log = (
+        (lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True))
+        if rank == 0
+        else (lambda line: None)
+    )
     folder = locate(config.model, log)
     hf_config, tokenizer = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     torch.set_num_threads(config.threads or default_threads(world))
-    bound = IMPORT_SECONDS + config.start_timeout + sum(p.numel() * p.element_size() for p in skeleton(
-        hf_config, resolve_dtype(config.dtype, torch.device(device).type, hf_config)).parameters()) / LOAD_RATE
+    bound = (
+        IMPORT_SECONDS
+        + config.start_timeout
+        + sum(
+            p.numel() * p.element_size()
+            for p in skeleton(
+                hf_config, resolve_dtype(config.dtype, torch.device(device).type, hf_config)
+            ).parameters()
+        )
+        / LOAD_RATE
+    )
     # torchrun's env:// rendezvous (it may span nodes), on the data link every rank agrees on
     data, store = init_world(device, "env://", rank, world, timedelta(seconds=bound))
     if rank == 0:
         settings = _settings(config, folder, hf_config, tokenizer, device)
         if settings.K != world:
-            raise DexError(f"{settings.K} exploration depths {list(settings.depths)} need {settings.K} processes; "
-                           f"torchrun started {world}")
+            raise DexError(
+                f"{settings.K} exploration depths {list(settings.depths)} need {settings.K} processes; "
+                f"torchrun started {world}"
+            )
         store.set("dex-settings", pickle.dumps(settings))
     settings = pickle.loads(store.get("dex-settings"))  # rank 0's, through the rendezvous store
     view, explorer, _ = open_part(settings, PartSource(hf_config, folder=str(folder)), rank, device)
@@ -118,7 +158,9 @@ def run(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _serve(args, config: DexConfig, settings: RunSettings, tokenizer, view, explorer, link, rank: int) -> None:
+def _serve(
+    args, config: DexConfig, settings: RunSettings, tokenizer, view, explorer, link, rank: int
+) -> None:
     """Rank 0 reads the prompts and broadcasts each request; every rank serves it; rank 0 prints the answers."""
     prompts = iter(args.prompt or (line.rstrip("\n") for line in sys.stdin))
     while True:
@@ -129,7 +171,9 @@ def _serve(args, config: DexConfig, settings: RunSettings, tokenizer, view, expl
                 text = next(prompts, None)
             if text is not None:
                 ids = encode_prompt(tokenizer, text, config.chat)
-                request = make_request(view, ids, config.generation(), eos_ids(view.model, config.eos_token_id))
+                request = make_request(
+                    view, ids, config.generation(), eos_ids(view.model, config.eos_token_id)
+                )
         box = [request]
         dist.broadcast_object_list(box, src=0, group=link.ctrl)
         if box[0] is None:
@@ -140,9 +184,17 @@ def _serve(args, config: DexConfig, settings: RunSettings, tokenizer, view, expl
                 stream.push(commit["token"])
         if rank == 0:
             stream.finish()
-            start = start_event("dex", settings.depths, view.num_layers, box[0], settings.decs,
-                                settings.adapters.depths, settings.proposal_vocab or view.vocab,
-                                settings.depth_choice, settings.prune)
+            start = start_event(
+                "dex",
+                settings.depths,
+                view.num_layers,
+                box[0],
+                settings.decs,
+                settings.adapters.depths,
+                settings.proposal_vocab or view.vocab,
+                settings.depth_choice,
+                settings.prune,
+            )
             print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
 
 

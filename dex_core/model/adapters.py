@@ -33,8 +33,16 @@ RANKING = "shortlist"  # the tensor holding the token ranking of the light propo
 
 
 class InducingAdapter(nn.Module):
-    def __init__(self, hidden: int, bottleneck: int, activation: str = "silu", eps: float = 1e-5, *,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        hidden: int,
+        bottleneck: int,
+        activation: str = "silu",
+        eps: float = 1e-5,
+        *,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
 
         # built where it will run (every caller passes the model's device; None is torch's default, the CPU)
@@ -56,8 +64,13 @@ class InducingAdapter(nn.Module):
 def identity(config, embedding_rows: torch.Tensor, vocab_size: int) -> dict:
     """What an adapter file must match: the model's shapes, and a fingerprint of its embedding matrix from its
     first 64 rows (``embedding_rows``, at least 64 x 64 or the whole matrix when smaller)."""
-    return {"model_type": config.model_type, "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-            "vocab_size": vocab_size, "fingerprint": float(embedding_rows.detach()[:64, :64].double().abs().sum())}
+    return {
+        "model_type": config.model_type,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "vocab_size": vocab_size,
+        "fingerprint": float(embedding_rows.detach()[:64, :64].double().abs().sum()),
+    }
 
 
 def model_identity(model) -> dict:
@@ -80,28 +93,47 @@ def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, Indu
     act = getattr(cfg, "hidden_act", "silu")
     eps = getattr(cfg, "rms_norm_eps", 1e-5)
     device = model.model.norm.weight.device
-    return {int(d): InducingAdapter(cfg.hidden_size, m, act, eps, device=device, dtype=torch.float32) for d in depths}
+    return {
+        int(d): InducingAdapter(cfg.hidden_size, m, act, eps, device=device, dtype=torch.float32)
+        for d in depths
+    }
 
 
 def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict, ranking=None) -> None:
     """One safetensors file (float16 weights) with the model identity and training facts as metadata, and
     the token ranking of light proposal heads (``dex_core.model.proposal``) as tensor 'shortlist'."""
-    tensors = {f"{d}.{k}": v.detach().to(torch.float16).contiguous()
-               for d, a in adapters.items() for k, v in a.state_dict().items()}
+    tensors = {
+        f"{d}.{k}": v.detach().to(torch.float16).contiguous()
+        for d, a in adapters.items()
+        for k, v in a.state_dict().items()
+    }
     if ranking is not None:
         tensors[RANKING] = torch.as_tensor(ranking, device="cpu").to(torch.int32).contiguous()
     first = next(iter(adapters.values()))
-    meta = {"format": "dex-adapters", "version": "1", "identity": json.dumps(model_identity(model)),
-            "depths": json.dumps(sorted(adapters)), "bottleneck": str(first.up.out_features),
-            "activation": first.activation, "eps": str(first.eps), "training": json.dumps(training)}
+    meta = {
+        "format": "dex-adapters",
+        "version": "1",
+        "identity": json.dumps(model_identity(model)),
+        "depths": json.dumps(sorted(adapters)),
+        "bottleneck": str(first.up.out_features),
+        "activation": first.activation,
+        "eps": str(first.eps),
+        "training": json.dumps(training),
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=meta)
 
 
 def adapter_shapes(hidden: int, bottleneck: int) -> dict[str, tuple[int, ...]]:
     """The tensors of one adapter and their shapes, as ``save_adapters`` writes them under '{depth}.'."""
-    return {"norm_weight": (hidden,), "up.weight": (bottleneck, hidden), "up.bias": (bottleneck,),
-            "down.weight": (hidden, bottleneck), "down.bias": (hidden,), "alpha": ()}
+    return {
+        "norm_weight": (hidden,),
+        "up.weight": (bottleneck, hidden),
+        "up.bias": (bottleneck,),
+        "down.weight": (hidden, bottleneck),
+        "down.bias": (hidden,),
+        "alpha": (),
+    }
 
 
 def header(path) -> tuple[dict, dict[str, tuple[int, ...]]]:
@@ -111,8 +143,10 @@ def header(path) -> tuple[dict, dict[str, tuple[int, ...]]]:
         with safe_open(str(path), "pt") as fh:
             return fh.metadata() or {}, {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
     except (SafetensorError, OSError) as err:
-        raise DexError(f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: "
-                       f"save it again with 'dex train-adapters', or use 'none'") from None
+        raise DexError(
+            f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: "
+            f"save it again with 'dex train-adapters', or use 'none'"
+        ) from None
 
 
 def _typed(value, kind, what: str = "the value"):
@@ -123,8 +157,13 @@ def _typed(value, kind, what: str = "the value"):
 
 def _identity(text: str) -> dict:
     identity = _typed(json.loads(text), dict)
-    for key, kind in (("model_type", str), ("num_layers", int), ("hidden_size", int), ("vocab_size", int),
-                      ("fingerprint", (int, float))):
+    for key, kind in (
+        ("model_type", str),
+        ("num_layers", int),
+        ("hidden_size", int),
+        ("vocab_size", int),
+        ("fingerprint", (int, float)),
+    ):
         _typed(identity.get(key), kind, repr(key))
     if not math.isfinite(identity["fingerprint"]):
         raise ValueError("the fingerprint is not finite")
@@ -144,6 +183,7 @@ def _positive(kind):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"expected a positive number, got {text!r}")
         return value
+
     return parse
 
 
@@ -153,8 +193,14 @@ def _activation(name: str) -> str:
     return name
 
 
-METADATA = {"identity": _identity, "depths": _depths, "bottleneck": _positive(int), "activation": _activation,
-            "eps": _positive(float), "training": lambda text: _typed(json.loads(text), dict)}
+METADATA = {
+    "identity": _identity,
+    "depths": _depths,
+    "bottleneck": _positive(int),
+    "activation": _activation,
+    "eps": _positive(float),
+    "training": lambda text: _typed(json.loads(text), dict),
+}
 
 
 def read_metadata(path) -> dict:
@@ -165,60 +211,87 @@ def read_metadata(path) -> dict:
     out = {}
     for key, parse in METADATA.items():
         if key not in meta:
-            raise DexError(f"{path} is not a complete DEX adapter file: its metadata lacks {key!r}; "
-                           f"save it again with 'dex train-adapters'")
+            raise DexError(
+                f"{path} is not a complete DEX adapter file: its metadata lacks {key!r}; "
+                f"save it again with 'dex train-adapters'"
+            )
         try:
             out[key] = parse(meta[key])
         except (TypeError, ValueError, OverflowError) as err:  # json.JSONDecodeError is a ValueError
-            raise DexError(f"{path} has invalid DEX adapter metadata {key!r} ({str(err)[:120]}); "
-                           f"save it again with 'dex train-adapters'") from None
+            raise DexError(
+                f"{path} has invalid DEX adapter metadata {key!r} ({str(err)[:120]}); "
+                f"save it again with 'dex train-adapters'"
+            ) from None
     if out["depths"][-1] >= out["identity"]["num_layers"]:
-        raise DexError(f"{path} has adapters at depths {out['depths']}, but its model has only "
-                       f"{out['identity']['num_layers']} layers (adapters go below the last one)")
+        raise DexError(
+            f"{path} has adapters at depths {out['depths']}, but its model has only "
+            f"{out['identity']['num_layers']} layers (adapters go below the last one)"
+        )
     return out
 
 
 def check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
     """DexError unless ``path`` holds every tensor its metadata promises, with the right shape."""
     hidden = meta["identity"]["hidden_size"]
-    want = {f"{d}.{k}": shape for d in meta["depths"]
-            for k, shape in adapter_shapes(hidden, meta["bottleneck"]).items()}
+    want = {
+        f"{d}.{k}": shape
+        for d in meta["depths"]
+        for k, shape in adapter_shapes(hidden, meta["bottleneck"]).items()
+    }
     if RANKING in shapes:
         want[RANKING] = (meta["identity"]["vocab_size"],)
-    problems = [f"tensor {k} is missing" if k not in shapes else f"tensor {k} has shape {list(shapes[k])}, "
-                f"not {list(shape)}" for k, shape in want.items() if shapes.get(k) != shape]
+    problems = [
+        f"tensor {k} is missing"
+        if k not in shapes
+        else f"tensor {k} has shape {list(shapes[k])}, not {list(shape)}"
+        for k, shape in want.items()
+        if shapes.get(k) != shape
+    ]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise DexError(f"{path} does not hold the adapters its metadata describes: {'; '.join(problems[:3])}"
-                       f"{more}; save it again with 'dex train-adapters'")
+        raise DexError(
+            f"{path} does not hold the adapters its metadata describes: {'; '.join(problems[:3])}"
+            f"{more}; save it again with 'dex train-adapters'"
+        )
 
 
 def _mismatch(want: dict, have: dict, name: str) -> str | None:
     """Why adapters trained for model identity ``want`` do not fit a model of identity ``have`` (or None)."""
     for key in ("model_type", "num_layers", "hidden_size", "vocab_size"):
         if want[key] != have[key]:
-            return (f"adapters in {name} were trained for a {want['model_type']} model with "
-                    f"{want['num_layers']} layers, hidden size {want['hidden_size']} and vocabulary "
-                    f"{want['vocab_size']}; this model has {have['num_layers']} layers, hidden size "
-                    f"{have['hidden_size']}, vocabulary {have['vocab_size']}")
+            return (
+                f"adapters in {name} were trained for a {want['model_type']} model with "
+                f"{want['num_layers']} layers, hidden size {want['hidden_size']} and vocabulary "
+                f"{want['vocab_size']}; this model has {have['num_layers']} layers, hidden size "
+                f"{have['hidden_size']}, vocabulary {have['vocab_size']}"
+            )
     if abs(want["fingerprint"] - have["fingerprint"]) > 1e-2 * max(1.0, abs(want["fingerprint"])):
-        return (f"adapters in {name} were trained for different weights (embedding fingerprint "
-                f"{want['fingerprint']:.4f}, this model {have['fingerprint']:.4f})")
+        return (
+            f"adapters in {name} were trained for different weights (embedding fingerprint "
+            f"{want['fingerprint']:.4f}, this model {have['fingerprint']:.4f})"
+        )
     return None
 
 
 def shipped_adapters_fit(model) -> bool:
     """Whether the shipped adapter file exists and was trained for ``model`` (a model or its identity: the
     default model)."""
-    return DEFAULT_ADAPTERS.is_file() and _mismatch(read_metadata(DEFAULT_ADAPTERS)["identity"],
-                                                    identity_of(model), DEFAULT_ADAPTERS.name) is None
+    return (
+        DEFAULT_ADAPTERS.is_file()
+        and _mismatch(read_metadata(DEFAULT_ADAPTERS)["identity"], identity_of(model), DEFAULT_ADAPTERS.name)
+        is None
+    )
 
 
 def named_file(spec, model) -> Path | None:
     """The adapter file that choice ``spec`` names for ``model`` (a model or its identity): 'auto' the shipped
     file when it fits, else none; 'default' the shipped file; 'none' none; any other text that file. A mapping
     of modules names no file (None)."""
-    if isinstance(spec, Mapping) or spec in (None, "none") or (spec == "auto" and not shipped_adapters_fit(model)):
+    if (
+        isinstance(spec, Mapping)
+        or spec in (None, "none")
+        or (spec == "auto" and not shipped_adapters_fit(model))
+    ):
         return None
     return adapter_file(DEFAULT_ADAPTERS if str(spec).strip() in ("auto", "default") else str(spec).strip())
 
@@ -262,13 +335,17 @@ def adapter_set(spec, model, depths=None) -> AdapterSet:
     if isinstance(spec, Mapping):
         bad = [d for d, a in spec.items() if isinstance(d, bool) or not isinstance(d, int) or not callable(a)]
         if bad:
-            raise DexError(f"an adapter mapping takes layer depths (ints) to modules; got {bad[0]!r:.40}: "
-                           f"{spec[bad[0]]!r:.40}")
+            raise DexError(
+                f"an adapter mapping takes layer depths (ints) to modules; got {bad[0]!r:.40}: "
+                f"{spec[bad[0]]!r:.40}"
+            )
         if depths is not None:
             extra = sorted(set(spec) - set(depths[:-1]))
             if extra:
-                raise DexError(f"adapters given for depths {extra}; only the non-final explored depths "
-                               f"{list(depths[:-1])} take adapters")
+                raise DexError(
+                    f"adapters given for depths {extra}; only the non-final explored depths "
+                    f"{list(depths[:-1])} take adapters"
+                )
         first = next(iter(spec.values()), None)
         size = sum(p.numel() for p in first.parameters()) if isinstance(first, nn.Module) else 0
         return AdapterSet(tuple(sorted(spec)), None, dict(spec), size)
@@ -281,15 +358,21 @@ def adapter_set(spec, model, depths=None) -> AdapterSet:
         raise DexError(reason)
     check_tensors(path, meta, header(path)[1])
     kept = tuple(d for d in meta["depths"] if depths is None or d in depths[:-1])
-    size = sum(math.prod(shape) for shape in adapter_shapes(meta["identity"]["hidden_size"], meta["bottleneck"]).values())
+    size = sum(
+        math.prod(shape)
+        for shape in adapter_shapes(meta["identity"]["hidden_size"], meta["bottleneck"]).values()
+    )
     return AdapterSet(kept, str(path), None, size)
 
 
 def resolve_adapters(spec, model, depths=None) -> dict:
     """The adapters of choice ``spec`` (``adapter_set``) as modules on the loaded ``model``'s device and in its
     dtype (a mapping's modules are moved there)."""
-    return adapter_set(spec, model, depths).build(depths or range(model.config.num_hidden_layers),
-                                                  model.model.norm.weight.device, model.model.norm.weight.dtype)
+    return adapter_set(spec, model, depths).build(
+        depths or range(model.config.num_hidden_layers),
+        model.model.norm.weight.device,
+        model.model.norm.weight.dtype,
+    )
 
 
 def rewrite_adapters(path, model, tensors=None, metadata=None) -> None:
@@ -301,8 +384,11 @@ def rewrite_adapters(path, model, tensors=None, metadata=None) -> None:
 
 def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
     """Record in adapter file ``path`` the exploration set to use for each K (``{K: depths}``)."""
-    rewrite_adapters(path, model, metadata={"best_sets": json.dumps({str(k): [int(d) for d in v]
-                                                                     for k, v in sorted(best.items())})})
+    rewrite_adapters(
+        path,
+        model,
+        metadata={"best_sets": json.dumps({str(k): [int(d) for d in v] for k, v in sorted(best.items())})},
+    )
 
 
 def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
@@ -337,8 +423,14 @@ def _build(path: Path, depths, device, dtype) -> dict[int, InducingAdapter]:
     try:
         with safe_open(str(path), "pt") as fh:
             for d in depths:
-                adapter = InducingAdapter(meta["identity"]["hidden_size"], meta["bottleneck"], meta["activation"],
-                                          meta["eps"], device=device, dtype=dtype)
+                adapter = InducingAdapter(
+                    meta["identity"]["hidden_size"],
+                    meta["bottleneck"],
+                    meta["activation"],
+                    meta["eps"],
+                    device=device,
+                    dtype=dtype,
+                )
                 adapter.load_state_dict({k: fh.get_tensor(f"{d}.{k}").float() for k in adapter.state_dict()})
                 adapters[d] = adapter.eval().requires_grad_(False)
     except (SafetensorError, OSError) as err:

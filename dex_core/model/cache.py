@@ -18,8 +18,15 @@ from ..device import to_device
 
 
 class StageCache:
-    def __init__(self, layer_ids: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", capacity: int = 256):
+    def __init__(
+        self,
+        layer_ids: list[int],
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        capacity: int = 256,
+    ):
         self.layer_ids = list(layer_ids)
         self._shape = (1, kv_heads, capacity, head_dim)
         self._keys = {i: torch.empty(self._shape, dtype=dtype, device=device) for i in layer_ids}
@@ -54,9 +61,9 @@ class StageCache:
         n, q = len(self), key.shape[2]
         self._reserve(n + q)
         k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
-        k_buf[:, :, n:n + q] = key
-        v_buf[:, :, n:n + q] = value
-        return k_buf[:, :, :n + q], v_buf[:, :, :n + q]
+        k_buf[:, :, n : n + q] = key
+        v_buf[:, :, n : n + q] = value
+        return k_buf[:, :, : n + q], v_buf[:, :, : n + q]
 
     def extend_committed(self, count: int) -> None:
         """Account for a batch of committed-prefix tokens (prefill); needs an empty lattice."""
@@ -75,7 +82,7 @@ class StageCache:
             index = to_device(src, next(iter(self._keys.values())).device)
             for store in (self._keys, self._values):
                 for buf in store.values():
-                    buf[:, :, start:start + len(src)] = buf[:, :, index]
+                    buf[:, :, start : start + len(src)] = buf[:, :, index]
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:
         """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first

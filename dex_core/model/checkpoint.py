@@ -35,8 +35,9 @@ HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jin
 def _hub_offline() -> bool:
     """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads them once, at import)."""
     names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return constants.HF_HUB_OFFLINE or any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
-                                           for n in names)
+    return constants.HF_HUB_OFFLINE or any(
+        os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in names
+    )
 
 
 def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
@@ -46,12 +47,16 @@ def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
-        raise DexError(f"model {repo_id!r:.120} is not a local directory or .gguf file, nor a Hugging Face hub "
-                       f"id like 'org/name'") from None
+        raise DexError(
+            f"model {repo_id!r:.120} is not a local directory or .gguf file, nor a Hugging Face hub "
+            f"id like 'org/name'"
+        ) from None
     if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
         return
-    offline = (f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-               f"pass a local directory or .gguf file, or 'default'")
+    offline = (
+        f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+        f"pass a local directory or .gguf file, or 'default'"
+    )
     if _hub_offline():
         raise DexError(offline)
     try:
@@ -59,20 +64,31 @@ def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
     except OfflineModeIsEnabled:
         raise DexError(offline) from None
     except RepositoryNotFoundError:  # also a private or gated model the token does not grant
-        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
-                       f"({constants.ENDPOINT}) has no model by that name that you may read; check the name, "
-                       f"or log in (hf auth login, or HF_TOKEN) for a private model") from None
+        raise DexError(
+            f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
+            f"({constants.ENDPOINT}) has no model by that name that you may read; check the name, "
+            f"or log in (hf auth login, or HF_TOKEN) for a private model"
+        ) from None
     except Exception as err:  # no route, DNS, proxy, TLS, timeout, a server error: the hub cannot tell
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise DexError(f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
-                       f"({constants.ENDPOINT}) cannot be reached ({reason}); download the model where the "
-                       f"hub is reachable and pass its directory, or use 'default'") from None
+        raise DexError(
+            f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
+            f"({constants.ENDPOINT}) cannot be reached ({reason}); download the model where the "
+            f"hub is reachable and pass its directory, or use 'default'"
+        ) from None
 
 
 def is_hub_id(spec) -> bool:
     """Whether model spec ``spec`` names a hub model ('org/name'), not 'default', a .gguf file or a folder."""
-    return (isinstance(spec, str) and bool(spec.strip()) and spec != "default" and not spec.endswith(".gguf")
-            and not os.path.isdir(spec) and not spec.startswith((".", "/", "~")) and spec.count("/") <= 1)
+    return (
+        isinstance(spec, str)
+        and bool(spec.strip())
+        and spec != "default"
+        and not spec.endswith(".gguf")
+        and not os.path.isdir(spec)
+        and not spec.startswith((".", "/", "~"))
+        and spec.count("/") <= 1
+    )
 
 
 def locate(spec: str, log) -> Path:
@@ -107,18 +123,24 @@ class Checkpoint:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (ValueError, KeyError, TypeError):
-                raise DexError(f"{index} is not a safetensors index (no 'weight_map'); save the model again") from None
+                raise DexError(
+                    f"{index} is not a safetensors index (no 'weight_map'); save the model again"
+                ) from None
             self.files = {key: self.folder / name for key, name in weight_map.items()}
         elif (self.folder / WEIGHTS).is_file():
             self.files = dict.fromkeys(self._keys(self.folder / WEIGHTS), self.folder / WEIGHTS)
         else:
-            raise DexError(f"{self.folder} holds no safetensors weights ({WEIGHTS} or {INDEX}); explorers read "
-                           "their stage from safetensors files: save the model with save_pretrained "
-                           "(safe_serialization, the default) and point --model at that folder")
+            raise DexError(
+                f"{self.folder} holds no safetensors weights ({WEIGHTS} or {INDEX}); explorers read "
+                "their stage from safetensors files: save the model with save_pretrained "
+                "(safe_serialization, the default) and point --model at that folder"
+            )
         missing = sorted({str(p.name) for p in self.files.values() if not p.is_file()})
         if missing:
-            raise DexError(f"{self.folder}: the index names {', '.join(missing[:3])}, which are missing; download "
-                           "the model again")
+            raise DexError(
+                f"{self.folder}: the index names {', '.join(missing[:3])}, which are missing; download "
+                "the model again"
+            )
 
     @staticmethod
     def _keys(path: Path) -> list[str]:
@@ -126,7 +148,9 @@ class Checkpoint:
             with safe_open(str(path), "pt") as fh:
                 return list(fh.keys())
         except (SafetensorError, OSError) as err:
-            raise DexError(f"{path} is not a readable safetensors file ({err}); download the model again") from None
+            raise DexError(
+                f"{path} is not a readable safetensors file ({err}); download the model again"
+            ) from None
 
     def keys(self) -> list[str]:
         return list(self.files)
@@ -155,7 +179,7 @@ class Checkpoint:
             runs, start = [], 0
             for i in range(1, len(order) + 1):
                 if i == len(order) or order[i] != order[i - 1] + 1:
-                    runs.append(piece[order[start]:order[i - 1] + 1])
+                    runs.append(piece[order[start] : order[i - 1] + 1])
                     start = i
         sorted_rows = torch.cat(runs)  # (len(order), ...), a copy of just these rows
         where = {r: i for i, r in enumerate(order)}

@@ -58,14 +58,20 @@ class ModelCost:
         layers = model.model.layers
         per_layer = sum(p.numel() for p in layers.parameters()) / len(layers)
         norm = sum(p.numel() for p in model.model.norm.parameters())
-        head = model.lm_head.weight.numel() + (model.lm_head.bias.numel() if model.lm_head.bias is not None else 0)
+        head = model.lm_head.weight.numel() + (
+            model.lm_head.bias.numel() if model.lm_head.bias is not None else 0
+        )
         if isinstance(adapters, AdapterSet):
             size = adapters.size
         else:
             adapter = next(iter((adapters or {}).values()), None)
             size = sum(p.numel() for p in adapter.parameters()) if adapter is not None else 0
         vocab = model.lm_head.out_features
-        light = None if proposal_rows is None or proposal_rows >= vocab else (head * proposal_rows / vocab + norm) / per_layer
+        light = (
+            None
+            if proposal_rows is None or proposal_rows >= vocab
+            else (head * proposal_rows / vocab + norm) / per_layer
+        )
         return cls(len(layers), (head + norm) / per_layer, size / per_layer, light)
 
     @classmethod
@@ -101,7 +107,9 @@ class ModelCost:
         costs = [self.stage(depths, k, n, view, adapter_depths) for k, n in enumerate(batch_sizes)]
         return max(costs) if devices == "K" else sum(costs)
 
-    def dex(self, depths, rounds_batch_sizes, tokens: int, view: str, adapter_depths=(), devices: str = "K") -> float:
+    def dex(
+        self, depths, rounds_batch_sizes, tokens: int, view: str, adapter_depths=(), devices: str = "K"
+    ) -> float:
         """DEX's cost per token from its rounds' batch sizes (``GenerationStats.batch_sizes``)."""
         total = sum(self.dex_round(depths, b, view, adapter_depths, devices) for b in rounds_batch_sizes)
         return total / max(1, tokens)

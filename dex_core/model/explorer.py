@@ -52,7 +52,7 @@ class TreeMask:
         rows = max(16, 1 << (rows - 1).bit_length(), self.buf.shape[0])  # powers of two, never shrinking
         columns = max(256, 1 << (columns - 1).bit_length(), self.buf.shape[1])
         self.buf = torch.zeros(rows, columns, dtype=self.dtype, device=self.device)
-        self.buf[:, :self._hidden(committed)] = self.low
+        self.buf[:, : self._hidden(committed)] = self.low
         self.committed, self.band = committed, (0, 0, 0)
 
     def _advance(self, committed: int) -> None:
@@ -60,11 +60,11 @@ class TreeMask:
         first, stop, rows = self.band
         hidden, now = self._hidden(self.committed), self._hidden(committed)
         if min(stop, hidden) > first:
-            self.buf[:rows, first:min(stop, hidden)] = self.low
+            self.buf[:rows, first : min(stop, hidden)] = self.low
         if stop > max(first, hidden):
-            self.buf[:rows, max(first, hidden):stop] = 0
+            self.buf[:rows, max(first, hidden) : stop] = 0
         if committed > self.committed:
-            self.buf[:, self.committed:committed] = 0  # former lattice columns, now committed
+            self.buf[:, self.committed : committed] = 0  # former lattice columns, now committed
         if now > hidden:
             self.buf[:, hidden:now] = self.low
         self.committed, self.band = committed, (0, 0, 0)
@@ -79,16 +79,20 @@ class TreeMask:
         else:
             self._advance(committed)
         width = max(len(p) for p in paths)
-        host = cache.slots + [p[-1] for p in paths] + [s for p in paths for s in (*p, *(-1,) * (width - len(p)))]
+        host = (
+            cache.slots + [p[-1] for p in paths] + [s for p in paths for s in (*p, *(-1,) * (width - len(p)))]
+        )
         if window is not None:
             host += positions + cache.positions + positions
         data = to_device(host, self.device)  # one transfer: slots, paths, [query and key positions]
-        slots, padded = data[:m + n], data[m + n:m + n + n * width].view(n, width)  # (m + n,), (n, width)
+        slots, padded = data[: m + n], data[m + n : m + n + n * width].view(n, width)  # (m + n,), (n, width)
         visible = (padded[:, :, None] == slots).any(dim=1)  # (n, m + n)
         if window is not None:
-            query = data[m + n + n * width:m + 2 * n + n * width, None]  # (n, 1)
-            visible &= (query - data[m + 2 * n + n * width:]) < window
-            hidden = self._hidden(committed)  # columns [first, stop) may differ per node; outside, the buffer holds
+            query = data[m + n + n * width : m + 2 * n + n * width, None]  # (n, 1)
+            visible &= (query - data[m + 2 * n + n * width :]) < window
+            hidden = self._hidden(
+                committed
+            )  # columns [first, stop) may differ per node; outside, the buffer holds
             first = min(hidden, max(0, min(min(positions) - window + 1, committed)))
             stop = max(hidden, min(committed, max(positions) - window + 1))
             if stop > first:
@@ -115,7 +119,9 @@ def causal_mask(start: int, count: int, window: int | None, dtype: torch.dtype, 
 class Explorer:
     """Explorer ``index`` of ``count``, running layers [start, stop) of ``view``."""
 
-    def __init__(self, view: ModelView, index: int, count: int, start: int, stop: int, adapter=None, head=None):
+    def __init__(
+        self, view: ModelView, index: int, count: int, start: int, stop: int, adapter=None, head=None
+    ):
         self.view = view
         self.index = index
         self.final = index == count - 1
@@ -135,8 +141,14 @@ class Explorer:
         h = hidden[None]  # (1, n, hidden)
         rope = view.rotary(h, pos)
         for i in self.layer_ids:
-            out = view.layers[i](h, attention_mask=masks[view.windows[i]], position_ids=pos,
-                                 position_embeddings=rope, use_cache=True, **{view.cache_kwarg: self.cache})
+            out = view.layers[i](
+                h,
+                attention_mask=masks[view.windows[i]],
+                position_ids=pos,
+                position_embeddings=rope,
+                use_cache=True,
+                **{view.cache_kwarg: self.cache},
+            )
             h = out[0] if isinstance(out, tuple) else out
         return h[0]
 
@@ -155,8 +167,14 @@ class Explorer:
         return {w: m.build(self.cache, paths, positions) for w, m in self._tree_masks.items()}
 
     @torch.no_grad()
-    def expand(self, hidden: torch.Tensor, slots: list[int], positions: list[int],
-               paths: list[tuple[int, ...]], masks: dict | None = None) -> torch.Tensor:
+    def expand(
+        self,
+        hidden: torch.Tensor,
+        slots: list[int],
+        positions: list[int],
+        paths: list[tuple[int, ...]],
+        masks: dict | None = None,
+    ) -> torch.Tensor:
         """Run a batch of lattice nodes (n, hidden) whose input tokens sit at ``positions`` (``masks``:
         ``self.masks(paths, positions)``, when the caller built them already)."""
         masks = self.masks(paths, positions) if masks is None else masks

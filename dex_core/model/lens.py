@@ -35,8 +35,14 @@ def _layer_logits(model, prompt: list[int], tokens: list[int], adapters=None):
             yield layer, view.head(adapters[layer](h) if layer in adapters else h)
 
 
-def layer_candidates(model, prompt: list[int], tokens: list[int], adapters=None, top: int = TOP,
-                     shortlist: torch.Tensor | None = None) -> torch.Tensor:
+def layer_candidates(
+    model,
+    prompt: list[int],
+    tokens: list[int],
+    adapters=None,
+    top: int = TOP,
+    shortlist: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Each layer's ``top`` best candidates for each generated position: long tensor (T, L, top).
     With ``shortlist`` (token ids of a light proposal head) layers below the last rank only those."""
     out = []
@@ -61,10 +67,18 @@ def depth_view(model, prompt: list[int], tokens: list[int], adapters=None, top: 
         prob.append(mine.tolist())
         rank.append((p > mine[:, None]).sum(dim=1).tolist())
         values, ids = p.topk(top, dim=-1)
-        best.append([[[int(i), round(float(v), 4)] for i, v in zip(row_ids, row_values)]
-                     for row_ids, row_values in zip(ids, values)])
+        best.append(
+            [
+                [[int(i), round(float(v), 4)] for i, v in zip(row_ids, row_values)]
+                for row_ids, row_values in zip(ids, values)
+            ]
+        )
     T = len(tokens)
-    return {"num_layers": len(prob), "tokens": list(tokens), "adapter_depths": sorted(adapters or {}),
-            "prob": [[round(prob[l][t], 5) for l in range(len(prob))] for t in range(T)],
-            "rank": [[rank[l][t] for l in range(len(rank))] for t in range(T)],
-            "top": [[best[l][t] for l in range(len(best))] for t in range(T)]}
+    return {
+        "num_layers": len(prob),
+        "tokens": list(tokens),
+        "adapter_depths": sorted(adapters or {}),
+        "prob": [[round(prob[l][t], 5) for l in range(len(prob))] for t in range(T)],
+        "rank": [[rank[l][t] for l in range(len(rank))] for t in range(T)],
+        "top": [[best[l][t] for l in range(len(best))] for t in range(T)],
+    }

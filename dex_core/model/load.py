@@ -22,18 +22,26 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise DexError(f"--device {name}: no CUDA device is visible to torch (torch.cuda.is_available() is "
-                       f"False); use --device cpu or auto")
+        raise DexError(
+            f"--device {name}: no CUDA device is visible to torch (torch.cuda.is_available() is "
+            f"False); use --device cpu or auto"
+        )
     count = torch.cuda.device_count()
     index = torch.cuda.current_device() if ":" not in name else int(name.split(":")[1])
     if index >= count:
-        raise DexError(f"--device {name}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}; use one "
-                       f"of them, or --device cpu")
+        raise DexError(
+            f"--device {name}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}; use one "
+            f"of them, or --device cpu"
+        )
     return torch.device("cuda", index)
 
 
-def load_model(spec: str = "default", dtype: str | torch.dtype | None = "auto", device: str | torch.device = "auto",
-               log=stderr):
+def load_model(
+    spec: str = "default",
+    dtype: str | torch.dtype | None = "auto",
+    device: str | torch.device = "auto",
+    log=stderr,
+):
     """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id, the whole model
     in one process, in ``dtype`` (``resolve_dtype``: 'auto' is float32 on CPU, the checkpoint's half precision on
     CUDA) on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
@@ -55,8 +63,11 @@ def load_model(spec: str = "default", dtype: str | torch.dtype | None = "auto", 
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except Exception as err:  # model files are untrusted input: any failure to parse them is a bad model
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        where = ("its files are missing, corrupt or inconsistent" if isinstance(source, Path)  # local files
-                 else "not a local model and the Hugging Face hub could not provide it")
+        where = (
+            "its files are missing, corrupt or inconsistent"
+            if isinstance(source, Path)  # local files
+            else "not a local model and the Hugging Face hub could not provide it"
+        )
         again = f"; delete {source} to convert it again" if spec == "default" else ""
         raise DexError(f"could not load model {spec!r}: {where} ({reason}){again}") from None
     check_supported(model)
@@ -70,7 +81,7 @@ def load_tokenizer(folder, spec: str | None = None):
         return AutoTokenizer.from_pretrained(folder)
     except Exception as err:  # model files are untrusted input
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise DexError(f"could not load the tokenizer of model {spec or str(folder)!r}: its files are missing, "
-                       f"corrupt or inconsistent ({reason})") from None
-
-
+        raise DexError(
+            f"could not load the tokenizer of model {spec or str(folder)!r}: its files are missing, "
+            f"corrupt or inconsistent ({reason})"
+        ) from None

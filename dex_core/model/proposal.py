@@ -51,8 +51,12 @@ class ProposalHead:
 
     def __init__(self, view, ids, rows: tuple[torch.Tensor, torch.Tensor | None] | None = None):
         ids = torch.as_tensor(ids, dtype=torch.long, device="cpu")  # checked on the host, then moved once
-        if ids.ndim != 1 or len(ids) == 0 or len(set(ids.tolist())) != len(ids) or not (
-                0 <= int(ids.min()) and int(ids.max()) < view.vocab):
+        if (
+            ids.ndim != 1
+            or len(ids) == 0
+            or len(set(ids.tolist())) != len(ids)
+            or not (0 <= int(ids.min()) and int(ids.max()) < view.vocab)
+        ):
             raise DexError(f"a shortlist must be distinct token ids below the vocabulary of {view.vocab}")
         self.norm = view.model.model.norm
         self.ids = ids.to(view.device)
@@ -90,6 +94,10 @@ def adapter_ranking(spec, model) -> torch.Tensor | None:
         if RANKING not in fh.keys():
             return None
         ranking = fh.get_tensor(RANKING).long()
-    if int(ranking.min()) < 0 or int(ranking.max()) >= len(ranking) or len(torch.unique(ranking)) != len(ranking):
+    if (
+        int(ranking.min()) < 0
+        or int(ranking.max()) >= len(ranking)
+        or len(torch.unique(ranking)) != len(ranking)
+    ):
         raise DexError(f"{path.name} holds a token ranking that is not a permutation of the vocabulary")
     return ranking

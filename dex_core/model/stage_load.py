@@ -79,8 +79,12 @@ class StagePart:
 def _names(model) -> dict[str, str]:
     """Module names of the parts a stage is made of: embeddings, layers, norm and head."""
     base = getattr(model, model.base_model_prefix)
-    modules = {"embed": model.get_input_embeddings(), "layers": base.layers, "norm": base.norm,
-               "head": model.get_output_embeddings()}
+    modules = {
+        "embed": model.get_input_embeddings(),
+        "layers": base.layers,
+        "norm": base.norm,
+        "head": model.get_output_embeddings(),
+    }
     found = {id(m): name for name, m in model.named_modules()}
     return {part: found[id(m)] for part, m in modules.items()}
 
@@ -119,8 +123,15 @@ def part_bytes(model, part: StagePart) -> dict[str, int]:
         size = tensor.numel() * tensor.element_size()
         if key in rows:
             size = size * len(part.rows) // tensor.shape[0]
-        kind = ("layers" if key.startswith(names["layers"] + ".") else "head" if key.startswith(names["head"] + ".")
-                else "embeddings" if key.startswith(names["embed"] + ".") else "other")
+        kind = (
+            "layers"
+            if key.startswith(names["layers"] + ".")
+            else "head"
+            if key.startswith(names["head"] + ".")
+            else "embeddings"
+            if key.startswith(names["embed"] + ".")
+            else "other"
+        )
         out[kind] += size
     return out
 
@@ -146,8 +157,14 @@ class StateDict:
         """The tensors as one safetensors blob (tensors that share memory stored once)."""
         unique, aliases = {}, {}
         for key, tensor in self.tensors.items():
-            same = next((k for k, t in unique.items() if t.data_ptr() == tensor.data_ptr()
-                         and t.shape == tensor.shape), None)
+            same = next(
+                (
+                    k
+                    for k, t in unique.items()
+                    if t.data_ptr() == tensor.data_ptr() and t.shape == tensor.shape
+                ),
+                None,
+            )
             if same is None:
                 unique[key] = tensor.contiguous()
             else:
@@ -158,7 +175,7 @@ class StateDict:
     @classmethod
     def from_bytes(cls, blob: bytes) -> StateDict:
         size = int.from_bytes(blob[:8], "little")  # safetensors: header length, JSON header, data
-        meta = json.loads(blob[8:8 + size])["__metadata__"]
+        meta = json.loads(blob[8 : 8 + size])["__metadata__"]
         tensors = load_bytes(blob)
         tensors |= {k: tensors[v] for k, v in json.loads(meta["aliases"]).items()}
         return cls(tensors, {k: tuple(v) for k, v in json.loads(meta["rows"]).items()})
@@ -183,17 +200,30 @@ class KeyMap:
         meta = model.state_dict()
         transforms = [] if get_model_conversion_mapping is None else get_model_conversion_mapping(model)
         renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-        self.converters = {p: c for c in transforms if isinstance(c, WeightConverter) for p in c.source_patterns}
+        self.converters = {
+            p: c for c in transforms if isinstance(c, WeightConverter) for p in c.source_patterns
+        }
         self.groups: dict[str, list[tuple[str, str | None]]] = defaultdict(list)  # first target -> sources
         self.targets: dict[str, str] = {}  # model key -> the first target of the group that makes it
         order = sorted(checkpoint_keys, key=dot_natural_key) if transforms else list(checkpoint_keys)
         for key in order:  # in transformers' order: some renamings depend on the keys seen before
-            target, pattern = (key, None) if not transforms else rename_source_key(
-                key, renamings, list(self.converters.values()), model.base_model_prefix, meta)
+            target, pattern = (
+                (key, None)
+                if not transforms
+                else rename_source_key(
+                    key, renamings, list(self.converters.values()), model.base_model_prefix, meta
+                )
+            )
             if target not in meta and key in meta:
                 target, pattern = key, None
-            made = [target] if pattern is None else [target.replace(self.converters[pattern].target_patterns[0], t)
-                                                     for t in self.converters[pattern].target_patterns]
+            made = (
+                [target]
+                if pattern is None
+                else [
+                    target.replace(self.converters[pattern].target_patterns[0], t)
+                    for t in self.converters[pattern].target_patterns
+                ]
+            )
             if any(t in meta for t in made):
                 self.groups[target].append((key, pattern))
                 self.targets.update(dict.fromkeys(made, target))
@@ -225,8 +255,8 @@ def _place(tensor: torch.Tensor, dtype: torch.dtype, device, report) -> torch.Te
     out = torch.empty(tensor.shape, dtype=dtype, device=device)
     step = max(1, len(tensor) * CHUNK_BYTES // size)
     for start in range(0, len(tensor), step):
-        out[start:start + step].copy_(tensor[start:start + step])
-        report(size * len(out[start:start + step]) // len(tensor))
+        out[start : start + step].copy_(tensor[start : start + step])
+        report(size * len(out[start : start + step]) // len(tensor))
     return out
 
 
@@ -285,8 +315,10 @@ def load_stage(config, part: StagePart, source, device, dtype: torch.dtype, prog
         rows = part.rows if key in row_keys else None
         origin = key if key in keymap.targets else tied.get(key)
         if origin not in keymap.targets:
-            raise DexError(f"the checkpoint has no tensor for {key!r} (explorer {part.rank}'s part); it does not "
-                           "match its config")
+            raise DexError(
+                f"the checkpoint has no tensor for {key!r} (explorer {part.rank}'s part); it does not "
+                "match its config"
+            )
 
         def report(n: int, key=key) -> None:
             done[0] += n
@@ -294,8 +326,16 @@ def load_stage(config, part: StagePart, source, device, dtype: torch.dtype, prog
                 progress(done[0], total, key)
 
         if origin in placed:  # tied to a tensor this part already holds whole
-            tensor = placed[origin] if rows is None else _place(
-                placed[origin][torch.tensor(rows, device=placed[origin].device)], meta[key].dtype, device, report)
+            tensor = (
+                placed[origin]
+                if rows is None
+                else _place(
+                    placed[origin][torch.tensor(rows, device=placed[origin].device)],
+                    meta[key].dtype,
+                    device,
+                    report,
+                )
+            )
         else:
             if origin not in fetched:
                 first = keymap.targets[origin]
@@ -330,9 +370,16 @@ def _finish(model, part: StagePart, config, device) -> None:
         base.rotary_emb = type(base.rotary_emb)(config=config)
     names = _names(model)
     runs = [f"{names['layers']}.{i}." for i in part.layers] + [names["norm"] + "."]
-    runs += [names["embed"] + "."] * (part.rank == 0) + [names["head"] + "."] * (part.rows is None or part.final)
-    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
-            if t.is_meta and name.startswith(tuple(runs))]
+    runs += [names["embed"] + "."] * (part.rank == 0) + [names["head"] + "."] * (
+        part.rows is None or part.final
+    )
+    left = [
+        name
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.is_meta and name.startswith(tuple(runs))
+    ]
     if left:
-        raise DexError(f"explorer {part.rank} could not build {left[0]} (computed while the model is built, not "
-                       f"stored in the checkpoint); {type(model).__name__} is not supported by stage loading yet")
+        raise DexError(
+            f"explorer {part.rank} could not build {left[0]} (computed while the model is built, not "
+            f"stored in the checkpoint); {type(model).__name__} is not supported by stage loading yet"
+        )

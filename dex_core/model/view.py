@@ -18,13 +18,13 @@ class UnsupportedModelError(DexError):
     pass
 
 
-
 def check_supported(model) -> None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED_TYPES or not hasattr(getattr(model, "model", None), "layers"):
         raise UnsupportedModelError(
             f"{type(model).__name__} (model_type {model_type!r}) is not supported; DEX runs "
-            f"decoder-only models of types {', '.join(SUPPORTED_TYPES)}")
+            f"decoder-only models of types {', '.join(SUPPORTED_TYPES)}"
+        )
 
 
 def _layer_window(config, i: int) -> int | None:

@@ -26,19 +26,19 @@ class TextStream:
 
     def push(self, token: int) -> None:
         self.window.append(token)
-        shown, text = self._decode(self.window[:self.printed]), self._decode(self.window)
+        shown, text = self._decode(self.window[: self.printed]), self._decode(self.window)
         if len(text) <= len(shown) or text.endswith("\ufffd"):
             return
-        self.out.write(text[len(shown):])
+        self.out.write(text[len(shown) :])
         self.out.flush()
-        self.window = self.window[self.printed:]
+        self.window = self.window[self.printed :]
         self.printed = len(self.window)
 
     def finish(self) -> None:
         """Print what is still held back (a run that ended inside a character shows its replacement mark)."""
-        shown, text = self._decode(self.window[:self.printed]), self._decode(self.window)
+        shown, text = self._decode(self.window[: self.printed]), self._decode(self.window)
         if len(text) > len(shown):
-            self.out.write(text[len(shown):])
+            self.out.write(text[len(shown) :])
             self.out.flush()
         self.window, self.printed = [], 0
 
@@ -49,16 +49,24 @@ def print_report(stats: dict, start: dict, elapsed: float, schedule: str) -> Non
     depths = start["depths"]
     hist = matched_histogram(stats["matched_stages"], len(depths))
     print("\n")
-    print(f"depths {list(depths)} (K={len(depths)}; {start.get('depth_choice', 'given')}), "
-          f"decs={'on' if start['decs'] else 'off'}, adapters at {start.get('adapter_depths') or 'none'}, "
-          f"non-final proposal heads of {start.get('proposal_vocab')} rows")
+    print(
+        f"depths {list(depths)} (K={len(depths)}; {start.get('depth_choice', 'given')}), "
+        f"decs={'on' if start['decs'] else 'off'}, adapters at {start.get('adapter_depths') or 'none'}, "
+        f"non-final proposal heads of {start.get('proposal_vocab')} rows"
+    )
     print(f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
-    print(f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
-          f"{stats['depth_speedup']:.3f}x")
+    print(
+        f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
+        f"{stats['depth_speedup']:.3f}x"
+    )
     print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))
     if schedule == "sequential":
-        print(f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
-              f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s")
+        print(
+            f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
+            f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s"
+        )
     else:
-        print(f"distributed schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured end to end "
-              f"({elapsed:.2f} s; communication {stats['communication_seconds']:.2f} s on rank 0)")
+        print(
+            f"distributed schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured end to end "
+            f"({elapsed:.2f} s; communication {stats['communication_seconds']:.2f} s on rank 0)"
+        )

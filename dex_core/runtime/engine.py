@@ -58,8 +58,14 @@ class Run:
         return self.stats.stop != "length" or len(self.tokens) >= self.request.options.max_new_tokens
 
 
-def run_rounds(view: ModelView, settings: RunSettings, explorers: list[Explorer], link, request: Request,
-               text: Callable[[int], str] | None = None) -> Iterator[dict]:
+def run_rounds(
+    view: ModelView,
+    settings: RunSettings,
+    explorers: list[Explorer],
+    link,
+    request: Request,
+    text: Callable[[int], str] | None = None,
+) -> Iterator[dict]:
     """Algorithm 1: yields one trace event per round, then the end event (``text``: token text for the trace)."""
     run = start(view, settings, explorers, link, request, text)  # S <- init(x, {E_k}): the prompt's prefill
     while not run.finished:
@@ -70,7 +76,9 @@ def run_rounds(view: ModelView, settings: RunSettings, explorers: list[Explorer]
             outputs = run.link.exchange(plan, outputs)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
-            while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q), along a draft chain maybe again
+            while (
+                run.lattice.ready() and not run.finished
+            ):  # ReachFinalDepth(q), along a draft chain maybe again
                 commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
             event = round_record(run, plan, outputs, masked, commits)
@@ -83,11 +91,25 @@ def start(view, settings: RunSettings, explorers, link, request: Request, text) 
     """A fresh run: caches and link reset, the prompt (all but its last token) through every stage."""
     o, prompt = request.options, list(request.prompt)
     clock = Clock(view.device)
-    run = Run(view, settings, explorers, link, request, text,
-              Lattice(settings.K, prompt[-1], len(prompt), None if settings.draft is None else ChainPlanner(
-                  settings.draft, prompt, len(prompt) + o.max_new_tokens - 1)),
-              Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed), clock,
-              GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K))
+    run = Run(
+        view,
+        settings,
+        explorers,
+        link,
+        request,
+        text,
+        Lattice(
+            settings.K,
+            prompt[-1],
+            len(prompt),
+            None
+            if settings.draft is None
+            else ChainPlanner(settings.draft, prompt, len(prompt) + o.max_new_tokens - 1),
+        ),
+        Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed),
+        clock,
+        GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
+    )
     run.begun = clock.stamp()
     for e in explorers:
         e.reset()
@@ -106,8 +128,11 @@ def plan_round(run: Run) -> RoundPlan:
 def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
     """Node id -> the tokens DECS masks at it: its slot's shallower candidates (never at the final stage)."""
     final = run.settings.K - 1
-    return {n.id: run.lattice.prior_tokens(n) if run.settings.decs and n.stage < final else []
-            for batch in plan.batches for n in batch}
+    return {
+        n.id: run.lattice.prior_tokens(n) if run.settings.decs and n.stage < final else []
+        for batch in plan.batches
+        for n in batch
+    }
 
 
 def explore(run: Run, e: Explorer, plan: RoundPlan, masked: dict[int, list[int]]) -> StageOutput:
@@ -156,18 +181,27 @@ def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, comm
         run.stats.stop = "cancelled"
     with run.clock.span("trace"):
         text, first = run.text, len(run.tokens) - len(commits)
-        nodes = [node_record(n, text(n.token) if text else None,
-                             [[t, round(p, 4)] + ([text(t)] if text else []) for t, p in out.top[i]], masked[n.id])
-                 for k, out in outputs.items() for i, n in enumerate(plan.batches[k])]
-        records = [commit_record(c, first + i, text(c.token) if text else None, **margin(plan, outputs, c))
-                   for i, (c, _) in enumerate(commits)]
+        nodes = [
+            node_record(
+                n,
+                text(n.token) if text else None,
+                [[t, round(p, 4)] + ([text(t)] if text else []) for t, p in out.top[i]],
+                masked[n.id],
+            )
+            for k, out in outputs.items()
+            for i, n in enumerate(plan.batches[k])
+        ]
+        records = [
+            commit_record(c, first + i, text(c.token) if text else None, **margin(plan, outputs, c))
+            for i, (c, _) in enumerate(commits)
+        ]
         return round_event(plan, run.lattice, nodes, records, collapse_record(commits))
 
 
 def margin(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
     """The committed final-depth node's top-1 minus top-2 score, its tie gap and whether it is a near-tie."""
     final = outputs.get(len(plan.batches) - 1)
-    margins, gaps = ((final.margins or [], final.tie_gaps or []) if final else ([], []))
+    margins, gaps = (final.margins or [], final.tie_gaps or []) if final else ([], [])
     for n, m, gap in zip(plan.batches[-1], margins, gaps):
         if n.id == commit.anchor_nodes[-1]:
             return {"margin": m, "near_tie": m <= gap, "tie_gap": gap}
@@ -176,8 +210,16 @@ def margin(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
 
 def timed(run: Run, event: dict, plan: RoundPlan, outputs: Outputs) -> dict:
     """``event`` with the round's timings (read from the clock after the round), counted in the stats."""
-    seconds = {"prefill": 0.0, "plan": 0.0, "masks": 0.0, "decode": 0.0, "trace": 0.0, "commit": 0.0, "collapse": 0.0,
-               **{k: v for k, v in run.clock.read().items() if not isinstance(k, tuple)}}
+    seconds = {
+        "prefill": 0.0,
+        "plan": 0.0,
+        "masks": 0.0,
+        "decode": 0.0,
+        "trace": 0.0,
+        "commit": 0.0,
+        "collapse": 0.0,
+        **{k: v for k, v in run.clock.read().items() if not isinstance(k, tuple)},
+    }
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]
     event["timings"] = round_timings(expand, communication=communication, **seconds)

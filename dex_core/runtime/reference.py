@@ -23,15 +23,30 @@ from .results import GenerationResult, GenerationStats
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # what hf_greedy keeps of a generation config
 
 
-def ar_generate(model, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
-                tokenizer=None, **overrides) -> GenerationResult:
+def ar_generate(
+    model,
+    input_ids,
+    max_new_tokens: int | None = None,
+    *,
+    options: GenerationOptions | None = None,
+    tokenizer=None,
+    **overrides,
+) -> GenerationResult:
     """Autoregressive reference: the model's own forward with a KV cache, DEX's sampler on its logits."""
-    return GenerationResult.from_trace(list(ar_stream(model, input_ids, max_new_tokens, options=options,
-                                                      tokenizer=tokenizer, **overrides)))
+    return GenerationResult.from_trace(
+        list(ar_stream(model, input_ids, max_new_tokens, options=options, tokenizer=tokenizer, **overrides))
+    )
 
 
-def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: GenerationOptions | None = None,
-              tokenizer=None, **overrides) -> Iterator[dict]:
+def ar_stream(
+    model,
+    input_ids,
+    max_new_tokens: int | None = None,
+    *,
+    options: GenerationOptions | None = None,
+    tokenizer=None,
+    **overrides,
+) -> Iterator[dict]:
     """``ar_generate`` as events: start, one ``token`` event per token, end.
 
     A token event's ``seconds`` is the generator's own compute time so far (time spent by the
@@ -40,13 +55,21 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
     """
 
     view = model_view(model)
-    request = make_request(view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens,
-                                                                    **overrides))
+    request = make_request(
+        view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+    )
     o, prompt = request.options, list(request.prompt)
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
-    yield start_event("ar", [view.num_layers], view.num_layers, request, False, dtype=dtype_name(view.dtype),
-                      device=str(view.device))
+    yield start_event(
+        "ar",
+        [view.num_layers],
+        view.num_layers,
+        request,
+        False,
+        dtype=dtype_name(view.dtype),
+        device=str(view.device),
+    )
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:
@@ -67,8 +90,9 @@ def ar_stream(model, input_ids, max_new_tokens: int | None = None, *, options: G
         if token in request.eos:
             stats.stop = "eos"
         busy += clock.seconds("token")
-        yield token_event(len(tokens) - 1, position, token, None if tokenizer is None else tokenizer.decode([token]),
-                          busy)
+        yield token_event(
+            len(tokens) - 1, position, token, None if tokenizer is None else tokenizer.decode([token]), busy
+        )
     stats.round_seconds = stats.compute_seconds[0] = stats.projected_seconds = busy
     stats.rounds = len(tokens)
     stats.matched_stages = [0] * len(tokens)
@@ -97,5 +121,7 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     setting of its generation config): the reference answer every method is compared with."""
     ids = torch.tensor([list(prompt)], device=model.device)
     with plain_generation(model):
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
+        )
+    return out[0, ids.shape[1] :].tolist()

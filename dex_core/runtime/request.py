@@ -38,8 +38,10 @@ def _token(t) -> int:
 def prompt_ids(input_ids, vocab: int) -> list[int]:
     """Token ids from a list, a 1-D tensor or a (1, n) tensor, checked against the vocabulary."""
     if isinstance(input_ids, (str, bytes)):
-        raise DexError("the prompt must be token ids, not text; encode text first with "
-                       "encode_prompt(tokenizer, text, chat)")
+        raise DexError(
+            "the prompt must be token ids, not text; encode text first with "
+            "encode_prompt(tokenizer, text, chat)"
+        )
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
@@ -72,18 +74,43 @@ class GenerationConfigWarning(UserWarning):
 
 
 # Settings of a generation config that change the tokens model.generate() emits, each with its "off" value.
-PROCESSORS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None,
-              "suppress_tokens": None, "begin_suppress_tokens": None, "min_length": 0, "min_new_tokens": 0,
-              "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
-              "guidance_scale": 1.0, "watermarking_config": None, "num_beams": 1, "penalty_alpha": 0.0,
-              "dola_layers": None, "stop_strings": None}
-WARPERS = {"min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}  # do_sample only
-HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}  # what generate() samples with where a config is silent
+PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": 1.0,
+    "watermarking_config": None,
+    "num_beams": 1,
+    "penalty_alpha": 0.0,
+    "dola_layers": None,
+    "stop_strings": None,
+}
+WARPERS = {
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "top_h": None,
+}  # do_sample only
+HF_SAMPLING = {
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+}  # what generate() samples with where a config is silent
 
 
 def ignored_settings(generation_config, options: GenerationOptions) -> list[str]:
     """One sentence per setting of ``generation_config`` that ``model.generate()`` would apply and a request with
     ``options`` does not: the setting, what DEX does instead, and how to silence it."""
+
     def value(name):
         return getattr(generation_config, name, None)
 
@@ -91,36 +118,49 @@ def ignored_settings(generation_config, options: GenerationOptions) -> list[str]
         return value(name) is not None and value(name) != off and value(name) not in ([], {}, ())
 
     sampling = value("do_sample") is True
-    notes = [f"the model's generation_config sets {name}={value(name)!r}, which DEX does not apply (it changes the "
-             f"tokens model.generate() emits); DEX decodes without it, as ar_generate does; set "
-             f"generation_config.{name} = {off!r} to silence this"
-             for name, off in [*PROCESSORS.items(), *(WARPERS.items() if sampling else ())] if is_set(name, off)]
+    notes = [
+        f"the model's generation_config sets {name}={value(name)!r}, which DEX does not apply (it changes the "
+        f"tokens model.generate() emits); DEX decodes without it, as ar_generate does; set "
+        f"generation_config.{name} = {off!r} to silence this"
+        for name, off in [*PROCESSORS.items(), *(WARPERS.items() if sampling else ())]
+        if is_set(name, off)
+    ]
     if sampling and options.temperature == 0:
         given = "".join(f", {k}={value(k)!r}" for k in HF_SAMPLING if value(k) is not None)
         t, k, p = (default if value(name) is None else value(name) for name, default in HF_SAMPLING.items())
-        ask = ", ".join([f"temperature={t!r}"] + ([f"top_k={k!r}"] if k else [])
-                        + ([f"top_p={p!r}"] if p < 1 else []))
-        notes.append(f"the model's generation_config asks for sampling (do_sample=True{given}), which DEX does not "
-                     f"take as a default: a request samples only when its temperature is > 0; DEX decodes greedily, "
-                     f"as ar_generate does; pass {ask} to sample as model.generate() does, or set "
-                     f"generation_config.do_sample = False to silence this")
+        ask = ", ".join(
+            [f"temperature={t!r}"] + ([f"top_k={k!r}"] if k else []) + ([f"top_p={p!r}"] if p < 1 else [])
+        )
+        notes.append(
+            f"the model's generation_config asks for sampling (do_sample=True{given}), which DEX does not "
+            f"take as a default: a request samples only when its temperature is > 0; DEX decodes greedily, "
+            f"as ar_generate does; pass {ask} to sample as model.generate() does, or set "
+            f"generation_config.do_sample = False to silence this"
+        )
     elif sampling:  # the request samples: a top-k/top-p it leaves off stays off
-        notes += [f"the model's generation_config sets {k}={value(k)!r}, which DEX does not take as a default; DEX "
-                  f"samples without it, as ar_generate does; pass {k}={value(k)!r} to sample as model.generate() "
-                  f"does, or set generation_config.{k} = None to silence this"
-                  for k, off in (("top_k", 0), ("top_p", 1.0)) if is_set(k, off) and getattr(options, k) is None]
+        notes += [
+            f"the model's generation_config sets {k}={value(k)!r}, which DEX does not take as a default; DEX "
+            f"samples without it, as ar_generate does; pass {k}={value(k)!r} to sample as model.generate() "
+            f"does, or set generation_config.{k} = None to silence this"
+            for k, off in (("top_k", 0), ("top_p", 1.0))
+            if is_set(k, off) and getattr(options, k) is None
+        ]
     return notes
 
 
-def make_request(view: ModelView, input_ids, options: GenerationOptions, eos: tuple[int, ...] | None = None) -> Request:
+def make_request(
+    view: ModelView, input_ids, options: GenerationOptions, eos: tuple[int, ...] | None = None
+) -> Request:
     """Check a prompt and its options against the model; DexError says what to change. ``eos``
     (default: ``options.eos_token_id``, else the model's generation config) is where it stops. Every other
     setting of that config that ``model.generate()`` would apply is named in a ``GenerationConfigWarning``."""
     prompt = prompt_ids(input_ids, view.vocab)
     n = options.max_new_tokens
     if view.max_positions and len(prompt) + n > view.max_positions:
-        raise DexError(f"the prompt ({len(prompt)} tokens) plus max_new_tokens ({n}) exceeds "
-                       f"the model's context window of {view.max_positions} tokens; ask for fewer tokens")
+        raise DexError(
+            f"the prompt ({len(prompt)} tokens) plus max_new_tokens ({n}) exceeds "
+            f"the model's context window of {view.max_positions} tokens; ask for fewer tokens"
+        )
     for note in ignored_settings(getattr(view.model, "generation_config", None), options):
         warnings.warn(note, GenerationConfigWarning, stacklevel=2)
     return Request(tuple(prompt), options, eos_ids(view.model, options.eos_token_id) if eos is None else eos)
@@ -131,7 +171,9 @@ def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return tokenizer("\n".join(m["content"] for m in messages) + ("\n" if generation_prompt else ""))["input_ids"]
+    return tokenizer("\n".join(m["content"] for m in messages) + ("\n" if generation_prompt else ""))[
+        "input_ids"
+    ]
 
 
 def check_text(prompt) -> str:
@@ -141,8 +183,10 @@ def check_text(prompt) -> str:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise DexError(f"the prompt is not valid Unicode: a lone surrogate {prompt[err.start]!r} at character "
-                       f"{err.start}; remove it or fix the text's encoding") from None
+        raise DexError(
+            f"the prompt is not valid Unicode: a lone surrogate {prompt[err.start]!r} at character "
+            f"{err.start}; remove it or fix the text's encoding"
+        ) from None
     if not prompt.strip():
         raise DexError("the prompt is empty; give some text to continue")
     return prompt

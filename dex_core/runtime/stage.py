@@ -40,11 +40,13 @@ class ReadBack:
         end = at + 2 * self.margin
         return StageOutput(
             tokens=[int(r[0]) for r in rows],
-            top=[list(zip(map(int, r[end:end + self.top]), r[end + self.top:])) for r in rows],
-            hidden=hidden, seconds=seconds,
+            top=[list(zip(map(int, r[end : end + self.top]), r[end + self.top :])) for r in rows],
+            hidden=hidden,
+            seconds=seconds,
             probs=[r[1] for r in rows] if self.prob else None,
             margins=[r[at] for r in rows] if self.margin else None,
-            tie_gaps=[r[at + 1] for r in rows] if self.margin else None)
+            tie_gaps=[r[at + 1] for r in rows] if self.margin else None,
+        )
 
 
 def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +73,11 @@ def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden:
     s, sampler = run.settings, run.sampler
     with run.clock.span("decode"):
         decision = sampler.decide(logits, [n.position for n in batch], e.final, masked, e.head)
-        read = ReadBack(prob=s.prune is not None, margin=decision.margins is not None,
-                        top=min(s.trace_top, logits.shape[-1]))
+        read = ReadBack(
+            prob=s.prune is not None,
+            margin=decision.margins is not None,
+            top=min(s.trace_top, logits.shape[-1]),
+        )
         probs = top_probs = top_ids = torch.empty(len(batch), 0, device=logits.device)
         if read.prob or read.top:  # unfiltered, at the sampling temperature; with a light head within it
             p = torch.softmax(logits.float() / (1.0 if sampler.greedy else sampler.temperature), dim=-1)
@@ -82,5 +87,7 @@ def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden:
         if read.top:
             top_probs, top_ids = p.topk(read.top, dim=-1)
             top_ids = top_ids if e.head is None else e.head.ids[top_ids]
-        rows = read.pack(decision, probs, top_ids, top_probs).tolist()  # the one sync of this explorer's round
+        rows = read.pack(
+            decision, probs, top_ids, top_probs
+        ).tolist()  # the one sync of this explorer's round
     return read.unpack(rows, None if e.final else hidden, run.clock.seconds(("expand", e.index)))

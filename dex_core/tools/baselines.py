@@ -30,8 +30,17 @@ from ..runtime.results import GenerationStats
 
 
 @torch.no_grad()
-def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, draft: int, adapter=None, *,
-                       options: GenerationOptions | None = None, **overrides) -> dict:
+def self_spec_generate(
+    model,
+    input_ids,
+    max_new_tokens: int,
+    exit_layer: int,
+    draft: int,
+    adapter=None,
+    *,
+    options: GenerationOptions | None = None,
+    **overrides,
+) -> dict:
     """Self-speculative decoding; returns ``{"tokens", "steps", "accepted", "layer_forwards", "seconds",
     "stats"}`` where ``layer_forwards`` is the critical path n * E + L summed over steps. ``overrides``
     are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, eos_token_id)."""
@@ -41,8 +50,9 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
         raise DexError(f"the exit layer must lie in 1..{L - 1}; got {exit_layer}")
     if draft < 1:
         raise DexError(f"the draft length must be at least 1; got {draft}")
-    request = make_request(view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens,
-                                                                    **overrides))
+    request = make_request(
+        view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+    )
     prompt, eos, o = list(request.prompt), request.eos, request.options
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
@@ -59,15 +69,20 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
         inputs, hidden, drafts = [last], [], []
         for i in range(draft + 1):  # n drafts, then the E layers of the last draft for verification
             path = tuple(range(i + 1))
-            h = lower.expand(view.embed(to_device([inputs[-1]], view.device)), [i], [position - 1 + i], [path])
+            h = lower.expand(
+                view.embed(to_device([inputs[-1]], view.device)), [i], [position - 1 + i], [path]
+            )
             hidden.append(h)
             if i < draft:
                 drafts.append(int(sampler.choose(lower.propose(h), [position + i], final=False)[0]))
                 inputs.append(drafts[-1])
         paths = [tuple(range(i + 1)) for i in range(draft + 1)]
-        out = upper.expand(torch.cat(hidden), list(range(draft + 1)),
-                           [position - 1 + i for i in range(draft + 1)], paths)
-        verified = sampler.choose(upper.propose(out), [position + i for i in range(draft + 1)], final=True).tolist()
+        out = upper.expand(
+            torch.cat(hidden), list(range(draft + 1)), [position - 1 + i for i in range(draft + 1)], paths
+        )
+        verified = sampler.choose(
+            upper.propose(out), [position + i for i in range(draft + 1)], final=True
+        ).tolist()
         keep = 0
         while keep < draft and drafts[keep] == verified[keep]:
             keep += 1
@@ -83,15 +98,29 @@ def self_spec_generate(model, input_ids, max_new_tokens: int, exit_layer: int, d
         steps += 1
         accepted += len(tokens) - before - 1  # drafts kept (past max_new_tokens or EOS they do not count)
     seconds = clock.since(start)
-    stats = GenerationStats(2, [exit_layer, L], tokens=len(tokens), rounds=steps,
-                            rounds_per_token=steps / max(1, len(tokens)), wall_seconds=seconds,
-                            tokens_per_second=len(tokens) / seconds if seconds else 0.0,
-                            stop="eos" if tokens and tokens[-1] in eos else "length")
-    return {"tokens": tokens, "steps": steps, "accepted": accepted,
-            "layer_forwards": steps * (draft * exit_layer + L), "seconds": seconds, "stats": stats}
+    stats = GenerationStats(
+        2,
+        [exit_layer, L],
+        tokens=len(tokens),
+        rounds=steps,
+        rounds_per_token=steps / max(1, len(tokens)),
+        wall_seconds=seconds,
+        tokens_per_second=len(tokens) / seconds if seconds else 0.0,
+        stop="eos" if tokens and tokens[-1] in eos else "length",
+    )
+    return {
+        "tokens": tokens,
+        "steps": steps,
+        "accepted": accepted,
+        "layer_forwards": steps * (draft * exit_layer + L),
+        "seconds": seconds,
+        "stats": stats,
+    }
 
 
-def self_spec_layer_forwards(omega_exit: torch.Tensor, draft: int, exit_layer: int, num_layers: int) -> tuple[int, int]:
+def self_spec_layer_forwards(
+    omega_exit: torch.Tensor, draft: int, exit_layer: int, num_layers: int
+) -> tuple[int, int]:
     """(steps, critical-path layer forwards) that greedy self-speculation needs for a generation whose
     exit-layer matches along the committed tokens are ``omega_exit`` (T,) — exact for greedy decoding,
     since every kept draft sits on the committed prefix. Used to grid-search (E, n) cheaply."""
@@ -117,9 +146,14 @@ def hf_early_exit_generate(model, input_ids, max_new_tokens: int, exit_layer: in
         config.num_assistant_tokens = draft
         config.assistant_confidence_threshold = 0.0
         config.num_assistant_tokens_schedule = "constant"
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, assistant_early_exit=exit_layer)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            assistant_early_exit=exit_layer,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 @torch.no_grad()
@@ -134,13 +168,20 @@ def hf_prompt_lookup_generate(model, input_ids, max_new_tokens: int, lookup: int
     widths: list[int] = []
 
     def count(module, args, kwargs):
-        widths.append(kwargs["input_ids"].shape[1] if kwargs.get("input_ids") is not None else args[0].shape[1])
+        widths.append(
+            kwargs["input_ids"].shape[1] if kwargs.get("input_ids") is not None else args[0].shape[1]
+        )
 
     hook = model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         with plain_generation(model):
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_new_tokens, prompt_lookup_num_tokens=lookup)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                prompt_lookup_num_tokens=lookup,
+            )
     finally:
         hook.remove()
-    return {"tokens": out[0, ids.shape[1]:].tolist(), "steps": len(widths), "rows": 1 + sum(widths[1:])}
+    return {"tokens": out[0, ids.shape[1] :].tolist(), "steps": len(widths), "rows": 1 + sum(widths[1:])}

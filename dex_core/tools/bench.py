@@ -67,54 +67,95 @@ from .verify import Certificate, certify_tokens
 
 METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit", "hf-prompt-lookup")
 DRAFTS = (1, 2, 3, 4, 6, 8)
-QUICK = {"sets": ("synthetic",), "prompts": 3, "tune_prompts": 2, "max_new_tokens": 16, "explorers": (2, 3),
-         "profile": False}
+QUICK = {
+    "sets": ("synthetic",),
+    "prompts": 3,
+    "tune_prompts": 2,
+    "max_new_tokens": 16,
+    "explorers": (2, 3),
+    "profile": False,
+}
 
 
 @dataclass
 class BenchConfig:
     model: str = option("default", "model spec, as for dex generate")
-    device: str = option(DexConfig.device, DEVICE_HELP + "; every method runs there (dex-distributed: one "
-                                           "device per explorer, cpu ones when this is cpu)")
-    sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: humaneval, chat (ShareGPT held-out), "
-                                                          "builtin, grounded (MT-bench and HumanEval prompts "
-                                                          "whose answer repeats the input)")
+    device: str = option(
+        DexConfig.device,
+        DEVICE_HELP + "; every method runs there (dex-distributed: one "
+        "device per explorer, cpu ones when this is cpu)",
+    )
+    sets: tuple[str, ...] = option(
+        ("humaneval", "chat"),
+        "prompt sets: humaneval, chat (ShareGPT held-out), "
+        "builtin, grounded (MT-bench and HumanEval prompts "
+        "whose answer repeats the input)",
+    )
     prompts: int = option(20, "prompts per set, from the set's eval split")
     tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
     max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
     explorers: tuple[int, ...] = option((2, 3, 4), "values of K for DEX (uniform splits)")
-    depth_sets: str | None = option(None, "further DEX exploration sets, ';'-separated, e.g. '3,8,13,18,23,28,30'")
-    adapters: str = option("auto", "inducing adapters for DEX and self-speculation: auto, default, none or a file")
-    variants: str = option("shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters "
-                                      "on/off x DECS on/off)")
-    methods: tuple[str, ...] = option(("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"),
-                                      "methods to run: " + ", ".join(METHODS))
-    prompt_lookup_num_tokens: int = option(10, "hf-prompt-lookup: at most this many looked-up draft tokens per step")
-    drafts: tuple[int, ...] = option(DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)")
+    depth_sets: str | None = option(
+        None, "further DEX exploration sets, ';'-separated, e.g. '3,8,13,18,23,28,30'"
+    )
+    adapters: str = option(
+        "auto", "inducing adapters for DEX and self-speculation: auto, default, none or a file"
+    )
+    variants: str = option(
+        "shipped", "DEX variants: 'shipped' (adapters and DECS on) or 'all' (adapters on/off x DECS on/off)"
+    )
+    methods: tuple[str, ...] = option(
+        ("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"),
+        "methods to run: " + ", ".join(METHODS),
+    )
+    prompt_lookup_num_tokens: int = option(
+        10, "hf-prompt-lookup: at most this many looked-up draft tokens per step"
+    )
+    drafts: tuple[int, ...] = option(
+        DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)"
+    )
     threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
-    profile: bool = option(True, "time layers, heads and the distributed exchange on this machine (cached) and add "
-                                 "communication to the projected K-device tokens/s")
-    proposal_vocab: str = option("auto", "rows of DEX's non-final light proposal heads: N, full or auto "
-                                         "(8192 with a token ranking)")
-    prune: tuple[str, ...] = option(("auto",), "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
-                                               "at most B new branches per round; auto = the library's default: 1 "
-                                               "on CPU, off on accelerators)")
-    draft: str = option("none;auto", "DEX draft-chain settings to compare, ';'-separated: none (off), auto or "
-                                     "bounds like 'length=8,min_ngram=2'")
-    quick: bool = option(False, "a tiny random float64 model with random adapters (auto/default) and 3 short "
-                                "synthetic prompts (seconds; for tests)")
+    profile: bool = option(
+        True,
+        "time layers, heads and the distributed exchange on this machine (cached) and add "
+        "communication to the projected K-device tokens/s",
+    )
+    proposal_vocab: str = option(
+        "auto", "rows of DEX's non-final light proposal heads: N, full or auto (8192 with a token ranking)"
+    )
+    prune: tuple[str, ...] = option(
+        ("auto",),
+        "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
+        "at most B new branches per round; auto = the library's default: 1 "
+        "on CPU, off on accelerators)",
+    )
+    draft: str = option(
+        "none;auto",
+        "DEX draft-chain settings to compare, ';'-separated: none (off), auto or "
+        "bounds like 'length=8,min_ngram=2'",
+    )
+    quick: bool = option(
+        False,
+        "a tiny random float64 model with random adapters (auto/default) and 3 short "
+        "synthetic prompts (seconds; for tests)",
+    )
 
     def __post_init__(self):
         self.sets, self.methods = parse_list(self.sets, "sets"), parse_list(self.methods, "methods")
         self.device = parse_device(self.device)
         if self.adapters not in ADAPTER_CHOICES:
             adapter_file(self.adapters)  # a missing file fails before the model loads
-        self.explorers, self.drafts = parse_ints(self.explorers, "explorers"), parse_ints(self.drafts, "drafts")
+        self.explorers, self.drafts = (
+            parse_ints(self.explorers, "explorers"),
+            parse_ints(self.drafts, "drafts"),
+        )
         self.proposal_vocab = rows_option(self.proposal_vocab)
         self.prune = tuple(DecoderOptions(prune=b).prune for b in parse_list(self.prune, "prune"))
         if not self.prune:
             raise DexError("prune needs at least one bound: 'none' or a positive integer")
-        self.draft = tuple(dict.fromkeys(d.strip() for d in str(self.draft).split(";") if d.strip())) or ("none",)
+        self.draft = tuple(dict.fromkeys(d.strip() for d in str(self.draft).split(";") if d.strip())) or (
+            "none",
+        )
         for d in self.draft:
             DecoderOptions(draft=d)  # a bad bound is a DexError now, before the model loads
         if self.quick:
@@ -125,12 +166,16 @@ class BenchConfig:
             raise DexError(f"unknown prompt set(s) {bad}; choose from {', '.join(PROMPT_SETS)}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or "ar-hf" not in self.methods:
-            raise DexError(f"methods must include ar-hf (the reference) and come from {', '.join(METHODS)}; "
-                           f"got {list(self.methods)}")
+            raise DexError(
+                f"methods must include ar-hf (the reference) and come from {', '.join(METHODS)}; "
+                f"got {list(self.methods)}"
+            )
         if self.variants not in ("shipped", "all"):
             raise DexError(f"variants must be 'shipped' or 'all'; got {self.variants!r}")
         if min(self.prompts, self.tune_prompts, self.max_new_tokens, self.prompt_lookup_num_tokens) < 1:
-            raise DexError("prompts, tune_prompts, max_new_tokens and prompt_lookup_num_tokens must be positive")
+            raise DexError(
+                "prompts, tune_prompts, max_new_tokens and prompt_lookup_num_tokens must be positive"
+            )
 
 
 def _quick_setup(device: torch.device):
@@ -140,9 +185,19 @@ def _quick_setup(device: torch.device):
         a.alpha.data.fill_(0.5)
         a.double().eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(0)
-    prompts = {split: [{"id": f"synthetic-{split}-{i}", "prompt": " ".join(
-        f"w{v}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen, device="cpu").tolist()), "chat": False}
-        for i in range(3)] for split in ("eval", "tune")}
+    prompts = {
+        split: [
+            {
+                "id": f"synthetic-{split}-{i}",
+                "prompt": " ".join(
+                    f"w{v}" for v in torch.randint(0, 80, (5 + 7 * i,), generator=gen, device="cpu").tolist()
+                ),
+                "chat": False,
+            }
+            for i in range(3)
+        ]
+        for split in ("eval", "tune")
+    }
     return model, tokenizer, adapters, prompts
 
 
@@ -163,7 +218,9 @@ class Bench:
         device = resolve_device(cfg.device)  # one device for every method (dex-distributed: one per explorer)
         if cfg.quick:
             model, tokenizer, adapters, synthetic = _quick_setup(device)
-            adapters = resolve_adapters(adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model)
+            adapters = resolve_adapters(
+                adapters if cfg.adapters in ("auto", "default") else cfg.adapters, model
+            )
             return cls(cfg, model, tokenizer, adapters, device, log, synthetic)
         check_sets(cfg.sets)  # a missing data package is one line, before the model loads
         model, tokenizer = load_model(cfg.model, device=device)
@@ -196,14 +253,24 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {bench.L} layers")
     sets = {name: bench.prompts(name, cfg.prompts, "eval") for name in cfg.sets}
-    report = {"config": asdict(cfg), "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
-              "device": str(bench.device), "num_layers": bench.L, "adapter_depths": sorted(bench.adapters),
-              "torch_threads": torch.get_num_threads(), "results": [], "oracle": {}, "tuning": _tune(bench)}
+    report = {
+        "config": asdict(cfg),
+        "model": "tiny random llama (float64)" if cfg.quick else cfg.model,
+        "device": str(bench.device),
+        "num_layers": bench.L,
+        "adapter_depths": sorted(bench.adapters),
+        "torch_threads": torch.get_num_threads(),
+        "results": [],
+        "oracle": {},
+        "tuning": _tune(bench),
+    }
     decoders = dex_decoders(bench, _explorations(cfg, bench.model))
     try:
         rows = next((d.proposal_vocab for d in decoders.values()), bench.model.config.vocab_size)
         report["profile"] = measure_profile(bench.model, rows, log=log) if cfg.profile else None
-        methods = runners(bench, decoders, DexDecoder(bench.model, depths=(bench.L,), trace_top=0), report["tuning"])
+        methods = runners(
+            bench, decoders, DexDecoder(bench.model, depths=(bench.L,), trace_top=0), report["tuning"]
+        )
         log(f"warm-up: {len(methods)} methods")
         for run in methods.values():
             run(next(iter(sets.values()))[0], min(8, cfg.max_new_tokens))
@@ -222,15 +289,19 @@ def _tune(bench: Bench) -> dict:
     if not any(m in cfg.methods for m in lenses):
         return {}
     tune = [p for name in cfg.sets for p in bench.prompts(name, cfg.tune_prompts, "tune")]
-    bench.log(f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{bench.L - 1} x draft "
-              f"{list(cfg.drafts)})")
+    bench.log(
+        f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{bench.L - 1} x draft "
+        f"{list(cfg.drafts)})"
+    )
     answers = [(p, hf_greedy(bench.model, p, cfg.max_new_tokens)) for p in tune]
     tuning = {}
     for name, lens in lenses.items():
         if name in cfg.methods:
             t = tuning[name] = tune_self_spec(bench.model, answers, lens, cfg.drafts, name == "self-spec")
-            bench.log(f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
-                      f"layer-equivalents/token on the tune split, heads included)")
+            bench.log(
+                f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
+                f"layer-equivalents/token on the tune split, heads included)"
+            )
     return tuning
 
 
@@ -247,16 +318,26 @@ def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict
     seconds = clock.read()
     ctx = _context(bench, report, prompts, [o[0] for o in outs["ar-hf"]], decoders)
     omega = matches(ctx.cands[bool(bench.adapters)], ctx.flat)
-    stable = float((torch.where(~omega, torch.arange(1, bench.L + 1, device="cpu"), 0).max(dim=1).values + 1)
-                   .double().mean())
+    stable = float(
+        (torch.where(~omega, torch.arange(1, bench.L + 1, device="cpu"), 0).max(dim=1).values + 1)
+        .double()
+        .mean()
+    )
     report["oracle"][name] = {"layer_forwards_per_token": stable, "speedup": bench.L / stable}
     for key in methods:
         row = result_row(key, outs[key], ctx)
         cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
-        row.update(set=name, seconds=seconds[key], certified=cert.certified, certified_worst_gap=cert.worst_gap,
-                   tokens_per_second=row["tokens"] / seconds[key], tokens_per_second_kind="measured",
-                   speedup_vs_ar=seconds["ar-hf"] / seconds[key], layer_speedup=bench.L / row["layer_forwards_per_token"],
-                   cost_share_of_ar=row["cost_per_token"] / ctx.cost.ar())
+        row.update(
+            set=name,
+            seconds=seconds[key],
+            certified=cert.certified,
+            certified_worst_gap=cert.worst_gap,
+            tokens_per_second=row["tokens"] / seconds[key],
+            tokens_per_second_kind="measured",
+            speedup_vs_ar=seconds["ar-hf"] / seconds[key],
+            layer_speedup=bench.L / row["layer_forwards_per_token"],
+            cost_share_of_ar=row["cost_per_token"] / ctx.cost.ar(),
+        )
         report["results"].append(row)
 
 
@@ -264,12 +345,23 @@ def _context(bench: Bench, report: dict, prompts: list, refs: list, decoders: di
     """What the rows of one prompt set are computed from: the references, every layer's candidates, the costs."""
     model, adapters = bench.model, bench.adapters
     shortlist = next((d.shortlist for d in decoders.values()), None)
-    lens = {use: [layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
-                  for p, r in zip(prompts, refs)] for use in {False, bool(adapters)}}
-    return SetContext(refs=refs, flat=torch.tensor([t for r in refs for t in r], device="cpu"), L=bench.L,
-                      tuning=report["tuning"], lookup=bench.cfg.prompt_lookup_num_tokens,
-                      cost=ModelCost.of(model, adapters),
-                      dex_cost={k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
-                      proposal_vocab={k: d.proposal_vocab for k, d in decoders.items()},
-                      cands={use: torch.cat(c) for use, c in lens.items()}, adapters=adapters,
-                      profile=report["profile"])
+    lens = {
+        use: [
+            layer_candidates(model, p, r, adapters if use else {}, shortlist=shortlist)
+            for p, r in zip(prompts, refs)
+        ]
+        for use in {False, bool(adapters)}
+    }
+    return SetContext(
+        refs=refs,
+        flat=torch.tensor([t for r in refs for t in r], device="cpu"),
+        L=bench.L,
+        tuning=report["tuning"],
+        lookup=bench.cfg.prompt_lookup_num_tokens,
+        cost=ModelCost.of(model, adapters),
+        dex_cost={k: ModelCost.of(model, adapters, d.proposal_vocab) for k, d in decoders.items()},
+        proposal_vocab={k: d.proposal_vocab for k, d in decoders.items()},
+        cands={use: torch.cat(c) for use, c in lens.items()},
+        adapters=adapters,
+        profile=report["profile"],
+    )

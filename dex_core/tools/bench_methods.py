@@ -10,12 +10,18 @@ from functools import partial
 from ..decoder import DexDecoder
 from ..model.cost import ModelCost
 from ..runtime.reference import hf_greedy
-from .baselines import hf_early_exit_generate, hf_prompt_lookup_generate, self_spec_generate, self_spec_layer_forwards
+from .baselines import (
+    hf_early_exit_generate,
+    hf_prompt_lookup_generate,
+    self_spec_generate,
+    self_spec_layer_forwards,
+)
 from .ead import layer_matches
 
 
-def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts,
-                   allow_ar: bool = True) -> dict:
+def tune_self_spec(
+    model, answers: list[tuple[list[int], list[int]]], adapters: dict, drafts, allow_ar: bool = True
+) -> dict:
     """Grid search of greedy self-speculation on (prompt, greedy answer) pairs under the cost model
     (memory-bound layer-equivalents, heads and adapters included): exit E over every layer 1..L-1 and n
     over ``drafts``, plus (``allow_ar``) "no speculation" (plain AR, exit None). The acceptance rule is replayed exactly
@@ -24,7 +30,9 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
     cost = ModelCost.of(model, adapters)
     omegas = [layer_matches(model, prompt, out, adapters) for prompt, out in answers]
     T = sum(len(om) for om in omegas)
-    grid = [{"exit": None, "draft": 0, "layer_forwards_per_token": float(L), "cost_per_token": cost.ar()}][:allow_ar]
+    grid = [{"exit": None, "draft": 0, "layer_forwards_per_token": float(L), "cost_per_token": cost.ar()}][
+        :allow_ar
+    ]
     for exit_layer in range(1, L):
         for n in drafts:
             steps = forwards = 0
@@ -32,30 +40,66 @@ def tune_self_spec(model, answers: list[tuple[list[int], list[int]]], adapters: 
                 s, f = self_spec_layer_forwards(om[:, exit_layer - 1], n, exit_layer, L)
                 steps, forwards = steps + s, forwards + f
             step_cost = cost.self_spec_step(exit_layer, n, "memory", exit_layer in adapters)
-            grid.append({"exit": exit_layer, "draft": n, "layer_forwards_per_token": forwards / T,
-                         "cost_per_token": steps * step_cost / T})
+            grid.append(
+                {
+                    "exit": exit_layer,
+                    "draft": n,
+                    "layer_forwards_per_token": forwards / T,
+                    "cost_per_token": steps * step_cost / T,
+                }
+            )
     best = min(grid, key=lambda g: (g["cost_per_token"], g["exit"] or 0, g["draft"]))
-    return {"exit": best["exit"], "draft": best["draft"], "tune_cost_per_token": best["cost_per_token"],
-            "adapters": sorted(adapters), "grid": grid}
+    return {
+        "exit": best["exit"],
+        "draft": best["draft"],
+        "tune_cost_per_token": best["cost_per_token"],
+        "adapters": sorted(adapters),
+        "grid": grid,
+    }
 
 
 def dex_decoders(bench, explorations) -> dict:
     """One DexDecoder per configuration: (method, depths, adapters used, DECS, pruning bound, draft) -> decoder."""
     cfg, adapters = bench.cfg, bench.adapters
-    variants = [(bool(adapters), True)] if cfg.variants == "shipped" else \
-        [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
+    variants = (
+        [(bool(adapters), True)]
+        if cfg.variants == "shipped"
+        else [(a, d) for a in ([True, False] if adapters else [False]) for d in (True, False)]
+    )
     decoders = {}
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         runs = [("dex", use, decs, {}) for use, decs in variants]
         if "dex-distributed" in cfg.methods:
             devices = None if bench.device.type == "cuda" else ("cpu",) * len(depths)
-            runs.append(("dex-distributed", bool(adapters), True,
-                         {"backend": "distributed", "threads": cfg.threads, "devices": devices}))
+            runs.append(
+                (
+                    "dex-distributed",
+                    bool(adapters),
+                    True,
+                    {"backend": "distributed", "threads": cfg.threads, "devices": devices},
+                )
+            )
         for (method, use, decs, more), prune, draft in itertools.product(runs, cfg.prune, cfg.draft):
-            d = DexDecoder(bench.model, depths=depths, decs=decs, adapters=covered if use else {},
-                           tokenizer=bench.tokenizer, prune=prune, draft=draft, proposal_vocab=cfg.proposal_vocab, **more)
-            key = (method, depths, use, decs, d.prune, draft)  # keyed by the bound it resolved to ('auto' may equal 1)
+            d = DexDecoder(
+                bench.model,
+                depths=depths,
+                decs=decs,
+                adapters=covered if use else {},
+                tokenizer=bench.tokenizer,
+                prune=prune,
+                draft=draft,
+                proposal_vocab=cfg.proposal_vocab,
+                **more,
+            )
+            key = (
+                method,
+                depths,
+                use,
+                decs,
+                d.prune,
+                draft,
+            )  # keyed by the bound it resolved to ('auto' may equal 1)
             if key in decoders:
                 d.close()
             else:
@@ -96,8 +140,11 @@ def _prompt_lookup(model, drafts, prompt, n):
 def runners(bench, decoders: dict, stage_ar, tuning: dict) -> dict:
     """The methods asked for, by key: ``runner(prompt, max_new_tokens) -> (tokens, stats)``."""
     model, ss, hf = bench.model, tuning.get("self-spec"), tuning.get("hf-early-exit")
-    out = {"ar-hf": partial(_hf, model), "ar-stages": partial(_stages, stage_ar),
-           **{key: partial(_dex, d) for key, d in decoders.items()}}
+    out = {
+        "ar-hf": partial(_hf, model),
+        "ar-stages": partial(_stages, stage_ar),
+        **{key: partial(_dex, d) for key, d in decoders.items()},
+    }
     if ss:
         out["self-spec"] = partial(_self_spec, model, stage_ar, ss, bench.adapters.get(ss["exit"]))
     if hf:

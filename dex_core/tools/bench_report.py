@@ -23,41 +23,61 @@ def headline(report: dict) -> list[dict]:
     out = []
     for set_name in report["oracle"]:
         rows = [r for r in report["results"] if r["set"] == set_name]
-        dex = [r for r in rows if r["method"] == "dex" and r.get("decs", True) and r.get("adapters") ==
-               bool(report["adapter_depths"])]
+        dex = [
+            r
+            for r in rows
+            if r["method"] == "dex"
+            and r.get("decs", True)
+            and r.get("adapters") == bool(report["adapter_depths"])
+        ]
         ar = next(r for r in rows if r["method"] == "ar-hf")
         ss = next((r for r in rows if r["method"] == "self-spec"), None)
         lookup = next((r for r in rows if r["method"] == "hf-prompt-lookup"), None)
         if not dex:
             continue
         best = min(dex, key=lambda r: r["cost_per_token"])
-        block = {"set": set_name, "dex_explorers": best["explorers"], "dex_depths": best["depths"],
-                 "dex_devices": best["devices"], "dex_depth_speedup": best["depth_speedup"],
-                 "dex_cost_per_token": best["cost_per_token"], "ar_cost_per_token": ar["cost_per_token"],
-                 "dex_cost_share_of_ar": best["cost_per_token"] / ar["cost_per_token"],
-                 "dex_cost_full_heads": best.get("cost_per_token_full_heads"),
-                 "dex_proposal_vocab": best.get("proposal_vocab"),
-                 "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
-                 "dex_tokens_per_second": best["tokens_per_second"], "ar_tokens_per_second": ar["tokens_per_second"],
-                 "dex_projected_tokens_per_second": best.get("projected_tokens_per_second"),
-                 "dex_projected_includes_communication": best.get("projected_includes_communication", False)}
+        block = {
+            "set": set_name,
+            "dex_explorers": best["explorers"],
+            "dex_depths": best["depths"],
+            "dex_devices": best["devices"],
+            "dex_depth_speedup": best["depth_speedup"],
+            "dex_cost_per_token": best["cost_per_token"],
+            "ar_cost_per_token": ar["cost_per_token"],
+            "dex_cost_share_of_ar": best["cost_per_token"] / ar["cost_per_token"],
+            "dex_cost_full_heads": best.get("cost_per_token_full_heads"),
+            "dex_proposal_vocab": best.get("proposal_vocab"),
+            "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
+            "dex_tokens_per_second": best["tokens_per_second"],
+            "ar_tokens_per_second": ar["tokens_per_second"],
+            "dex_projected_tokens_per_second": best.get("projected_tokens_per_second"),
+            "dex_projected_includes_communication": best.get("projected_includes_communication", False),
+        }
         projected = [r for r in dex if r.get("projected_tokens_per_second")]
         if projected:
             fast = max(projected, key=lambda r: r["projected_tokens_per_second"])
-            block.update(fastest_config=_config_text(fast), fastest_devices=fast["devices"],
-                         fastest_cost_share_of_ar=fast["cost_per_token"] / ar["cost_per_token"],
-                         fastest_rounds_per_token=fast["rounds_per_token"],
-                         fastest_projected_tokens_per_second=fast["projected_tokens_per_second"],
-                         fastest_projected_over_ar=fast["projected_tokens_per_second"] / ar["tokens_per_second"])
+            block.update(
+                fastest_config=_config_text(fast),
+                fastest_devices=fast["devices"],
+                fastest_cost_share_of_ar=fast["cost_per_token"] / ar["cost_per_token"],
+                fastest_rounds_per_token=fast["rounds_per_token"],
+                fastest_projected_tokens_per_second=fast["projected_tokens_per_second"],
+                fastest_projected_over_ar=fast["projected_tokens_per_second"] / ar["tokens_per_second"],
+            )
         if ss:
-            block.update(self_spec_cost_per_token=ss["cost_per_token"],
-                         self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
-                         dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
-                         dex_over_self_spec_layers_only=ss["layer_forwards_per_token"] / best["layer_forwards_per_token"])
+            block.update(
+                self_spec_cost_per_token=ss["cost_per_token"],
+                self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
+                dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
+                dex_over_self_spec_layers_only=ss["layer_forwards_per_token"]
+                / best["layer_forwards_per_token"],
+            )
         if lookup:
-            block.update(prompt_lookup_tokens_per_second=lookup["tokens_per_second"],
-                         prompt_lookup_over_ar=lookup["speedup_vs_ar"],
-                         dex_over_prompt_lookup=best["tokens_per_second"] / lookup["tokens_per_second"])
+            block.update(
+                prompt_lookup_tokens_per_second=lookup["tokens_per_second"],
+                prompt_lookup_over_ar=lookup["speedup_vs_ar"],
+                dex_over_prompt_lookup=best["tokens_per_second"] / lookup["tokens_per_second"],
+            )
         out.append(block)
     return out
 
@@ -67,38 +87,63 @@ def headline_lines(report: dict) -> list[str]:
     lines = []
     for h in report.get("headline", []):
         full = f"; {h['dex_cost_full_heads']:.2f} with full heads" if h.get("dex_cost_full_heads") else ""
-        line = (f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
-                f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x; cost "
-                f"per token {h['dex_cost_per_token']:.2f} layer-equivalents (memory-bound, heads and adapters included"
-                f"{full}) vs AR {h['ar_cost_per_token']:.2f}: **{h['dex_cost_share_of_ar']:.3f} of AR's**")
+        line = (
+            f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
+            f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x; cost "
+            f"per token {h['dex_cost_per_token']:.2f} layer-equivalents (memory-bound, heads and adapters included"
+            f"{full}) vs AR {h['ar_cost_per_token']:.2f}: **{h['dex_cost_share_of_ar']:.3f} of AR's**"
+        )
         if "self_spec_cost_per_token" in h:
-            line += (f", {h['dex_cost_share_of_self_spec']:.3f} of best-tuned self-speculation's "
-                     f"{h['self_spec_cost_per_token']:.2f} (layers only: {h['dex_layer_forwards_per_token']:.2f} vs "
-                     f"{h['self_spec_layer_forwards_per_token']:.2f}; AR {h['ar_cost_per_token']:.2f} with its head)")
-        comm = "communication included" if h.get("dex_projected_includes_communication") else "communication not included"
-        line += (f"; tokens/s measured on one device {h['dex_tokens_per_second']:.2f} vs AR {h['ar_tokens_per_second']:.2f}"
-                 + (f", projected on {h['dex_devices']} devices {h['dex_projected_tokens_per_second']:.2f} = "
-                    f"{h['dex_projected_tokens_per_second'] / h['ar_tokens_per_second']:.3f}x AR ({comm})"
-                    if h.get("dex_projected_tokens_per_second") else "")
-                 + (f"; HF prompt lookup {h['prompt_lookup_tokens_per_second']:.2f} tokens/s = "
-                    f"{h['prompt_lookup_over_ar']:.3f}x AR" if "prompt_lookup_over_ar" in h else "") + ".")
+            line += (
+                f", {h['dex_cost_share_of_self_spec']:.3f} of best-tuned self-speculation's "
+                f"{h['self_spec_cost_per_token']:.2f} (layers only: {h['dex_layer_forwards_per_token']:.2f} vs "
+                f"{h['self_spec_layer_forwards_per_token']:.2f}; AR {h['ar_cost_per_token']:.2f} with its head)"
+            )
+        comm = (
+            "communication included"
+            if h.get("dex_projected_includes_communication")
+            else "communication not included"
+        )
+        line += (
+            f"; tokens/s measured on one device {h['dex_tokens_per_second']:.2f} vs AR {h['ar_tokens_per_second']:.2f}"
+            + (
+                f", projected on {h['dex_devices']} devices {h['dex_projected_tokens_per_second']:.2f} = "
+                f"{h['dex_projected_tokens_per_second'] / h['ar_tokens_per_second']:.3f}x AR ({comm})"
+                if h.get("dex_projected_tokens_per_second")
+                else ""
+            )
+            + (
+                f"; HF prompt lookup {h['prompt_lookup_tokens_per_second']:.2f} tokens/s = "
+                f"{h['prompt_lookup_over_ar']:.3f}x AR"
+                if "prompt_lookup_over_ar" in h
+                else ""
+            )
+            + "."
+        )
         if h.get("fastest_config"):
-            line += (f" Fastest projected DEX on this machine: {h['fastest_config']} — "
-                     f"{h['fastest_projected_tokens_per_second']:.2f} tokens/s on {h['fastest_devices']} devices = "
-                     f"**{h['fastest_projected_over_ar']:.3f}x AR's measured** ({comm}; a projection from measured "
-                     f"stage seconds), {h['fastest_rounds_per_token']:.3f} rounds/token, cost per token "
-                     f"{h['fastest_cost_share_of_ar']:.3f} of AR's (memory-bound).")
+            line += (
+                f" Fastest projected DEX on this machine: {h['fastest_config']} — "
+                f"{h['fastest_projected_tokens_per_second']:.2f} tokens/s on {h['fastest_devices']} devices = "
+                f"**{h['fastest_projected_over_ar']:.3f}x AR's measured** ({comm}; a projection from measured "
+                f"stage seconds), {h['fastest_rounds_per_token']:.3f} rounds/token, cost per token "
+                f"{h['fastest_cost_share_of_ar']:.3f} of AR's (memory-bound)."
+            )
         lines.append(line)
     return lines
 
 
 def _config_text(row: dict) -> str:
     if row["method"].startswith("dex"):
-        return (f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
-                f"DECS {'on' if row['decs'] else 'off'}, proposal rows {row.get('proposal_vocab', 'full')}"
-                + (f", prune {row['prune']}" if row.get("prune") else "")
-                + (f", draft chains {row['draft']} ({row['drafted_share']:.0%} of tokens drafted)"
-                   if row.get("draft", "none") != "none" else ", no draft chains"))
+        return (
+            f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
+            f"DECS {'on' if row['decs'] else 'off'}, proposal rows {row.get('proposal_vocab', 'full')}"
+            + (f", prune {row['prune']}" if row.get("prune") else "")
+            + (
+                f", draft chains {row['draft']} ({row['drafted_share']:.0%} of tokens drafted)"
+                if row.get("draft", "none") != "none"
+                else ", no draft chains"
+            )
+        )
     if row["method"] == "hf-prompt-lookup":
         return f"up to {row['draft']} looked-up tokens per step ({row['rows_per_step']:.2f} rows per step)"
     if "exit" in row and row["exit"] is None:
@@ -112,29 +157,47 @@ def markdown(report: dict) -> str:
     """The report as markdown tables, one per prompt set."""
     L = report["num_layers"]
     device = report.get("device", "cpu")  # reports written before the device option ran on the CPU
-    lines = [f"Model: {report['model']} ({L} layers) on {device}, every method (dex-distributed: one {device.split(':')[0]} "
-             f"device per explorer); adapters at {report['adapter_depths'] or 'none'}; "
-             f"{report['config']['max_new_tokens']} new tokens per prompt, greedy.", ""]
+    lines = [
+        f"Model: {report['model']} ({L} layers) on {device}, every method (dex-distributed: one {device.split(':')[0]} "
+        f"device per explorer); adapters at {report['adapter_depths'] or 'none'}; "
+        f"{report['config']['max_new_tokens']} new tokens per prompt, greedy.",
+        "",
+    ]
     for set_name, oracle in report["oracle"].items():
         rows = [r for r in report["results"] if r["set"] == set_name]
-        lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", "",
-                  "| method | configuration | devices | identical to HF greedy | certified tokens (worst gap) "
-                  "| tokens/s (measured) | vs AR | projected tokens/s "
-                  "| cost/token (LE, all work, memory-bound) | share of AR's | cost/token (rows-counted) "
-                  "| layer fwd/token (layers only) | rounds/token | depth speedup (measured / predicted) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)",
+            "",
+            "| method | configuration | devices | identical to HF greedy | certified tokens (worst gap) "
+            "| tokens/s (measured) | vs AR | projected tokens/s "
+            "| cost/token (LE, all work, memory-bound) | share of AR's | cost/token (rows-counted) "
+            "| layer fwd/token (layers only) | rounds/token | depth speedup (measured / predicted) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            cells = [r["method"], _config_text(r), str(r["devices"]), f"{r['identical']}/{r['prompts']}",
-                     f"{r['certified']}/{r['tokens']} ({r['certified_worst_gap']:.3g})",
-                     f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_ar']:.3f}",
-                     _fmt(r.get("projected_tokens_per_second"), 2), f"{r['cost_per_token']:.2f}",
-                     f"{r['cost_share_of_ar']:.3f}", f"{r['cost_per_token_rows']:.2f}", f"{r['layer_forwards_per_token']:.2f}",
-                     _fmt(r.get("rounds_per_token", r.get("steps_per_token")), 3),
-                     " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r)]
+            cells = [
+                r["method"],
+                _config_text(r),
+                str(r["devices"]),
+                f"{r['identical']}/{r['prompts']}",
+                f"{r['certified']}/{r['tokens']} ({r['certified_worst_gap']:.3g})",
+                f"{r['tokens_per_second']:.2f}",
+                f"{r['speedup_vs_ar']:.3f}",
+                _fmt(r.get("projected_tokens_per_second"), 2),
+                f"{r['cost_per_token']:.2f}",
+                f"{r['cost_share_of_ar']:.3f}",
+                f"{r['cost_per_token_rows']:.2f}",
+                f"{r['layer_forwards_per_token']:.2f}",
+                _fmt(r.get("rounds_per_token", r.get("steps_per_token")), 3),
+                " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += [f"| EAD oracle | stable EAD at every depth (layers only; a reference, not a bound: DEX also "
-                  f"reuses non-stable matches and can beat it) | | | | | | | | | | "
-                  f"{oracle['layer_forwards_per_token']:.2f} | | |", ""]
+        lines += [
+            f"| EAD oracle | stable EAD at every depth (layers only; a reference, not a bound: DEX also "
+            f"reuses non-stable matches and can beat it) | | | | | | | | | | "
+            f"{oracle['layer_forwards_per_token']:.2f} | | |",
+            "",
+        ]
     lines += headline_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -171,20 +234,34 @@ class SetContext:
 def result_row(key, outs: list, ctx: SetContext) -> dict:
     """One results row (without timings) for a method's outputs over a prompt set."""
     method, T = key if isinstance(key, str) else key[0], len(ctx.flat)
-    row = {"method": method, "prompts": len(ctx.refs), "tokens": T,
-           "identical": sum(o[0] == r for o, r in zip(outs, ctx.refs)), "layer_forwards_per_token": float(ctx.L),
-           "devices": 1, "cost_per_token": ctx.cost.ar(), "cost_per_token_rows": ctx.cost.ar()}
+    row = {
+        "method": method,
+        "prompts": len(ctx.refs),
+        "tokens": T,
+        "identical": sum(o[0] == r for o, r in zip(outs, ctx.refs)),
+        "layer_forwards_per_token": float(ctx.L),
+        "devices": 1,
+        "cost_per_token": ctx.cost.ar(),
+        "cost_per_token_rows": ctx.cost.ar(),
+    }
     if method in ("dex", "dex-distributed"):
         row.update(_dex_row(key, [o[1] for o in outs], ctx))
     elif method == "self-spec":
         row.update(_self_spec_row(outs, ctx))
     elif method == "hf-early-exit":
         row.update(_early_exit_row(ctx))
-    elif method == "hf-prompt-lookup":  # a forward of n rows: AR's weights once (memory-bound), n times (rows)
+    elif (
+        method == "hf-prompt-lookup"
+    ):  # a forward of n rows: AR's weights once (memory-bound), n times (rows)
         steps, rows = sum(o[1]["steps"] for o in outs), sum(o[1]["rows"] for o in outs)
-        row.update(draft=ctx.lookup, steps_per_token=steps / T, rows_per_step=rows / steps,
-                   layer_forwards_per_token=steps * ctx.L / T, cost_per_token=steps * ctx.cost.ar() / T,
-                   cost_per_token_rows=rows * ctx.cost.ar() / T)
+        row.update(
+            draft=ctx.lookup,
+            steps_per_token=steps / T,
+            rows_per_step=rows / steps,
+            layer_forwards_per_token=steps * ctx.L / T,
+            cost_per_token=steps * ctx.cost.ar() / T,
+            cost_per_token_rows=rows * ctx.cost.ar() / T,
+        )
     return row
 
 
@@ -193,35 +270,61 @@ def _dex_row(key, stats: list, ctx: SetContext) -> dict:
     T, rounds = len(ctx.flat), sum(s.rounds for s in stats)
     covered = [d for d in ctx.adapters if use and d in depths[:-1]]
     batches, cost = [b for s in stats for b in s.batch_sizes], ctx.dex_cost[key]
-    row = dict(explorers=len(depths), depths=list(depths), adapters=use, decs=decs, prune=prune, draft=draft,
-               drafted_share=sum(s.drafted for s in stats) / T, tokens_per_round=T / rounds,
-               rows_per_round=sum(map(sum, batches)) / rounds, rounds_per_token=rounds / T,
-               proposal_vocab=ctx.proposal_vocab[key],
-               cost_per_token_full_heads=cost.full_heads().dex(depths, batches, T, "memory", covered),
-               depth_speedup=len(depths) * T / rounds, devices=len(depths),
-               layer_forwards_per_token=rounds * longest_stage(depths) / T,
-               cost_per_token=cost.dex(depths, batches, T, "memory", covered),
-               cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered))
+    row = dict(
+        explorers=len(depths),
+        depths=list(depths),
+        adapters=use,
+        decs=decs,
+        prune=prune,
+        draft=draft,
+        drafted_share=sum(s.drafted for s in stats) / T,
+        tokens_per_round=T / rounds,
+        rows_per_round=sum(map(sum, batches)) / rounds,
+        rounds_per_token=rounds / T,
+        proposal_vocab=ctx.proposal_vocab[key],
+        cost_per_token_full_heads=cost.full_heads().dex(depths, batches, T, "memory", covered),
+        depth_speedup=len(depths) * T / rounds,
+        devices=len(depths),
+        layer_forwards_per_token=rounds * longest_stage(depths) / T,
+        cost_per_token=cost.dex(depths, batches, T, "memory", covered),
+        cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered),
+    )
     if method != "dex":
         return {**row, "schedule": f"distributed ({len(depths)} processes)"}
-    predicted = set_cost(ctx.cands[use], ctx.flat, depths, decs, [len(r) for r in ctx.refs]) if draft == "none" \
-        else {"depth_speedup": None}  # EAD predicts pure depth exploration: chains' lookups are not in it
+    predicted = (
+        set_cost(ctx.cands[use], ctx.flat, depths, decs, [len(r) for r in ctx.refs])
+        if draft == "none"
+        else {"depth_speedup": None}
+    )  # EAD predicts pure depth exploration: chains' lookups are not in it
     projected = sum(s.projected_seconds for s in stats)
     comm = sum(exchange_seconds(ctx.profile, b) for b in batches) if ctx.profile else 0.0
-    return {**row, "schedule": "sequential (one device)", "predicted_depth_speedup": predicted["depth_speedup"],
-            "projected_tokens_per_second": T / (projected + comm),
-            "projected_communication_share": comm / (projected + comm),
-            "projected_includes_communication": bool(ctx.profile)}
+    return {
+        **row,
+        "schedule": "sequential (one device)",
+        "predicted_depth_speedup": predicted["depth_speedup"],
+        "projected_tokens_per_second": T / (projected + comm),
+        "projected_communication_share": comm / (projected + comm),
+        "projected_includes_communication": bool(ctx.profile),
+    }
 
 
 def _self_spec_row(outs: list, ctx: SetContext) -> dict:
     ss, T = ctx.tuning["self-spec"], len(ctx.flat)
     steps, E, n = sum(o[1]["steps"] for o in outs), ss["exit"], ss["draft"]
-    row = dict(exit=E, draft=n, adapters=E in ctx.adapters, steps_per_token=steps / T,
-               layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T)
+    row = dict(
+        exit=E,
+        draft=n,
+        adapters=E in ctx.adapters,
+        steps_per_token=steps / T,
+        layer_forwards_per_token=sum(o[1]["layer_forwards"] for o in outs) / T,
+    )
     if E:
-        row.update({f"cost_per_token{suffix}": steps * ctx.cost.self_spec_step(E, n, view, E in ctx.adapters) / T
-                    for suffix, view in (("", "memory"), ("_rows", "rows"))})
+        row.update(
+            {
+                f"cost_per_token{suffix}": steps * ctx.cost.self_spec_step(E, n, view, E in ctx.adapters) / T
+                for suffix, view in (("", "memory"), ("_rows", "rows"))
+            }
+        )
     return row
 
 
@@ -230,10 +333,20 @@ def _early_exit_row(ctx: SetContext) -> dict:
     hf, T = ctx.tuning["hf-early-exit"], len(ctx.flat)
     hits = matches(ctx.cands[False], ctx.flat)[:, hf["exit"] - 1]
     bounds = torch.cumsum(torch.tensor([0] + [len(r) for r in ctx.refs], device="cpu"), 0).tolist()
-    replays = [self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], ctx.L) for a, b in zip(bounds, bounds[1:])]
+    replays = [
+        self_spec_layer_forwards(hits[a:b], hf["draft"], hf["exit"], ctx.L)
+        for a, b in zip(bounds, bounds[1:])
+    ]
     steps, forwards = sum(r[0] for r in replays), sum(r[1] for r in replays)
     plain = ModelCost(ctx.L, ctx.cost.head, 0.0)
-    return dict(exit=hf["exit"], draft=hf["draft"], adapters=False, layer_forwards_per_token=forwards / T,
-                layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
-                **{f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
-                   for suffix, view in (("", "memory"), ("_rows", "rows"))})
+    return dict(
+        exit=hf["exit"],
+        draft=hf["draft"],
+        adapters=False,
+        layer_forwards_per_token=forwards / T,
+        layer_forwards_note="counted by replaying the acceptance rule on the plain lens",
+        **{
+            f"cost_per_token{suffix}": steps * plain.self_spec_step(hf["exit"], hf["draft"], view) / T
+            for suffix, view in (("", "memory"), ("_rows", "rows"))
+        },
+    )

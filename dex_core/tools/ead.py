@@ -76,7 +76,9 @@ def matched_stages(candidates: torch.Tensor, tokens, depths, decs: bool = True) 
     tokens = torch.as_tensor(tokens, device=device)
     T, K = len(tokens), len(depths)
     if decs and K - 1 > candidates.shape[2]:
-        raise DexError(f"DECS with K={K} needs {K - 1} ranked candidates per layer; have {candidates.shape[2]}")
+        raise DexError(
+            f"DECS with K={K} needs {K - 1} ranked candidates per layer; have {candidates.shape[2]}"
+        )
     matched = torch.full((T,), K - 1, dtype=torch.long, device=device)
     open_ = torch.ones(T, dtype=torch.bool, device=device)
     proposed = torch.empty(T, 0, dtype=torch.long, device=device)
@@ -106,36 +108,52 @@ def rounds_per_token(matched: torch.Tensor, K: int, lengths=None) -> float:
     rounds, start = 0, 0
     for n in lengths:
         if n:
-            rounds += K + int((matched[start:start + n - 1] + 1).sum())
+            rounds += K + int((matched[start : start + n - 1] + 1).sum())
         start += n
     return rounds / max(1, len(matched))
 
 
-def set_cost(candidates: torch.Tensor, tokens, depths, decs: bool = True, lengths=None, cost=None,
-             adapter_depths=()) -> dict:
+def set_cost(
+    candidates: torch.Tensor, tokens, depths, decs: bool = True, lengths=None, cost=None, adapter_depths=()
+) -> dict:
     """Rounds per token, depth-side speedup and pipeline cost (layer-times per token) of one set; with
     ``cost`` (a ``ModelCost``) also the cost per token in layer-equivalents, heads included."""
     depths = tuple(int(d) for d in depths)
     matched = matched_stages(candidates, tokens, depths, decs)
     rounds = rounds_per_token(matched, len(depths), lengths)
     longest = longest_stage(depths)
-    out = {"depths": list(depths), "rounds_per_token": rounds, "depth_speedup": len(depths) / rounds,
-           "longest_stage": longest, "layer_times_per_token": rounds * longest,
-           "pipeline_speedup": depths[-1] / (rounds * longest),
-           "matched": torch.bincount(matched, minlength=len(depths)).tolist()}
+    out = {
+        "depths": list(depths),
+        "rounds_per_token": rounds,
+        "depth_speedup": len(depths) / rounds,
+        "longest_stage": longest,
+        "layer_times_per_token": rounds * longest,
+        "pipeline_speedup": depths[-1] / (rounds * longest),
+        "matched": torch.bincount(matched, minlength=len(depths)).tolist(),
+    }
     if cost is not None:
         out["cost_per_token"] = cost.dex_steady(depths, rounds, adapter_depths)
         out["cost_share_of_ar"] = out["cost_per_token"] / cost.ar()
     return out
 
 
-def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = True, lengths=None, cost=None,
-                adapter_depths=(), within=None) -> dict:
+def best_depths(
+    candidates: torch.Tensor,
+    tokens,
+    explorers: int,
+    decs: bool = True,
+    lengths=None,
+    cost=None,
+    adapter_depths=(),
+    within=None,
+) -> dict:
     """The exploration set of ``explorers`` stages with the lowest cost per token (``cost`` given) or
     R(X) * longest stage; with ``within``, only sets whose non-final depths all lie in it."""
     L = candidates.shape[1]
     if not 1 <= explorers <= L or (within is not None and explorers - 1 > len(within)):
-        raise DexError(f"explorers must lie in 1..{L if within is None else len(within) + 1}; got {explorers}")
+        raise DexError(
+            f"explorers must lie in 1..{L if within is None else len(within) + 1}; got {explorers}"
+        )
     key = "layer_times_per_token" if cost is None else "cost_per_token"
 
     def cost_of(depths):
@@ -161,8 +179,17 @@ def best_depths(candidates: torch.Tensor, tokens, explorers: int, decs: bool = T
     return best
 
 
-def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool = True,
-            best: bool = False, lengths=None, cost=None, adapter_depths=(), within=None) -> dict:
+def analyse(
+    candidates: torch.Tensor,
+    tokens,
+    explorers=ANALYSED_KS,
+    decs: bool = True,
+    best: bool = False,
+    lengths=None,
+    cost=None,
+    adapter_depths=(),
+    within=None,
+) -> dict:
     """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
     token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
     ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
@@ -180,24 +207,59 @@ def analyse(candidates: torch.Tensor, tokens, explorers=ANALYSED_KS, decs: bool 
         ceil = bounds[torch.searchsorted(bounds, ead_stable)]
         uniform = set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
         no_decs = set_cost(candidates, tokens, depths, False, lengths) if decs else uniform
-        row = {"explorers": K, "depths": list(depths), "speedup": L * T / int(ceil.sum()),
-               "rounds_speedup_no_decs": K / no_decs["rounds_per_token"], "decs": decs, "uniform": uniform}
+        row = {
+            "explorers": K,
+            "depths": list(depths),
+            "speedup": L * T / int(ceil.sum()),
+            "rounds_speedup_no_decs": K / no_decs["rounds_per_token"],
+            "decs": decs,
+            "uniform": uniform,
+        }
         if best:
-            row["best"] = best_depths(candidates, tokens, K, decs, lengths, cost, adapter_depths,
-                                      within if within is None or K - 1 <= len(within) else None)
+            row["best"] = best_depths(
+                candidates,
+                tokens,
+                K,
+                decs,
+                lengths,
+                cost,
+                adapter_depths,
+                within if within is None or K - 1 <= len(within) else None,
+            )
             key = "layer_times_per_token" if cost is None else "cost_per_token"
             row["best_gain"] = uniform[key] / row["best"][key]
         predicted.append(row)
-    return {"num_layers": L, "tokens": T, "ead": ead.tolist(), "ead_stable": ead_stable.tolist(),
-            "predicted": predicted, "oracle": L * T / int(ead_stable.sum())}
+    return {
+        "num_layers": L,
+        "tokens": T,
+        "ead": ead.tolist(),
+        "ead_stable": ead_stable.tolist(),
+        "predicted": predicted,
+        "oracle": L * T / int(ead_stable.sum()),
+    }
 
 
-def readiness(model, prompt: list[int], tokens: list[int], adapters=None, explorers=ANALYSED_KS,
-              decs: bool = True, best: bool = False, cost=None) -> dict:
+def readiness(
+    model,
+    prompt: list[int],
+    tokens: list[int],
+    adapters=None,
+    explorers=ANALYSED_KS,
+    decs: bool = True,
+    best: bool = False,
+    cost=None,
+) -> dict:
     """``analyse(layer_candidates(...))``: the JSON-ready EAD analysis of one generation (with ``cost``,
     a ``ModelCost``, cost per token and best sets by it)."""
-    return analyse(layer_candidates(model, prompt, tokens, adapters), tokens, explorers, decs, best,
-                   cost=cost, adapter_depths=sorted(adapters or {}))
+    return analyse(
+        layer_candidates(model, prompt, tokens, adapters),
+        tokens,
+        explorers,
+        decs,
+        best,
+        cost=cost,
+        adapter_depths=sorted(adapters or {}),
+    )
 
 
 @dataclass
@@ -206,8 +268,10 @@ class EadConfig:
 
     model: str = option("default", "model spec, as for dex generate")
     device: str = option(DexConfig.device, DEVICE_HELP)
-    adapters: tuple[str, ...] = option(("auto",), "adapter choices to compare on the same answers, "
-                                                  "comma-separated: auto, default, none or files")
+    adapters: tuple[str, ...] = option(
+        ("auto",),
+        "adapter choices to compare on the same answers, comma-separated: auto, default, none or files",
+    )
     sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: " + ", ".join(PROMPT_SETS))
     prompts: int = option(20, "prompts per set, from its eval split")
     max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
@@ -215,8 +279,11 @@ class EadConfig:
     decs: bool = option(True, "predict with depth-coupled sampling")
     best: bool = option(True, "search the best exploration set per K")
     best_within_adapters: bool = option(False, "search only sets whose non-final depths carry adapters")
-    proposal_vocab: str = option("auto", "rows of the non-final light proposal heads: N, full or auto (8192 "
-                                         "with a token ranking: the adapter file's, else from the training text)")
+    proposal_vocab: str = option(
+        "auto",
+        "rows of the non-final light proposal heads: N, full or auto (8192 "
+        "with a token ranking: the adapter file's, else from the training text)",
+    )
 
     def __post_init__(self):
         self.device = parse_device(self.device)
@@ -240,7 +307,9 @@ def run_ead(cfg: EadConfig, log=stderr) -> dict:
     prompts = {name: prompt_set(name, cfg.prompts) for name in cfg.sets}
     model, tokenizer = load_model(cfg.model, device=cfg.device)
     if max(cfg.explorers) > model.config.num_hidden_layers:
-        raise DexError(f"K = {max(cfg.explorers)} exceeds the model's {model.config.num_hidden_layers} layers")
+        raise DexError(
+            f"K = {max(cfg.explorers)} exceeds the model's {model.config.num_hidden_layers} layers"
+        )
     chosen = {name: resolve_adapters(name, model) for name in cfg.adapters}
     answers = {}
     for name, items in prompts.items():
@@ -254,7 +323,11 @@ def run_ead(cfg: EadConfig, log=stderr) -> dict:
     for adapter_name, adapters in chosen.items():
         rows = proposal_rows(cfg.proposal_vocab, vocab)
         ranking = adapter_ranking(adapter_name, model) if rows < vocab else None
-        shortlist = None if rows >= vocab else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
+        shortlist = (
+            None
+            if rows >= vocab
+            else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
+        )
         cost, depths = ModelCost.of(model, adapters, rows), sorted(adapters)
         within = depths if cfg.best_within_adapters and depths else None
         run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
@@ -263,12 +336,22 @@ def run_ead(cfg: EadConfig, log=stderr) -> dict:
             cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
             toks = [t for _, out in pairs for t in out]
             lengths = [len(out) for _, out in pairs]
-            run["sets"][name] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths,
-                                        within)
+            run["sets"][name] = analyse(
+                torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths, within
+            )
             for acc, part in zip(pooled, (cands, toks, lengths)):
                 acc.extend(part)
-        run["all"] = analyse(torch.cat(pooled[0]), pooled[1], cfg.explorers, cfg.decs, cfg.best, pooled[2], cost, depths,
-                             within)
+        run["all"] = analyse(
+            torch.cat(pooled[0]),
+            pooled[1],
+            cfg.explorers,
+            cfg.decs,
+            cfg.best,
+            pooled[2],
+            cost,
+            depths,
+            within,
+        )
         report["runs"].append(run)
     return report
 
@@ -278,18 +361,26 @@ def ead_summary(report: dict) -> list[str]:
     lines = []
     for run in report["runs"]:
         for name, result in {**run["sets"], "all": run["all"]}.items():
-            lines.append(f"adapters {run['adapters']} / {name}: {result['tokens']} tokens, oracle S_EAD "
-                         f"{result['oracle']:.3f}x")
+            lines.append(
+                f"adapters {run['adapters']} / {name}: {result['tokens']} tokens, oracle S_EAD "
+                f"{result['oracle']:.3f}x"
+            )
             for p in result["predicted"]:
-                line = (f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
-                        f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x")
+                line = (
+                    f"  K={p['explorers']} uniform {p['depths']}: K/rounds {p['uniform']['depth_speedup']:.3f}x "
+                    f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x"
+                )
                 if "cost_per_token" in p["uniform"]:
                     line += f"; cost {p['uniform']['cost_per_token']:.2f} LE/token ({p['uniform']['cost_share_of_ar']:.3f} of AR's)"
                 if "best" in p and "cost_per_token" in p["best"]:
-                    line += (f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "
-                             f"({p['best']['cost_share_of_ar']:.3f} of AR's, {p['best_gain']:.3f}x uniform)")
+                    line += (
+                        f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "
+                        f"({p['best']['cost_share_of_ar']:.3f} of AR's, {p['best_gain']:.3f}x uniform)"
+                    )
                 elif "best" in p:
-                    line += (f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
-                             f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)")
+                    line += (
+                        f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
+                        f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)"
+                    )
                 lines.append(line)
     return lines

@@ -44,8 +44,22 @@ from ..model.stage_load import StagePart, part_bytes, skeleton
 
 CUDA_CONTEXT = 0.5e9  # bytes a CUDA context and the caching allocator's first blocks take (an estimate)
 MIN_CACHE = 256  # StageCache's first capacity; it doubles from there
-UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-         "tib": 2**40, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 1e3,
+    "m": 1e6,
+    "g": 1e9,
+    "t": 1e12,
+}
 
 
 def parse_size(text: str) -> float:
@@ -100,8 +114,16 @@ def _adapter_bytes(spec: str, config, itemsize: int) -> int:
     return count * itemsize
 
 
-def plan_ranks(config, depths, dtype: torch.dtype, context: int, gpus: int | None, adapters: str = "none",
-               proposal_rows: int | None = None, draft_rows: int = 0) -> list[RankPlan]:
+def plan_ranks(
+    config,
+    depths,
+    dtype: torch.dtype,
+    context: int,
+    gpus: int | None,
+    adapters: str = "none",
+    proposal_rows: int | None = None,
+    draft_rows: int = 0,
+) -> list[RankPlan]:
     """Every explorer's memory for a run of exploration set ``depths`` in ``dtype`` with ``context`` tokens
     (prompt and answer), ``proposal_rows`` in the light heads (None: full heads), ``draft_rows`` chain rows."""
     shape = skeleton(config, dtype)
@@ -112,7 +134,7 @@ def plan_ranks(config, depths, dtype: torch.dtype, context: int, gpus: int | Non
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    lattice = 2 ** K - 1 + draft_rows  # lattice nodes alive at most (unpruned), each one entry per stage
+    lattice = 2**K - 1 + draft_rows  # lattice nodes alive at most (unpruned), each one entry per stage
     capacity = max(MIN_CACHE, 1 << (context + lattice - 1).bit_length())
     batch = 2 ** (K - 1) + draft_rows  # the largest batch one explorer runs in a round
     one = _adapter_bytes(adapters, config, itemsize)
@@ -120,10 +142,20 @@ def plan_ranks(config, depths, dtype: torch.dtype, context: int, gpus: int | Non
     for k in range(K):
         part = StagePart(tuple(depths), k, tuple(range(proposal_rows)) if light and k < K - 1 else None)
         rows = proposal_rows if part.rows else vocab
-        work = batch * rows * 4 * 2 + batch * capacity * itemsize + batch * 4 * text.intermediate_size * itemsize
-        plans.append(RankPlan(k, None if gpus is None else k % gpus, part.layers, part_bytes(shape, part),
-                              0 if k == K - 1 else one, len(part.layers) * 2 * kv_heads * head_dim * capacity * itemsize,
-                              work))
+        work = (
+            batch * rows * 4 * 2 + batch * capacity * itemsize + batch * 4 * text.intermediate_size * itemsize
+        )
+        plans.append(
+            RankPlan(
+                k,
+                None if gpus is None else k % gpus,
+                part.layers,
+                part_bytes(shape, part),
+                0 if k == K - 1 else one,
+                len(part.layers) * 2 * kv_heads * head_dim * capacity * itemsize,
+                work,
+            )
+        )
     return plans
 
 
@@ -132,20 +164,25 @@ def _gb(n: float) -> str:
     return f"{n / 1e6:.0f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB" if n < 10e9 else f"{n / 1e9:.1f} GB"
 
 
-def report(config, plans: list[RankPlan], dtype, context: int, gpu_memory: float | None,
-           proposal_rows: int | None) -> tuple[list[str], bool]:
+def report(
+    config, plans: list[RankPlan], dtype, context: int, gpu_memory: float | None, proposal_rows: int | None
+) -> tuple[list[str], bool]:
     """The plan's lines and whether every GPU fits."""
     text = config.get_text_config()
-    lines = [f"{text.model_type}: {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
-             f"{text.vocab_size}; K={len(plans)} explorers in {dtype_name(dtype)}; KV cache for {context} tokens "
-             f"plus the lattice's rows; light heads: {proposal_rows or 'full'} rows",
-             f"{'rank':>4} {'stage':>9} {'layers':>10} {'LM head':>10} {'embed':>10} {'adapter':>10} "
-             f"{'KV cache':>10} {'work*':>10} {'total':>10}"]
+    lines = [
+        f"{text.model_type}: {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
+        f"{text.vocab_size}; K={len(plans)} explorers in {dtype_name(dtype)}; KV cache for {context} tokens "
+        f"plus the lattice's rows; light heads: {proposal_rows or 'full'} rows",
+        f"{'rank':>4} {'stage':>9} {'layers':>10} {'LM head':>10} {'embed':>10} {'adapter':>10} "
+        f"{'KV cache':>10} {'work*':>10} {'total':>10}",
+    ]
     for p in plans:
         w = p.weights
         span = f"{p.layers.start + 1}-{p.layers.stop}" if len(p.layers) else "-"
-        lines.append(f"{p.rank:>4} {span:>9} {_gb(w['layers']):>10} {_gb(w['head']):>10} {_gb(w['embeddings']):>10} "
-                     f"{_gb(p.adapter):>10} {_gb(p.kv):>10} {_gb(p.work):>10} {_gb(p.total):>10}")
+        lines.append(
+            f"{p.rank:>4} {span:>9} {_gb(w['layers']):>10} {_gb(w['head']):>10} {_gb(w['embeddings']):>10} "
+            f"{_gb(p.adapter):>10} {_gb(p.kv):>10} {_gb(p.work):>10} {_gb(p.total):>10}"
+        )
     lines.append("* work: float32 logits of the largest batch, tree masks and activations (an estimate)")
     fits = True
     if plans[0].gpu is not None:
@@ -155,29 +192,45 @@ def report(config, plans: list[RankPlan], dtype, context: int, gpu_memory: float
             ok = gpu_memory is None or need <= gpu_memory
             fits &= ok
             room = "" if gpu_memory is None else f" of {_gb(gpu_memory)}: {'fits' if ok else 'does NOT fit'}"
-            lines.append(f"GPU {gpu} (rank{'s' * (len(mine) > 1)} {', '.join(str(p.rank) for p in mine)}): "
-                         f"{_gb(need)} with the CUDA context (about {_gb(CUDA_CONTEXT)}){room}")
+            lines.append(
+                f"GPU {gpu} (rank{'s' * (len(mine) > 1)} {', '.join(str(p.rank) for p in mine)}): "
+                f"{_gb(need)} with the CUDA context (about {_gb(CUDA_CONTEXT)}){room}"
+            )
     return lines, fits
 
 
 @dataclass
 class PlanConfig:
-    model: str | None = option(None, "model spec, as for dex generate (a hub id fetches its config.json only); "
-                                     "or give --config")
+    model: str | None = option(
+        None, "model spec, as for dex generate (a hub id fetches its config.json only); or give --config"
+    )
     config: str | None = option(None, "a model's config.json instead of a model spec")
     explorers: int = option(DecoderOptions.explorers, "number of depth explorers K (uniform split)")
     depths: tuple[int, ...] | None = option(None, "exploration set, e.g. 20,40,60,80 (overrides --explorers)")
-    dtype: str = option("auto", "dtype: auto (what a run picks on the devices planned for: the checkpoint's "
-                                "half precision on GPUs, float32 on CPU), " + ", ".join(DTYPES))
+    dtype: str = option(
+        "auto",
+        "dtype: auto (what a run picks on the devices planned for: the checkpoint's "
+        "half precision on GPUs, float32 on CPU), " + ", ".join(DTYPES),
+    )
     context: int = option(4096, "tokens of context (prompt and answer) the KV cache holds")
-    gpu_memory: str | None = option(None, "memory of one GPU, e.g. 80GB or 24GiB: says whether each GPU fits "
-                                           "(exit 1 when one does not)")
-    gpus: int | None = option(None, "GPUs (default: one per explorer when --gpu-memory is given; fewer: the "
-                                    "explorers take them in turn)")
-    adapters: str = option("auto", "inducing adapters: auto (the shipped set for the default model, else none), "
-                                   "none, default, trained (m = 2h, as dex train-adapters makes them) or a file")
-    proposal_vocab: int | str = option("auto", "rows of the non-final light heads: N, full, or auto (8192)", kind=str)
-    draft: str = option("auto", "draft chains (their rows join the lattice's): auto, none, or bounds", kind=str)
+    gpu_memory: str | None = option(
+        None, "memory of one GPU, e.g. 80GB or 24GiB: says whether each GPU fits (exit 1 when one does not)"
+    )
+    gpus: int | None = option(
+        None,
+        "GPUs (default: one per explorer when --gpu-memory is given; fewer: the explorers take them in turn)",
+    )
+    adapters: str = option(
+        "auto",
+        "inducing adapters: auto (the shipped set for the default model, else none), "
+        "none, default, trained (m = 2h, as dex train-adapters makes them) or a file",
+    )
+    proposal_vocab: int | str = option(
+        "auto", "rows of the non-final light heads: N, full, or auto (8192)", kind=str
+    )
+    draft: str = option(
+        "auto", "draft chains (their rows join the lattice's): auto, none, or bounds", kind=str
+    )
 
     def __post_init__(self):
         if (self.model is None) == (self.config is None):
@@ -198,14 +251,24 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
     config = model_config(cfg.model, cfg.config, log)
     text = config.get_text_config()
     adapters = ("default" if cfg.model == "default" else "none") if cfg.adapters == "auto" else cfg.adapters
-    chosen = DecoderOptions(depths=cfg.depths, explorers=cfg.explorers,
-                            adapters="none" if adapters == "trained" else adapters)
-    depths, _ = choose_depths({"num_layers": text.num_hidden_layers}, chosen)  # a file's best set for K, if any
+    chosen = DecoderOptions(
+        depths=cfg.depths, explorers=cfg.explorers, adapters="none" if adapters == "trained" else adapters
+    )
+    depths, _ = choose_depths(
+        {"num_layers": text.num_hidden_layers}, chosen
+    )  # a file's best set for K, if any
     gpus = cfg.gpus or (len(depths) if cfg.gpu_memory else None)
     dtype = resolve_dtype(cfg.dtype, "cpu" if gpus is None else "cuda", config)
     rows = proposal_rows(cfg.proposal_vocab, text.vocab_size)
     rows = None if rows >= text.vocab_size or len(depths) < 2 else rows
-    plans = plan_ranks(config, depths, dtype, cfg.context, gpus, adapters, rows,
-                       cfg.draft.rows if cfg.draft else 0)
-    return report(config, plans, dtype, cfg.context, None if cfg.gpu_memory is None else parse_size(cfg.gpu_memory),
-                  rows)
+    plans = plan_ranks(
+        config, depths, dtype, cfg.context, gpus, adapters, rows, cfg.draft.rows if cfg.draft else 0
+    )
+    return report(
+        config,
+        plans,
+        dtype,
+        cfg.context,
+        None if cfg.gpu_memory is None else parse_size(cfg.gpu_memory),
+        rows,
+    )

@@ -77,7 +77,9 @@ def row_blocks(model, n: int, proposal_rows: int) -> dict:
         e.prefill(torch.randn(64, hidden_size, dtype=view.dtype, device=view.device))
         h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
         # each call adds n rows to the cache: a context of 64 to 64 + (repeats + 1) n
-        blocks[f"layer {index}"] = lambda e=e, h=h: e.expand(h, list(range(n)), [64] * n, [(i,) for i in range(n)])
+        blocks[f"layer {index}"] = lambda e=e, h=h: e.expand(
+            h, list(range(n)), [64] * n, [(i,) for i in range(n)]
+        )
     h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
     blocks.update(head=lambda: view.head(h), proposal=lambda: light(h))
     return blocks
@@ -107,20 +109,32 @@ def _exchange_rank() -> None:
     """Body of one of the two processes ``_exchange_profile`` starts (argv: rank folder hidden dtype repeats
     device): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
 
-
-    rank, folder, hidden, dtype, repeats = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    rank, folder, hidden, dtype, repeats = (
+        int(sys.argv[1]),
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        int(sys.argv[5]),
+    )
     device = torch.device(sys.argv[6])
     backend = "nccl" if device.type == "cuda" else "gloo"
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=(folder / "store").as_uri(), rank=rank, world_size=2,
-                            **init_options(backend, str(device)))
+    dist.init_process_group(
+        backend,
+        init_method=(folder / "store").as_uri(),
+        rank=rank,
+        world_size=2,
+        **init_options(backend, str(device)),
+    )
     ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
     clock, result = Clock(device), {}
     for n in ROWS:
         rows = torch.zeros(n, hidden, dtype=getattr(torch, dtype), device=device)  # (n, hidden)
-        packed = torch.zeros(n + 1, 11, dtype=torch.int64, device="cpu")  # the control tensor stays on the host
+        packed = torch.zeros(
+            n + 1, 11, dtype=torch.int64, device="cpu"
+        )  # the control tensor stays on the host
         gathered = [torch.empty_like(packed) for _ in range(2)]
 
         def round_trip():
@@ -139,8 +153,24 @@ def _exchange_profile(hidden: int, dtype: torch.dtype, repeats: int, devices: tu
     with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
         entry = "from dex_core.tools.profile import _exchange_rank; _exchange_rank()"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs = [subprocess.Popen([sys.executable, "-c", entry, str(r), folder, str(hidden), dtype_name(dtype),
-                                   str(repeats), devices[r]], env=env, stdin=subprocess.DEVNULL) for r in range(2)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    entry,
+                    str(r),
+                    folder,
+                    str(hidden),
+                    dtype_name(dtype),
+                    str(repeats),
+                    devices[r],
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+            for r in range(2)
+        ]
         try:
             codes = [p.wait(timeout=300) for p in procs]
         finally:
@@ -159,8 +189,14 @@ def _device_name(device: torch.device) -> str:
     return "cuda-" + "".join(c if c.isalnum() else "_" for c in torch.cuda.get_device_name(device))
 
 
-def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: bool = True, log=stderr,
-                    link: tuple[str, str] | None = None) -> dict:
+def measure_profile(
+    model,
+    proposal_rows: int = 8192,
+    repeats: int = 20,
+    cache: bool = True,
+    log=stderr,
+    link: tuple[str, str] | None = None,
+) -> dict:
     """The seconds profile of ``model`` on its device with this process's torch threads (cached);
     ``link``: the two explorer devices whose exchange to time (default ``link_devices`` of the model's)."""
 
@@ -168,19 +204,27 @@ def measure_profile(model, proposal_rows: int = 8192, repeats: int = 20, cache: 
     dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
     link = tuple(link or link_devices(device))
     backend = "nccl" if torch.device(link[0]).type == "cuda" else "gloo"
-    key = (f"{ident['model_type']}-{ident['num_layers']}x{ident['hidden_size']}-{ident['fingerprint']:.4f}-"
-           f"{dtype_name(dtype)}-{_device_name(device)}-x{backend}-t{torch.get_num_threads()}-"
-           f"n{proposal_rows}-{torch.__version__}")
+    key = (
+        f"{ident['model_type']}-{ident['num_layers']}x{ident['hidden_size']}-{ident['fingerprint']:.4f}-"
+        f"{dtype_name(dtype)}-{_device_name(device)}-x{backend}-t{torch.get_num_threads()}-"
+        f"n{proposal_rows}-{torch.__version__}"
+    )
     path = CACHE / f"{key}.json"
     if cache and path.is_file():
         profile = json.loads(path.read_text())
         return {k: ({int(n): s for n, s in v.items()} if k in TABLES else v) for k, v in profile.items()}
-    log(f"profiling layers and heads on {device} and the exchange over {backend} ({link[0]} to {link[1]}) at "
-        f"{list(ROWS)} rows (cached in {path.parent})")
+    log(
+        f"profiling layers and heads on {device} and the exchange over {backend} ({link[0]} to {link[1]}) at "
+        f"{list(ROWS)} rows (cached in {path.parent})"
+    )
     profile = _compute_profile(model, proposal_rows, repeats)
     profile["exchange"] = _exchange_profile(model.config.hidden_size, dtype, repeats, link)
-    profile.update(key=key, threads=torch.get_num_threads(), proposal_rows=proposal_rows,
-                   exchange_link={"backend": backend, "devices": list(link)})
+    profile.update(
+        key=key,
+        threads=torch.get_num_threads(),
+        proposal_rows=proposal_rows,
+        exchange_link={"backend": backend, "devices": list(link)},
+    )
     if cache:
         CACHE.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1))

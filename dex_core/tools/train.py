@@ -52,22 +52,36 @@ class TrainConfig:
     depths: tuple[int, ...] = option((8, 15, 23), "non-final depths to train adapters for, e.g. 8,15,23")
     tokens: int = option(200_000, "training tokens (steps = tokens / (batch x seq-len x accum))")
     seq_len: int = option(192, "tokens per packed training window")
-    batch: int = option(1, "windows per micro-batch (small batches: more optimizer steps per token, which is "
-                        "what the adapters need; docs/BENCHMARKS.md)")
+    batch: int = option(
+        1,
+        "windows per micro-batch (small batches: more optimizer steps per token, which is "
+        "what the adapters need; docs/BENCHMARKS.md)",
+    )
     accum: int = option(1, "micro-batches per optimizer step (gradient accumulation)")
     lr: float = option(3e-3, "AdamW peak learning rate")
     warmup: float = option(0.06, "share of steps with linear warmup (then linear decay to 0)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     bottleneck: int | None = option(None, "adapter bottleneck m (default 2 x hidden size)")
-    top1: float = option(0.0, "weight of an extra cross-entropy term on the teacher's top token (DEX matches "
-                         "top candidates; 0 = KL only, as in the paper)")
-    data: str = option("sharegpt", "training text: sharegpt (human answers) or onpolicy (the model's own "
-                       "greedy answers to the same prompts)")
-    init: str | None = option(None, "start from this adapter file instead of fresh adapters (each depth from "
-                              "the file's nearest depth)")
-    bf16: bool | None = option(None, "bf16 autocast for the matrix work (softmax and KL stay float32); default: on "
-                                     "a CUDA GPU with bf16 support or a CPU that computes bf16 natively (AVX512-BF16 "
-                                     "or AMX), as emulated bf16 is many times slower")
+    top1: float = option(
+        0.0,
+        "weight of an extra cross-entropy term on the teacher's top token (DEX matches "
+        "top candidates; 0 = KL only, as in the paper)",
+    )
+    data: str = option(
+        "sharegpt",
+        "training text: sharegpt (human answers) or onpolicy (the model's own "
+        "greedy answers to the same prompts)",
+    )
+    init: str | None = option(
+        None,
+        "start from this adapter file instead of fresh adapters (each depth from the file's nearest depth)",
+    )
+    bf16: bool | None = option(
+        None,
+        "bf16 autocast for the matrix work (softmax and KL stay float32); default: on "
+        "a CUDA GPU with bf16 support or a CPU that computes bf16 natively (AVX512-BF16 "
+        "or AMX), as emulated bf16 is many times slower",
+    )
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
 
@@ -94,7 +108,9 @@ def _pack(sequences, seq_len: int):
     for ids in sequences:
         buffer.extend(ids[: 4 * seq_len])
         while len(buffer) >= seq_len:
-            yield torch.tensor(buffer[:seq_len], device="cpu")  # host data: the training loop moves each batch
+            yield torch.tensor(
+                buffer[:seq_len], device="cpu"
+            )  # host data: the training loop moves each batch
             buffer = buffer[seq_len:]
 
 
@@ -114,8 +130,16 @@ def token_windows(tokenizer, seq_len: int, seed: int, model=None, data: str = "s
     """
     rows = _shuffled_rows(seed)
     if data == "sharegpt":
-        return _pack((chat_ids(tokenizer, [{"role": "user", "content": r["prompt"]},
-                                           {"role": "assistant", "content": r["answer"]}]) for r in rows), seq_len)
+        return _pack(
+            (
+                chat_ids(
+                    tokenizer,
+                    [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["answer"]}],
+                )
+                for r in rows
+            ),
+            seq_len,
+        )
     return _pack(_onpolicy_sequences(model, tokenizer, rows, seq_len), seq_len)
 
 
@@ -124,13 +148,20 @@ def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
     eos = next(iter(eos_ids(model)), None)
     pad = next((t for t in (tokenizer.pad_token_id, eos) if t is not None), 0)
     while True:
-        prompts = [chat_ids(tokenizer, [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
-                            generation_prompt=True) for _ in range(ONPOLICY_BATCH)]
+        prompts = [
+            chat_ids(
+                tokenizer,
+                [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
+                generation_prompt=True,
+            )
+            for _ in range(ONPOLICY_BATCH)
+        ]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad)
+        out = model.generate(
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad
+        )
         for prompt, row in zip(prompts, out[:, width:].tolist()):
             answer = row[: row.index(eos) + 1] if eos in row else row
             yield prompt + answer
@@ -160,7 +191,10 @@ def _initial_adapters(model, cfg: TrainConfig) -> dict:
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
     if cfg.init:
         start = load_adapters(cfg.init, model)
-        if start and next(iter(start.values())).up.out_features != next(iter(adapters.values())).up.out_features:
+        if (
+            start
+            and next(iter(start.values())).up.out_features != next(iter(adapters.values())).up.out_features
+        ):
             raise DexError(f"--init {cfg.init} has another bottleneck than --bottleneck")
         for d, a in adapters.items():
             nearest = min(start, key=lambda s: (abs(s - d), s))
@@ -177,14 +211,18 @@ class _Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warm = max(1, int(cfg.warmup * cfg.steps))
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)))
+            self.opt,
+            lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)),
+        )
         self.step, self.seconds, self.losses = 0, 0.0, []
 
     def resume(self, checkpoint, optimizer: bool = True) -> None:
         """Continue from ``checkpoint`` (the adapters only, without ``optimizer``: what a Ctrl-C keeps)."""
         state = torch.load(checkpoint, weights_only=True, map_location=self.device)
         if state["config"] != asdict(self.cfg):
-            raise DexError(f"checkpoint {checkpoint} was made with other training options; remove it or match them")
+            raise DexError(
+                f"checkpoint {checkpoint} was made with other training options; remove it or match them"
+            )
         for d, a in self.adapters.items():
             a.load_state_dict(state["adapters"][d])
         if optimizer:
@@ -210,17 +248,33 @@ class _Trainer:
 
     def save(self, checkpoint) -> None:
         partial = Path(f"{checkpoint}.partial")  # written whole, then renamed: never half a checkpoint
-        torch.save({"config": asdict(self.cfg), "step": self.step, "seconds": self.seconds, "losses": self.losses,
-                    "adapters": {d: a.state_dict() for d, a in self.adapters.items()},
-                    "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}, partial)
+        torch.save(
+            {
+                "config": asdict(self.cfg),
+                "step": self.step,
+                "seconds": self.seconds,
+                "losses": self.losses,
+                "adapters": {d: a.state_dict() for d, a in self.adapters.items()},
+                "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+            },
+            partial,
+        )
         partial.replace(checkpoint)
 
     def tokens(self) -> int:
         return self.step * self.cfg.batch * self.cfg.seq_len * self.cfg.accum
 
 
-def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoint: str | Path | None = None,
-                   progress: bool = True, windows=None) -> dict:
+def train_adapters(
+    model,
+    tokenizer,
+    cfg: TrainConfig,
+    out: str | Path,
+    checkpoint: str | Path | None = None,
+    progress: bool = True,
+    windows=None,
+) -> dict:
     """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
     Interrupted (Ctrl-C), it saves the adapters of the last checkpoint (facts: ``stopped_early``); run
     the same command again to resume from the checkpoint.
@@ -260,9 +314,17 @@ def train_adapters(model, tokenizer, cfg: TrainConfig, out: str | Path, checkpoi
 
 def _facts(cfg: TrainConfig, trainer: _Trainer, stopped: bool) -> dict:
     """What the adapter file records of its training."""
-    text = {"sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
-            "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed"}
+    text = {
+        "sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
+        "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed",
+    }
     losses = trainer.losses[-10:]
-    return {**asdict(cfg), "data_text": text[cfg.data], "steps": trainer.step, "tokens": trainer.tokens(),
-            "seconds": round(trainer.seconds, 1), "final_loss": round(sum(losses) / max(1, len(losses)), 4),
-            **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {})}
+    return {
+        **asdict(cfg),
+        "data_text": text[cfg.data],
+        "steps": trainer.step,
+        "tokens": trainer.tokens(),
+        "seconds": round(trainer.seconds, 1),
+        "final_loss": round(sum(losses) / max(1, len(losses)), 4),
+        **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {}),
+    }

@@ -39,11 +39,11 @@ from ..trace.events import load_trace, round_commits
 class TokenCheck:
     """One committed token against the unmodified model's scores at its position."""
 
-    index: int      # 0-based among the committed tokens
-    position: int   # absolute position of the token
-    token: int      # the committed token
-    top: int        # the unmodified model's choice at that position
-    gap: float      # top's score minus the token's (0 when they are the same token; inf when filtered out)
+    index: int  # 0-based among the committed tokens
+    position: int  # absolute position of the token
+    token: int  # the committed token
+    top: int  # the unmodified model's choice at that position
+    gap: float  # top's score minus the token's (0 when they are the same token; inf when filtered out)
     tie_gap: float  # the largest gap that counts as a numerical near-tie there
     certified: bool
 
@@ -53,8 +53,8 @@ class Certificate:
     """The checks of a run's committed tokens (``combine`` joins several runs')."""
 
     checks: tuple[TokenCheck, ...]
-    dtype: str    # the dtype the model computed its logits in
-    device: str   # where the check ran
+    dtype: str  # the dtype the model computed its logits in
+    device: str  # where the check ran
 
     @property
     def total(self) -> int:
@@ -77,8 +77,10 @@ class Certificate:
         return self.certified == self.total
 
     def summary(self) -> str:
-        return (f"certified: {self.certified} of {self.total} tokens within the tie gap "
-                f"(worst gap {self.worst_gap:.6g})")
+        return (
+            f"certified: {self.certified} of {self.total} tokens within the tie gap "
+            f"(worst gap {self.worst_gap:.6g})"
+        )
 
     @classmethod
     def combine(cls, certificates: Iterable[Certificate]) -> Certificate:
@@ -105,15 +107,15 @@ def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = No
     n, device = len(tokens), view.device
     ids = torch.tensor([prompt + tokens[:-1]], device=device)  # position p predicts token p + 1
     keep = {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    logits = model(input_ids=ids, use_cache=False, **keep).logits[0, -n:]            # (n, vocab)
+    logits = model(input_ids=ids, use_cache=False, **keep).logits[0, -n:]  # (n, vocab)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     positions = list(range(len(prompt), len(prompt) + n))
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     scores = sampler.scores(logits, final=True)
     if not sampler.greedy:
         scores = scores + sampler.noise(positions, scores)
-    best, top = scores.max(dim=-1)                                                    # (n,), (n,)
-    picked = torch.tensor(tokens, device=device)[:, None]                             # (n, 1)
+    best, top = scores.max(dim=-1)  # (n,), (n,)
+    picked = torch.tensor(tokens, device=device)[:, None]  # (n, 1)
     gaps = (best - scores.gather(-1, picked)[:, 0]).double()
     magnitude = torch.maximum(logits.amax(dim=-1).abs(), logits.gather(-1, picked)[:, 0].abs())
     allowed = tie_gap(view.dtype, magnitude.cpu(), o.temperature)
@@ -127,8 +129,14 @@ def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = No
         gaps = torch.minimum(gaps, (inside.max(dim=-1).values - inside.gather(-1, picked)[:, 0]).double())
     gaps, top = gaps.cpu(), top.tolist()
     ok = (gaps <= allowed).tolist()
-    return Certificate(tuple(TokenCheck(i, p, t, top[i], g, a, c) for i, (p, t, g, a, c) in enumerate(
-        zip(positions, tokens, gaps.tolist(), allowed.tolist(), ok))), cert.dtype, cert.device)
+    return Certificate(
+        tuple(
+            TokenCheck(i, p, t, top[i], g, a, c)
+            for i, (p, t, g, a, c) in enumerate(zip(positions, tokens, gaps.tolist(), allowed.tolist(), ok))
+        ),
+        cert.dtype,
+        cert.device,
+    )
 
 
 def trace_tokens(events: list[dict]) -> list[int]:
@@ -141,9 +149,14 @@ def trace_tokens(events: list[dict]) -> list[int]:
         tokens = [e["token"] for e in events if e["event"] == "token"]
     end = events[-1] if events[-1]["event"] == "end" else None
     if end is not None and end["tokens"] != tokens:
-        i = next((i for i, (a, b) in enumerate(zip(end["tokens"], tokens)) if a != b), min(len(tokens), len(end["tokens"])))
-        raise DexError(f"the trace contradicts itself: its end event's tokens and its "
-                       f"{'commit records' if events[0]['method'] == 'dex' else 'token events'} differ at token {i}")
+        i = next(
+            (i for i, (a, b) in enumerate(zip(end["tokens"], tokens)) if a != b),
+            min(len(tokens), len(end["tokens"])),
+        )
+        raise DexError(
+            f"the trace contradicts itself: its end event's tokens and its "
+            f"{'commit records' if events[0]['method'] == 'dex' else 'token events'} differ at token {i}"
+        )
     return tokens
 
 
@@ -152,23 +165,41 @@ def _made_on(start: dict) -> str:
     return torch.device(start.get("device", "cpu")).type
 
 
-def verifier_model(events: list[dict], meta: dict, spec: str | None = None, dtype: str | None = None,
-                   device: str | None = None, log=None):
+def verifier_model(
+    events: list[dict],
+    meta: dict,
+    spec: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    log=None,
+):
     """``(model, tokenizer)`` to verify a trace with: ``spec`` (default: the model its meta names) in ``dtype``
     (default: the trace's, float32 for traces that do not record one) on ``device`` ('auto'/None: the trace's
     device type when it sampled, so its noise can be redrawn; else ``resolve_device('auto')``)."""
     start = events[0]
     spec = spec or meta.get("model")
     if not isinstance(spec, str) or not spec.strip():
-        raise DexError("the trace does not name its model (no 'model' in its meta); pass the model with --model")
+        raise DexError(
+            "the trace does not name its model (no 'model' in its meta); pass the model with --model"
+        )
     if device in (None, "auto"):
         device = _made_on(start) if start["sampling"]["temperature"] > 0 else "auto"
     kwargs = {} if log is None else {"log": log}
-    return load_model(spec, dtype=dtype or start.get("dtype", "float32"), device=resolve_device(device), **kwargs)
+    return load_model(
+        spec, dtype=dtype or start.get("dtype", "float32"), device=resolve_device(device), **kwargs
+    )
 
 
-def verify_trace(trace, meta: dict | None = None, *, model=None, spec: str | None = None, dtype: str | None = None,
-                 device: str | None = None, log=None) -> Certificate:
+def verify_trace(
+    trace,
+    meta: dict | None = None,
+    *,
+    model=None,
+    spec: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    log=None,
+) -> Certificate:
     """Certify every committed token of a trace (a saved file's path, or its events and meta), DEX or AR.
     ``model``: an already loaded model in the trace's dtype; else ``verifier_model`` loads one."""
     if isinstance(trace, (str, Path)):
@@ -182,12 +213,16 @@ def verify_trace(trace, meta: dict | None = None, *, model=None, spec: str | Non
     view = model_view(model)
     wanted = dtype or start.get("dtype")
     if wanted is not None and dtype_name(view.dtype) != wanted:
-        raise DexError(f"the trace was made in {wanted} but the model given is {dtype_name(view.dtype)}; load it "
-                       f"with dtype='{wanted}' (the tie gap is that dtype's)")
+        raise DexError(
+            f"the trace was made in {wanted} but the model given is {dtype_name(view.dtype)}; load it "
+            f"with dtype='{wanted}' (the tie gap is that dtype's)"
+        )
     sampling = start["sampling"]
     if sampling["temperature"] > 0 and view.device.type != _made_on(start):
-        raise DexError(f"this sampled trace was made on {_made_on(start)} and its Gumbel noise comes from that "
-                       f"device type's generator; verify it on {_made_on(start)} (--device {_made_on(start)}), "
-                       f"not on {view.device.type}")
+        raise DexError(
+            f"this sampled trace was made on {_made_on(start)} and its Gumbel noise comes from that "
+            f"device type's generator; verify it on {_made_on(start)} (--device {_made_on(start)}), "
+            f"not on {view.device.type}"
+        )
     options = GenerationOptions(max_new_tokens=max(1, len(tokens)), **sampling)
     return certify_tokens(model, start["prompt"], tokens, options)

@@ -80,26 +80,63 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
     path = Path(path)
     try:
         if path.stat().st_size > limits.max_file_bytes:
-            raise DexError(f"the trace is larger than {limits.max_file_bytes} bytes (TraceLimits.max_file_bytes)")
+            raise DexError(
+                f"the trace is larger than {limits.max_file_bytes} bytes (TraceLimits.max_file_bytes)"
+            )
         with path.open("rb") as f:
             data = f.read(limits.max_file_bytes + 1)
     except OSError:
-        raise DexError(f"cannot read the trace file {path.name!r}; give the path of a JSON file saved by DEX") from None
+        raise DexError(
+            f"cannot read the trace file {path.name!r}; give the path of a JSON file saved by DEX"
+        ) from None
     return parse_trace(data, limits)
 
 
-def start_event(method: str, depths, num_layers: int, request, decs: bool, adapter_depths=(),
-                proposal_vocab: int | None = None, depth_choice: str | None = None, prune: int | None = None,
-                cost: dict | None = None, dtype: str | None = None, device: str | None = None, draft=None) -> dict:
+def start_event(
+    method: str,
+    depths,
+    num_layers: int,
+    request,
+    decs: bool,
+    adapter_depths=(),
+    proposal_vocab: int | None = None,
+    depth_choice: str | None = None,
+    prune: int | None = None,
+    cost: dict | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    draft=None,
+) -> dict:
     """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``)."""
     o = request.options
     draft = None if draft is None else dataclasses.asdict(draft)
-    extra = {k: v for k, v in (("proposal_vocab", proposal_vocab), ("depth_choice", depth_choice), ("prune", prune),
-                               ("draft", draft), ("cost", cost), ("dtype", dtype), ("device", device)) if v is not None}
-    return {"event": "start", "version": TRACE_VERSION, "method": method, "explorers": len(depths),
-            "depths": list(depths), "num_layers": num_layers, "prompt": list(request.prompt), **extra,
-            "max_new_tokens": o.max_new_tokens, "decs": decs, "adapter_depths": sorted(adapter_depths),
-            "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed}}
+    extra = {
+        k: v
+        for k, v in (
+            ("proposal_vocab", proposal_vocab),
+            ("depth_choice", depth_choice),
+            ("prune", prune),
+            ("draft", draft),
+            ("cost", cost),
+            ("dtype", dtype),
+            ("device", device),
+        )
+        if v is not None
+    }
+    return {
+        "event": "start",
+        "version": TRACE_VERSION,
+        "method": method,
+        "explorers": len(depths),
+        "depths": list(depths),
+        "num_layers": num_layers,
+        "prompt": list(request.prompt),
+        **extra,
+        "max_new_tokens": o.max_new_tokens,
+        "decs": decs,
+        "adapter_depths": sorted(adapter_depths),
+        "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed},
+    }
 
 
 def round_timings(expand: list[float], **seconds) -> dict:
@@ -110,14 +147,31 @@ def round_timings(expand: list[float], **seconds) -> dict:
     return t
 
 
-def round_event(plan, lattice, records: list[dict], commits: list[dict], collapse: dict | None,
-                timings: dict | None = None) -> dict:
+def round_event(
+    plan,
+    lattice,
+    records: list[dict],
+    commits: list[dict],
+    collapse: dict | None,
+    timings: dict | None = None,
+) -> dict:
     """A round's event (``timings`` may be added once the round's clock is read)."""
     extra = {"chains": plan.chains, "cut": list(lattice.cut)} if lattice.chains is not None else {}
-    return {"event": "round", "round": plan.round, "state_before": plan.state_before,
-            "state_after": lattice.state, "batches": [[n.id for n in b] for b in plan.batches],
-            "nodes": records, "commit": commits[0] if commits else None, "commits": commits, "collapse": collapse,
-            "alive": sorted(lattice.nodes), "pruned": list(plan.pruned), **extra, "timings": timings}
+    return {
+        "event": "round",
+        "round": plan.round,
+        "state_before": plan.state_before,
+        "state_after": lattice.state,
+        "batches": [[n.id for n in b] for b in plan.batches],
+        "nodes": records,
+        "commit": commits[0] if commits else None,
+        "commits": commits,
+        "collapse": collapse,
+        "alive": sorted(lattice.nodes),
+        "pruned": list(plan.pruned),
+        **extra,
+        "timings": timings,
+    }
 
 
 def round_commits(event: dict) -> list[dict]:
@@ -127,8 +181,14 @@ def round_commits(event: dict) -> list[dict]:
 
 
 def token_event(index: int, position: int, token: int, text: str | None, seconds: float) -> dict:
-    return {"event": "token", "index": index, "position": position, "token": token, "text": text,
-            "seconds": seconds}
+    return {
+        "event": "token",
+        "index": index,
+        "position": position,
+        "token": token,
+        "text": text,
+        "seconds": seconds,
+    }
 
 
 def end_event(tokens: list[int], stats) -> dict:
@@ -136,20 +196,47 @@ def end_event(tokens: list[int], stats) -> dict:
 
 
 def node_record(node, text: str | None, top: list, masked: list[int]) -> dict:
-    return {"id": node.id, "slot": node.slot, "parent": node.parent, "kind": node.kind,
-            "stage": node.stage, "position": node.position, "input_token": node.input_token,
-            "token": node.token, "text": text, "top": top, "masked": list(masked)}
+    return {
+        "id": node.id,
+        "slot": node.slot,
+        "parent": node.parent,
+        "kind": node.kind,
+        "stage": node.stage,
+        "position": node.position,
+        "input_token": node.input_token,
+        "token": node.token,
+        "text": text,
+        "top": top,
+        "masked": list(masked),
+    }
 
 
-def commit_record(commit, index: int, text: str | None, margin: float | None = None, near_tie: bool | None = None,
-                  tie_gap: float | None = None) -> dict:
+def commit_record(
+    commit,
+    index: int,
+    text: str | None,
+    margin: float | None = None,
+    near_tie: bool | None = None,
+    tie_gap: float | None = None,
+) -> dict:
     """A round's commit (a lattice ``Commit``); ``margin``/``near_tie``/``tie_gap`` (the final-depth top-2 margin)
     when given. An infinite margin (no second token left after top-k/top-p) is left out: JSON has no infinity."""
     margin = margin if margin is None or math.isfinite(margin) else None
-    extra = {k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None}
-    return {"index": index, "position": commit.position, "token": commit.token, "text": text,
-            "matched_stage": commit.matched_stage, "anchor_nodes": commit.anchor_nodes,
-            "anchor_candidates": commit.anchor_candidates, "drafted": commit.drafted, "via": commit.via, **extra}
+    extra = {
+        k: v for k, v in (("margin", margin), ("near_tie", near_tie), ("tie_gap", tie_gap)) if v is not None
+    }
+    return {
+        "index": index,
+        "position": commit.position,
+        "token": commit.token,
+        "text": text,
+        "matched_stage": commit.matched_stage,
+        "anchor_nodes": commit.anchor_nodes,
+        "anchor_candidates": commit.anchor_candidates,
+        "drafted": commit.drafted,
+        "via": commit.via,
+        **extra,
+    }
 
 
 def collapse_record(commits: list) -> dict | None:
@@ -158,5 +245,9 @@ def collapse_record(commits: list) -> dict | None:
     if not commits:
         return None
     last, kept = commits[-1]
-    return {"committed": [n for c, _ in commits for n in c.anchor_nodes], "kept": kept.kept,
-            "dropped": sorted(n for _, k in commits for n in k.dropped), "new_anchor": last.next_anchor}
+    return {
+        "committed": [n for c, _ in commits for n in c.anchor_nodes],
+        "kept": kept.kept,
+        "dropped": sorted(n for _, k in commits for n in k.dropped),
+        "new_anchor": last.next_anchor,
+    }

@@ -33,25 +33,25 @@ from ..config import DEPTH_CHOICES, DTYPES, DexError
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
-MAX_INT = 2**31 - 1      # ids, slots, tokens, positions, layers
+MAX_INT = 2**31 - 1  # ids, slots, tokens, positions, layers
 MAX_SEED = 2**64
-MAX_NUMBER = 1e15         # seconds, rates and other measurements
+MAX_NUMBER = 1e15  # seconds, rates and other measurements
 EVENT_KINDS = ("start", "round", "token", "end")
 STOPS = ("eos", "length", "cancelled")
 
 
 @dataclass(frozen=True)
 class TraceLimits:
-    max_file_bytes: int = 64 * 2**20   # bytes of the JSON file (also the app's upload limit)
-    max_rounds: int = 5000             # round events of a DEX trace
-    max_tokens: int = 5000             # committed tokens (AR token events, the end event's tokens)
-    max_nodes: int = 250_000           # node records in the whole trace
-    max_nodes_per_round: int = 4096    # nodes one round creates, and ids alive after it
-    max_explorers: int = 64            # K
-    max_top_k: int = 64                # [token, probability] pairs per node
-    max_text_chars: int = 1000         # a token's text
+    max_file_bytes: int = 64 * 2**20  # bytes of the JSON file (also the app's upload limit)
+    max_rounds: int = 5000  # round events of a DEX trace
+    max_tokens: int = 5000  # committed tokens (AR token events, the end event's tokens)
+    max_nodes: int = 250_000  # node records in the whole trace
+    max_nodes_per_round: int = 4096  # nodes one round creates, and ids alive after it
+    max_explorers: int = 64  # K
+    max_top_k: int = 64  # [token, probability] pairs per node
+    max_text_chars: int = 1000  # a token's text
     max_prompt_tokens: int = 131_072
-    max_meta_chars: int = 65_536       # a string in the file's metadata (the prompt text, the model)
+    max_meta_chars: int = 65_536  # a string in the file's metadata (the prompt text, the model)
 
     def __post_init__(self):
         for f in fields(self):
@@ -75,12 +75,20 @@ def _list(items: dict, n: int, min_items: int = 0) -> dict:
 
 
 def _text(n: int) -> dict:
-    return {"type": ["string", "null"], "maxLength": n, "pattern": r"^[^\ud800-\udfff]*$"}  # no lone surrogates
+    return {
+        "type": ["string", "null"],
+        "maxLength": n,
+        "pattern": r"^[^\ud800-\udfff]*$",
+    }  # no lone surrogates
 
 
 def _record(props: dict, optional: tuple[str, ...] = (), null: bool = False) -> dict:
-    return {"type": ["object", "null"] if null else "object", "properties": props, "additionalProperties": False,
-            "required": [k for k in props if k not in optional]}
+    return {
+        "type": ["object", "null"] if null else "object",
+        "properties": props,
+        "additionalProperties": False,
+        "required": [k for k in props if k not in optional],
+    }
 
 
 @functools.lru_cache(maxsize=4)
@@ -88,55 +96,169 @@ def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
     """JSON Schemas (draft 4: integers exclude floats) of a saved trace under ``limits``: "document" and each event kind."""
     lim, K = limits, limits.max_explorers
     ids = _list(_int(), lim.max_nodes_per_round)
-    scalar = {"type": ["number", "string", "boolean", "null"], "maxLength": lim.max_meta_chars,
-              "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER}
-    sampling = _record({"temperature": _num(), "top_k": _int(0, null=True), "top_p": _num(0.0, 1.0, null=True),
-                        "seed": _int(-MAX_SEED, MAX_SEED)})
-    start = _record({
-        "event": {"enum": ["start"]}, "version": _int(1, TRACE_VERSION), "method": {"enum": ["dex", "ar"]},
-        "explorers": _int(1, K), "depths": _list(_int(1), K, 1), "num_layers": _int(1),
-        "prompt": _list(_int(), lim.max_prompt_tokens, 1), "max_new_tokens": _int(1),
-        "decs": {"type": "boolean"}, "adapter_depths": _list(_int(1), K), "sampling": sampling, "proposal_vocab": _int(1), "depth_choice": {"enum": list(DEPTH_CHOICES)},
-        "prune": _int(1), "draft": {"type": "object", "maxProperties": 16, "additionalProperties": _int()}, "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}), "dtype": {"enum": list(DTYPES)}, "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"}},
-        optional=("adapter_depths", "proposal_vocab", "depth_choice", "prune", "draft", "cost", "dtype", "device"))
-    top = {"type": "array", "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)], "additionalItems": False, "minItems": 2}
-    node = _record({
-        "id": _int(), "slot": _int(), "parent": _int(null=True), "kind": {"enum": ["root", "depth", "position", "chain"]},
-        "stage": _int(0, K - 1), "position": _int(), "input_token": _int(), "token": _int(),
-        "text": _text(lim.max_text_chars), "top": _list(top, lim.max_top_k), "masked": _list(_int(), K)})
-    commit = _record({"index": _int(), "position": _int(), "token": _int(), "text": _text(lim.max_text_chars),
-                      "matched_stage": _int(0, K - 1), "anchor_nodes": _list(_int(), K, 1),
-                      "anchor_candidates": _list(_int(), K, 1), "margin": _num(), "near_tie": {"type": "boolean"},
-                      "tie_gap": _num(), "drafted": {"type": "boolean"}, "via": {"enum": ["chain", "position", "root"]}},
-                     optional=("margin", "near_tie", "tie_gap", "drafted", "via"), null=True)
-    collapse = _record({"committed": ids, "kept": ids, "dropped": ids, "new_anchor": _int(null=True)},
-                       null=True)
-    timings = {"type": "object", "maxProperties": 64, "properties": {"expand": _list(_num(), K)},
-               "additionalProperties": _num()}
-    round_ = _record({
-        "event": {"enum": ["round"]}, "round": _int(1), "state_before": _int(0, K), "state_after": _int(0, K),
-        "batches": _list(ids, K, 1), "nodes": _list(node, lim.max_nodes_per_round), "commit": commit,
-        "collapse": collapse, "alive": ids, "timings": timings, "pruned": ids, "commits": _list(commit, lim.max_tokens),
-        "chains": _list(ids, lim.max_nodes_per_round), "cut": ids}, optional=("timings", "pruned", "commits", "chains", "cut"))
-    token = _record({"event": {"enum": ["token"]}, "index": _int(), "position": _int(), "token": _int(),
-                     "text": _text(lim.max_text_chars), "seconds": _num()})
-    seconds, stop = ("bookkeeping", "communication", "round", "projected", "prefill", "wall"), {"enum": list(STOPS)}
-    stats = {"type": "object", "maxProperties": 64, "properties": {  # GenerationStats.to_dict(), each optional
-        "explorers": _int(1, K), "depths": _list(_int(1), K), "tokens": _int(), "rounds": _int(), "drafted": _int(),
-        "matched_stages": _list(_int(0, K - 1), lim.max_tokens), "batch_sizes": _list(_list(_int(), K), lim.max_rounds),
-        "compute_seconds": _list(_num(), K), "stop": stop,
-        **{k: _num() for k in ("rounds_per_token", "depth_speedup", "tokens_per_second")},
-        **{f"{k}_seconds": _num() for k in seconds}},
-        "additionalProperties": {"anyOf": [scalar, _list(_num(-MAX_NUMBER), lim.max_rounds)]}}
-    end = _record({"event": {"enum": ["end"]}, "tokens": _list(_int(), lim.max_tokens),
-                   "stop": stop, "stats": stats})
+    scalar = {
+        "type": ["number", "string", "boolean", "null"],
+        "maxLength": lim.max_meta_chars,
+        "minimum": -MAX_NUMBER,
+        "maximum": MAX_NUMBER,
+    }
+    sampling = _record(
+        {
+            "temperature": _num(),
+            "top_k": _int(0, null=True),
+            "top_p": _num(0.0, 1.0, null=True),
+            "seed": _int(-MAX_SEED, MAX_SEED),
+        }
+    )
+    start = _record(
+        {
+            "event": {"enum": ["start"]},
+            "version": _int(1, TRACE_VERSION),
+            "method": {"enum": ["dex", "ar"]},
+            "explorers": _int(1, K),
+            "depths": _list(_int(1), K, 1),
+            "num_layers": _int(1),
+            "prompt": _list(_int(), lim.max_prompt_tokens, 1),
+            "max_new_tokens": _int(1),
+            "decs": {"type": "boolean"},
+            "adapter_depths": _list(_int(1), K),
+            "sampling": sampling,
+            "proposal_vocab": _int(1),
+            "depth_choice": {"enum": list(DEPTH_CHOICES)},
+            "prune": _int(1),
+            "draft": {"type": "object", "maxProperties": 16, "additionalProperties": _int()},
+            "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}),
+            "dtype": {"enum": list(DTYPES)},
+            "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"},
+        },
+        optional=(
+            "adapter_depths",
+            "proposal_vocab",
+            "depth_choice",
+            "prune",
+            "draft",
+            "cost",
+            "dtype",
+            "device",
+        ),
+    )
+    top = {
+        "type": "array",
+        "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)],
+        "additionalItems": False,
+        "minItems": 2,
+    }
+    node = _record(
+        {
+            "id": _int(),
+            "slot": _int(),
+            "parent": _int(null=True),
+            "kind": {"enum": ["root", "depth", "position", "chain"]},
+            "stage": _int(0, K - 1),
+            "position": _int(),
+            "input_token": _int(),
+            "token": _int(),
+            "text": _text(lim.max_text_chars),
+            "top": _list(top, lim.max_top_k),
+            "masked": _list(_int(), K),
+        }
+    )
+    commit = _record(
+        {
+            "index": _int(),
+            "position": _int(),
+            "token": _int(),
+            "text": _text(lim.max_text_chars),
+            "matched_stage": _int(0, K - 1),
+            "anchor_nodes": _list(_int(), K, 1),
+            "anchor_candidates": _list(_int(), K, 1),
+            "margin": _num(),
+            "near_tie": {"type": "boolean"},
+            "tie_gap": _num(),
+            "drafted": {"type": "boolean"},
+            "via": {"enum": ["chain", "position", "root"]},
+        },
+        optional=("margin", "near_tie", "tie_gap", "drafted", "via"),
+        null=True,
+    )
+    collapse = _record(
+        {"committed": ids, "kept": ids, "dropped": ids, "new_anchor": _int(null=True)}, null=True
+    )
+    timings = {
+        "type": "object",
+        "maxProperties": 64,
+        "properties": {"expand": _list(_num(), K)},
+        "additionalProperties": _num(),
+    }
+    round_ = _record(
+        {
+            "event": {"enum": ["round"]},
+            "round": _int(1),
+            "state_before": _int(0, K),
+            "state_after": _int(0, K),
+            "batches": _list(ids, K, 1),
+            "nodes": _list(node, lim.max_nodes_per_round),
+            "commit": commit,
+            "collapse": collapse,
+            "alive": ids,
+            "timings": timings,
+            "pruned": ids,
+            "commits": _list(commit, lim.max_tokens),
+            "chains": _list(ids, lim.max_nodes_per_round),
+            "cut": ids,
+        },
+        optional=("timings", "pruned", "commits", "chains", "cut"),
+    )
+    token = _record(
+        {
+            "event": {"enum": ["token"]},
+            "index": _int(),
+            "position": _int(),
+            "token": _int(),
+            "text": _text(lim.max_text_chars),
+            "seconds": _num(),
+        }
+    )
+    seconds, stop = (
+        ("bookkeeping", "communication", "round", "projected", "prefill", "wall"),
+        {"enum": list(STOPS)},
+    )
+    stats = {
+        "type": "object",
+        "maxProperties": 64,
+        "properties": {  # GenerationStats.to_dict(), each optional
+            "explorers": _int(1, K),
+            "depths": _list(_int(1), K),
+            "tokens": _int(),
+            "rounds": _int(),
+            "drafted": _int(),
+            "matched_stages": _list(_int(0, K - 1), lim.max_tokens),
+            "batch_sizes": _list(_list(_int(), K), lim.max_rounds),
+            "compute_seconds": _list(_num(), K),
+            "stop": stop,
+            **{k: _num() for k in ("rounds_per_token", "depth_speedup", "tokens_per_second")},
+            **{f"{k}_seconds": _num() for k in seconds},
+        },
+        "additionalProperties": {"anyOf": [scalar, _list(_num(-MAX_NUMBER), lim.max_rounds)]},
+    }
+    end = _record(
+        {"event": {"enum": ["end"]}, "tokens": _list(_int(), lim.max_tokens), "stop": stop, "stats": stats}
+    )
     event = {"type": "object", "required": ["event"], "properties": {"event": {"enum": list(EVENT_KINDS)}}}
-    document = _record({
-        "format": {"enum": [TRACE_FORMAT]}, "version": _int(1, TRACE_VERSION),
-        "meta": {"type": "object", "maxProperties": 64, "additionalProperties": scalar},
-        "events": _list(event, max(lim.max_rounds, lim.max_tokens) + 2, 1)}, optional=("meta",))
+    document = _record(
+        {
+            "format": {"enum": [TRACE_FORMAT]},
+            "version": _int(1, TRACE_VERSION),
+            "meta": {"type": "object", "maxProperties": 64, "additionalProperties": scalar},
+            "events": _list(event, max(lim.max_rounds, lim.max_tokens) + 2, 1),
+        },
+        optional=("meta",),
+    )
     schemas = {"document": document, "start": start, "round": round_, "token": token, "end": end}
-    return {name: {"$schema": "http://json-schema.org/draft-04/schema#", **schema} for name, schema in schemas.items()}
+    return {
+        name: {"$schema": "http://json-schema.org/draft-04/schema#", **schema}
+        for name, schema in schemas.items()
+    }
 
 
 @functools.lru_cache(maxsize=4)
@@ -162,20 +284,36 @@ def _schema_error(err: fastjsonschema.JsonSchemaValueException, prefix: str) -> 
         where += f"[{part}]" if part.isdigit() else ("." if where else "") + name
     rule, v = err.rule, err.rule_definition
     reasons = {
-        "type": lambda: "must be " + " or ".join(_TYPE_NAMES.get(t, t) for t in (v if isinstance(v, list) else [v])),
+        "type": lambda: (
+            "must be " + " or ".join(_TYPE_NAMES.get(t, t) for t in (v if isinstance(v, list) else [v]))
+        ),
         "required": lambda: "is missing " + ", ".join(k for k in v if k not in err.value),
         "additionalProperties": lambda: "has a key that a DEX trace does not have",
         "enum": lambda: "must be one of " + ", ".join(json.dumps(x) for x in v),
-        "minimum": lambda: f"must be >= {v}", "maximum": lambda: f"must be <= {v}",
+        "minimum": lambda: f"must be >= {v}",
+        "maximum": lambda: f"must be <= {v}",
         "maxLength": lambda: f"is longer than {v} characters",
-        "pattern": lambda: "must name a device like cpu or cuda:0" if where.endswith(".device") else "is not valid Unicode text",
-        "maxItems": lambda: f"has more than {v} items", "minItems": lambda: f"has fewer than {v} items",
-        "maxProperties": lambda: f"has more than {v} keys", "items": lambda: "has more items than allowed"}
+        "pattern": lambda: (
+            "must name a device like cpu or cuda:0"
+            if where.endswith(".device")
+            else "is not valid Unicode text"
+        ),
+        "maxItems": lambda: f"has more than {v} items",
+        "minItems": lambda: f"has fewer than {v} items",
+        "maxProperties": lambda: f"has more than {v} keys",
+        "items": lambda: "has more items than allowed",
+    }
     return _reject(where or "the document", reasons[rule]() if rule in reasons else "has the wrong shape")
 
 
-_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
-               "object": "an object", "array": "a list"}
+_TYPE_NAMES = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+}
 
 
 def _reject(where: str, what: str) -> DexError:
@@ -219,7 +357,9 @@ def validate_trace(doc, limits: TraceLimits = TRACE_LIMITS) -> tuple[list[dict],
         raise DexError(f"not a DEX trace (no 'format': '{TRACE_FORMAT}')")
     version = doc.get("version")
     if type(version) is int and version > TRACE_VERSION:
-        raise DexError(f"this file has a newer trace version; this DEX reads trace version {TRACE_VERSION} and older")
+        raise DexError(
+            f"this file has a newer trace version; this DEX reads trace version {TRACE_VERSION} and older"
+        )
     if isinstance(doc.get("events"), list):
         _check_counts(doc["events"], limits)
     _check_schema(doc, limits)
@@ -230,10 +370,13 @@ def validate_trace(doc, limits: TraceLimits = TRACE_LIMITS) -> tuple[list[dict],
 def _check_counts(events: list, limits: TraceLimits) -> None:
     def count(kind: str) -> int:
         return sum(1 for e in events if isinstance(e, dict) and e.get("event") == kind)
+
     nodes = sum(len(e["nodes"]) for e in events if isinstance(e, dict) and isinstance(e.get("nodes"), list))
-    for n, cap, what, name in ((count("round"), limits.max_rounds, "rounds", "max_rounds"),
-                               (count("token"), limits.max_tokens, "tokens", "max_tokens"),
-                               (nodes, limits.max_nodes, "nodes", "max_nodes")):
+    for n, cap, what, name in (
+        (count("round"), limits.max_rounds, "rounds", "max_rounds"),
+        (count("token"), limits.max_tokens, "tokens", "max_tokens"),
+        (nodes, limits.max_nodes, "nodes", "max_nodes"),
+    ):
         if n > cap:
             raise DexError(f"the trace has {n} {what}; this DEX accepts at most {cap} (TraceLimits.{name})")
 
@@ -243,7 +386,11 @@ def _check_references(events: list[dict]) -> None:
     if start["event"] != "start":
         raise _reject("events[0]", 'must be the "start" event')
     K, depths = start["explorers"], start["depths"]
-    if len(depths) != K or any(b <= a for a, b in zip(depths, depths[1:])) or depths[-1] != start["num_layers"]:
+    if (
+        len(depths) != K
+        or any(b <= a for a, b in zip(depths, depths[1:]))
+        or depths[-1] != start["num_layers"]
+    ):
         raise _reject("events[0].depths", "must hold one increasing depth per explorer, ending at num_layers")
     if not set(start.get("adapter_depths", ())) <= set(depths):
         raise _reject("events[0].adapter_depths", "must be explored depths")
@@ -253,8 +400,11 @@ def _check_references(events: list[dict]) -> None:
         if event["event"] == "end" and i == len(events) - 1:
             continue
         if event["event"] != expected:
-            raise _reject(f"events[{i}]", f'must be a "{expected}" event (a {start["method"]} trace; only the '
-                                           'first event is "start", only the last "end")')
+            raise _reject(
+                f"events[{i}]",
+                f'must be a "{expected}" event (a {start["method"]} trace; only the '
+                'first event is "start", only the last "end")',
+            )
         if expected == "round":
             if event["round"] <= last:
                 raise _reject(f"events[{i}].round", "must be greater than the previous round's")
@@ -281,10 +431,20 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
     for k, batch in enumerate(event["batches"]):
         if not new.issuperset(batch):
             raise _reject(f"{where}.batches[{k}]", "names a node this round did not create")
-    commit, collapse, commits = event["commit"], event["collapse"], event.get("commits", [event["commit"]] * bool(event["commit"]))
-    if (commit is None) != (collapse is None) or commits[:1] != ([commit] if commit else []) or None in commits:
+    commit, collapse, commits = (
+        event["commit"],
+        event["collapse"],
+        event.get("commits", [event["commit"]] * bool(event["commit"])),
+    )
+    if (
+        (commit is None) != (collapse is None)
+        or commits[:1] != ([commit] if commit else [])
+        or None in commits
+    ):
         raise _reject(f"{where}.collapse", "and commits must be given exactly when commit is, commit first")
-    for c, at in zip(commits, ("commit",) if "commits" not in event else (f"commits[{j}]" for j in range(len(commits)))):
+    for c, at in zip(
+        commits, ("commit",) if "commits" not in event else (f"commits[{j}]" for j in range(len(commits)))
+    ):
         if len(c["anchor_nodes"]) != K or len(c["anchor_candidates"]) != K:
             raise _reject(f"{where}.{at}", f"must name one anchor node and candidate per explorer ({K})")
         if c["matched_stage"] >= K:
@@ -292,7 +452,8 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
         if not present.issuperset(c["anchor_nodes"]):
             raise _reject(f"{where}.{at}.anchor_nodes", "names a node that is not in the lattice")
     for key, ids in [(f"collapse.{k}", collapse[k]) for k in ("committed", "kept", "dropped") if collapse] + [
-            ("cut", event.get("cut", []))]:  # once per round, not once per commit
+        ("cut", event.get("cut", []))
+    ]:  # once per round, not once per commit
         if not present.issuperset(ids):
             raise _reject(f"{where}.{key}", "names a node that is not in the lattice")
     if not present.issuperset(event["alive"]):
