@@ -3,13 +3,7 @@ autoregressive decoding's (``ar_generate``; greedy: HF ``generate``); in bfloat1
 the unmodified model's choice or a numerical near-tie of it, which ``verify_trace`` (``dex verify``) certifies
 token by token."""
 
-from .config import (
-    DecoderOptions,
-    DexConfig,
-    DexError,
-    GenerationOptions,
-    resolve_depths,
-)
+from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
 from .decoder import DexDecoder
 from .distributed.group import ExplorerError
 from .model.load import load_model

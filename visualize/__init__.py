@@ -13,13 +13,7 @@ import importlib
 from .charts import depth_figure, ead_figure, race_figure, speedup_figure
 from .compare import RunSide, compare_figure, compare_html
 from .lattice import lattice_figure, node_status, node_statuses
-from .palette import (
-    FATE_COLORS,
-    OKABE_ITO,
-    STATUS_COLORS,
-    stage_color,
-    stage_legend_html,
-)
+from .palette import FATE_COLORS, OKABE_ITO, STATUS_COLORS, stage_color, stage_legend_html
 from .panels import fsm_html, round_table_html, stats_html, tokens_html
 from .replay import Replay, ReplayCache, RoundView, lattice_size, replay
 from .summary import race_summary_html, readiness_table_html, status_html

@@ -135,7 +135,7 @@ def speedup_figure(analysis: dict) -> go.Figure:
                 mode="lines",
                 name="oracle S_EAD",
                 line=_line(3),
-            ),
+            )
         ]
     )
     fig.update_layout(

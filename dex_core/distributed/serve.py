@@ -29,13 +29,7 @@ from ..model.checkpoint import Checkpoint, locate
 from ..model.stage_load import PartSource, checkpoint_identity, skeleton
 from ..model.view import model_view
 from ..runtime.console import TextStream, print_report
-from ..runtime.request import (
-    GenerationConfigWarning,
-    encode_prompt,
-    eos_ids,
-    ignored_settings,
-    make_request,
-)
+from ..runtime.request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
 from ..runtime.settings import RunSettings, resolve_run
 from ..trace.events import round_commits, start_event
 from .group import IMPORT_SECONDS, LOAD_RATE, default_threads

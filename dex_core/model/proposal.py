@@ -24,14 +24,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..config import DexError
-from .adapters import (
-    RANKING,
-    check_tensors,
-    header,
-    named_file,
-    read_metadata,
-    rewrite_adapters,
-)
+from .adapters import RANKING, check_tensors, header, named_file, read_metadata, rewrite_adapters
 
 DEFAULT_PROPOSAL_VOCAB = 8192
 

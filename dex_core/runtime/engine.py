@@ -17,14 +17,7 @@ from ..algorithm.lattice import Collapse, Commit, Lattice, RoundPlan
 from ..algorithm.sampling import Sampler
 from ..model.explorer import Explorer
 from ..model.view import ModelView
-from ..trace.events import (
-    collapse_record,
-    commit_record,
-    end_event,
-    node_record,
-    round_event,
-    round_timings,
-)
+from ..trace.events import collapse_record, commit_record, end_event, node_record, round_event, round_timings
 from .clock import Clock
 from .links import StageOutput
 from .request import Request
