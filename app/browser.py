@@ -14,7 +14,8 @@ FIT_PLOTS_JS = """() => {
       window.Plotly.Plots.resize(gd);
   }));
   window.__dexFit = setInterval(() => document.querySelectorAll('.js-plotly-plot').forEach(gd => {
-    if (gd.parentElement && !gd.parentElement.__dexFit) { gd.parentElement.__dexFit = true; fit.observe(gd.parentElement); }
+    const box = gd.parentElement;
+    if (box && !box.__dexFit) { box.__dexFit = true; fit.observe(box); }
   }), 500);
 }"""
 

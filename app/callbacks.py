@@ -19,7 +19,7 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DecoderOptions, DexError, ExplorerError, ar_stream
-from dex_core.model.adapters import choose_depths, resolve_adapters
+from dex_core.model.adapter_choice import choose_depths, resolve_adapters
 from dex_core.model.cost import ModelCost
 from dex_core.model.lens import depth_view
 from dex_core.model.proposal import proposal_rows
@@ -115,7 +115,7 @@ def live_frames(
     prune="auto",
     draft=True,
     request: gr.Request = None,
-):
+):  # the Live tab's inputs, in the order of its API
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
     session = session_of(request)
@@ -140,69 +140,76 @@ def live_frames(
         check_text(prompt)  # bad input is told before a first use loads the model
         for line in loading(runtime):
             yield _status_only("running", line)
-        ids = runtime.encode(prompt, config.chat)
-        decoder = runtime.decoder(config)
-        notices = [
-            runtime.device_notice(decoder.K),
-            runtime.slow_notice(decoder, config.max_new_tokens),
-            *ignored_settings(decoder.view.model.generation_config, config.generation()),
-        ]
-        for notice in notices:
-            if notice:
-                gr.Warning(notice)
-        deadline = Deadline(runtime.settings.request_seconds)
-        stream = decoder.stream(ids, options=config.generation())
+        decoder, stream = _live_start(runtime, config, prompt)
         events = [next(stream)]
     except (DexError, ExplorerError) as err:
         yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
         return
-    meta = {"model": runtime.settings.model, "prompt": prompt}
-    tokens, first = 0, None
+    frame = functools.partial(_live_frame, events, {"model": runtime.settings.model, "prompt": prompt})
     try:
-        for event in stream:
-            events.append(event)
-            if event["event"] != "round":
-                continue
-            if event["commit"]:
-                tokens += len(round_commits(event))  # several when a draft chain committed
-                first = first or time.monotonic()
-            why = "by you" if stops.take(session) else deadline.reason()
-            if why:
-                stream.close()
-                yield _panels(events) + (
-                    events,
-                    meta,
-                    LIVE,
-                    viz.status_html(
-                        "stopped",
-                        f"stopped {why} after round {event['round']} ({tokens} tokens): the panels show the "
-                        "run so far; the Debugger holds what ran",
-                    ),
-                )
-                return
-            left = time_left(first, time.monotonic(), tokens, config.max_new_tokens)
-            late = left is not None and left > deadline.left()
-            yield _panels(events) + (
-                events,
-                meta,
-                LIVE,
-                viz.status_html(
-                    "running",
-                    f"round {event['round']} · {tokens} tokens · K={decoder.K}"
-                    + (f" · about {left:.0f} s left" if left is not None else "")
-                    + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else ""),
-                ),
-            )
+        yield from _live_rounds(
+            stream,
+            events,
+            frame,
+            (stops, session, Deadline(runtime.settings.request_seconds)),
+            config.max_new_tokens,
+            decoder.K,
+        )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
-        return
+
+
+def _live_start(runtime: Runtime, config, prompt: str):
+    """The decoder for ``config`` and its stream over the prompt, after warning about slow settings and what the
+    model's generation config asks for that DEX does not apply."""
+    ids = runtime.encode(prompt, config.chat)
+    decoder = runtime.decoder(config)
+    notices = [
+        runtime.device_notice(decoder.K),
+        runtime.slow_notice(decoder, config.max_new_tokens),
+        *ignored_settings(decoder.view.model.generation_config, config.generation()),
+    ]
+    for notice in notices:
+        if notice:
+            gr.Warning(notice)
+    return decoder, decoder.stream(ids, options=config.generation())
+
+
+def _live_frame(events: list, meta: dict, state: str, detail: str) -> tuple:
+    return _panels(events) + (events, meta, LIVE, viz.status_html(state, detail))
+
+
+def _live_rounds(stream, events: list, frame, stopping: tuple, max_new_tokens: int, K: int):
+    """A frame per round until the end, or until Stop or the host's bound (``stopping``: the Stop requests, the
+    session, the deadline) ends the run after its round."""
+    stops, session, deadline = stopping
+    tokens, first = 0, None
+    for event in stream:
+        events.append(event)
+        if event["event"] != "round":
+            continue
+        if event["commit"]:
+            tokens += len(round_commits(event))  # several when a draft chain committed
+            first = first or time.monotonic()
+        why = "by you" if stops.take(session) else deadline.reason()
+        if why:
+            stream.close()
+            yield frame(
+                "stopped",
+                f"stopped {why} after round {event['round']} ({tokens} tokens): the panels show "
+                "the run so far; the Debugger holds what ran",
+            )
+            return
+        left = time_left(first, time.monotonic(), tokens, max_new_tokens)
+        late = left is not None and left > deadline.left()
+        yield frame(
+            "running",
+            f"round {event['round']} · {tokens} tokens · K={K}"
+            + (f" · about {left:.0f} s left" if left is not None else "")
+            + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else ""),
+        )
     stats = events[-1]["stats"] if _end(events) else {}
-    yield _panels(events) + (
-        events,
-        meta,
-        LIVE,
-        viz.status_html("finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={decoder.K}"),
-    )
+    yield frame("finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={K}")
 
 
 def loading(runtime: Runtime):

@@ -144,6 +144,29 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
             fsm = gr.HTML(elem_id="dbg-fsm")
             table = gr.HTML(elem_id="dbg-table")
     text = gr.HTML(elem_id="dbg-text")
+    frame = [lattice, table, fsm, text, slider]
+    show = cb.bind(dbg.show, runtime)
+    raw = {
+        **HUSH,
+        "preprocess": False,
+    }  # round values arrive as sent: the handlers read them (debugger._number)
+    slider.release(show, [trace, slider], frame, **raw)
+    for button, delta in ((prev_b, -1), (next_b, +1)):
+        step = button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw)
+        step.then(show, [trace, slider], frame, **raw)
+    goto_b.click(show, [trace, goto], frame, **raw)
+    play_b.click(dbg.play, None, [playing, timer], **HUSH)
+    pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
+    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
+    compare = _debugger_files(runtime, (trace, meta, origin), frame, timeline, status)
+    return frame, timeline, status, compare
+
+
+def _debugger_files(runtime: Runtime, states: tuple, frame: list, timeline, status):
+    """The Debugger's files: load a trace, save it, export it (GraphML, HTML), pin it for the comparison; returns
+    the comparison's redraw event."""
+    trace, meta, origin = states
+    slider = frame[-1]
     with gr.Row():
         loaded = gr.File(
             label=f"Load a trace (JSON, up to {UPLOAD_LIMIT // 2**20} MB)",
@@ -161,35 +184,17 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
             label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1
         )
     compare = cmp.section(runtime, trace, meta, origin, pin_b)
-    frame = [lattice, table, fsm, text, slider]
-    show = cb.bind(dbg.show, runtime)
-    raw = {
-        **HUSH,
-        "preprocess": False,
-    }  # round values arrive as sent: the handlers read them (debugger._number)
-    slider.release(show, [trace, slider], frame, **raw)
-    for button, delta in ((prev_b, -1), (next_b, +1)):
-        button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw).then(
-            show, [trace, slider], frame, **raw
-        )
-    goto_b.click(show, [trace, goto], frame, **raw)
-    play_b.click(dbg.play, None, [playing, timer], **HUSH)
-    pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
-    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
     save_b.click(cb.bind(dbg.save, runtime), [trace, meta], download, **HUSH)
     graph_b.click(cb.bind(dbg.export_lattice, runtime), trace, download, **HUSH)
     html_b.click(cb.bind(dbg.export_report, runtime), [trace, meta], download, **HUSH)
-    # a rejected file changes only the status line: the session keeps its trace and the panels stay
+    # a rejected file changes only the status line: the session keeps its trace and the panels stay; the file as
+    # uploaded (Gradio's preprocess leaves an empty temp file per upload)
     loaded.upload(
-        cb.bind(dbg.load, runtime),
-        loaded,
-        [trace, meta, origin, slider, status],  # the file as uploaded:
-        preprocess=False,
-        **HUSH,
-    ).then(  # Gradio's preprocess leaves an empty temp file per upload
-        dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH
-    ).then(*compare, **HUSH)
-    return frame, timeline, status, compare
+        cb.bind(dbg.load, runtime), loaded, [trace, meta, origin, slider, status], preprocess=False, **HUSH
+    ).then(dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH).then(
+        *compare, **HUSH
+    )
+    return compare
 
 
 def _run_on(button: gr.Button, fn, inputs, outputs, **event):

@@ -27,7 +27,8 @@ from dex_core import (
     load_model,
 )
 from dex_core.config import DEVICE_HELP, flag, integer, option
-from dex_core.model.adapters import DEFAULT_ADAPTERS, choose_depths
+from dex_core.model.adapter_choice import choose_depths
+from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.checkpoint import Checkpoint, locate
 from dex_core.model.load import load_tokenizer
 from dex_core.model.stage_load import checkpoint_identity

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from dex_core import load_model
-from dex_core.model.adapters import resolve_adapters
+from dex_core.model.adapter_choice import resolve_adapters
 from dex_core.model.cost import ModelCost
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -179,7 +179,10 @@ def main(argv=None) -> int:
     rounds = sum(r["rounds"] for r in rows)
     shares = {k: v / totals["round"] for k, v in totals.items() if k not in DERIVED_TIMINGS}
     bookkeeping = totals["bookkeeping"] / totals["round"]
-    count = lambda key: None if sampled else sum(r[key] for r in rows)
+
+    def count(key):
+        return None if sampled else sum(r[key] for r in rows)
+
     summary = {
         "model": args.model,
         "dtype": args.dtype,

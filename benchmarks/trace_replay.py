@@ -176,7 +176,8 @@ def main(argv=None) -> int:
         f"{out['default_load_seconds'] * 1000:.0f} ms" + (f" ({out['message']})" if "message" in out else "")
     )
     print(
-        f"cap raised: load {out['raised_load_seconds']:.2f} s, replay index {out['replay_index_seconds'] * 1000:.0f} ms; "
+        f"cap raised: load {out['raised_load_seconds']:.2f} s, "
+        f"replay index {out['replay_index_seconds'] * 1000:.0f} ms; "
         f"extra RSS after load {out['rss_after_load_mb']:.0f} MB, after replay {out['rss_after_replay_mb']:.0f} MB, "
         f"after {len(picks)} frames {out['rss_after_frames_mb']:.0f} MB (goal < {RSS_GOAL_MB} MB)"
     )

@@ -18,7 +18,7 @@ from .distributed import serve
 from .distributed.group import ExplorerError
 from .flags import add_flags, from_args
 from .log import stderr as log
-from .model.adapters import load_adapters
+from .model.adapter_choice import load_adapters
 from .model.load import load_model
 from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report

@@ -157,8 +157,8 @@ class DraftBounds:
             )
         except (TypeError, ValueError, AttributeError) as err:
             raise DexError(
-                f"draft must be auto, none or bounds like 'length=6,chains=2' ({', '.join(f.name for f in dataclasses.fields(cls))}: "
-                f"integers >= 1); got {value!r:.80}"
+                f"draft must be auto, none or bounds like 'length=6,chains=2' "
+                f"({', '.join(f.name for f in dataclasses.fields(cls))}: integers >= 1); got {value!r:.80}"
             ) from (None if isinstance(err, DexError) else err)
         if out.min_ngram > out.ngram or out.gate > 1:
             raise DexError(f"draft needs min_ngram <= ngram and gate 0 or 1; got {value!r:.80}")

@@ -18,7 +18,8 @@ import sys
 
 from dex_core.config import parse_ints
 from dex_core.data.ranking import token_ranking
-from dex_core.model.adapters import DEFAULT_ADAPTERS, store_best_sets
+from dex_core.model.adapter_choice import store_best_sets
+from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.load import load_model
 from dex_core.model.proposal import store_ranking
 

@@ -8,14 +8,8 @@ import torch
 from conftest import tiny_model
 
 from dex_core import DexDecoder, DexError, ar_generate
-from dex_core.model.adapters import (
-    InducingAdapter,
-    load_adapters,
-    new_adapters,
-    read_metadata,
-    resolve_adapters,
-    save_adapters,
-)
+from dex_core.model.adapter_choice import load_adapters, resolve_adapters
+from dex_core.model.adapters import InducingAdapter, new_adapters, read_metadata, save_adapters
 from dex_core.tools.train import TrainConfig, distill_loss, train_adapters
 
 
@@ -299,7 +293,7 @@ def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
 
 
 def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_path):
-    from dex_core.model.adapters import store_best_sets
+    from dex_core.model.adapter_choice import store_best_sets
 
     model = tiny_model("llama").float()
     path = tmp_path / "best.safetensors"

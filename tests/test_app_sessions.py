@@ -100,9 +100,10 @@ def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app, smal
     session, holder = client.session_hash, demo.state_holder
     held = [t for v in holder.session_data[session].state_data.values() for t in traces_in(v)]
     assert len(held) == 1 and demo.runtime.sessions.usage()[session] > 0
-    outputs = lambda: [
-        c.get("props", {}).get("value") for c in holder.session_data[session].config_values.values()
-    ]
+
+    def outputs():
+        return [c.get("props", {}).get("value") for c in holder.session_data[session].config_values.values()]
+
     assert until(lambda: all(len(json.dumps(v, default=str)) < 2 * LARGE_OUTPUT for v in outputs()), 5)
     client.close()
     assert until(lambda: session not in holder.session_data, 10)
@@ -208,7 +209,10 @@ def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app):
 
 def test_anonymous_uploads_are_bounded_in_total_and_expire(app):
     demo, url, _ = app
-    upload = lambda body, name="up.bin": httpx.post(f"{url}gradio_api/upload", files={"files": (name, body)})
+
+    def upload(body, name="up.bin"):
+        return httpx.post(f"{url}gradio_api/upload", files={"files": (name, body)})
+
     with tuned(demo.runtime.settings, upload_mb=1, file_ttl=2):
         until(lambda: demo.runtime.files.uploaded_bytes() == 0, 5)  # earlier tests' uploads expire
         first = upload(os.urandom(600_000))
@@ -305,7 +309,10 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
     url = f"http://127.0.0.1:{port}/"
     try:
         assert until(lambda: _answers(url), 120), "the app did not start"
-        rss = lambda: psutil.Process(server.pid).memory_info().rss
+
+        def rss():
+            return psutil.Process(server.pid).memory_info().rss
+
         warm = visit(url, small)  # imports and first-use caches, and an export: the app's folder exists
         warm.predict(api_name="/save")
         warm.close()

@@ -345,7 +345,8 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
 GEOMETRY = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-plot'), size = gd._fullLayout._size;
   const box = e => e.getBoundingClientRect(), svg = box(gd.querySelector('.main-svg'));
   return {plot: size.h, plot_top: svg.top + size.t, svg: [svg.top, svg.bottom, svg.left, svg.right],
-          ticks: [...gd.querySelectorAll('.ytick text')].map(t => [box(t).top, box(t).bottom]).sort((a, b) => a[0] - b[0]),
+          ticks: [...gd.querySelectorAll('.ytick text')].map(t => [box(t).top, box(t).bottom])
+                   .sort((a, b) => a[0] - b[0]),
           entries: [...gd.querySelectorAll('.legend .traces')].map(t => [t.textContent, box(t).top, box(t).bottom,
                                                                          box(t).left, box(t).right]),
           scroll: Number(gd.querySelector('.legend .scrollbar')?.getAttribute('height') || 0),
@@ -395,8 +396,8 @@ def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fat
             g["scroll"],
         )  # every fate, no scrolling
         top, bottom, left, right = g["svg"]
-        for text, (t, b, l, r) in shown.items():  # inside the figure, above its plot area, one line each
-            assert top <= t and b <= g["plot_top"] and left <= l and r <= right and b - t < 30, (
+        for text, (t, b, x0, r) in shown.items():  # inside the figure, above its plot area, one line each
+            assert top <= t and b <= g["plot_top"] and left <= x0 and r <= right and b - t < 30, (
                 K,
                 text,
                 t,
@@ -438,7 +439,8 @@ TRACE_EL = """name => [...document.querySelectorAll('#dbg-timeline .scatterlayer
   .find(el => el.__data__?.[0]?.trace?.name === name && el.__data__[0].trace.showlegend !== false)"""
 FRAMES = f"""() => {{ const gd = document.querySelector('#dbg-timeline .js-plotly-plot');
   const line = ({TRACE_EL})('draft chain')?.querySelector('.js-line');
-  return {{boxes: gd.data.filter(t => t.name === 'draft chain').reduce((n, t) => n + t.x.filter(x => x === null).length, 0),
+  return {{boxes: gd.data.filter(t => t.name === 'draft chain')
+                   .reduce((n, t) => n + t.x.filter(x => x === null).length, 0),
           path: line ? line.getAttribute('d').length : 0, dash: line ? getComputedStyle(line).strokeDasharray : 'none',
           legend: [...gd.querySelectorAll('.legend .traces')].map(t => t.textContent)}}; }}"""
 COLLAPSE_AT = f"""round => {{ const gd = document.querySelector('#dbg-timeline .js-plotly-plot');

@@ -32,7 +32,8 @@ def test_the_depth_view_agrees_with_the_rankings_and_marks_the_stable_layer():
     heat, stable = fig.data
     assert len(heat.z) == 6 and len(heat.z[0]) == 10
     assert list(stable.y) == [
-        next(l + 1 for l in range(6) if all(r == 0 for r in view["rank"][t][l:])) for t in range(10)
+        next(layer + 1 for layer in range(6) if all(r == 0 for r in view["rank"][t][layer:]))
+        for t in range(10)
     ]
     assert "top:" in heat.text[0][0] and len(fig.layout.shapes) == 3
     order = layer_candidates(model, prompt, tokens, adapters, top=96)  # (T, L, 96): every token, best first

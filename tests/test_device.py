@@ -22,7 +22,8 @@ from torch.overrides import TorchFunctionMode
 import dex_core
 from dex_core import DexDecoder, DexError, ar_generate, load_model
 from dex_core.flags import add_flags, from_args
-from dex_core.model.adapters import load_adapters, new_adapters, read_metadata, save_adapters
+from dex_core.model.adapter_choice import load_adapters
+from dex_core.model.adapters import new_adapters, read_metadata, save_adapters
 from dex_core.model.lens import depth_view, layer_candidates
 from dex_core.model.load import resolve_device
 from dex_core.testing import tiny_model

@@ -8,7 +8,8 @@ import torch
 from dex_core import DexDecoder, DexError, ar_generate
 from dex_core.data import ranking as rank
 from dex_core.data.ranking import token_ranking
-from dex_core.model.adapters import load_adapters, new_adapters, save_adapters
+from dex_core.model.adapter_choice import load_adapters
+from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.cost import ModelCost
 from dex_core.model.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking
 from dex_core.model.view import model_view

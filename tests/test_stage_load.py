@@ -208,9 +208,10 @@ def test_distributed_from_a_checkpoint_the_parent_holds_no_weights_and_each_rank
         for prompt in prompts:
             got, same = dist.generate(prompt, 24), sequential.generate(prompt, 24)
             assert got.tokens == same.tokens == ar_generate(model, prompt, 24).tokens
-            strip = lambda trace: [
-                {k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace
-            ]
+
+            def strip(trace):
+                return [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
+
             assert strip(got.trace) == strip(
                 same.trace
             )  # the same adapters and light heads: the same lattice

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dex_core import DexDecoder, DexError, ar_stream, load_trace, save_trace
-from dex_core.trace.schema import TRACE_LIMITS, TraceLimits, parse_trace
+from dex_core.trace.schema import TRACE_LIMITS, TraceLimits
+from dex_core.trace.validate import parse_trace
 from visualize import (
     ReplayCache,
     fsm_html,

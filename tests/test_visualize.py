@@ -506,7 +506,7 @@ def figure_colours(fig) -> set[str]:
     return out
 
 
-def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colour(greedy, deep, cut_chains):
+def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colour(greedy, deep, cut_chains):  # noqa: F811
     from visualize import palette
 
     for marks in (palette.STATUS_MARKS, palette.FATE_MARKS):

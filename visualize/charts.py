@@ -223,7 +223,7 @@ def depth_colouring(view: dict, metric: str) -> dict:
     """The depth view's heatmap coloured by ``metric`` ("prob" or "rank") as Plotly restyle values for
     its trace: z (layer, token), the colour range and direction, and the colour bar's title."""
     L = view["num_layers"]
-    z = [[row[l] for row in view[metric]] for l in range(L)]  # (layer, token)
+    z = [[row[layer] for row in view[metric]] for layer in range(L)]  # (layer, token)
     zmax = 1 if metric == "prob" else min(50, max(map(max, z), default=1))
     return {
         "z": [z],
@@ -242,48 +242,33 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
     candidates with their text. ``texts``: token id -> text. ``layout.meta["colourings"]`` holds both
     colourings (``depth_colouring``), so a page switches between them without asking the server."""
     L, tokens = view["num_layers"], view["tokens"]
-    labels = [plot_text(f"{i}: {texts.get(t, str(t))!r}") for i, t in enumerate(tokens)]
     colourings = {m: depth_colouring(view, m) for m in ("prob", "rank")}
     shown = {key: value[0] for key, value in colourings[metric].items()}
-    hover = [
-        [
-            plot_text(
-                f"token {i} {texts.get(tokens[i], tokens[i])!r}, layer {l + 1}: p {view['prob'][i][l]:.3f}, "
-                f"rank {view['rank'][i][l]}<br>top: "
-                + ", ".join(f"{texts.get(c, str(c))!r} {p:.3f}" for c, p in view["top"][i][l])
-            )
-            for i in range(len(tokens))
-        ]
-        for l in range(L)
-    ]
     stable = [
-        next((l + 1 for l in range(L) if all(r == 0 for r in view["rank"][i][l:])), L)
+        next((layer + 1 for layer in range(L) if all(r == 0 for r in view["rank"][i][layer:])), L)
         for i in range(len(tokens))
     ]  # a sampled token need not be the last layer's top
-    fig = go.Figure(
-        data=[
-            go.Heatmap(
-                z=shown["z"],
-                x=list(range(len(tokens))),
-                y=list(range(1, L + 1)),
-                text=hover,
-                hoverinfo="text",
-                colorscale="Viridis",
-                reversescale=shown["reversescale"],
-                zmin=0,
-                zmax=shown["zmax"],
-                colorbar=dict(title=dict(text=shown["colorbar.title.text"])),
-            ),
-            go.Scatter(
-                x=list(range(len(tokens))),
-                y=stable,
-                mode="markers",
-                name="white dot: the token's stable EAD, the layer from which it stays the top candidate",
-                marker=dict(color="white", size=7, line=dict(color="black", width=1)),
-                hovertemplate="token %{x}: top candidate from layer %{y} on<extra></extra>",
-            ),
-        ]
+    heat = go.Heatmap(
+        z=shown["z"],
+        x=list(range(len(tokens))),
+        y=list(range(1, L + 1)),
+        text=_depth_hovers(view, texts),
+        hoverinfo="text",
+        colorscale="Viridis",
+        reversescale=shown["reversescale"],
+        zmin=0,
+        zmax=shown["zmax"],
+        colorbar=dict(title=dict(text=shown["colorbar.title.text"])),
     )
+    dots = go.Scatter(
+        x=list(range(len(tokens))),
+        y=stable,
+        mode="markers",
+        name="white dot: the token's stable EAD, the layer from which it stays the top candidate",
+        marker=dict(color="white", size=7, line=dict(color="black", width=1)),
+        hovertemplate="token %{x}: top candidate from layer %{y} on<extra></extra>",
+    )
+    fig = go.Figure(data=[heat, dots])
     for k, d in enumerate(depths):
         fig.add_hline(y=d + 0.5, line=dict(color="white", dash="dash", width=1.5))
         fig.add_annotation(
@@ -297,12 +282,16 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
             font=dict(size=11, color="white"),
             bgcolor="rgba(0,0,0,0.55)",
         )
-    adapters = view["adapter_depths"]
+    return _depth_layout(fig, view, texts, colourings)
+
+
+def _depth_layout(fig: go.Figure, view: dict, texts: dict, colourings: dict) -> go.Figure:
+    adapters, tokens = view["adapter_depths"], view["tokens"]
+    lens = "logit lens" + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
+    labels = [plot_text(f"{i}: {texts.get(t, str(t))!r}") for i, t in enumerate(tokens)]
     fig.update_layout(
         title=dict(
-            text="Depth view: the final token at every layer (logit lens"
-            + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
-            + "); dashed lines: the explored depths"
+            text=f"Depth view: the final token at every layer ({lens}); dashed lines: the explored depths"
         ),
         xaxis=dict(
             title=dict(text="generated token"),
@@ -317,3 +306,19 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
         **{**_LAYOUT, "legend": dict(orientation="h", x=0, y=1.0, yanchor="bottom")},
     )
     return fig
+
+
+def _depth_hovers(view: dict, texts: dict) -> list[list[str]]:
+    """Per layer and token: the token's probability and rank there, and that layer's top candidates."""
+    tokens = view["tokens"]
+    return [
+        [
+            plot_text(
+                f"token {i} {texts.get(tokens[i], tokens[i])!r}, layer {layer + 1}: "
+                f"p {view['prob'][i][layer]:.3f}, rank {view['rank'][i][layer]}<br>top: "
+                + ", ".join(f"{texts.get(c, str(c))!r} {p:.3f}" for c, p in view["top"][i][layer])
+            )
+            for i in range(len(tokens))
+        ]
+        for layer in range(view["num_layers"])
+    ]

@@ -39,7 +39,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 _NEAR_TIE = "outline: 2px dashed #c0392b; outline-offset: -1px;"  # a near-tie commit's token
-_DRAFTED = "text-decoration: underline; text-decoration-thickness: 2px; text-underline-offset: 3px;"  # from a chain slot
+# a token committed from a draft-chain slot
+_DRAFTED = "text-decoration: underline; text-decoration-thickness: 2px; text-underline-offset: 3px;"
 
 
 def near_tie_sentence(commit: dict, dtype: str | None) -> str:
@@ -182,7 +183,8 @@ def fsm_html(view: RoundView) -> str:
             [
                 _stage_key(k, depths[k]),
                 nodes,
-                f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + <b>{esc(lattice)}</b></span>",
+                f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + "
+                f"<b>{esc(lattice)}</b></span>",
             ]
         )
     parts.append(_table(["explorer", "nodes (new this round)", "KV entries: committed + lattice"], rows))
@@ -285,59 +287,14 @@ def round_table_html(view: RoundView) -> str:
     batch folded), then each commit's decision (several along a draft chain; drafted ones marked) and the
     collapse sets, or "no commit this round", and the chain nodes cut. The whole table scrolls inside a
     bounded box."""
-    depths = view.start["depths"]
-    K = len(depths)
-    vocab = token_texts(view)
     parts = [
         f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
         f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
     ]
-    for k, batch in enumerate(view.batches):
-        rows = []
-        for i in batch:
-            n = view.nodes[i]
-            top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.get("top") or [])
-            masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
-            rows.append(
-                [
-                    esc(i),
-                    esc(n["kind"]),
-                    f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})",
-                    _cand(n["token"], vocab),
-                    top,
-                    masked,
-                ]
-            )
-        title = f"{_stage_key(k, depths[k])} · batch of {len(batch)}"
-        if not rows:
-            parts.append(f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>")
-            continue
-        table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
-        opened = " open" if len(rows) <= OPEN_ROWS else ""
-        parts.append(f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>")
+    parts += [_batch_html(view, k, batch) for k, batch in enumerate(view.batches)]
     commits = view_commits(view)
     for j, c in enumerate(commits):
-        rows = [
-            [_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
-            for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))
-        ]
-        near = near_tie_sentence(c, view.start.get("dtype"))
-        badge = (
-            f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>"
-            if near
-            else ""
-        )
-        if c.get("drafted") is True:
-            badge += f" · <span class='dex-drafted' style='{_DRAFTED}'>drafted</span> (its input came from a draft chain)"
-        badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
-        which = f" {j + 1} of {len(commits)}" if len(commits) > 1 else ""
-        parts.append(
-            f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
-            f"matched at stage {esc(c['matched_stage'])}{badge}</div>"
-        )
-        if near:
-            parts.append(f"<div style='font-size: 12px;'>{near}</div>")
-        parts.append(_table(["stage", "anchor node", "candidate", ""], rows))
+        parts += _commit_html(view, c, f" {j + 1} of {len(commits)}" if len(commits) > 1 else "")
     if commits:
         parts.append(
             f"<details><summary><b>Collapse</b> kept {len(view.kept)}, dropped {len(view.dropped)}</summary>"
@@ -354,3 +311,43 @@ def round_table_html(view: RoundView) -> str:
     return (
         f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"
     )
+
+
+def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
+    """Explorer ``k``'s batch this round as a table (folded when large), or "idle"."""
+    vocab, rows = token_texts(view), []
+    for i in batch:
+        n = view.nodes[i]
+        top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.get("top") or [])
+        masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
+        where = f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})"
+        rows.append([esc(i), esc(n["kind"]), where, _cand(n["token"], vocab), top, masked])
+    title = f"{_stage_key(k, view.start['depths'][k])} · batch of {len(batch)}"
+    if not rows:
+        return f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>"
+    table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
+    opened = " open" if len(rows) <= OPEN_ROWS else ""
+    return f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>"
+
+
+def _commit_html(view: RoundView, c: dict, which: str) -> list[str]:
+    """One commit: its token, matched stage and marks (near-tie, drafted, next anchor), then the anchor's table."""
+    vocab, K = token_texts(view), len(view.start["depths"])
+    rows = [
+        [_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
+        for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))
+    ]
+    near = near_tie_sentence(c, view.start.get("dtype"))
+    badge = (
+        f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>" if near else ""
+    )
+    if c.get("drafted") is True:
+        badge += f" · <span class='dex-drafted' style='{_DRAFTED}'>drafted</span> (its input came from a draft chain)"
+    badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
+    parts = [
+        f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
+        f"matched at stage {esc(c['matched_stage'])}{badge}</div>"
+    ]
+    if near:
+        parts.append(f"<div style='font-size: 12px;'>{near}</div>")
+    return parts + [_table(["stage", "anchor node", "candidate", ""], rows)]

@@ -42,7 +42,10 @@ def race_summary_html(tokens: dict, times: dict, done: bool, facts: dict, stoppe
             f"made {esc(len(ar))} tokens, DEX {esc(len(dex))} ({agree}); the panes keep them</div>"
         )
     elif done and ar == dex:
-        badge = f"<div id='race-badge' style='{_BADGE}#d9f7d9'>✓ identical output: DEX emitted exactly AR's tokens</div>"
+        badge = (
+            f"<div id='race-badge' style='{_BADGE}#d9f7d9'>✓ identical output: DEX emitted exactly AR's "
+            "tokens</div>"
+        )
     elif done:
         badge = f"<div id='race-badge' style='{_BADGE}#fbdada'>✗ outputs differ</div>"
     else:

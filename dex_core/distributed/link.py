@@ -142,38 +142,17 @@ class DistLink(LocalLink):
     def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
         if self.progress is not None:
             self.progress(plan.round)
-        mine = outputs.get(self.rank)
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
         works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
         self._posted = None
-        self._wait(
-            works,
-            f"the hidden rows from rank {self.rank - 1}"
-            if rows is not None
-            else f"the hidden rows to reach rank {self.rank + 1}",
-            data=not self.staged,
-        )  # staged: gloo works
+        came = f"the hidden rows from rank {self.rank - 1}" if rows is not None else None
+        self._wait(works, came or f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged)
         if rows is not None:  # staged: host -> device from pinned memory, no sync; the stream orders its use
             self.hidden.update(zip((n.id for n in prev), rows.to(self.device, non_blocking=True)))
-
-        # control: every stage's tokens, probabilities, margins, top candidates and expansion time, as one
-        # int64 tensor (floats as their float64 bit patterns): token, prob, margin, tie gap, top ids, top probs
-        width, top = max(len(b) for b in plan.batches), self.top
-        packed = torch.full(
-            (width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu"
-        )  # gloo: on the host
-        if mine is not None:
-            n = len(mine.tokens)
-            floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
-            packed[:n, 0] = to_device(mine.tokens, "cpu")
-            packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
-            if top:
-                packed[:n, 4 : 4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
-                packed[:n, 4 + top :] = to_device(
-                    [[p for _, p in row] for row in mine.top], "cpu", torch.float64
-                ).view(torch.int64)
-            packed[width, 0] = to_device([mine.seconds], "cpu", torch.float64).view(torch.int64)[0]
-        packed[width, 1] = 1 if self.cancel is not None and self.cancel.is_set() else 0
+        width = max(len(b) for b in plan.batches)
+        packed = _pack(
+            outputs.get(self.rank), width, self.top, self.cancel is not None and self.cancel.is_set()
+        )
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
         self._wait(
             [dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)],
@@ -181,24 +160,42 @@ class DistLink(LocalLink):
             data=False,
         )
         self.cancelled = any(int(g[width, 1]) > 0 for g in gathered)
-        result = {}
-        for k, batch in enumerate(plan.batches):
-            if not batch:
-                continue
-            if k == self.rank:
-                result[k] = outputs[k]
-                continue
-            g, n = gathered[k], len(batch)
-            floats = g[:n, 1:4].contiguous().view(torch.float64).T.tolist()  # probs, margins, tie gaps
-            ids, probs = (
-                g[:n, 4 : 4 + top].tolist(),
-                g[:n, 4 + top :].contiguous().view(torch.float64).tolist(),
-            )
-            result[k] = StageOutput(
-                g[:n, 0].tolist(),
-                [list(zip(i, p)) for i, p in zip(ids, probs)],
-                None,
-                float(g[width, :1].contiguous().view(torch.float64)),
-                *floats,
-            )
-        return result
+        return {
+            k: outputs[k] if k == self.rank else _unpack(gathered[k], len(batch), width, self.top)
+            for k, batch in enumerate(plan.batches)
+            if batch
+        }
+
+
+def _pack(mine: StageOutput | None, width: int, top: int, cancel: bool) -> torch.Tensor:
+    """One stage's choices for the control all-gather, as one int64 tensor on the host (gloo), floats as their
+    float64 bit patterns: per node token, probability, margin, tie gap, top ids, top probabilities; in the last row
+    the expansion seconds and whether this rank's caller asked to stop."""
+    packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu")
+    if mine is not None:
+        n = len(mine.tokens)
+        floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
+        packed[:n, 0] = to_device(mine.tokens, "cpu")
+        packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
+        if top:
+            packed[:n, 4 : 4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
+            probs = to_device([[p for _, p in row] for row in mine.top], "cpu", torch.float64)
+            packed[:n, 4 + top :] = probs.view(torch.int64)
+        packed[width, 0] = to_device([mine.seconds], "cpu", torch.float64).view(torch.int64)[0]
+    packed[width, 1] = int(cancel)
+    return packed
+
+
+def _unpack(g: torch.Tensor, n: int, width: int, top: int) -> StageOutput:
+    """Another stage's choices from its packed tensor (``_pack``) for its ``n`` nodes."""
+    probs, margins, gaps = g[:n, 1:4].contiguous().view(torch.float64).T.tolist()
+    ids, top_probs = g[:n, 4 : 4 + top].tolist(), g[:n, 4 + top :].contiguous().view(torch.float64).tolist()
+    return StageOutput(
+        tokens=g[:n, 0].tolist(),
+        top=[list(zip(i, p)) for i, p in zip(ids, top_probs)],
+        hidden=None,
+        seconds=float(g[width, :1].contiguous().view(torch.float64)),
+        probs=probs,
+        margins=margins,
+        tie_gaps=gaps,
+    )

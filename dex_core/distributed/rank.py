@@ -257,60 +257,23 @@ def _reporter(send, rank: int):
 
 def main(argv=None) -> None:
     """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
-
     parser = argparse.ArgumentParser(prog="dex_core.distributed.rank")
     for flag in ("--rank", "--parent"):
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--folder", required=True)
     args = parser.parse_args(argv)
     threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
-    rank = args.rank
-    key = bytes.fromhex(os.environ.pop(KEY_ENV))
+    rank, key = args.rank, bytes.fromhex(os.environ.pop(KEY_ENV))
     with Listener(os.path.join(args.folder, f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
         conn = listener.accept()
-    lock, inbox, cancel = threading.Lock(), queue.Queue(), _Cancel()
+    lock = threading.Lock()
 
     def send(*msg):
         with lock:
             conn.send(msg)
 
     try:
-        start: Start = pickle.loads(
-            conn.recv_bytes()
-        )  # from this rank's own parent, over the authenticated socket
-        torch.set_num_threads(start.threads)
-        threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
-        view, explorer, report = open_part(
-            start.settings, start.source, rank, start.device, _reporter(send, rank)
-        )
-        send("status", rank, ("joining", 0, 0, ""))
-        data, _ = init_world(
-            start.device,
-            start.init_method,
-            rank,
-            start.count,
-            timedelta(seconds=start.join_timeout),
-            start.share,
-            start.stage,
-        )
-        link = connect(
-            view,
-            rank,
-            start.count,
-            data,
-            start.device,
-            start.settings.trace_top,
-            start.op_timeout,
-            cancel,
-            lambda r: send("progress", rank, r),
-        )
-        send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
-        while (msg := inbox.get())[0] == "request":
-            request = msg[1]
-            cancel.current = request.id
-            for event in serve_request(view, explorer, link, request, start.settings):
-                if rank == 0:
-                    send("event", request.id, event)
+        _serve(conn, rank, send)
     except BaseException as err:  # report, and leave at once so the peers notice
         try:
             send("error", rank, (f"{type(err).__name__}: {err}".strip(), traceback.format_exc()))
@@ -319,3 +282,45 @@ def main(argv=None) -> None:
         print(f"[dex] explorer rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         os._exit(1)
     dist.destroy_process_group()
+
+
+def _serve(conn, rank: int, send) -> None:
+    """Start as the parent's one message says (load the part, join the group, warm up), then serve requests until
+    told to close."""
+    start: Start = pickle.loads(
+        conn.recv_bytes()
+    )  # from this rank's own parent, over the authenticated socket
+    inbox, cancel = queue.Queue(), _Cancel()
+    torch.set_num_threads(start.threads)
+    threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
+    view, explorer, report = open_part(
+        start.settings, start.source, rank, start.device, _reporter(send, rank)
+    )
+    send("status", rank, ("joining", 0, 0, ""))
+    data, _ = init_world(
+        start.device,
+        start.init_method,
+        rank,
+        start.count,
+        timedelta(seconds=start.join_timeout),
+        start.share,
+        start.stage,
+    )
+    link = connect(
+        view,
+        rank,
+        start.count,
+        data,
+        start.device,
+        start.settings.trace_top,
+        start.op_timeout,
+        cancel,
+        lambda r: send("progress", rank, r),
+    )
+    send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
+    while (msg := inbox.get())[0] == "request":
+        request = msg[1]
+        cancel.current = request.id
+        for event in serve_request(view, explorer, link, request, start.settings):
+            if rank == 0:
+                send("event", request.id, event)

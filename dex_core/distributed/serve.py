@@ -32,7 +32,8 @@ from ..runtime.console import TextStream, print_report
 from ..runtime.request import GenerationConfigWarning, encode_prompt, eos_ids, ignored_settings, make_request
 from ..runtime.settings import RunSettings, resolve_run
 from ..trace.events import round_commits, start_event
-from .group import IMPORT_SECONDS, LOAD_RATE, default_threads
+from .group import IMPORT_SECONDS, LOAD_RATE
+from .placement import default_threads
 from .rank import connect, init_world, open_part, serve_request
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .adapters import AdapterSet
+from .adapter_choice import AdapterSet
 
 VIEWS = ("memory", "rows")
 

@@ -78,7 +78,7 @@ def depth_view(model, prompt: list[int], tokens: list[int], adapters=None, top: 
         "num_layers": len(prob),
         "tokens": list(tokens),
         "adapter_depths": sorted(adapters or {}),
-        "prob": [[round(prob[l][t], 5) for l in range(len(prob))] for t in range(T)],
-        "rank": [[rank[l][t] for l in range(len(rank))] for t in range(T)],
-        "top": [[best[l][t] for l in range(len(best))] for t in range(T)],
+        "prob": [[round(prob[layer][t], 5) for layer in range(len(prob))] for t in range(T)],
+        "rank": [[rank[layer][t] for layer in range(len(rank))] for t in range(T)],
+        "top": [[best[layer][t] for layer in range(len(best))] for t in range(T)],
     }

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..config import DexError
-from .adapters import RANKING, check_tensors, header, named_file, read_metadata, rewrite_adapters
+from .adapter_choice import named_file, rewrite_adapters
+from .adapters import RANKING, check_tensors, header, read_metadata
 
 DEFAULT_PROPOSAL_VOCAB = 8192
 

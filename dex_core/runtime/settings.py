@@ -18,7 +18,7 @@ from ..config import DecoderOptions, DexError, DraftBounds
 from ..data.ranking import NoRanking, token_ranking
 from ..device import dtype_name
 from ..log import stderr
-from ..model.adapters import AdapterSet, adapter_set, choose_depths
+from ..model.adapter_choice import AdapterSet, adapter_set, choose_depths
 from ..model.proposal import adapter_ranking, proposal_rows
 from ..model.stage_load import StagePart
 

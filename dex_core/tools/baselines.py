@@ -29,6 +29,45 @@ from ..runtime.request import make_request
 from ..runtime.results import GenerationStats
 
 
+class _SelfSpec:
+    """The two halves of the model a self-speculation step runs: layers 1..E (the drafter, with the exit's adapter
+    and head) and E+1..L (the verifier), each with its own tree KV cache."""
+
+    def __init__(self, view, exit_layer: int, draft: int, adapter, sampler: Sampler):
+        self.view, self.draft, self.sampler = view, draft, sampler
+        self.lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
+        self.upper = Explorer(view, 1, 2, exit_layer, view.num_layers)
+
+    def prefill(self, prompt: list[int]) -> None:
+        if len(prompt) > 1:
+            self.upper.prefill(self.lower.prefill(self.view.embed(to_device(prompt[:-1], self.view.device))))
+
+    def step(self, last: int, position: int) -> tuple[list[int], list[int]]:
+        """n drafts after ``last`` through the lower layers, then every draft verified by the upper layers in one
+        batch: (drafts, the verifier's tokens at positions ``position``..``position + n``)."""
+        view, n = self.view, self.draft
+        inputs, hidden, drafts = [last], [], []
+        for i in range(n + 1):  # n drafts, then the E layers of the last draft for verification
+            x = view.embed(to_device([inputs[-1]], view.device))
+            hidden.append(self.lower.expand(x, [i], [position - 1 + i], [tuple(range(i + 1))]))
+            if i < n:
+                drafts.append(
+                    int(self.sampler.choose(self.lower.propose(hidden[-1]), [position + i], final=False)[0])
+                )
+                inputs.append(drafts[-1])
+        paths = [tuple(range(i + 1)) for i in range(n + 1)]
+        out = self.upper.expand(
+            torch.cat(hidden), list(range(n + 1)), [position - 1 + i for i in range(n + 1)], paths
+        )
+        positions = [position + i for i in range(n + 1)]
+        return drafts, self.sampler.choose(self.upper.propose(out), positions, final=True).tolist()
+
+    def keep(self, accepted: int) -> None:
+        """The inputs of the committed tokens stay in both caches; the rest of the chain goes."""
+        for stage in (self.lower, self.upper):
+            stage.cache.retain(list(range(accepted + 1)), promote=accepted + 1)
+
+
 @torch.no_grad()
 def self_spec_generate(
     model,
@@ -55,49 +94,32 @@ def self_spec_generate(
     )
     prompt, eos, o = list(request.prompt), request.eos, request.options
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
-    lower = Explorer(view, 0, 2, 0, exit_layer, adapter)
-    upper = Explorer(view, 1, 2, exit_layer, L)
-    clock = Clock(view.device)
+    spec, clock = _SelfSpec(view, exit_layer, draft, adapter, sampler), Clock(view.device)
     start = clock.stamp()
-    if len(prompt) > 1:
-        upper.prefill(lower.prefill(view.embed(to_device(prompt[:-1], view.device))))
+    spec.prefill(prompt)
     tokens: list[int] = []
     steps = accepted = 0
     last = prompt[-1]
     while len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):
         position = len(prompt) + len(tokens)  # position of the first token this step decides
-        inputs, hidden, drafts = [last], [], []
-        for i in range(draft + 1):  # n drafts, then the E layers of the last draft for verification
-            path = tuple(range(i + 1))
-            h = lower.expand(
-                view.embed(to_device([inputs[-1]], view.device)), [i], [position - 1 + i], [path]
-            )
-            hidden.append(h)
-            if i < draft:
-                drafts.append(int(sampler.choose(lower.propose(h), [position + i], final=False)[0]))
-                inputs.append(drafts[-1])
-        paths = [tuple(range(i + 1)) for i in range(draft + 1)]
-        out = upper.expand(
-            torch.cat(hidden), list(range(draft + 1)), [position - 1 + i for i in range(draft + 1)], paths
-        )
-        verified = sampler.choose(
-            upper.propose(out), [position + i for i in range(draft + 1)], final=True
-        ).tolist()
+        drafts, verified = spec.step(last, position)
         keep = 0
         while keep < draft and drafts[keep] == verified[keep]:
             keep += 1
-        new = verified[: keep + 1]
-        for stage in (lower, upper):  # the inputs of the committed tokens stay; the rest of the chain goes
-            stage.cache.retain(list(range(keep + 1)), promote=keep + 1)
+        spec.keep(keep)
         before = len(tokens)
-        for t in new:
+        for t in verified[: keep + 1]:
             if len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos):
                 tokens.append(t)
         sampler.forget_before(position + keep + 1)
-        last = new[-1]
-        steps += 1
+        last, steps = verified[keep], steps + 1
         accepted += len(tokens) - before - 1  # drafts kept (past max_new_tokens or EOS they do not count)
-    seconds = clock.since(start)
+    return _self_spec_result(tokens, eos, (steps, accepted, draft, exit_layer, L), clock.since(start))
+
+
+def _self_spec_result(tokens: list[int], eos, counts: tuple, seconds: float) -> dict:
+    """What ``self_spec_generate`` returns; ``counts``: (steps, drafts accepted, n, E, L)."""
+    steps, accepted, draft, exit_layer, L = counts
     stats = GenerationStats(
         2,
         [exit_layer, L],

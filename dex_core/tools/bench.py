@@ -18,11 +18,12 @@ Methods (every output compared token by token with HF ``generate``, greedy):
 Metrics: ``identical`` (prompts whose tokens equal HF greedy's) and ``certified`` (tokens that one
 teacher-forced forward of the unmodified model confirms as its choice or a near-tie, ``dex_core.tools.verify``;
 ``certified_worst_gap`` the largest gap to the top); tokens/s after one warm-up per method (new tokens /
-total time; ``measured`` or ``projected`` says which); the hardware-neutral critical path in layer forwards per token — AR: L;
-DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
+total time; ``measured`` or ``projected`` says which); the hardware-neutral critical path in layer forwards per
+token — AR: L; DEX: (matched stage + 1) rounds times the longest stage, summed over tokens (one batched forward
 counts once, explorers working in the same round count once); self-speculation: n * E + L per
 draft-verify step over the tokens committed; prompt lookup: L per forward; and the cost per token of
-``dex_core.model.cost`` (heads and adapters included, both views; prompt lookup: AR's per forward, or per row). The EAD oracle (mean stable EAD) is a reference line.
+``dex_core.model.cost`` (heads and adapters included, both views; prompt lookup: AR's per forward, or per row).
+The EAD oracle (mean stable EAD) is a reference line.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from ..config import (
 from ..data.sets import PROMPT_SETS, check_sets, prompt_set
 from ..decoder import DexDecoder
 from ..log import stderr
-from ..model.adapters import choose_depths, new_adapters, resolve_adapters
+from ..model.adapter_choice import choose_depths, resolve_adapters
+from ..model.adapters import new_adapters
 from ..model.cost import ModelCost
 from ..model.lens import layer_candidates
 from ..model.load import load_model, resolve_device

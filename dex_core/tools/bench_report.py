@@ -23,63 +23,61 @@ def headline(report: dict) -> list[dict]:
     out = []
     for set_name in report["oracle"]:
         rows = [r for r in report["results"] if r["set"] == set_name]
+        shipped = bool(report["adapter_depths"])
         dex = [
-            r
-            for r in rows
-            if r["method"] == "dex"
-            and r.get("decs", True)
-            and r.get("adapters") == bool(report["adapter_depths"])
+            r for r in rows if r["method"] == "dex" and r.get("decs", True) and r.get("adapters") == shipped
         ]
-        ar = next(r for r in rows if r["method"] == "ar-hf")
-        ss = next((r for r in rows if r["method"] == "self-spec"), None)
-        lookup = next((r for r in rows if r["method"] == "hf-prompt-lookup"), None)
-        if not dex:
-            continue
-        best = min(dex, key=lambda r: r["cost_per_token"])
-        block = {
-            "set": set_name,
-            "dex_explorers": best["explorers"],
-            "dex_depths": best["depths"],
-            "dex_devices": best["devices"],
-            "dex_depth_speedup": best["depth_speedup"],
-            "dex_cost_per_token": best["cost_per_token"],
-            "ar_cost_per_token": ar["cost_per_token"],
-            "dex_cost_share_of_ar": best["cost_per_token"] / ar["cost_per_token"],
-            "dex_cost_full_heads": best.get("cost_per_token_full_heads"),
-            "dex_proposal_vocab": best.get("proposal_vocab"),
-            "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
-            "dex_tokens_per_second": best["tokens_per_second"],
-            "ar_tokens_per_second": ar["tokens_per_second"],
-            "dex_projected_tokens_per_second": best.get("projected_tokens_per_second"),
-            "dex_projected_includes_communication": best.get("projected_includes_communication", False),
-        }
-        projected = [r for r in dex if r.get("projected_tokens_per_second")]
-        if projected:
-            fast = max(projected, key=lambda r: r["projected_tokens_per_second"])
-            block.update(
-                fastest_config=_config_text(fast),
-                fastest_devices=fast["devices"],
-                fastest_cost_share_of_ar=fast["cost_per_token"] / ar["cost_per_token"],
-                fastest_rounds_per_token=fast["rounds_per_token"],
-                fastest_projected_tokens_per_second=fast["projected_tokens_per_second"],
-                fastest_projected_over_ar=fast["projected_tokens_per_second"] / ar["tokens_per_second"],
-            )
-        if ss:
-            block.update(
-                self_spec_cost_per_token=ss["cost_per_token"],
-                self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
-                dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
-                dex_over_self_spec_layers_only=ss["layer_forwards_per_token"]
-                / best["layer_forwards_per_token"],
-            )
-        if lookup:
-            block.update(
-                prompt_lookup_tokens_per_second=lookup["tokens_per_second"],
-                prompt_lookup_over_ar=lookup["speedup_vs_ar"],
-                dex_over_prompt_lookup=best["tokens_per_second"] / lookup["tokens_per_second"],
-            )
-        out.append(block)
+        if dex:
+            out.append(_block(set_name, dex, {r["method"]: r for r in rows}))
     return out
+
+
+def _block(set_name: str, dex: list[dict], rows: dict) -> dict:
+    """One set's headline from its DEX rows and the other methods' rows (by method)."""
+    ar, ss, lookup = rows["ar-hf"], rows.get("self-spec"), rows.get("hf-prompt-lookup")
+    best = min(dex, key=lambda r: r["cost_per_token"])
+    block = {
+        "set": set_name,
+        "dex_explorers": best["explorers"],
+        "dex_depths": best["depths"],
+        "dex_devices": best["devices"],
+        "dex_depth_speedup": best["depth_speedup"],
+        "dex_cost_per_token": best["cost_per_token"],
+        "ar_cost_per_token": ar["cost_per_token"],
+        "dex_cost_share_of_ar": best["cost_per_token"] / ar["cost_per_token"],
+        "dex_cost_full_heads": best.get("cost_per_token_full_heads"),
+        "dex_proposal_vocab": best.get("proposal_vocab"),
+        "dex_layer_forwards_per_token": best["layer_forwards_per_token"],
+        "dex_tokens_per_second": best["tokens_per_second"],
+        "ar_tokens_per_second": ar["tokens_per_second"],
+        "dex_projected_tokens_per_second": best.get("projected_tokens_per_second"),
+        "dex_projected_includes_communication": best.get("projected_includes_communication", False),
+    }
+    projected = [r for r in dex if r.get("projected_tokens_per_second")]
+    if projected:
+        fast = max(projected, key=lambda r: r["projected_tokens_per_second"])
+        block.update(
+            fastest_config=_config_text(fast),
+            fastest_devices=fast["devices"],
+            fastest_cost_share_of_ar=fast["cost_per_token"] / ar["cost_per_token"],
+            fastest_rounds_per_token=fast["rounds_per_token"],
+            fastest_projected_tokens_per_second=fast["projected_tokens_per_second"],
+            fastest_projected_over_ar=fast["projected_tokens_per_second"] / ar["tokens_per_second"],
+        )
+    if ss:
+        block.update(
+            self_spec_cost_per_token=ss["cost_per_token"],
+            self_spec_layer_forwards_per_token=ss["layer_forwards_per_token"],
+            dex_cost_share_of_self_spec=best["cost_per_token"] / ss["cost_per_token"],
+            dex_over_self_spec_layers_only=ss["layer_forwards_per_token"] / best["layer_forwards_per_token"],
+        )
+    if lookup:
+        block.update(
+            prompt_lookup_tokens_per_second=lookup["tokens_per_second"],
+            prompt_lookup_over_ar=lookup["speedup_vs_ar"],
+            dex_over_prompt_lookup=best["tokens_per_second"] / lookup["tokens_per_second"],
+        )
+    return block
 
 
 def headline_lines(report: dict) -> list[str]:

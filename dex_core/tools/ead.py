@@ -47,7 +47,7 @@ from ..config import (
 from ..data.ranking import token_ranking
 from ..data.sets import PROMPT_SETS, prompt_set
 from ..log import stderr
-from ..model.adapters import resolve_adapters
+from ..model.adapter_choice import resolve_adapters
 from ..model.cost import ModelCost
 from ..model.lens import layer_candidates
 from ..model.load import load_model
@@ -371,7 +371,8 @@ def ead_summary(report: dict) -> list[str]:
                     f"(no DECS {p['rounds_speedup_no_decs']:.3f}x), S_X {p['speedup']:.3f}x"
                 )
                 if "cost_per_token" in p["uniform"]:
-                    line += f"; cost {p['uniform']['cost_per_token']:.2f} LE/token ({p['uniform']['cost_share_of_ar']:.3f} of AR's)"
+                    u = p["uniform"]
+                    line += f"; cost {u['cost_per_token']:.2f} LE/token ({u['cost_share_of_ar']:.3f} of AR's)"
                 if "best" in p and "cost_per_token" in p["best"]:
                     line += (
                         f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "

@@ -23,7 +23,8 @@ from transformers import AutoConfig
 from ..config import DTYPES, DecoderOptions, DexError, DraftBounds, adapter_file, integer, option, rows_option
 from ..device import dtype_name, resolve_dtype
 from ..log import quiet
-from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, choose_depths, read_metadata
+from ..model.adapter_choice import choose_depths
+from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, read_metadata
 from ..model.checkpoint import is_hub_id, locate
 from ..model.proposal import proposal_rows
 from ..model.stage_load import StagePart, part_bytes, skeleton

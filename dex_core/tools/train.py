@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 from ..config import DexError, flag, option, parse_depths
 from ..data.ranking import token_ranking
 from ..data.sets import sharegpt_split
-from ..model.adapters import load_adapters, new_adapters, save_adapters
+from ..model.adapter_choice import load_adapters
+from ..model.adapters import new_adapters, save_adapters
 from ..runtime.request import chat_ids, eos_ids
 
 

@@ -12,7 +12,8 @@ committed tokens (no lattice, no cache), logits upcast to float32, and for the t
 
 certified when gap_p <= tie_gap(dtype, m_p, T), m_p the larger magnitude of the row's top logit and
 t's logit. With top-k / top-p, membership of the filtered set is itself decided by rounding at its edge:
-there the gap is measured inside the set the filter admits once t's logit is raised by the tie gap. The gap is 0 where t is the model's choice; a token beyond the gap is a bug, not rounding.
+there the gap is measured inside the set the filter admits once t's logit is raised by the tie gap. The gap is 0
+where t is the model's choice; a token beyond the gap is a bug, not rounding.
 Sampled tokens are checked with the very noise rows the run drew (keyed by seed and position, drawn
 by the generator of the device type the run used), so they verify only on that device type.
 """

@@ -10,9 +10,9 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
     chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
     when the run pruned) the bound B of new branches per round; ``draft`` (DEX, only with draft chains)
-    their bounds ``{"ngram", "min_ngram", "length", "chains", "rows", "gate"}`` (``DraftBounds``); ``cost`` (DEX) the weights of the model's
-    parts in layer-equivalents (``dex_core.cost.ModelCost``): ``{"head", "adapter", "proposal"}``
-    (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
+    their bounds ``{"ngram", "min_ngram", "length", "chains", "rows", "gate"}`` (``DraftBounds``); ``cost`` (DEX)
+    the weights of the model's parts in layer-equivalents (``dex_core.model.cost.ModelCost``): ``{"head",
+    "adapter", "proposal"}`` (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
     ``dtype`` (absent in older traces) the model's dtype ("float32", "bfloat16", ...) and ``device``
     where it ran ("cpu", "cuda:0"), which ``dex verify`` reloads it in and on.
 
@@ -50,8 +50,8 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``GenerationStats.to_dict()``; "cancelled" when the caller stopped a distributed stream early.
 
 A saved trace is ``{"format": "dex-trace", "version", "meta" (strings and numbers, such as the model),
-"events"}``; a trace stopped early has no end event. ``load_trace`` validates what it reads against this schema (``dex_core.trace.schema``
-holds the JSON Schema, the cross-reference checks and the size limits, ``TraceLimits``).
+"events"}``; a trace stopped early has no end event. ``load_trace`` validates what it reads against this schema
+(``dex_core.trace.validate``: the JSON Schemas and size limits of ``dex_core.trace.schema``, the cross-references).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ import math
 from pathlib import Path
 
 from ..config import DexError
-from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits, parse_trace
+from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits
+from .validate import parse_trace
 
 
 def save_trace(path: str | Path, events: list[dict], meta: dict | None = None) -> None:
