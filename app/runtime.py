@@ -15,7 +15,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
 
 import torch
-from transformers import AutoConfig
 
 from dex_core import (
     DecoderOptions,
@@ -249,6 +248,9 @@ class Runtime:
                 return
             more = {"log": log} if log is not None else {}
             if self.distributed:
+                # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+                from transformers import AutoConfig
+
                 self._folder = locate(self.settings.model, log or (lambda line: None))
                 self._identity = checkpoint_identity(
                     AutoConfig.from_pretrained(self._folder), Checkpoint(self._folder)

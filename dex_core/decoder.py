@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from transformers import AutoConfig
 
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .device import dtype_name, resolve_dtype
@@ -94,6 +93,9 @@ class DexDecoder:
         if options.backend == "sequential":
             model, loaded = load_model(spec, dtype=dtype, device=device, log=log)
             return cls(model, options, tokenizer=tokenizer or loaded)
+        # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+        from transformers import AutoConfig
+
         folder = locate(spec, log)
         tokenizer = tokenizer or load_tokenizer(folder, spec)
         config = AutoConfig.from_pretrained(folder)

@@ -329,3 +329,18 @@ def test_readme_headings_are_unique():
     headings = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("## ")]
     repeated = sorted({h for h in headings if headings.count(h) > 1})
     assert not repeated, f"README repeats sections: {repeated}"
+
+
+def test_importing_the_package_the_cli_and_a_rank_loads_no_part_of_transformers():
+    """docs/ARCHITECTURE.md, Imports: one hoisted ``from transformers import ...`` costs every process seconds."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, dex_core, dex_core.cli, dex_core.distributed.rank, dex_core.serve; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'torch._dynamo'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
+    assert loaded == "[]", f"imported at start-up: {loaded}"

@@ -20,7 +20,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoTokenizer
 
 from ..config import DexConfig, DexError
 from ..device import resolve_dtype
@@ -122,6 +121,9 @@ def run(args: argparse.Namespace) -> None:
         if rank == 0
         else (lambda line: None)
     )
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoConfig, AutoTokenizer
+
     folder = locate(config.model, log)
     hf_config, tokenizer = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     torch.set_num_threads(config.threads or default_threads(world))

@@ -22,7 +22,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers.activations import ACT2FN
 
 from ..config import DexError, adapter_file
 
@@ -49,7 +48,7 @@ class InducingAdapter(nn.Module):
         self.eps = eps
         self.up = nn.Linear(hidden, bottleneck, device=device, dtype=dtype)
         self.down = nn.Linear(bottleneck, hidden, device=device, dtype=dtype)
-        self.act = ACT2FN[activation]
+        self.act = _activations()[activation]
         self.activation = activation
         self.alpha = nn.Parameter(torch.tensor(1e-3, device=device, dtype=dtype))
 
@@ -186,8 +185,16 @@ def _positive(kind):
     return parse
 
 
+def _activations():
+    """transformers' activations by name. Deferred: importing them loads its weight-conversion code and
+    torch.distributed.tensor, seconds that every ``import dex_core`` would pay (docs/ARCHITECTURE.md, Imports)."""
+    from transformers.activations import ACT2FN
+
+    return ACT2FN
+
+
 def _activation(name: str) -> str:
-    if name not in ACT2FN:
+    if name not in _activations():
         raise ValueError(f"unknown activation {name!r}")
     return name
 

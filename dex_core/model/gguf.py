@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config import DexError
 
@@ -86,6 +85,8 @@ def converting(log, step: int, what: str, name: str = DEFAULT_NAME) -> None:
 def convert_gguf(gguf: Path, log, name: str):
     """A GGUF file as a float32 ``(model, tokenizer)``. A GGUF-loaded model refuses ``save_pretrained``, so
     its weights go into a fresh model built from its config."""
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     converting(log, 1, f"reading the tokenizer from {gguf.name}", name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..config import DexError, parse_device
 from ..device import check_dtype, dtype_name, resolve_dtype
@@ -48,6 +47,9 @@ def load_model(
     that takes a while (fetching, converting, loading weights); stderr by default. The default model and
     .gguf files are converted once into the DEX cache (``checkpoint.locate``) and read from there."""
 
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
     check_dtype(dtype)
     if is_hub_id(spec):
@@ -76,6 +78,9 @@ def load_model(
 
 def load_tokenizer(folder, spec: str | None = None):
     """The tokenizer of the model in ``folder`` (``spec`` names the model in errors) and nothing else of it."""
+
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(folder)

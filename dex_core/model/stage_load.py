@@ -21,26 +21,15 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
-from transformers import AutoModelForCausalLM, GenerationConfig
 
 from ..config import DexError, stage_bounds
 from .adapters import identity
 from .checkpoint import Checkpoint
-
-try:  # transformers >= 5: its loading rules (renamed and converted checkpoint keys)
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import (
-        WeightConverter,
-        WeightRenaming,
-        dot_natural_key,
-        rename_source_key,
-    )
-except ImportError:  # transformers 4: a checkpoint's keys are the model's own keys
-    get_model_conversion_mapping = None
 
 CHUNK_BYTES = 64 * 2**20  # a tensor is moved to its device in pieces of at most this size, each one reported
 
@@ -48,6 +37,9 @@ CHUNK_BYTES = 64 * 2**20  # a tensor is moved to its device in pieces of at most
 def skeleton(config, dtype: torch.dtype, folder=None):
     """The model of ``config`` on the meta device (no memory for weights), its parameters in ``dtype`` except
     where the model keeps some in float32 itself; with a checkpoint ``folder``, its generation config too."""
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if folder is not None:
@@ -193,24 +185,41 @@ class StateDict:
         return tensor[index]
 
 
+def _loading_rules():
+    """transformers' loading rules (renamed and converted checkpoint keys) as one namespace, or None before
+    transformers 5, whose checkpoint keys are the model's own. Deferred: they import torch.distributed.tensor,
+    seconds that every ``import dex_core`` would pay (docs/ARCHITECTURE.md, Imports)."""
+    try:
+        from transformers import conversion_mapping, core_model_loading
+    except ImportError:
+        return None
+    return SimpleNamespace(
+        get_model_conversion_mapping=conversion_mapping.get_model_conversion_mapping,
+        **{
+            name: getattr(core_model_loading, name)
+            for name in ("WeightConverter", "WeightRenaming", "dot_natural_key", "rename_source_key")
+        },
+    )
+
+
 class KeyMap:
     """Checkpoint keys -> the model's keys, as transformers renames and converts them while loading."""
 
     def __init__(self, model, checkpoint_keys):
-        meta = model.state_dict()
-        transforms = [] if get_model_conversion_mapping is None else get_model_conversion_mapping(model)
-        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        meta, rules = model.state_dict(), _loading_rules()
+        transforms = [] if rules is None else rules.get_model_conversion_mapping(model)
+        renamings = [t for t in transforms if isinstance(t, rules.WeightRenaming)]
         self.converters = {
-            p: c for c in transforms if isinstance(c, WeightConverter) for p in c.source_patterns
+            p: c for c in transforms if isinstance(c, rules.WeightConverter) for p in c.source_patterns
         }
         self.groups: dict[str, list[tuple[str, str | None]]] = defaultdict(list)  # first target -> sources
         self.targets: dict[str, str] = {}  # model key -> the first target of the group that makes it
-        order = sorted(checkpoint_keys, key=dot_natural_key) if transforms else list(checkpoint_keys)
+        order = sorted(checkpoint_keys, key=rules.dot_natural_key) if transforms else list(checkpoint_keys)
         for key in order:  # in transformers' order: some renamings depend on the keys seen before
             target, pattern = (
                 (key, None)
                 if not transforms
-                else rename_source_key(
+                else rules.rename_source_key(
                     key, renamings, list(self.converters.values()), model.base_model_prefix, meta
                 )
             )

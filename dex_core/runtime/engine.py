@@ -69,9 +69,7 @@ def run_rounds(
             outputs = run.link.exchange(plan, outputs)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
-            while (
-                run.lattice.ready() and not run.finished
-            ):  # ReachFinalDepth(q), along a draft chain maybe again
+            while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q); a chain may go on
                 commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
             event = round_record(run, plan, outputs, masked, commits)

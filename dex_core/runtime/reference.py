@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, GenerationConfig
 
 from ..algorithm.sampling import Sampler
 from ..config import GenerationOptions
@@ -70,10 +69,7 @@ def ar_stream(
         dtype=dtype_name(view.dtype),
         device=str(view.device),
     )
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:
-        cache = DynamicCache()
+    cache = _new_cache(model)
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     busy, clock = 0.0, Clock(view.device)
     ids = to_device([prompt], view.device)
@@ -100,12 +96,26 @@ def ar_stream(
     yield end_event(tokens, stats)
 
 
+def _new_cache(model):
+    """An empty KV cache for ``model`` (transformers 5 sizes it from the config; 4 takes no argument)."""
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:
+        return DynamicCache()
+
+
 @contextmanager
 def plain_generation(model) -> Iterator[None]:
     """Inside the block ``model.generation_config`` keeps only the model's token ids (BOS, EOS, pad).
     ``generate`` fills every setting it is not passed from that config (even under ``generation_config=``), so
     only this way does it apply no processor that DEX does not (repetition penalty, n-gram ban, suppressed
     tokens, sampling defaults, ...). The model's own config is put back on exit."""
+
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import GenerationConfig
 
     saved = model.generation_config
     model.generation_config = GenerationConfig(**{k: getattr(saved, k, None) for k in TOKEN_IDS})

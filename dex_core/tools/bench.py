@@ -60,7 +60,6 @@ from ..model.load import load_model, resolve_device
 from ..runtime.clock import Clock
 from ..runtime.reference import hf_greedy
 from ..runtime.request import encode_item
-from ..testing import tiny_model, tiny_tokenizer
 from .bench_methods import dex_decoders, runners, tune_self_spec
 from .bench_report import SetContext, headline, result_row
 from .ead import matches
@@ -181,6 +180,9 @@ class BenchConfig:
 
 
 def _quick_setup(device: torch.device):
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from ..testing import tiny_model, tiny_tokenizer
+
     model, tokenizer = tiny_model("llama", layers=6, seed=5).to(device), tiny_tokenizer()
     adapters = new_adapters(model, range(1, 6), bottleneck=32)
     for a in adapters.values():

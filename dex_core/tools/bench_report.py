@@ -248,9 +248,8 @@ def result_row(key, outs: list, ctx: SetContext) -> dict:
         row.update(_self_spec_row(outs, ctx))
     elif method == "hf-early-exit":
         row.update(_early_exit_row(ctx))
-    elif (
-        method == "hf-prompt-lookup"
-    ):  # a forward of n rows: AR's weights once (memory-bound), n times (rows)
+    elif method == "hf-prompt-lookup":
+        # a forward of n rows: AR's weights once (memory-bound), n times (rows)
         steps, rows = sum(o[1]["steps"] for o in outs), sum(o[1]["rows"] for o in outs)
         row.update(
             draft=ctx.lookup,

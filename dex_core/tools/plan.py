@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from ..config import DTYPES, DecoderOptions, DexError, DraftBounds, adapter_file, integer, option, rows_option
 from ..device import dtype_name, resolve_dtype
@@ -60,6 +59,9 @@ def parse_size(text: str) -> float:
 def model_config(spec: str | None, config_file: str | None, log=quiet):
     """The Hugging Face config of model ``spec`` (as for dex generate; a hub id fetches config.json only), or of
     a ``config.json`` file."""
+    # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
+    from transformers import AutoConfig
+
     try:
         if config_file is not None:
             data = json.loads(Path(config_file).read_text())
