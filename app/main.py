@@ -39,6 +39,7 @@ from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, TIMELINE_JS
 from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, control
 from app.server import SessionBlocks
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
+from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
 from dex_core.trace.schema import TRACE_LIMITS
 
@@ -370,6 +371,7 @@ def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 
+exact_float32_matmuls()  # once per process (gradio app/main.py too): float32 stays float32 (dex_core/device.py)
 demo = build_demo()
 
 

@@ -12,8 +12,13 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
 2. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
    projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
    between devices is left out and said so) and rounds/token.
-3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows.
-4. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
+3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
+4. real size (``dex_core.tools.real_size``): one decoder layer, the LM head, a light head and an adapter of the
+   shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the device, nothing
+   downloaded) at 1..64 rows after a 2,048-token context, the exchange of one round's rows between two ranks,
+   and from them a **projection**: DEX-1/K per token (the speed section's measured rounds replayed on the
+   real-size timings) against pipeline AR on the same K devices. ``--quick``: shapes scaled down for a CPU.
+5. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
    visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
    mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
    (``--quick``) two gloo processes.
@@ -21,12 +26,15 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
 architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
 exactness, certification and timings mean the same; rounds/token do not, the weights are untrained).
-Writes one JSON (``--out``) and one markdown table (``--markdown``; always printed).
+Every section states the precision its weights are in: sections in bfloat16 run on a bfloat16 copy, so the
+float32 sections always use the float32 weights as loaded. Writes one JSON (``--out``) and one markdown table
+(``--markdown``; always printed), creating their folders.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import sys
@@ -38,12 +46,14 @@ import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
+from dex_core.device import exact_float32_matmuls
 from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
 from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model
 from dex_core.tools.profile import decode_order_seconds, row_blocks
+from dex_core.tools.real_size import SHAPES, project, scaled, time_shapes
 from dex_core.tools.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -122,9 +132,9 @@ def decoder(model, K: int, adapters: str, **more) -> DexDecoder:
 
 def exactness(model, prompts, K, adapters, tokens) -> dict:
     """float32: identical counts; bfloat16: certified counts (greedy and seeded sampling) and identical counts."""
-    out = {}
+    out, original = {}, model
     for dtype in ("float32", "bfloat16"):
-        model.to(getattr(torch, dtype))
+        model = in_dtype(original, dtype)
         dex = decoder(model, K, adapters)
         for mode, sampling in (("greedy", {}), ("sampled", {"temperature": 0.8, "top_p": 0.95})):
             if dtype == "float32" and mode == "sampled":
@@ -142,14 +152,23 @@ def exactness(model, prompts, K, adapters, tokens) -> dict:
                 certs.append(certify_tokens(model, prompt, got, GenerationOptions(**sampling, **seed)))
             cert = Certificate.combine(certs)
             rows.update(certified=cert.certified, tokens=cert.total, worst_gap=cert.worst_gap)
-            out[f"{dtype} {mode}"] = rows
-    model.to(torch.float32)
+            out[f"{dtype} {mode}"] = rows | {"weights": weights_label(dtype)}
     return out
 
 
+def in_dtype(model, dtype: str):
+    """``model`` itself in float32, else a copy in ``dtype`` (rounding the model would round every later section)."""
+    return model if dtype == "float32" else copy.deepcopy(model).to(getattr(torch, dtype))
+
+
+def weights_label(dtype: str) -> str:
+    return "float32 (as loaded)" if dtype == "float32" else f"{dtype} (a copy rounded from float32)"
+
+
 def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
-    """HF greedy and DEX per K, after one warm-up each, timed on the device's clock."""
-    model.to(getattr(torch, dtype))
+    """HF greedy and DEX per K, after one warm-up each, timed on the device's clock; each DEX row keeps its runs'
+    rows per explorer per round (``batch_sizes``) for the real-size projection."""
+    model = in_dtype(model, dtype)
     clock, rows = Clock(model.device), []
 
     def timed(run):
@@ -177,9 +196,10 @@ def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
                 "projected_tokens_per_second": n / projected,
                 "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
                 "identical_to_ar": [r.tokens for r in results] == hf,
+                "batch_sizes": [b for r in results for b in r.stats.batch_sizes],
+                "tokens": n,
             }
         )
-    model.to(torch.float32)
     return rows
 
 
@@ -190,6 +210,28 @@ def profile(model, repeats: int, rows_counts) -> dict:
         blocks = row_blocks(model, n, proposal_rows=min(8192, model.config.vocab_size // 2))
         table[n] = decode_order_seconds(blocks, repeats, Clock(model.device))
     return table
+
+
+def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict:
+    """The real-size shapes timed on ``device`` and DEX-1/K against pipeline AR projected from the speed
+    section's measured rounds (``dex_core.tools.real_size``); ``quick``: shapes scaled down, a shorter context."""
+    shapes = {name: scaled(s) if quick else s for name, s in SHAPES.items()}
+    timed = time_shapes(
+        shapes, device, context=256 if quick else 2048, repeats=repeats, rows=ROWS[:4] if quick else ROWS
+    )
+    projections = {
+        name: [
+            project(timed["tables"][name], shape["layers"], r["batch_sizes"], r["tokens"])
+            for r in speed_rows[1:]
+        ]
+        for name, shape in shapes.items()
+    }
+    return timed | {
+        "weights": "bfloat16, random (shapes only)" + (", scaled down for a CPU" if quick else ""),
+        "projection": projections,
+        "label": "projection: the speed section's measured rounds (rows per explorer per round) replayed on these "
+        "timings; bookkeeping left out (dex_core/tools/real_size.py)",
+    }
 
 
 def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
@@ -220,18 +262,18 @@ def markdown(report: dict) -> str:
     lines = [
         f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})",
         "",
-        "| exactness | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
-        "|---|---|---|---|---|---|---|",
+        "| exactness | weights | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in report["exactness"].items():
         hf = ("n/a (sampled)",) * 2 if "sampled" in name else (r["dex_eq_hf"], r["ar_eq_hf"])
         lines.append(
-            f"| {name} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
+            f"| {name} | {r['weights']} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
             f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |"
         )
     lines += [
         "",
-        f"| speed ({report['speed_dtype']}) | tokens/s | vs AR | rounds/token | drafted | projected "
+        f"| speed ({weights_label(report['speed_dtype'])}) | tokens/s | vs AR | rounds/token | drafted | projected "
         "tokens/s (exchange left out) | projected vs AR |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -248,13 +290,49 @@ def markdown(report: dict) -> str:
     names = list(next(iter(report["profile"].values())))
     lines += [
         "",
+        f"profile of this model ({weights_label('float32')}):",
+        "",
         "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |",
         "|---" * (len(names) + 1) + "|",
     ]
     for n, r in report["profile"].items():
         lines.append(f"| {n} | " + " | ".join(f"{1000 * r[k]:.3f}" for k in names) + " |")
+    lines += real_size_markdown(report["real_size"], report["device"])
     lines += ["", f"distributed: {json.dumps(report['distributed'])}"]
     return "\n".join(lines)
+
+
+def real_size_markdown(section: dict, device: str) -> list[str]:
+    """The real-size timings (ms at 1 row, and the layer at 64) and the projection, labelled as one."""
+    where = " — on a CPU: not yet measured on a GPU" if device.startswith("cpu") else ""
+    big = max(section["rows"])
+    lines = [
+        "",
+        f"real size ({section['weights']}; context {section['context']} tokens; exchange {section['link']}){where}:",
+        "",
+        f"| shape | layer 1 row (ms) | layer {big} rows | head 1 | light head 1 | adapter 1 | exchange 1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, t in section["tables"].items():
+        ms = [
+            1000 * t[k][n]
+            for k, n in (("layer", 1), ("layer", big), ("head", 1), ("proposal", 1), ("adapter", 1))
+        ]
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in [*ms, 1000 * t["exchange"][1]]) + " |")
+    lines += [
+        "",
+        f"{section['label']}:",
+        "",
+        "| shape | K | DEX-1/K ms/token | pipeline AR ms/token | speedup |",
+    ]
+    lines.append("|---|---|---|---|---|")
+    for name, rows in section["projection"].items():
+        for p in rows:
+            lines.append(
+                f"| {name} | {p['K']} | {1000 * p['dex_seconds_per_token']:.2f} | "
+                f"{1000 * p['pipeline_ar_seconds_per_token']:.2f} | {p['speedup']:.2f} |"
+            )
+    return lines
 
 
 def main(argv=None) -> int:
@@ -270,7 +348,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--explorers", default="2,4", help="values of K")
+    parser.add_argument("--explorers", default="2,4,8", help="values of K")
     parser.add_argument(
         "--speed-dtype",
         default=None,
@@ -280,6 +358,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
+    exact_float32_matmuls()  # once per process: float32 stays float32 (dex_core/device.py)
     args.explorers = [int(k) for k in args.explorers.split(",")]
     if args.quick:
         args.prompts, args.max_new_tokens, args.explorers, args.repeats = 2, 8, [2, 3], 2
@@ -302,14 +381,15 @@ def main(argv=None) -> int:
             model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"]
         )
         report["profile"] = profile(model, args.repeats, ROWS[:3] if args.quick else ROWS)
+        report["real_size"] = real_size(report["speed"], device, args.quick, args.repeats)
         report["distributed"] = distributed(model, prompts, adapters, args.max_new_tokens, args.quick)
     report["seconds"] = time.perf_counter() - tic
     text = markdown(report)
     print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+    for path, content in ((args.out, json.dumps(report, indent=1)), (args.markdown, text + "\n")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
     ok = all(r["certified"] == r["tokens"] for r in report["exactness"].values()) and report["exactness"][
         "float32 greedy"
     ]["dex_eq_ar"] == len(prompts)

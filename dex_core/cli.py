@@ -14,6 +14,7 @@ from .algorithm.sampling import TIE_ULPS
 from .config import DTYPES, DexConfig, DexError
 from .data.ranking import token_ranking
 from .decoder import DexDecoder
+from .device import exact_float32_matmuls
 from .distributed import serve
 from .distributed.group import ExplorerError
 from .flags import add_flags, from_args
@@ -303,6 +304,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv=None) -> int:
+    exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         args = build_parser().parse_args(argv)

@@ -5,6 +5,11 @@
   the copy is queued on the stream before the kernels that read it, and the host runs on (a copy
   from pageable memory would wait for the whole stream first).
 - ``resolve_dtype``: the dtype a model runs in ('auto': float32 on CPU, the checkpoint's half precision on CUDA).
+- ``exact_float32_matmuls`` / ``check_float32_matmuls``: float32 matmuls stay float32. TF32 (or oneDNN's bf16)
+  for float32 matmuls is a process-global switch (``torch.set_float32_matmul_precision("high")`` also turns it on
+  for oneDNN on the CPU); under it DEX would no longer equal AR in float32 and nothing would say so. Every DEX
+  process sets full precision once at start, and a float32 run refuses if a caller has changed it since (the
+  flags are global, so toggling them per call would race between the app's concurrent sessions).
 """
 
 from __future__ import annotations
@@ -62,3 +67,39 @@ def to_device(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
     staged = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=True)
     return staged.to(device, non_blocking=True)
+
+
+def exact_float32_matmuls() -> None:
+    """Full float32 precision for float32 matmuls on every backend: called once where a DEX process starts (the
+    dex command, the app, an explorer rank, dex serve, the benchmark scripts)."""
+    torch.set_float32_matmul_precision("highest")
+
+
+def float32_matmul_shortcuts(device_type: str | None = None) -> list[str]:
+    """The backends (of ``device_type``'s matmuls: cuda, or mkldnn on the CPU; None: both) whose float32
+    matmuls currently run in a lower precision ('tf32', 'bf16'), as ``backend=precision``; empty when exact.
+    Reads torch's per-backend settings (the legacy ``allow_tf32`` flags set them too), each inheriting from its
+    parent where it says 'none'."""
+    backends = torch.backends
+    found = []
+    names = {"cuda": ("cuda",), "cpu": ("mkldnn",)}.get(device_type, ("cuda", "mkldnn"))
+    for name in names:
+        chain = [getattr(backends, name).matmul, getattr(backends, name), backends]
+        levels = [getattr(level, "fp32_precision", "none") for level in chain]
+        precision = next((v for v in levels if v != "none"), "ieee")
+        if precision != "ieee":
+            found.append(f"{name}={precision}")
+    return found
+
+
+def check_float32_matmuls(dtype: torch.dtype, device) -> None:
+    """DexError for a float32 run on ``device`` while its float32 matmuls run in a lower precision (see the
+    module's docstring)."""
+    shortcuts = float32_matmul_shortcuts(torch.device(device).type) if dtype == torch.float32 else []
+    if shortcuts:
+        raise DexError(
+            "float32 matmuls are set to a lower precision in this process "
+            f"({', '.join(shortcuts)}: torch.set_float32_matmul_precision or allow_tf32 was changed), so a float32 "
+            "run would not be token-identical to AR; call torch.set_float32_matmul_precision('highest') "
+            "or run in bfloat16/float16, which DEX certifies per token"
+        )

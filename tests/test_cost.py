@@ -188,3 +188,22 @@ def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model
     assert start["cost"] == built.weights() and start["cost"]["proposal"] < start["cost"]["head"]
     assert ModelCost.from_weights(start["num_layers"], start["cost"]) == built
     assert ModelCost.from_weights(6, None) == built.layers_only()
+
+
+def test_the_real_size_projection_replays_measured_rounds_on_the_stage_timings():
+    """dex_core/tools/real_size.py: each round lasts its slowest explorer (L/K layers, its head, an adapter off the
+    final stage) plus the exchange of its largest batch; pipeline AR walks all L layers, the head and K - 1 hops."""
+    from dex_core.tools.real_size import project
+
+    tables = {
+        "layer": {1: 1.0, 2: 1.5},
+        "head": {1: 4.0, 2: 5.0},
+        "proposal": {1: 2.0, 2: 2.5},
+        "adapter": {1: 0.5, 2: 0.75},
+        "exchange": {1: 0.25, 2: 0.5},
+    }
+    got = project(tables, 8, [[1, 0], [1, 1], [2, 1]], tokens=2)
+    # rounds: max(4 + 2 + 0.5, 0) + 0.25; max(6.5, 4 + 4) + 0.25; max(4 * 1.5 + 2.5 + 0.75, 8) + 0.5
+    assert got["dex_seconds_per_token"] == (6.75 + 8.25 + 9.75) / 2
+    assert got["pipeline_ar_seconds_per_token"] == 8 * 1.0 + 4.0 + 0.25
+    assert got["K"] == 2 and got["speedup"] == 12.25 / 12.375

@@ -483,3 +483,29 @@ def test_an_explorers_part_is_built_naming_the_device_of_every_tensor(tmp_path):
             stage = load_stage(model.config, part, Checkpoint(tmp_path), "cpu", torch.float32)
         checkpoint_identity(model.config, Checkpoint(tmp_path))
     assert stage.model.lm_head.weight.device.type == "cpu"
+
+
+def test_a_float32_run_refuses_once_float32_matmuls_are_set_to_tf32_and_runs_again_at_highest():
+    """dex_core/device.py: set_float32_matmul_precision('high') turns on TF32 (oneDNN's on this CPU) for every
+    float32 matmul of the process; DEX's float32 promise would break unnoticed, so the run refuses."""
+    from dex_core.device import exact_float32_matmuls, float32_matmul_shortcuts
+
+    model, prompt = tiny_model("llama").float(), [1, 5, 9, 14]
+    expected = ar_generate(model, prompt, 4).tokens
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert float32_matmul_shortcuts("cpu") == ["mkldnn=tf32"]
+        for run in (
+            lambda: DexDecoder(model, explorers=2).generate(prompt, max_new_tokens=4),
+            lambda: ar_generate(model, prompt, 4),
+        ):
+            with pytest.raises(
+                DexError, match=r"float32 matmuls are set to a lower precision in this process \(mkldnn=tf32"
+            ):
+                run()
+        half = tiny_model("llama").to(torch.bfloat16)
+        assert len(DexDecoder(half, explorers=2).generate(prompt, max_new_tokens=4).tokens) == 4  # certified
+    finally:
+        exact_float32_matmuls()
+    assert float32_matmul_shortcuts() == []
+    assert DexDecoder(model, explorers=2).generate(prompt, max_new_tokens=4).tokens == expected

@@ -264,7 +264,7 @@ def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it
     )
     links = []
     monkeypatch.setattr(
-        prof, "_exchange_profile", lambda h, d, r, link: links.append(link) or {1: 2.0, 2: 3.0}
+        prof, "exchange_profile", lambda h, d, r, link: links.append(link) or {1: 2.0, 2: 3.0}
     )
     model = tiny_model("llama")
     got = prof.measure_profile(model, 16, 2, log=lambda *_: None)

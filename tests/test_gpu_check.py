@@ -12,7 +12,7 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    out = tmp_path / "gpu.json"
+    out = tmp_path / "not" / "yet" / "gpu.json"  # folders the check must create
     assert (
         gpu_check.main(
             ["--device", "cpu", "--quick", "--out", str(out), "--markdown", str(tmp_path / "gpu.md")]
@@ -34,4 +34,24 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert sorted(map(int, report["profile"])) == [1, 2, 4]
     assert set(report["profile"]["1"]) == {"layer 0", "layer 3", "head", "proposal"}
     assert report["distributed"]["identical_to_sequential"] == report["distributed"]["prompts"] == 2
-    assert "| bfloat16 greedy | 2 |" in capsys.readouterr().out
+    assert exact["float32 greedy"]["weights"] == "float32 (as loaded)"
+    assert exact["bfloat16 greedy"]["weights"] == "bfloat16 (a copy rounded from float32)"
+    printed = capsys.readouterr().out
+    assert "| bfloat16 greedy | bfloat16 (a copy rounded from float32) | 2 |" in printed
+    real = report["real_size"]
+    assert set(real["tables"]) == {"Llama-2-70B", "CodeLlama-34B", "Qwen3-32B"}
+    for tables in real["tables"].values():
+        assert set(tables) == {"layer", "head", "proposal", "adapter", "exchange"}
+        assert all(sorted(map(int, t)) == [1, 2, 4, 8] and min(t.values()) > 0 for t in tables.values())
+    for name, layers in (("Llama-2-70B", 80), ("CodeLlama-34B", 48), ("Qwen3-32B", 64)):
+        rows = real["projection"][name]
+        assert [p["K"] for p in rows] == [2, 3]
+        t = real["tables"][name]
+        for p in rows:  # pipeline AR: every layer and the head at one row, K - 1 hops
+            ar = layers * t["layer"]["1"] + t["head"]["1"] + (p["K"] - 1) * t["exchange"]["1"]
+            assert abs(p["pipeline_ar_seconds_per_token"] - ar) < 1e-12
+            assert p["speedup"] == p["pipeline_ar_seconds_per_token"] / p["dex_seconds_per_token"]
+    assert (
+        "not yet measured on a GPU" in printed
+        and "projection: the speed section's measured rounds" in printed
+    )

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import DexError, stage_bounds
+from ..device import exact_float32_matmuls
 from ..model.explorer import Explorer
 from ..model.proposal import ProposalHead
 from ..model.stage_load import PartSource, load_stage
@@ -262,6 +263,7 @@ def main(argv=None) -> None:
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--folder", required=True)
     args = parser.parse_args(argv)
+    exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
     threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     rank, key = args.rank, bytes.fromhex(os.environ.pop(KEY_ENV))
     with Listener(os.path.join(args.folder, f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import DexConfig, DexError
-from ..device import resolve_dtype
+from ..device import exact_float32_matmuls, resolve_dtype
 from ..flags import add_flags, from_args
 from ..model.checkpoint import Checkpoint, locate
 from ..model.stage_load import PartSource, checkpoint_identity, skeleton
@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dex_core.serve", description=f"One DEX explorer per rank: {USAGE}")
     add_arguments(parser)
     args = parser.parse_args(argv)
+    exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
     try:
         run(args)
     except DexError as err:

@@ -12,7 +12,7 @@ import torch
 
 from ..algorithm.sampling import Sampler
 from ..config import GenerationOptions
-from ..device import dtype_name, to_device
+from ..device import check_float32_matmuls, dtype_name, to_device
 from ..model.view import model_view
 from ..trace.events import end_event, start_event, token_event
 from .clock import Clock
@@ -129,6 +129,7 @@ def plain_generation(model) -> Iterator[None]:
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Hugging Face ``generate``, plain greedy (``plain_generation``: stopping at the model's EOS, no other
     setting of its generation config): the reference answer every method is compared with."""
+    check_float32_matmuls(model.dtype, model.device)
     ids = torch.tensor([list(prompt)], device=model.device)
     with plain_generation(model):
         out = model.generate(

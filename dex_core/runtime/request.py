@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DexError, GenerationOptions
+from ..device import check_float32_matmuls
 from ..model.view import ModelView
 
 
@@ -153,7 +154,9 @@ def make_request(
 ) -> Request:
     """Check a prompt and its options against the model; DexError says what to change. ``eos``
     (default: ``options.eos_token_id``, else the model's generation config) is where it stops. Every other
-    setting of that config that ``model.generate()`` would apply is named in a ``GenerationConfigWarning``."""
+    setting of that config that ``model.generate()`` would apply is named in a ``GenerationConfigWarning``.
+    A float32 model refuses while this process runs float32 matmuls as TF32 (``device.check_float32_matmuls``)."""
+    check_float32_matmuls(view.dtype, view.device)
     prompt = prompt_ids(input_ids, view.vocab)
     n = options.max_new_tokens
     if view.max_positions and len(prompt) + n > view.max_positions:

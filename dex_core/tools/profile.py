@@ -47,6 +47,7 @@ TABLES = ("layer", "head", "proposal", "exchange")  # {rows: seconds} each
 CACHE = Path(os.environ.get("DEX_CACHE", Path.home() / ".cache" / "dex")) / "profiles"
 
 
+@torch.inference_mode()  # no autograd bookkeeping in what is timed: a decode records none
 def decode_order_seconds(blocks: dict, repeats: int, clock: Clock) -> dict:
     """Median seconds of each of ``blocks`` ({name: fn}) on ``clock``'s device, after one warm-up pass.
 
@@ -64,21 +65,22 @@ def decode_order_seconds(blocks: dict, repeats: int, clock: Clock) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-@torch.no_grad()
-def row_blocks(model, n: int, proposal_rows: int) -> dict:
-    """What a decode runs at n rows, as callables: one decoder layer over n new rows after a 64-token
-    context (``layer 0`` and ``layer L/2``), the final norm + full LM head (``head``) and a light head of
+@torch.inference_mode()
+def row_blocks(model, n: int, proposal_rows: int, context: int = 64) -> dict:
+    """What a decode runs at n rows, as callables (time them with ``decode_order_seconds``, which runs them
+    under ``torch.inference_mode``): one decoder layer over n new rows after a ``context``-token context
+    (``layer 0`` and ``layer L/2``), the final norm + full LM head (``head``) and a light head of
     ``proposal_rows`` rows (``proposal``)."""
     view = model_view(model)
     light = ProposalHead(view, torch.arange(min(proposal_rows, view.vocab), device=view.device))
     hidden_size, blocks = model.config.hidden_size, {}
     for index in sorted({0, view.num_layers // 2}):
         e = Explorer(view, 0, 2, index, index + 1)
-        e.prefill(torch.randn(64, hidden_size, dtype=view.dtype, device=view.device))
+        e.prefill(torch.randn(context, hidden_size, dtype=view.dtype, device=view.device))
         h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
-        # each call adds n rows to the cache: a context of 64 to 64 + (repeats + 1) n
+        # each call adds n rows to the cache: a context of `context` to `context` + (repeats + 1) n
         blocks[f"layer {index}"] = lambda e=e, h=h: e.expand(
-            h, list(range(n)), [64] * n, [(i,) for i in range(n)]
+            h, list(range(n)), [context] * n, [(i,) for i in range(n)]
         )
     h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
     blocks.update(head=lambda: view.head(h), proposal=lambda: light(h))
@@ -106,8 +108,8 @@ def link_devices(device) -> tuple[str, str]:
 
 
 def _exchange_rank() -> None:
-    """Body of one of the two processes ``_exchange_profile`` starts (argv: rank folder hidden dtype repeats
-    device): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
+    """Body of one of the two processes ``exchange_profile`` starts (argv: rank folder hidden dtype repeats
+    device rows): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
 
     rank, folder, hidden, dtype, repeats = (
         int(sys.argv[1]),
@@ -116,7 +118,7 @@ def _exchange_rank() -> None:
         sys.argv[4],
         int(sys.argv[5]),
     )
-    device = torch.device(sys.argv[6])
+    device, row_counts = torch.device(sys.argv[6]), [int(n) for n in sys.argv[7].split(",")]
     backend = "nccl" if device.type == "cuda" else "gloo"
     torch.set_num_threads(1)
     if backend == "nccl":
@@ -130,7 +132,7 @@ def _exchange_rank() -> None:
     )
     ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
     clock, result = Clock(device), {}
-    for n in ROWS:
+    for n in row_counts:
         rows = torch.zeros(n, hidden, dtype=getattr(torch, dtype), device=device)  # (n, hidden)
         packed = torch.zeros(
             n + 1, 11, dtype=torch.int64, device="cpu"
@@ -149,7 +151,10 @@ def _exchange_rank() -> None:
     dist.destroy_process_group()
 
 
-def _exchange_profile(hidden: int, dtype: torch.dtype, repeats: int, devices: tuple[str, str]) -> dict:
+def exchange_profile(
+    hidden: int, dtype: torch.dtype, repeats: int, devices: tuple[str, str], rows=ROWS
+) -> dict:
+    """{rows: seconds} of one round's exchange between two fresh processes on ``devices`` (``_exchange_rank``)."""
     with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
         entry = "from dex_core.tools.profile import _exchange_rank; _exchange_rank()"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -165,6 +170,7 @@ def _exchange_profile(hidden: int, dtype: torch.dtype, repeats: int, devices: tu
                     dtype_name(dtype),
                     str(repeats),
                     devices[r],
+                    ",".join(map(str, rows)),
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -218,7 +224,7 @@ def measure_profile(
         f"{list(ROWS)} rows (cached in {path.parent})"
     )
     profile = _compute_profile(model, proposal_rows, repeats)
-    profile["exchange"] = _exchange_profile(model.config.hidden_size, dtype, repeats, link)
+    profile["exchange"] = exchange_profile(model.config.hidden_size, dtype, repeats, link)
     profile.update(
         key=key,
         threads=torch.get_num_threads(),
