@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import torch
 
+from .algorithm.lattice import NO_PROPOSAL
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .device import dtype_name, resolve_dtype
 from .distributed.group import ExplorerGroup
@@ -158,7 +160,7 @@ class DexDecoder:
         return len(self.depths)
 
     def _text(self, token: int) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode([token])
+        return None if self.tokenizer is None or token == NO_PROPOSAL else self.tokenizer.decode([token])
 
     def generate(
         self,
@@ -166,11 +168,13 @@ class DexDecoder:
         max_new_tokens: int | None = None,
         *,
         options: GenerationOptions | None = None,
+        pipeline: bool = False,
         **overrides,
     ) -> GenerationResult:
-        """Run to the end; ``overrides`` are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, …)."""
+        """Run to the end; ``overrides`` are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, …);
+        ``pipeline``: AR through the same stages instead of DEX (see ``stream``)."""
         return GenerationResult.from_trace(
-            list(self.stream(input_ids, max_new_tokens, options=options, **overrides))
+            list(self.stream(input_ids, max_new_tokens, options=options, pipeline=pipeline, **overrides))
         )
 
     @torch.no_grad()
@@ -180,25 +184,32 @@ class DexDecoder:
         max_new_tokens: int | None = None,
         *,
         options: GenerationOptions | None = None,
+        pipeline: bool = False,
         **overrides,
     ) -> Iterator[dict]:
-        """Yield trace events: a start event, one event per round, and an end event with the stats."""
+        """Yield trace events: a start event, one event per round, and an end event with the stats.
+
+        ``pipeline=True``: AR through the same K stages on the same devices (pipeline-parallel AR at batch 1,
+        the like-for-like baseline where the model only fits across them): no stage but the last proposes, so
+        each token walks all K stages in K rounds and equals the AR reference's; no adapter, light head, DECS
+        or draft chain runs, and the trace says so."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
-        request = make_request(self.view, input_ids, opts)
+        request = dataclasses.replace(make_request(self.view, input_ids, opts), pipeline=pipeline)
+        proposes = not pipeline  # what the start event records of the proposal side
         yield start_event(
             "dex",
             self.depths,
             self.view.num_layers,
             request,
-            self.decs,
-            self.adapters,
-            self.proposal_vocab,
+            self.decs and proposes,
+            self.adapters if proposes else (),
+            self.proposal_vocab if proposes else None,
             self.depth_choice,
-            self.prune,
-            self.cost,
+            self.prune if proposes else None,
+            self.cost if proposes else {**self.cost, "adapter": 0.0, "proposal": 0.0},
             dtype=dtype_name(self.view.dtype),
             device=self._device(),
-            draft=self.settings.draft,
+            draft=self.settings.draft if proposes else None,
         )
         if self.group is not None:
             for event in self.group.run(request):

@@ -54,6 +54,8 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_t
             sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
             assert sampled.tokens == reference.tokens
+            piped = dist_decoder.generate(prompt, 16, pipeline=True)  # AR through the same stages and ranks
+            assert piped.tokens == ar_generate(model, prompt, 16).tokens and piped.stats.rounds == K * 16
         assert dist_decoder.group.pids() == pids  # the same processes served every call
         # every distributed round exchanges (rows, or at least the control all-gather); the sequential schedule never
         rounds = [e for e in distributed.trace if e["event"] == "round"]

@@ -121,3 +121,27 @@ def test_sampled_first_tokens_follow_the_model_softmax():
     assert p_value > 1e-3, (chi2, counts.tolist(), expected.tolist())
     # and the counts are not degenerate: every token of the vocabulary was drawn
     assert (counts > 0).all()
+
+
+@pytest.mark.parametrize(
+    "K,sampling", [(2, {}), (4, {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7})]
+)
+def test_ar_through_the_stages_equals_the_ar_reference_in_k_rounds_per_token(
+    family_model, K, sampling, tmp_path
+):
+    """``pipeline=True``: no stage but the last proposes, so each token walks all K stages (K rounds), nothing
+    speculative runs (no DECS mask or chain, though the decoder has chains on), and the trace says so and loads."""
+    from dex_core.trace.events import load_trace, save_trace
+
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    decoder = DexDecoder(family_model, explorers=K, draft="gate=0")
+    got = decoder.generate(prompt, 12, pipeline=True, **sampling)
+    assert got.tokens == ar_generate(family_model, prompt, 12, **sampling).tokens
+    assert got.stats.rounds == 12 * K and got.stats.matched_stages == [K - 1] * 12 and got.stats.drafted == 0
+    assert got.stats.batch_sizes[: 2 * K] == [[int(k == r % K) for k in range(K)] for r in range(2 * K)]
+    start, rounds = got.trace[0], [e for e in got.trace if e["event"] == "round"]
+    assert start["pipeline"] is True and start["decs"] is False and "draft" not in start
+    assert all(n["token"] == -1 and n["top"] == [] for e in rounds for n in e["nodes"] if n["stage"] < K - 1)
+    save_trace(tmp_path / "pipeline.json", got.trace)
+    assert load_trace(tmp_path / "pipeline.json")[0] == got.trace
+    assert decoder.generate(prompt, 12, **sampling).tokens == got.tokens  # the same decoder runs DEX after it

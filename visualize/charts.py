@@ -216,6 +216,8 @@ def _bench_label(row: dict) -> str:
         return f"{row['method']} K={row['explorers']}{extra}"
     if "exit" in row:
         return f"{row['method']} E={row['exit']} n={row['draft']}"
+    if row["method"] == "ar-pipeline":
+        return f"ar-pipeline K={row['explorers']}"
     return row["method"]
 
 

@@ -100,6 +100,11 @@ class Collapse:
     state_after: int
 
 
+NO_PROPOSAL = (
+    -1
+)  # the token of a node whose stage proposes nothing (AR through the stages): it starts no branch
+
+
 def first_match(candidates: list[int], token: int) -> int:
     """The shallowest stage whose candidate is ``token`` (the final stage's always is)."""
     return candidates.index(token)
@@ -222,6 +227,8 @@ class Lattice:
                 continue
             if node.stage < self.K - 1:
                 self.children.append(Child("depth", node.id))
+            if node.token == NO_PROPOSAL:
+                continue
             if not self.chains or self.chains.recovers(self, node):
                 self.children.append(Child("position", node.id))
         self._latest = []

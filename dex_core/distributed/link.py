@@ -177,7 +177,7 @@ def _pack(mine: StageOutput | None, width: int, top: int, cancel: bool) -> torch
         floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
         packed[:n, 0] = to_device(mine.tokens, "cpu")
         packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
-        if top:
+        if top and all(mine.top):  # a stage that proposes nothing has no candidates (left -1: none)
             packed[:n, 4 : 4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
             probs = to_device([[p for _, p in row] for row in mine.top], "cpu", torch.float64)
             packed[:n, 4 + top :] = probs.view(torch.int64)
@@ -192,7 +192,7 @@ def _unpack(g: torch.Tensor, n: int, width: int, top: int) -> StageOutput:
     ids, top_probs = g[:n, 4 : 4 + top].tolist(), g[:n, 4 + top :].contiguous().view(torch.float64).tolist()
     return StageOutput(
         tokens=g[:n, 0].tolist(),
-        top=[list(zip(i, p)) for i, p in zip(ids, top_probs)],
+        top=[[(t, p) for t, p in zip(i, ps) if t >= 0] for i, ps in zip(ids, top_probs)],
         hidden=None,
         seconds=float(g[width, :1].contiguous().view(torch.float64)),
         probs=probs,

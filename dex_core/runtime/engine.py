@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..algorithm.chains import ChainPlanner
-from ..algorithm.lattice import Collapse, Commit, Lattice, RoundPlan
+from ..algorithm.lattice import NO_PROPOSAL, Collapse, Commit, Lattice, RoundPlan
 from ..algorithm.sampling import Sampler
 from ..model.explorer import Explorer
 from ..model.view import ModelView
@@ -23,7 +23,7 @@ from .links import StageOutput
 from .request import Request
 from .results import GenerationStats
 from .settings import RunSettings
-from .stage import choose, expand
+from .stage import choose, expand, passed_on
 
 Outputs = dict[int, StageOutput]  # stage index -> what that explorer produced this round
 
@@ -94,7 +94,7 @@ def start(view, settings: RunSettings, explorers, link, request: Request, text) 
             prompt[-1],
             len(prompt),
             None
-            if settings.draft is None
+            if settings.draft is None or request.pipeline
             else ChainPlanner(settings.draft, prompt, len(prompt) + o.max_new_tokens - 1),
         ),
         Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed),
@@ -118,9 +118,9 @@ def plan_round(run: Run) -> RoundPlan:
 
 def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
     """Node id -> the tokens DECS masks at it: its slot's shallower candidates (never at the final stage)."""
-    final = run.settings.K - 1
+    final, decs = run.settings.K - 1, run.settings.decs and not run.request.pipeline
     return {
-        n.id: run.lattice.prior_tokens(n) if run.settings.decs and n.stage < final else []
+        n.id: run.lattice.prior_tokens(n) if decs and n.stage < final else []
         for batch in plan.batches
         for n in batch
     }
@@ -130,6 +130,8 @@ def explore(run: Run, e: Explorer, plan: RoundPlan, masked: dict[int, list[int]]
     """Explorer ``e``'s round: expand its batch, then choose its tokens."""
     batch = plan.batches[e.index]
     hidden, logits = expand(run, e, plan)
+    if logits is None:  # AR through the stages: only the last one chooses
+        return passed_on(run, e, batch, hidden)
     return choose(run, e, batch, logits, [masked[n.id] for n in batch], hidden)
 
 
@@ -175,7 +177,7 @@ def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, comm
         nodes = [
             node_record(
                 n,
-                text(n.token) if text else None,
+                text(n.token) if text and n.token != NO_PROPOSAL else None,
                 [[t, round(p, 4)] + ([text(t)] if text else []) for t, p in out.top[i]],
                 masked[n.id],
             )

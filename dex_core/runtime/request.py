@@ -22,12 +22,16 @@ from ..model.view import ModelView
 
 @dataclass(frozen=True)
 class Request:
-    """One checked generation: prompt token ids, the options, and the EOS ids it stops at."""
+    """One checked generation: prompt token ids, the options, and the EOS ids it stops at. ``pipeline``: AR
+    through the same K stages (pipeline-parallel AR at batch 1) — no stage but the last proposes, so every token
+    walks all K stages in K rounds: exactly the AR reference's tokens, the like-for-like baseline on the devices
+    DEX runs on."""
 
     prompt: tuple[int, ...]
     options: GenerationOptions
     eos: tuple[int, ...]
     id: int = 0
+    pipeline: bool = False
 
 
 def _token(t) -> int:

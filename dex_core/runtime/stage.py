@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..algorithm.lattice import NO_PROPOSAL
 from ..device import to_device
 from .links import StageOutput
 
@@ -49,9 +50,10 @@ class ReadBack:
         )
 
 
-def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor]:
+def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Explorer ``e``'s batch through its stage: its output rows (n, hidden), posted to the next explorer before its
-    head runs, and the candidate logits (n, vocab), or (n, N) with a light head."""
+    head runs, and the candidate logits (n, vocab), or (n, N) with a light head; None where the stage proposes
+    nothing (a non-final stage of AR through the stages, ``Request.pipeline``)."""
     batch = plan.batches[e.index]
     inputs = [n.position - 1 for n in batch]  # where each node's input token sits
     with run.clock.span("masks"):
@@ -64,7 +66,8 @@ def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor]:
         h_out = e.expand(h_in, [n.slot for n in batch], inputs, None, masks)  # (n, hidden)
         if not e.final:
             run.link.post(plan, e.index, h_out)  # the rows travel while the head runs
-        return h_out, e.propose(h_out)
+        proposes = e.final or not run.request.pipeline
+        return h_out, e.propose(h_out) if proposes else None
 
 
 def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden: torch.Tensor) -> StageOutput:
@@ -91,3 +94,11 @@ def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden:
             decision, probs, top_ids, top_probs
         ).tolist()  # the one sync of this explorer's round
     return read.unpack(rows, None if e.final else hidden, run.clock.seconds(("expand", e.index)))
+
+
+def passed_on(run, e, batch, hidden: torch.Tensor) -> StageOutput:
+    """What a stage that proposes nothing produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
+    n = len(batch)
+    return StageOutput(
+        [NO_PROPOSAL] * n, [[] for _ in range(n)], hidden, run.clock.seconds(("expand", e.index))
+    )

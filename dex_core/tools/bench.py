@@ -9,6 +9,9 @@ Methods (every output compared token by token with HF ``generate``, greedy):
   chosen), with rounds per token, the depth-side speedup next to ``dex ead``'s prediction, measured
   one-device tokens/s and the projected K-device tokens/s (communication from the machine's profile,
   ``dex_core.tools.profile``); ``dex-distributed``: the distributed schedule's measured wall clock;
+- ``ar-pipeline``: AR through the same K stages on the distributed schedule's devices (``stream(pipeline=True)``:
+  one token walks every stage, K rounds per token) — the like-for-like AR where the model only fits across K
+  devices; ``ar-stages`` is the same stage code in one process with K = 1, ``ar-hf`` the whole model in one;
 - ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way;
@@ -66,7 +69,16 @@ from .ead import matches
 from .profile import measure_profile
 from .verify import Certificate, certify_tokens
 
-METHODS = ("ar-hf", "ar-stages", "dex", "dex-distributed", "self-spec", "hf-early-exit", "hf-prompt-lookup")
+METHODS = (
+    "ar-hf",
+    "ar-stages",
+    "ar-pipeline",
+    "dex",
+    "dex-distributed",
+    "self-spec",
+    "hf-early-exit",
+    "hf-prompt-lookup",
+)
 DRAFTS = (1, 2, 3, 4, 6, 8)
 QUICK = {
     "sets": ("synthetic",),

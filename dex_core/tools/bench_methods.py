@@ -70,17 +70,15 @@ def dex_decoders(bench, explorations) -> dict:
     for depths in explorations:
         covered = {d: a for d, a in adapters.items() if d in depths[:-1]}
         runs = [("dex", use, decs, {}) for use, decs in variants]
+        devices = None if bench.device.type == "cuda" else ("cpu",) * len(depths)
+        distributed = {"backend": "distributed", "threads": cfg.threads, "devices": devices}
         if "dex-distributed" in cfg.methods:
-            devices = None if bench.device.type == "cuda" else ("cpu",) * len(depths)
-            runs.append(
-                (
-                    "dex-distributed",
-                    bool(adapters),
-                    True,
-                    {"backend": "distributed", "threads": cfg.threads, "devices": devices},
-                )
-            )
+            runs.append(("dex-distributed", bool(adapters), True, distributed))
+        if "ar-pipeline" in cfg.methods:  # AR through these stages on the distributed schedule's devices
+            runs.append(("ar-pipeline", False, False, distributed))
         for (method, use, decs, more), prune, draft in itertools.product(runs, cfg.prune, cfg.draft):
+            if method == "ar-pipeline":  # nothing proposes: one decoder, whatever the bounds
+                prune, draft = cfg.prune[0], cfg.draft[0]
             d = DexDecoder(
                 bench.model,
                 depths=depths,
@@ -120,6 +118,11 @@ def _dex(decoder, prompt, n):
     return result.tokens, result.stats
 
 
+def _pipeline(decoder, prompt, n):
+    result = decoder.generate(prompt, n, pipeline=True)
+    return result.tokens, result.stats
+
+
 def _self_spec(model, stage_ar, tuned, adapter, prompt, n):
     if not tuned["exit"]:  # the grid search found plain AR cheapest: AR on the stage runner
         tokens = stage_ar.generate(prompt, n).tokens
@@ -143,7 +146,7 @@ def runners(bench, decoders: dict, stage_ar, tuning: dict) -> dict:
     out = {
         "ar-hf": partial(_hf, model),
         "ar-stages": partial(_stages, stage_ar),
-        **{key: partial(_dex, d) for key, d in decoders.items()},
+        **{key: partial(_pipeline if key[0] == "ar-pipeline" else _dex, d) for key, d in decoders.items()},
     }
     if ss:
         out["self-spec"] = partial(_self_spec, model, stage_ar, ss, bench.adapters.get(ss["exit"]))

@@ -142,6 +142,10 @@ def _config_text(row: dict) -> str:
                 else ", no draft chains"
             )
         )
+    if row["method"] == "ar-pipeline":
+        return (
+            f"K={row['explorers']} stages {row['depths']}, one process each: every token through all of them"
+        )
     if row["method"] == "hf-prompt-lookup":
         return f"up to {row['draft']} looked-up tokens per step ({row['rows_per_step']:.2f} rows per step)"
     if "exit" in row and row["exit"] is None:
@@ -244,6 +248,10 @@ def result_row(key, outs: list, ctx: SetContext) -> dict:
     }
     if method in ("dex", "dex-distributed"):
         row.update(_dex_row(key, [o[1] for o in outs], ctx))
+    elif method == "ar-pipeline":  # AR's weights per token, over K devices in K rounds
+        K, rounds = len(key[1]), sum(o[1].rounds for o in outs)
+        row.update(explorers=K, depths=list(key[1]), devices=K, rounds_per_token=rounds / T)
+        row["schedule"] = f"distributed ({K} processes): AR through the stages"
     elif method == "self-spec":
         row.update(_self_spec_row(outs, ctx))
     elif method == "hf-early-exit":

@@ -108,7 +108,8 @@ def start_event(
     device: str | None = None,
     draft=None,
 ) -> dict:
-    """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``)."""
+    """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``;
+    ``pipeline`` recorded when the request is AR through the stages)."""
     o = request.options
     draft = None if draft is None else dataclasses.asdict(draft)
     extra = {
@@ -121,6 +122,7 @@ def start_event(
             ("cost", cost),
             ("dtype", dtype),
             ("device", device),
+            ("pipeline", getattr(request, "pipeline", False) or None),
         )
         if v is not None
     }

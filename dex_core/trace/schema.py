@@ -110,8 +110,10 @@ def _start(lim: TraceLimits) -> dict:
             "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}),
             "dtype": {"enum": list(DTYPES)},
             "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"},
+            "pipeline": {"type": "boolean"},
         },
         optional=(
+            "pipeline",
             "adapter_depths",
             "proposal_vocab",
             "depth_choice",
@@ -141,7 +143,7 @@ def _node(lim: TraceLimits) -> dict:
             "stage": _int(0, K - 1),
             "position": _int(),
             "input_token": _int(),
-            "token": _int(),
+            "token": _int(-1),  # -1: the stage proposed nothing (AR through the stages, start's "pipeline")
             "text": _text(lim.max_text_chars),
             "top": _list(top, lim.max_top_k),
             "masked": _list(_int(), K),
@@ -159,7 +161,7 @@ def _commit(lim: TraceLimits) -> dict:
             "text": _text(lim.max_text_chars),
             "matched_stage": _int(0, K - 1),
             "anchor_nodes": _list(_int(), K, 1),
-            "anchor_candidates": _list(_int(), K, 1),
+            "anchor_candidates": _list(_int(-1), K, 1),
             "margin": _num(),
             "near_tie": {"type": "boolean"},
             "tie_gap": _num(),
