@@ -1,5 +1,9 @@
-"""The Race tab's handler: one prompt through AR and DEX, interleaved in this process, with Stop and the
-host's bound on a request's model time.
+"""The Race tab's handler: one prompt through AR and DEX, with Stop and the host's bound on a request's model time.
+
+Sequential backend: AR is HF-style AR over the whole model (``ar_stream``), interleaved with DEX in this
+process. Distributed backend, where no process holds the whole model: AR goes through the same K stages on the
+same explorer processes and devices (``stream(pipeline=True)``, pipeline-parallel AR), run first, then DEX
+(one group serves one request at a time); both clocks are measured on the devices, nothing is projected.
 
 The clocks start only after the model is loaded and this machine's profile (``dex_core.tools.profile``, for
 the K-device projection) is measured or read from its cache, so neither first-use cost is in either
@@ -50,7 +54,7 @@ class _Race:
     dex: object
     decoder: object
     tokenizer: object
-    profile: dict
+    profile: dict | None  # the seconds profile for the projection (None: distributed, measured for real)
     clocks: dict = field(default_factory=lambda: {"ar": 0.0, "dex": 0.0, "proj": 0.0})
     times: dict = field(default_factory=lambda: {"ar": [], "dex": [], "proj": []})
     tokens: dict = field(default_factory=lambda: {"ar": [], "dex": []})
@@ -63,12 +67,10 @@ class _Race:
         )
 
     def step(self) -> None:
-        """The next event of the side whose own clock is behind (the other, once one has ended)."""
-        side = (
-            "ar"
-            if "dex" in self.ends or ("ar" not in self.ends and self.clocks["ar"] <= self.clocks["dex"])
-            else "dex"
-        )
+        """The next event of the side whose own clock is behind (the other, once one has ended); distributed, AR
+        until it ends, then DEX (both lanes use the same explorer processes)."""
+        behind = self.clocks["ar"] <= self.clocks["dex"] or self.profile is None
+        side = "ar" if "dex" in self.ends or ("ar" not in self.ends and behind) else "dex"
         try:
             event = next(self.ar if side == "ar" else self.dex)
         except ExplorerError as err:
@@ -76,20 +78,22 @@ class _Race:
         if event["event"] == "end":
             self.ends[side] = event
             self.first = self.first or NAMES[side]
-        elif side == "ar":
+        elif event["event"] == "token":  # AR over the whole model
             self.clocks["ar"] = event["seconds"]
             self.tokens["ar"].append(event["token"])
             self.times["ar"].append(self.clocks["ar"])
-        else:
+        else:  # a round: of DEX, or of AR through the stages
             t = event["timings"]
-            self.clocks["dex"] += t["prefill"] + t["round"]
-            self.clocks["proj"] += t["projected"] + exchange_seconds(
-                self.profile, [len(b) for b in event["batches"]]
-            )
+            self.clocks[side] += t["prefill"] + t["round"]
+            if side == "dex" and self.profile is not None:
+                self.clocks["proj"] += t["projected"] + exchange_seconds(
+                    self.profile, [len(b) for b in event["batches"]]
+                )
             for commit in round_commits(event):  # several when a draft chain committed
-                self.tokens["dex"].append(commit["token"])
-                self.times["dex"].append(self.clocks["dex"])
-                self.times["proj"].append(self.clocks["proj"])
+                self.tokens[side].append(commit["token"])
+                self.times[side].append(self.clocks[side])
+                if side == "dex" and self.profile is not None:
+                    self.times["proj"].append(self.clocks["proj"])
 
 
 def race_frames(
@@ -118,7 +122,6 @@ def race_frames(
             chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft
         )
         check_text(prompt)
-        runtime.need_whole_model("the Race (its AR lane)")
         race = yield from _start(runtime, config, prompt)
     except DexError as err:
         raise short_error(err) from None
@@ -142,16 +145,21 @@ def _start(runtime: Runtime, config, prompt: str):
     for line in loading(runtime):
         yield _status(line)
     ids = runtime.encode(prompt, config.chat)
-    model, tokenizer = runtime.model("the Race (its AR lane)")
     decoder = runtime.decoder(config)
     notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
     if notice:
         gr.Warning(notice)
-    yield from map(_status, _profiling(runtime, decoder))
-    ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
+    if runtime.distributed:  # no process holds the whole model: AR through the same stages and devices
+        ar, profile = decoder.stream(ids, options=config.generation(), pipeline=True), None
+        tokenizer = runtime.tokenizer()
+    else:
+        model, tokenizer = runtime.model("the Race (its AR lane)")
+        yield from map(_status, _profiling(runtime, decoder))
+        ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
+        profile = runtime.profile(decoder)
     dex = decoder.stream(ids, options=config.generation())
     next(ar), next(dex)
-    return _Race(ar, dex, decoder, tokenizer, runtime.profile(decoder))
+    return _Race(ar, dex, decoder, tokenizer, profile)
 
 
 def _devices(K: int) -> str:
@@ -159,18 +167,25 @@ def _devices(K: int) -> str:
 
 
 def _race_view(tokenizer, tokens, times, ends, decoder, first, stopped=None):
-    """The Race's panes: AR and DEX on one device (sequential schedule), and DEX's projected K-device clock."""
-    K = decoder.K
-    series = [
-        {"name": "AR (measured)", "times": times["ar"]},
-        {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
-        {
-            "name": f"DEX projected on {_devices(K)} (communication included)",
-            "times": times["proj"],
-            "dash": True,
-        },
-    ]
-    facts = {"K": K, "first": first, "distributed": False}
+    """The Race's panes, each lane labelled: sequential, AR over the whole model and DEX on one device, and DEX's
+    projected K-device clock; distributed, AR through the same K stages and DEX, both on the K devices."""
+    K, distributed = decoder.K, decoder.group is not None
+    if distributed:
+        series = [
+            {"name": f"AR through the same {K} stages on {_devices(K)} (measured)", "times": times["ar"]},
+            {"name": f"DEX on {_devices(K)} (measured)", "times": times["dex"]},
+        ]
+    else:
+        series = [
+            {"name": "AR, the whole model on one device (measured)", "times": times["ar"]},
+            {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
+            {
+                "name": f"DEX projected on {_devices(K)} (communication included)",
+                "times": times["proj"],
+                "dash": True,
+            },
+        ]
+    facts = {"K": K, "first": first, "distributed": distributed}
     if "dex" in ends:
         stats = ends["dex"]["stats"]
         cost = decoder.cost_model

@@ -111,10 +111,21 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
             alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
             assert len(alive) == decoder.K, (controls, alive)
         assert groups[7] == groups[6] and len({tuple(g) for g in groups}) == 7
-        with pytest.raises(
-            DexError, match="the Race \\(its AR lane\\) runs the whole model in this server's process"
-        ):
-            runtime.model("the Race (its AR lane)")
+        with pytest.raises(DexError, match="the Analysis runs the whole model in this server's process"):
+            runtime.model("the Analysis")
+        # the Race's AR lane: AR through the same stages on the same group, then DEX (no third group)
+        from app.model_work import StopRequests
+        from app.race import race_frames
+
+        frames = list(race_frames(runtime, StopRequests(), "hello world", False, 2, True, 6))
+        ar_text, dex_text, figure, summary = frames[-1]
+        assert ar_text == dex_text and "identical output" in summary
+        assert [t.name for t in figure.data] == [
+            "AR through the same 2 stages on 2 devices (measured)",
+            "DEX on 2 devices (measured)",
+        ]
+        assert "AR (through the same 2 stages, one device each)" in summary and "Projected" not in summary
+        assert decoder.group.pids() == groups[7]
     finally:
         runtime.close()
     assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []

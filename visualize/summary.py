@@ -56,7 +56,8 @@ def race_summary_html(tokens: dict, times: dict, done: bool, facts: dict, stoppe
         if distributed
         else f"sequential: its {esc(K)} explorers one after another on one device"
     )
-    ar_line, ar_rate = _clock("AR", ar, times["ar"])
+    ar_name = f"AR (through the same {esc(K)} stages, one device each)" if distributed else "AR"
+    ar_line, ar_rate = _clock(ar_name, ar, times["ar"])
     dex_line, dex_rate = _clock(f"DEX ({how})", dex, times["dex"])
     parts = [badge]
     if ar_rate and dex_rate:
@@ -82,7 +83,10 @@ def _how_counted(f: dict) -> str:
     """The "how this is counted" fold: clocks, the projection, and (once DEX finished) the cost model."""
     K = f["K"]
     order = (
-        f"AR and DEX were interleaved step by step under the same load until {esc(f['first'])} finished; "
+        "AR went first, then DEX, on the same explorer processes and devices (AR through the stages: each token "
+        "walks all of them, K rounds per token)."
+        if f.get("distributed")
+        else f"AR and DEX were interleaved step by step under the same load until {esc(f['first'])} finished; "
         "the other then ran alone."
         if f.get("first")
         else "AR and DEX are interleaved step by step under the same load."
