@@ -29,7 +29,8 @@ from dex_core.trace.events import round_commits
 
 from . import debugger as dbg
 from .model_work import Deadline, StopRequests, in_background
-from .runtime import Runtime, ui_config
+from .runtime import Runtime
+from .settings import ui_config
 
 PREVIOUS = "the panels below still show the previous run"
 LIVE = "this session's live run"  # the origin of a Live run's trace

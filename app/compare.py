@@ -18,7 +18,7 @@ from visualize.markup import esc
 
 from . import callbacks as cb
 from . import debugger as dbg
-from .runtime import HUSH
+from .settings import HUSH
 
 HINT = (
     "Nothing pinned yet. Press “Pin this run for comparison” to keep the run shown above as run A (or load a "

@@ -33,12 +33,14 @@ import gradio as gr
 
 from app import callbacks as cb
 from app import compare as cmp
+from app import controls as ctl
 from app import debugger as dbg
 from app import race
 from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, TIMELINE_JS
-from app.runtime import HUSH, PRUNE_CHOICES, QUIET, AppSettings, Runtime, control
+from app.runtime import Runtime
 from app.server import SessionBlocks
-from dex_core import DecoderOptions, DexConfig, GenerationOptions
+from app.settings import HUSH, PRUNE_CHOICES, QUIET, AppSettings
+from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
 from dex_core.trace.schema import TRACE_LIMITS
@@ -48,61 +50,6 @@ EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy
     "Write a Python function that returns the sum of a list of numbers.",
     "What is the capital of France? Answer in one sentence.",
 ]
-
-
-def _sampling_controls():
-    with gr.Row():  # the sampling settings are editable only while Sample is on
-        sample = gr.Checkbox(label="Sample (else greedy)", value=False, elem_id="live-sample")
-        temperature = gr.Slider(
-            0.05,
-            2.0,
-            value=1.0,
-            step=0.05,
-            label="Temperature",
-            interactive=False,
-            elem_id="live-temperature",
-        )
-        top_k = gr.Number(
-            value=0, precision=0, minimum=0, label="Top-k (0 = off)", interactive=False, elem_id="live-top-k"
-        )
-        top_p = gr.Slider(
-            0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p"
-        )
-        seed = gr.Number(
-            value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed"
-        )
-    sample.change(cb.sampling_controls, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
-    return sample, temperature, top_k, top_p, seed
-
-
-def _explorers(runtime: Runtime, elem_id: str | None = None) -> gr.Slider:
-    c = control(DecoderOptions, "explorers")
-    return gr.Slider(
-        c["minimum"],
-        c["maximum"],
-        value=runtime.settings.explorers,
-        step=1,
-        label="Explorers K",
-        elem_id=elem_id,
-    )
-
-
-def _draft_box(elem_id: str) -> gr.Checkbox:
-    return gr.Checkbox(label="Draft chains", value=True, elem_id=elem_id)
-
-
-def _adapters_box(runtime: Runtime) -> gr.Checkbox:
-    return gr.Checkbox(
-        label="Inducing adapters",
-        value=runtime.shipped_adapters,
-        interactive=runtime.shipped_adapters,
-        info="shipped for the default model" if runtime.shipped_adapters else "none shipped for this model",
-    )
-
-
-def _max_new(label: str, elem_id: str) -> gr.Slider:
-    c = control(GenerationOptions, "max_new_tokens")
-    return gr.Slider(c["minimum"], c["maximum"], value=c["value"], step=1, label=label, elem_id=elem_id)
 
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
@@ -218,21 +165,21 @@ def _live_tab(runtime: Runtime, states: list):
     with gr.Accordion("Exploration and sampling", open=False):
         with gr.Row():
             chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-            explorers = _explorers(runtime, "live-k")
-            depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="")
-            adapters = _adapters_box(runtime)
+            explorers = ctl.explorers(runtime, "live-k")
+            depths = gr.Textbox(label="Depths (optional, e.g. 8,15,23,30)", value="", **ctl.launched(runtime))
+            adapters = ctl.adapters_box(runtime)
             with gr.Column(min_width=160):  # stacked: one more control in the row, no wider
-                decs = gr.Checkbox(label="DECS", value=DexConfig.decs)
-                draft = _draft_box("live-draft")
-            max_new = _max_new("Max new tokens", "live-new")
+                decs = gr.Checkbox(label="DECS", value=DexConfig.decs, **ctl.launched(runtime))
+                draft = ctl.draft_box(runtime, "live-draft")
+            max_new = ctl.max_new("Max new tokens", "live-new")
             prune = gr.Dropdown(
                 list(PRUNE_CHOICES),
                 value=DecoderOptions.prune,
                 label="Lattice pruning",
-                info="new branches per round; auto: 1 on CPU, none on GPUs",
                 elem_id="live-prune",
+                **{"info": "new branches per round; auto: 1 on CPU, none on GPUs", **ctl.launched(runtime)},
             )
-        sampling = _sampling_controls()
+        sampling = ctl.sampling_controls()
     gr.Examples(EXAMPLES, inputs=prompt)
     status = gr.HTML(elem_id="live-status")
     text = gr.HTML(label="Output", elem_id="live-text")
@@ -262,14 +209,14 @@ def _race_tab(runtime: Runtime) -> None:
     with gr.Row():
         prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
         with gr.Column(scale=1):
-            explorers = _explorers(runtime)
-            max_new = _max_new("Max new tokens", "race-new")
+            explorers = ctl.explorers(runtime)
+            max_new = ctl.max_new("Max new tokens", "race-new")
             go = gr.Button("Race", variant="primary", elem_id="race-go")
             stop = gr.Button("Stop", elem_id="race-stop")
     with gr.Row():
         chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-        adapters = _adapters_box(runtime)
-        draft = _draft_box("race-draft")
+        adapters = ctl.adapters_box(runtime)
+        draft = ctl.draft_box(runtime, "race-draft")
     summary = gr.HTML(_hint("race-empty", RACE_HINT), elem_id="race-summary")
     with gr.Row():
         ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
@@ -293,11 +240,11 @@ def _analysis_tab(runtime: Runtime) -> None:
     with gr.Row():
         prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4)
         with gr.Column(scale=1):
-            max_new = _max_new("Tokens to analyse", "an-new")
+            max_new = ctl.max_new("Tokens to analyse", "an-new")
             go = gr.Button("Analyse", variant="primary", elem_id="an-go")
     with gr.Row():
         chat = gr.Checkbox(label="Chat template", value=DexConfig.chat)
-        adapters = _adapters_box(runtime)
+        adapters = ctl.adapters_box(runtime)
         metric = gr.Radio(
             ["probability", "rank"], value="probability", label="Depth view colours", elem_id="an-metric"
         )
@@ -319,8 +266,8 @@ def _analysis_tab(runtime: Runtime) -> None:
     metric.change(None, metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
 
 
-def build_demo(settings: AppSettings | None = None) -> gr.Blocks:
-    runtime = Runtime(settings)
+def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = None) -> gr.Blocks:
+    runtime = runtime or Runtime(settings)
     ttl = runtime.settings.session_ttl
     with SessionBlocks(
         runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)
@@ -380,7 +327,12 @@ def main(argv=None) -> None:
     add_flags(parser, AppSettings)
     parser.set_defaults(**asdict(AppSettings.from_env()))
     settings = from_args(AppSettings, parser.parse_args(argv))
-    app = build_demo(settings)
+    runtime = Runtime(settings)
+    if (
+        settings.backend == "torchrun"
+    ):  # every rank joins; ranks other than 0 serve rank 0's requests, then exit
+        runtime.join_torchrun()
+    app = build_demo(runtime=runtime)
     app.runtime.files.exit_on_sigterm()  # SIGTERM removes the app's folder too
     app.launch(
         server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT

@@ -24,7 +24,8 @@ from dex_core.trace.events import round_commits
 
 from .callbacks import explorer_line, loading, session_of, short_error
 from .model_work import Deadline, StopRequests, in_background
-from .runtime import Runtime, ui_config
+from .runtime import Runtime
+from .settings import ui_config
 
 NAMES = {"ar": "AR", "dex": "DEX"}
 

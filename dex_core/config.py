@@ -33,7 +33,7 @@ def option(default, help: str, **extra):
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
-BACKENDS = ("sequential", "distributed")
+BACKENDS = ("sequential", "distributed", "torchrun")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
 DEPTH_CHOICES = (
     "given",
@@ -203,8 +203,9 @@ class DecoderOptions:
     )
     backend: str = option(
         "sequential",
-        "sequential (all explorers in one process) or distributed "
-        "(one process per explorer on torch.distributed)",
+        "sequential (all explorers in one process), distributed "
+        "(one process per explorer on torch.distributed) or torchrun "
+        "(this program runs once per rank under torchrun, across nodes too; K is the launch's)",
     )
     devices: tuple[str, ...] | None = option(
         None,

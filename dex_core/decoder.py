@@ -10,6 +10,7 @@ import torch
 from .algorithm.lattice import NO_PROPOSAL
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
 from .device import dtype_name, resolve_dtype
+from .distributed import torchrun
 from .distributed.group import ExplorerGroup
 from .log import stderr
 from .model.checkpoint import Checkpoint, locate
@@ -69,6 +70,11 @@ class DexDecoder:
 
     def __init__(self, model, options: DecoderOptions | None = None, *, tokenizer=None, **overrides):
         options = _options(options, overrides)
+        if options.backend == "torchrun":
+            raise DexError(
+                "under torchrun each rank reads its own part of the checkpoint: use "
+                "DexDecoder.from_pretrained(spec, backend='torchrun')"
+            )
         view = model_view(model)
         kind = _device_type(options) if options.backend == "distributed" else view.device.type
         settings = resolve_run(model, view, options, kind, tokenizer)
@@ -95,6 +101,8 @@ class DexDecoder:
         if options.backend == "sequential":
             model, loaded = load_model(spec, dtype=dtype, device=device, log=log)
             return cls(model, options, tokenizer=tokenizer or loaded)
+        if options.backend == "torchrun":
+            return cls._on_torchrun(spec, options, dtype, device, tokenizer, log)
         # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
         from transformers import AutoConfig
 
@@ -114,16 +122,37 @@ class DexDecoder:
         decoder._setup(view, settings, options, tokenizer, folder=folder)
         return decoder
 
+    @classmethod
+    def _on_torchrun(cls, spec, options: DecoderOptions, dtype, device, tokenizer, log):
+        """Every rank of a torchrun launch joins the group; rank 0 gets the decoder, and every other rank serves
+        rank 0's requests until rank 0 closes it, then ends its process (exit code 0)."""
+        group = torchrun.join(spec, options, dtype, device, log)
+        if group.rank != 0:
+            group.follow()
+            raise SystemExit(0)
+        shape = skeleton(group.config, group.view.dtype, group.folder)  # the whole model's shapes, no weights
+        decoder = cls.__new__(cls)
+        decoder._setup(model_view(shape), group.settings, options, tokenizer or group.tokenizer, group=group)
+        return decoder
+
     def _setup(
-        self, view, settings: RunSettings, options: DecoderOptions, tokenizer, *, model=None, folder=None
+        self,
+        view,
+        settings: RunSettings,
+        options: DecoderOptions,
+        tokenizer,
+        *,
+        model=None,
+        folder=None,
+        group=None,
     ):
         self.options, self.view, self.settings, self.tokenizer = options, view, settings, tokenizer
         self.model = model  # None when explorer processes read the checkpoint themselves
         self.cost_model = ModelCost.of(view.model, settings.adapters, settings.proposal_vocab)
         self.cost = self.cost_model.weights()  # for the trace's start event
-        self.backend, self.group, self.explorers = options.backend, None, []
-        if self.backend == "distributed":
-            self.group = ExplorerGroup(settings, view.model, options, folder)
+        self.backend, self.group, self.explorers = options.backend, group, []
+        if self.backend in ("distributed", "torchrun"):
+            self.group = group or ExplorerGroup(settings, view.model, options, folder)
             self._adapters = dict.fromkeys(
                 settings.adapters.depths
             )  # the modules live in the explorer processes

@@ -15,7 +15,7 @@ PROMPT = "hello world the prime number"
 
 @pytest.fixture(scope="module")
 def app_url(tiny_dir):
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3))
     yield url
@@ -31,7 +31,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     from gradio_client import Client
     from transformers import AutoModelForCausalLM
 
-    from app.runtime import ui_config
+    from app.settings import ui_config
 
     client = Client(app_url, verbose=False)
     controls = (
@@ -174,7 +174,7 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
     ],
 )
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
-    from app.runtime import ui_config
+    from app.settings import ui_config
     from dex_core import DexError
 
     with pytest.raises(DexError, match=re.escape(message)):
@@ -182,7 +182,7 @@ def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message
 
 
 def test_ui_off_values_map_to_the_library_defaults():
-    from app.runtime import ui_config
+    from app.settings import ui_config
     from dex_core import DexConfig
 
     greedy = ui_config(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5)  # sampling controls ignored
@@ -194,7 +194,7 @@ def test_ui_off_values_map_to_the_library_defaults():
 
 
 def test_app_settings_come_from_the_environment_and_are_validated():
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
     from dex_core import DexError
 
     s = AppSettings.from_env({"DEX_MODEL": "m", "DEX_EXPLORERS": "3", "DEX_BACKEND": "distributed"})
@@ -257,7 +257,8 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
     from app import compare as cmp
     from app import debugger as dbg
-    from app.runtime import AppSettings, Runtime
+    from app.runtime import Runtime
+    from app.settings import AppSettings
     from dex_core import save_trace
 
     example = dbg.bundled(None)

@@ -37,7 +37,8 @@ def profiles(monkeypatch):
 
 
 def runtime_for(tiny_dir, **settings):
-    from app.runtime import AppSettings, Runtime
+    from app.runtime import Runtime
+    from app.settings import AppSettings
 
     return Runtime(AppSettings(model=str(tiny_dir), explorers=3, **settings))
 
@@ -61,7 +62,7 @@ def dex_seconds(frame) -> float:
 def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_once(tiny_dir, profiles):
     from app import race
     from app.model_work import StopRequests
-    from app.runtime import ui_config
+    from app.settings import ui_config
 
     runtime, stops = runtime_for(tiny_dir), StopRequests()
     runtime.model()
@@ -108,7 +109,7 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
 ):
     from app import callbacks as cb
     from app import race
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
     from dex_core import DexError
     from dex_core.trace.events import round_commits
 
@@ -181,7 +182,7 @@ def test_the_time_left_counts_from_the_first_token_not_from_the_prefill_and_the_
 
 @pytest.fixture(scope="module")
 def served(tiny_dir):
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3))
     yield SimpleNamespace(demo=demo, url=url)

@@ -49,7 +49,7 @@ def small(tmp_path_factory):
 @pytest.fixture(scope="module")
 def app(tiny_dir, tmp_path_factory):
     """The app, with Gradio's temp folder of its own."""
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     temp = tmp_path_factory.mktemp("gradio-temp")
     with pytest.MonkeyPatch.context() as env:
@@ -180,7 +180,7 @@ def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
 
 def test_a_download_expires_after_file_ttl(tiny_dir, tmp_path, monkeypatch):
     from app.files import Files
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     files = Files(AppSettings(model=str(tiny_dir), file_ttl=1))

@@ -33,7 +33,7 @@ BAND = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-pl
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     """The app on a tiny 8-layer model (K up to 8), and the bundled example."""
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     path = tmp_path_factory.mktemp("tiny8")
     tiny_model("llama", layers=8).save_pretrained(path)

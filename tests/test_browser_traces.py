@@ -29,7 +29,7 @@ pytestmark = needs_chromium
 @pytest.fixture(scope="module")
 def app_url(tiny_dir):
     from app.main import UPLOAD_LIMIT
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3), max_file_size=UPLOAD_LIMIT)
     yield url

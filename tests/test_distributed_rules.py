@@ -15,7 +15,7 @@ from dex_core.config import DexError
 from dex_core.distributed.link import DistLink
 from dex_core.distributed.placement import resolve_devices
 from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
-from dex_core.distributed.serve import torchrun_device
+from dex_core.distributed.torchrun import torchrun_device
 from dex_core.tools.profile import decode_order_seconds
 
 

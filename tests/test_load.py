@@ -18,7 +18,7 @@ PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 
 def loaded_app(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from app.runtime import AppSettings
+    from app.settings import AppSettings
 
     demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3, queue_size=64))
     yield url, AutoModelForCausalLM.from_pretrained(tiny_dir)
@@ -81,7 +81,8 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
 
 @pytest.mark.slow
 def test_eight_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
-    from app.runtime import AppSettings, Runtime, ui_config
+    from app.runtime import Runtime
+    from app.settings import AppSettings, ui_config
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     me = psutil.Process()

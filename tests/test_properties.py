@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from app.runtime import PRUNE_CHOICES, control
+from app.settings import PRUNE_CHOICES, control
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model, tiny_tokenizer
@@ -258,7 +258,7 @@ def number(value):
 
 
 def ui_defaults() -> dict:
-    from app.runtime import ui_config
+    from app.settings import ui_config
 
     return {name: p.default for name, p in inspect.signature(ui_config).parameters.items()}
 
@@ -271,7 +271,7 @@ def parsed_depths(depths):
 @settings(max_examples=200, deadline=None)
 @given(controls=st.fixed_dictionaries({}, optional=UI_VALID))
 def test_the_apps_valid_control_values_give_the_config_they_say(controls):
-    from app.runtime import ui_config
+    from app.settings import ui_config
 
     config = ui_config(**controls)  # never a DexError
     sent = {**ui_defaults(), **controls}
@@ -305,7 +305,7 @@ def test_the_apps_valid_control_values_give_the_config_they_say(controls):
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), controls=st.fixed_dictionaries({}, optional=UI_VALID))
 def test_one_refused_control_value_is_a_dex_error_naming_that_control(data, controls):
-    from app.runtime import ui_config
+    from app.settings import ui_config
 
     name = data.draw(st.sampled_from(sorted(UI_BAD)))
     controls[name] = data.draw(UI_BAD[name])
