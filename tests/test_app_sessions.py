@@ -327,7 +327,8 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
         held = rss() - base
         for client in clients:
             client.close()
-        freed = until(lambda: rss() - base <= 40 * 2**20, 20)  # CPython's allocator would keep 50-150 MB
+        # CPython's allocator would keep 50-150 MB; up to 60 s, as a loaded CI machine notices closed tabs late
+        freed = until(lambda: rss() - base <= 40 * 2**20, 60)
         print(
             f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
             f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "

@@ -117,62 +117,6 @@ def test_stopping_a_stream_early_stops_the_explorers_in_step(model):
         assert again.tokens == ar_generate(model, [3, 1, 4, 1, 5], 20).tokens
 
 
-def test_torchrun_entry_point_serves_prompts_like_the_sequential_cli(tiny_dir, capsys):
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from dex_core.cli import main
-
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [
-        torchrun,
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "dex_core.serve",
-        "--model",
-        str(tiny_dir),
-        "--no-chat",
-        "--device",
-        "cpu",
-        "--max-new-tokens",
-        "10",
-        "--prompt",
-        "hello world",
-        "--prompt",
-        "the prime number",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    answers = [
-        next(x for x in reversed(lines[:i]) if x.strip())
-        for i, line in enumerate(lines)
-        if line.startswith("depths [")
-    ]
-    for prompt, answer in zip(["hello world", "the prime number"], answers):
-        assert (
-            main(
-                [
-                    "generate",
-                    prompt,
-                    "--model",
-                    str(tiny_dir),
-                    "--no-chat",
-                    "--max-new-tokens",
-                    "10",
-                    "--explorers",
-                    "2",
-                ]
-            )
-            == 0
-        )
-        assert capsys.readouterr().out.strip().splitlines()[0] == answer
-    assert len(answers) == 2 and proc.stdout.count("depths [3, 6] (K=2; uniform split)") == 2
-
-
 def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
     from dex_core.cli import main
 

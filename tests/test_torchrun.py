@@ -13,7 +13,6 @@ import pytest
 from conftest import free_port
 
 from dex_core import ar_generate, encode_prompt, load_model
-from dex_core.trace.events import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,26 +44,18 @@ def _end(nodes: list[subprocess.Popen], seconds: float) -> list[int]:
 
 
 @pytest.mark.slow  # two torchrun launches of two ranks (about a minute)
-def test_dex_generate_on_two_torchrun_nodes_runs_k4_and_equals_ar(tiny_dir, tmp_path):
-    args = [
-        "-m",
-        "dex_core.cli",
-        "generate",
-        "hello world",
-        "--backend",
-        "torchrun",
-        "--model",
-        str(tiny_dir),
-    ]
-    args += ["--no-chat", "--device", "cpu", "--max-new-tokens", "16", "--trace", str(tmp_path / "t.json")]
+def test_dex_serve_on_two_torchrun_nodes_runs_k4_and_prints_ars_text(tiny_dir, tmp_path):
+    prompts = ["hello world", "the prime number"]
+    args = ["-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat", "--device", "cpu"]
+    args += ["--max-new-tokens", "12", "--prompt", prompts[0], "--prompt", prompts[1]]
     codes = _end(two_nodes(args, tmp_path), 240)
-    assert codes == [0, 0], (tmp_path / "node0.out").read_text()[-3000:]
-    events, _ = load_trace(tmp_path / "t.json")
+    out = (tmp_path / "node0.out").read_text()
+    assert codes == [0, 0], out[-3000:]
     model, tokenizer = load_model(str(tiny_dir), device="cpu")
-    assert events[0]["explorers"] == 4 and events[0]["depths"] == [2, 3, 5, 6]
-    ids = encode_prompt(tokenizer, "hello world", chat=False)
-    assert events[-1]["tokens"] == ar_generate(model, ids, 16).tokens
-    assert "(K=4; uniform split)" in (tmp_path / "node0.out").read_text()
+    for prompt in prompts:
+        ar = ar_generate(model, encode_prompt(tokenizer, prompt, chat=False), 12).tokens
+        assert tokenizer.decode(ar, skip_special_tokens=True).strip() in out
+    assert out.count("depths [2, 3, 5, 6] (K=4; uniform split)") == 2
 
 
 @pytest.mark.slow  # two torchrun launches of the app (about a minute)
