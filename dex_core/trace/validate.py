@@ -28,6 +28,7 @@ import math
 
 import fastjsonschema
 
+from ..algorithm.lattice import NO_PROPOSAL
 from ..config import DexError
 from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits, trace_schemas
 
@@ -179,11 +180,15 @@ def _check_references(events: list[dict]) -> None:
         if expected == "round":
             if event["round"] <= last:
                 raise _reject(f"events[{i}].round", "must be greater than the previous round's")
-            alive, last = _check_round(event, f"events[{i}]", K, seen, alive), event["round"]
+            alive = _check_round(event, f"events[{i}]", K, seen, alive, start.get("pipeline", False))
+            last = event["round"]
 
 
-def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int]) -> set[int]:
-    """Check one round against the ids seen so far; add its nodes to ``seen``; return its alive ids."""
+def _check_round(
+    event: dict, where: str, K: int, seen: set[int], alive: set[int], pipeline: bool
+) -> set[int]:
+    """Check one round against the ids seen so far; add its nodes to ``seen``; return its alive ids. A token of -1
+    (no proposal) belongs only to a non-final stage of a pipeline trace (AR through the stages)."""
     if max(event["state_before"], event["state_after"]) > K:
         raise _reject(f"{where}.state_after", f"and state_before must be <= the {K} explorers")
     new: set[int] = set()
@@ -194,6 +199,10 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
             raise _reject(f"{where}.nodes[{j}].stage", f"must be below the {K} explorers")
         if node["parent"] is not None and node["parent"] not in seen:
             raise _reject(f"{where}.nodes[{j}].parent", "names no earlier node")
+        if node["token"] == NO_PROPOSAL and not (pipeline and node["stage"] < K - 1):
+            raise _reject(
+                f"{where}.nodes[{j}].token", "is -1 (no proposal) outside a pipeline trace's earlier stages"
+            )
         seen.add(node["id"])
         new.add(node["id"])
     present = alive | new
@@ -220,6 +229,10 @@ def _check_round(event: dict, where: str, K: int, seen: set[int], alive: set[int
             raise _reject(f"{where}.{at}", f"must name one anchor node and candidate per explorer ({K})")
         if c["matched_stage"] >= K:
             raise _reject(f"{where}.{at}.matched_stage", f"must be below the {K} explorers")
+        if NO_PROPOSAL in c["anchor_candidates"] and not (
+            pipeline and NO_PROPOSAL not in c["anchor_candidates"][-1:]
+        ):
+            raise _reject(f"{where}.{at}.anchor_candidates", "hold -1 (no proposal) outside a pipeline trace")
         if not present.issuperset(c["anchor_nodes"]):
             raise _reject(f"{where}.{at}.anchor_nodes", "names a node that is not in the lattice")
     for key, ids in [(f"collapse.{k}", collapse[k]) for k in ("committed", "kept", "dropped") if collapse] + [
