@@ -1,6 +1,6 @@
 """A fair queue and the API's contract: Stop on the Race, the host's bound on a request's model time,
 slow-settings warnings on every tab, the profile outside DEX's clock, every endpoint's own input checks
-(no traceback in the server log), README's endpoint table against the API, first-use progress."""
+(no traceback in the server log), the app guide's endpoint table against the API, first-use progress."""
 
 import re
 import subprocess
@@ -270,9 +270,10 @@ def test_every_endpoint_reports_bad_input_as_documented_without_a_traceback_in_t
     assert "finished" in list(client.submit(*GENERATE, api_name="/generate"))[-1][-1]  # good input still runs
 
 
-def readme_endpoints() -> dict:
-    """README's endpoint table: {endpoint: (input names, output descriptions)}; notes in parentheses dropped."""
-    readme = (ROOT / "README.md").read_text()
+def guide_endpoints() -> dict:
+    """The app guide's endpoint table (docs/APP.md): {endpoint: (input names, output descriptions)}; notes in
+    parentheses dropped."""
+    readme = (ROOT / "docs" / "APP.md").read_text()
     rows = re.findall(r"^\| `(/\w+)`[^|]*\| ([^|]+) \| ([^|]+) \|$", readme, flags=re.M)
 
     def items(cell):
@@ -281,11 +282,11 @@ def readme_endpoints() -> dict:
     return {name: (items(inputs), items(outputs)) for name, inputs, outputs in rows}
 
 
-def test_the_readme_endpoint_table_matches_the_apis_own_description():
+def test_the_app_guides_endpoint_table_matches_the_apis_own_description():
     from app.main import demo
 
     api = demo.get_api_info()["named_endpoints"]
-    table = readme_endpoints()
+    table = guide_endpoints()
     assert sorted(table) == sorted(api) == ["/analyse", "/generate", "/race"]
     for name, (inputs, outputs) in table.items():
         assert inputs == [p["parameter_name"] for p in api[name]["parameters"]], name
