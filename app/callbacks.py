@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import time
 
 import gradio as gr
 
@@ -28,6 +27,7 @@ from dex_core.tools.ead import readiness
 from dex_core.trace.events import round_commits
 
 from . import debugger as dbg
+from .estimate import Pace
 from .model_work import Deadline, StopRequests, in_background
 from .runtime import Runtime
 from .settings import ui_config
@@ -89,15 +89,6 @@ def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
 
 
-def time_left(first_commit: float, now: float, tokens: int, max_new_tokens: int) -> float | None:
-    """Seconds left at the pace since the first token (None before the second one). The first token also
-    paid the prompt's prefill and the K rounds that fill the pipeline: counted from the start, the first
-    estimates came out several times too high."""
-    if tokens < 2:
-        return None
-    return (now - first_commit) / (tokens - 1) * (max_new_tokens - tokens)
-
-
 def live_frames(
     runtime: Runtime,
     stops: StopRequests,
@@ -141,28 +132,30 @@ def live_frames(
         check_text(prompt)  # bad input is told before a first use loads the model
         for line in loading(runtime):
             yield _status_only("running", line)
-        decoder, stream = _live_start(runtime, config, prompt)
+        decoder, stream, first = _live_start(runtime, config, prompt)
+        if first:
+            yield _status_only("running", f"K={decoder.K} × {config.max_new_tokens} tokens: {first.text()}")
         events = [next(stream)]
     except (DexError, ExplorerError) as err:
         yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
         return
     frame = functools.partial(_live_frame, events, {"model": runtime.settings.model, "prompt": prompt})
+    bound = runtime.settings.request_seconds
+    pace = first and Pace(first, decoder.K, config.max_new_tokens, bound)
     try:
         yield from _live_rounds(
-            stream,
-            events,
-            frame,
-            (stops, session, Deadline(runtime.settings.request_seconds)),
-            config.max_new_tokens,
-            decoder.K,
+            stream, events, frame, (stops, session, Deadline(bound)), (decoder.K, config.max_new_tokens, pace)
         )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
+    if _end(events) and first:
+        runtime.learn(decoder.K, events[-1]["stats"])
 
 
 def _live_start(runtime: Runtime, config, prompt: str):
-    """The decoder for ``config`` and its stream over the prompt, after warning about slow settings and what the
-    model's generation config asks for that DEX does not apply."""
+    """The decoder for ``config``, its stream over the prompt and its first time estimate (None for explorer
+    groups), after warning about slow settings and what the model's generation config asks for that DEX does
+    not apply."""
     ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
     notices = [
@@ -173,25 +166,26 @@ def _live_start(runtime: Runtime, config, prompt: str):
     for notice in notices:
         if notice:
             gr.Warning(notice)
-    return decoder, decoder.stream(ids, options=config.generation())
+    first = runtime.forecast(decoder, config.max_new_tokens)
+    return decoder, decoder.stream(ids, options=config.generation()), first
 
 
 def _live_frame(events: list, meta: dict, state: str, detail: str) -> tuple:
     return _panels(events) + (events, meta, LIVE, viz.status_html(state, detail))
 
 
-def _live_rounds(stream, events: list, frame, stopping: tuple, max_new_tokens: int, K: int):
+def _live_rounds(stream, events: list, frame, stopping: tuple, run: tuple):
     """A frame per round until the end, or until Stop or the host's bound (``stopping``: the Stop requests, the
-    session, the deadline) ends the run after its round."""
+    session, the deadline) ends the run after its round. ``run``: K, the token count and the run's ``Pace``
+    (None: no estimate), whose one time-left figure the status line shows and whose notice comes once."""
     stops, session, deadline = stopping
-    tokens, first = 0, None
+    K, max_new_tokens, pace = run
+    tokens = 0
     for event in stream:
         events.append(event)
         if event["event"] != "round":
             continue
-        if event["commit"]:
-            tokens += len(round_commits(event))  # several when a draft chain committed
-            first = first or time.monotonic()
+        tokens += len(round_commits(event))  # several when a draft chain committed
         why = "by you" if stops.take(session) else deadline.reason()
         if why:
             stream.close()
@@ -201,14 +195,13 @@ def _live_rounds(stream, events: list, frame, stopping: tuple, max_new_tokens: i
                 "the run so far; the Debugger holds what ran",
             )
             return
-        left = time_left(first, time.monotonic(), tokens, max_new_tokens)
-        late = left is not None and left > deadline.left()
-        yield frame(
-            "running",
-            f"round {event['round']} · {tokens} tokens · K={K}"
-            + (f" · about {left:.0f} s left" if left is not None else "")
-            + (f" (past this host's limit: it ends in {deadline.left():.0f} s)" if late else ""),
-        )
+        if pace:
+            pace.update(event["round"], tokens)
+            notice = pace.notice()
+            if notice:
+                gr.Info(notice)
+        left = f" · {pace.status()}" if pace else ""
+        yield frame("running", f"round {event['round']} · {tokens} tokens · K={K}{left}")
     stats = events[-1]["stats"] if _end(events) else {}
     yield frame("finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={K}")
 

@@ -21,15 +21,12 @@ from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.checkpoint import Checkpoint, locate
 from dex_core.model.load import load_tokenizer
 from dex_core.model.stage_load import checkpoint_identity
-from dex_core.tools.profile import measure_profile
+from dex_core.tools.profile import measure_profile, one_row_seconds
 
+from .estimate import SLOW_SECONDS, Forecast, forecast, round_seconds
 from .files import Files
 from .sessions import Sessions
 from .settings import TRACE_TOP, AppSettings
-
-SLOW_SECONDS = 60  # a Live run, race or analysis expected to take longer gets a warning
-CPU_RATE = 1.5e9  # parameters one CPU thread runs a second when decoding (SmolLM2-135M: ~0.09 s a token)
-
 
 WHOLE_MODEL = (
     "{what} runs the whole model in this server's process, and this server runs DEX distributed "
@@ -47,6 +44,10 @@ class Runtime:
         self.files = Files(self.settings)  # exports, uploads, the file gate
         self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
+        self._one_row: dict[int, dict] = {}  # one-row seconds by proposal-head rows: first estimates
+        self._learned: dict[
+            int, tuple[float, float]
+        ] = {}  # K: (seconds a round, rounds a token) measured last
         self._launched: DexDecoder | None = None  # the torchrun group's decoder (backend torchrun)
 
     @property
@@ -128,42 +129,71 @@ class Runtime:
                 )
             return self._profiles[decoder.proposal_vocab]
 
+    def one_row(self, rows: int) -> dict:
+        """Seconds of a layer, the full head and a light head of ``rows`` rows at one row on this machine: from
+        the full profile when a race measured it, else timed once here (a fraction of a second)."""
+        model, _ = self.model("the estimate")
+        with self._lock:
+            if rows not in self._one_row:
+                full = self._profiles.get(rows)
+                self._one_row[rows] = (
+                    {k: full[k][1] for k in ("layer", "head", "proposal")}
+                    if full and "layer" in full
+                    else one_row_seconds(model, rows)
+                )
+            return self._one_row[rows]
+
+    def forecast(self, decoder: DexDecoder, max_new_tokens: int) -> Forecast | None:
+        """The first estimate of a DEX run on the sequential schedule (``app.estimate``): this server's last
+        run at the same K when there is one, else this machine's one-row profile; None for explorer groups."""
+        if decoder.backend != "sequential":
+            return None
+        learned = self._learned.get(decoder.K)
+        if learned:
+            return forecast(
+                learned[0], decoder.K, max_new_tokens, learned[1], f"the last run at K={decoder.K}"
+            )
+        one = self.one_row(decoder.proposal_vocab)
+        per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
+        return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
+
+    def learn(self, K: int, stats: dict) -> None:
+        """A finished run's measured seconds a round and rounds a token (past the pipeline's fill) at its K:
+        the next run's first estimate at that K."""
+        if stats.get("rounds", 0) >= K and stats.get("tokens"):
+            own = (stats["rounds"] - (K - 1)) / stats["tokens"]
+            self._learned[K] = (stats["round_seconds"] / stats["rounds"], own)
+
     def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
-        """A warning (not a refusal) for settings that will take over a minute here: DEX with ``decoder`` (Live),
-        AR beside it (``ar``: the Race), or AR and the logit lens alone (``decoder`` None: the Analysis). On
-        CPU the sequential schedule runs the K explorers one after another: a token costs about K stage
-        passes, and one thread does about 1.5 G parameters a second (SmolLM2-135M: ~0.09 s per token per
-        explorer); an unpruned lattice at K >= 6 computes several times more rows (counted 4x); the
-        Analysis's lens passes are counted as half an AR pass per token. Past the host's bound on a
-        request's model time it says that the request will end there."""
+        """A warning (not a refusal) before settings expected to take over ``SLOW_SECONDS`` here: DEX with
+        ``decoder`` (Live: its forecast), AR beside it (``ar``: the Race), or AR and the logit lens alone
+        (``decoder`` None: the Analysis, its lens passes counted as half an AR pass a token). An AR token costs
+        every layer and the head at one row. Past the host's bound on a request's model time it says so."""
         if decoder is not None and decoder.backend != "sequential":
             return None
         model, _ = self.model("the Analysis")
-        if model.device.type != "cpu":
-            return None
-        passes = (
-            1.5
-            if decoder is None
-            else decoder.K * (4 if decoder.prune is None and decoder.K >= 6 else 1) + ar
-        )
-        seconds = max_new_tokens * passes * sum(p.numel() for p in model.parameters()) / CPU_RATE
+        one = self.one_row(decoder.proposal_vocab if decoder else model.config.vocab_size)
+        ar_seconds = max_new_tokens * (model.config.num_hidden_layers * one["layer"] + one["head"])
+        first = None if decoder is None else self.forecast(decoder, max_new_tokens)
+        seconds = 1.5 * ar_seconds if first is None else first.seconds + ar * ar_seconds
         if seconds < SLOW_SECONDS:
             return None
         bound = self.settings.request_seconds
-        end = (
-            f" This host ends a request after {bound} s of model time, keeping what it made by then."
-            if bound and seconds > bound
-            else ""
-        )
-        if decoder is None:
-            return f"analysing {max_new_tokens} tokens on CPU: about {seconds:.0f} s; fewer tokens is faster.{end}"
-        what = (
-            f"K={decoder.K} × {max_new_tokens} tokens on CPU: about {seconds:.0f} s, as the explorers run one "
-            "after another here"
-        )
+        end = f" This host ends a request after {bound} s, with what it made." if 0 < bound < seconds else ""
+        if first is None:
+            return (
+                f"analysing {max_new_tokens} tokens: about {seconds:.0f} s here; fewer tokens is faster.{end}"
+            )
+        what = f"K={decoder.K} × {max_new_tokens} tokens"
         if ar:
-            return f"a race of {what} and AR beside them; fewer tokens or a smaller K is faster.{end}"
-        return f"{what}; fewer tokens or a smaller K is faster (the status line shows the time left).{end}"
+            return (
+                f"a race of {what} and AR beside them: about {seconds:.0f} s here; fewer tokens or a smaller K "
+                f"is faster.{end}"
+            )
+        return (
+            f"{what}: {first.text()} on this machine, where the explorers take turns; fewer tokens or a smaller "
+            f"K is faster.{end}"
+        )
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         return encode_prompt(self.tokenizer(), prompt, chat)

@@ -335,4 +335,4 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
     decoder = DexDecoder(model, explorers=4)
     assert runtime.slow_notice(decoder, 256) is None  # a tiny model is quick at any setting the app offers
     monkeypatch.setattr(rt, "SLOW_SECONDS", 0)
-    assert "K=4 × 256 tokens on CPU: about" in runtime.slow_notice(decoder, 256)
+    assert "K=4 × 256 tokens: about" in runtime.slow_notice(decoder, 256)

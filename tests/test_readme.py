@@ -20,7 +20,8 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a '#' comment in a code block is no heading
+    # a '#' comment in a code block is no heading
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     return {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
 
 
@@ -65,12 +66,15 @@ def test_the_readme_python_snippets_run(monkeypatch, capsys):
     snippets = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert len(snippets) == 2, "README's API is two snippets"
     loaded = []
-    monkeypatch.setattr(dex_core, "load_model", lambda spec: loaded.append(spec) or (tiny_model(), tiny_tokenizer()))
+    monkeypatch.setattr(
+        dex_core, "load_model", lambda spec: loaded.append(spec) or (tiny_model(), tiny_tokenizer())
+    )
     namespace: dict = {}
     for snippet in snippets:
         exec(compile(snippet, str(README), "exec"), namespace)
     assert loaded == ["default"]
     printed = capsys.readouterr().out
-    streamed = printed.splitlines()[-1]  # the stream's text: every committed token, a chain's several included
+    # the stream's text: every committed token, a chain's several included
+    streamed = printed.splitlines()[-1]
     tokenizer, tokens = namespace["tokenizer"], namespace["result"].tokens
     assert len(tokens) == 64 and streamed == "".join(tokenizer.decode([token]) for token in tokens)

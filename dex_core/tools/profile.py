@@ -97,6 +97,14 @@ def _compute_profile(model, proposal_rows: int, repeats: int) -> dict:
     return out
 
 
+def one_row_seconds(model, proposal_rows: int, repeats: int = 5) -> dict:
+    """Seconds of a decoder layer, the full head and a light head at one row: a fraction of a second, what the
+    app's first estimate of a run reads (the full profile takes half a minute)."""
+    seconds = decode_order_seconds(row_blocks(model, 1, proposal_rows), repeats, Clock(model.device))
+    layers = [v for k, v in seconds.items() if k.startswith("layer")]
+    return {"layer": sum(layers) / len(layers), "head": seconds["head"], "proposal": seconds["proposal"]}
+
+
 def link_devices(device) -> tuple[str, str]:
     """The two explorer devices whose link the exchange profile times: ``cuda:0`` and ``cuda:1`` (NCCL) when
     the model is on a GPU and two are visible, else two CPU processes (gloo). Explorers sharing one GPU

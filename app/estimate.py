@@ -1,0 +1,113 @@
+"""How long a run takes: first from this machine's one-row profile (``Forecast``, with a range), then from the
+run's own measured rounds as it goes (``Pace``). One figure of time left for the page; the host's bound on a
+request's model time said once, plainly; a notice as soon as the measured pace passes the slow threshold.
+
+On CPU the sequential schedule runs the K explorers one after another each round; a pruned lattice computes
+about one row an explorer a round. So a round costs every decoder layer at one row, a light proposal head at
+each non-final stage and the full LM head at the last; a token costs ``rounds_per_token`` rounds after the K
+that fill the pipeline: this server's last runs at that K, or (K + 1) / 2 (a token matched, on average,
+half-way down) before any ran. The range: every token at the first stage (1 round; draft chains can beat
+it) to every token at the last (K rounds, AR through K stages)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+SLOW_SECONDS = 60  # a run expected to take longer gets a warning before it, or a notice during it
+PRIOR_WEIGHT = 8  # tokens' worth of belief in the prior rounds/token while the run's own count is small
+PRIOR_ROUNDS = 4  # rounds' worth of belief in the forecast's seconds a round
+
+
+@dataclass(frozen=True)
+class Forecast:
+    seconds: float  # the whole run, expected
+    low: float
+    high: float
+    round_seconds: float
+    rounds_per_token: float
+    basis: str  # what it was made from: this machine's profile, or this server's last run at this K
+
+    def text(self) -> str:
+        return f"about {self.seconds:.0f} s (between {self.low:.0f} and {self.high:.0f} s; from {self.basis})"
+
+
+def round_seconds(one_row: dict, layers: int, K: int) -> float:
+    """One sequential round at one row per explorer: ``one_row`` holds the seconds of a decoder layer, the full
+    head and a light head at one row (``dex_core.tools.profile.one_row_seconds``)."""
+    return layers * one_row["layer"] + (K - 1) * one_row["proposal"] + one_row["head"]
+
+
+def forecast(
+    seconds_per_round: float, K: int, max_new_tokens: int, rounds_per_token: float | None, basis: str
+) -> Forecast:
+    rpt = rounds_per_token or (K + 1) / 2
+
+    def run(per_token: float) -> float:
+        return seconds_per_round * (K + (max_new_tokens - 1) * per_token)
+
+    return Forecast(run(rpt), run(1), run(K), seconds_per_round, rpt, basis)
+
+
+class Pace:
+    """A run's time left, revised after every round from its own measured seconds a round and rounds a token,
+    the forecast's figures weighing in while the run has few of its own. ``clock`` is injectable (tests)."""
+
+    def __init__(self, first: Forecast, K: int, max_new_tokens: int, bound: float = 0, clock=time.monotonic):
+        self.first, self.K, self.max_new_tokens = first, K, max_new_tokens
+        self.bound, self.clock = bound, clock
+        self.start = clock()
+        self.rounds = self.tokens = 0
+        self.first_round = None  # when the first round ended: its seconds carry the prompt's prefill
+        self.warned = first.seconds > SLOW_SECONDS  # the warning before the run said so already
+
+    def update(self, rounds: int, tokens: int) -> None:
+        self.rounds, self.tokens = rounds, tokens
+        if self.first_round is None:
+            self.first_round = (self.clock(), rounds)
+
+    def round_seconds(self) -> float:
+        """Seconds a round: measured since the first round ended, the forecast's weighing in while few ran."""
+        at, rounds = self.first_round
+        ran = self.rounds - rounds
+        measured = (self.clock() - at) / ran if ran else self.first.round_seconds
+        return (self.first.round_seconds * PRIOR_ROUNDS + measured * ran) / (PRIOR_ROUNDS + ran)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        """Seconds until the run reaches its token count, at this run's pace."""
+        if self.rounds == 0:
+            return max(0.0, self.first.seconds - self.elapsed())
+        own = max(0, self.rounds - (self.K - 1))  # the rounds that made its tokens, past the pipeline's fill
+        rpt = (self.first.rounds_per_token * PRIOR_WEIGHT + own) / (PRIOR_WEIGHT + self.tokens)
+        fill = max(0, self.K - 1 - self.rounds)
+        return self.round_seconds() * (fill + rpt * (self.max_new_tokens - self.tokens))
+
+    def bounded(self) -> bool:
+        """Whether the host's bound ends the run before its last token, at this pace."""
+        return bool(self.bound) and self.elapsed() + self.left() > self.bound
+
+    def status(self) -> str:
+        """The one time-left figure: to the last token, or to the host's bound when that comes first."""
+        if self.bounded():
+            left = max(0.0, self.bound - self.elapsed())
+            share = self.tokens + (self.max_new_tokens - self.tokens) * left / max(self.left(), 1e-9)
+            return f"about {left:.0f} s left: this host's limit ends the run then, near token {share:.0f}"
+        return f"about {self.left():.0f} s left"
+
+    def notice(self) -> str | None:
+        """Once per run, from its 2K-th round on (a pace, not the pipeline's fill): the measured pace passes the
+        slow threshold the forecast was under (None otherwise)."""
+        if self.warned or self.rounds < 2 * self.K:
+            return None
+        total = self.elapsed() + self.left()
+        if total <= SLOW_SECONDS:
+            return None
+        self.warned = True
+        end = f" This host ends it after {self.bound:.0f} s with what it made." if self.bounded() else ""
+        return (
+            f"at this run's measured pace it takes about {total:.0f} s in all, more than the "
+            f"{self.first.seconds:.0f} s first estimated; Stop ends it now with what it made.{end}"
+        )
