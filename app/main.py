@@ -285,8 +285,9 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
             "# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
             "several depths propose tokens, the final layer commits AR's token (exactly in float32/float64; "
             "in bfloat16/float16 AR's or a numerical near-tie of it, marked ≈ and checkable with `dex verify`), "
-            f"and the lattice collapses onto the branch that matched. Model: `{runtime.settings.model}`, "
-            f"backend: `{runtime.settings.backend}`."
+            "and the lattice collapses onto the branch that matched. **The answers are the model's own**, as "
+            "one-token-at-a-time decoding gives them: a weak answer is the model's, not DEX's. "
+            f"Model: `{runtime.settings.model}`, backend: `{runtime.settings.backend}`."
         )
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):

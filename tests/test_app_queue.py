@@ -275,6 +275,13 @@ def guide_endpoints() -> dict:
     return {name: (items(inputs), items(outputs)) for name, inputs, outputs in rows}
 
 
+def test_the_page_says_whose_answer_it_is():
+    from app.main import demo
+
+    header = next(c for c in demo.config["components"] if c["type"] == "markdown")["props"]["value"]
+    assert "The answers are the model's own" in header and "a weak answer is the model's, not DEX's" in header
+
+
 def test_the_app_guides_endpoint_table_matches_the_apis_own_description():
     from app.main import demo
 
