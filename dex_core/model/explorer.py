@@ -131,6 +131,7 @@ class Explorer:
         self.cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device)
         self._windows = sorted({view.windows[i] for i in self.layer_ids}, key=lambda w: (w is None, w))
         self._tree_masks = {w: TreeMask(w, view.dtype, view.device) for w in self._windows}
+        self._rope_types = {view.rope_types[i] for i in self.layer_ids}
 
     def reset(self) -> None:
         self.cache.reset()
@@ -139,13 +140,13 @@ class Explorer:
         view = self.view
         pos = to_device([positions], view.device)
         h = hidden[None]  # (1, n, hidden)
-        rope = view.rotary(h, pos)
+        rope = view.rotary(h, pos, self._rope_types)
         for i in self.layer_ids:
             out = view.layers[i](
                 h,
                 attention_mask=masks[view.windows[i]],
                 position_ids=pos,
-                position_embeddings=rope,
+                position_embeddings=rope[view.rope_types[i]],
                 use_cache=True,
                 **{view.cache_kwarg: self.cache},
             )

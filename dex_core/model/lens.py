@@ -30,7 +30,7 @@ def _layer_logits(model, prompt: list[int], tokens: list[int], adapters=None):
     for layer in range(1, view.num_layers + 1):
         h = hidden[layer][0, first:]  # (T, h)
         if layer == view.num_layers:
-            yield layer, model.lm_head(h)
+            yield layer, view.finish(model.lm_head(h))
         else:
             yield layer, view.head(adapters[layer](h) if layer in adapters else h)
 

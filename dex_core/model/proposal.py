@@ -39,7 +39,8 @@ def proposal_rows(spec, vocab: int, ranked: bool = True) -> int:
 
 
 class ProposalHead:
-    """Final norm + the LM head's rows for ``ids``: hidden (n, h) -> logits (n, N) over those ids. The rows are
+    """Final norm + the LM head's rows for ``ids`` + the family's scaling and soft-capping (``ModelView.finish``):
+    hidden (n, h) -> logits (n, N) over those ids. The rows are
     cut from the view's LM head, or given (``rows``: weight and bias rows in ``ids``' order, as an explorer
     process that holds only them reads them: ``dex_core.model.stage_load``)."""
 
@@ -52,7 +53,7 @@ class ProposalHead:
             or not (0 <= int(ids.min()) and int(ids.max()) < view.vocab)
         ):
             raise DexError(f"a shortlist must be distinct token ids below the vocabulary of {view.vocab}")
-        self.norm = view.model.model.norm
+        self.norm, self.finish = view.model.model.norm, view.finish
         self.ids = ids.to(view.device)
         if rows is None:
             head = view.model.lm_head
@@ -66,7 +67,7 @@ class ProposalHead:
         return len(self.ids)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(hidden), self.weight, self.bias)
+        return self.finish(F.linear(self.norm(hidden), self.weight, self.bias))
 
 
 def store_ranking(path, model, ranking) -> None:

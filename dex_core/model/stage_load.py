@@ -377,6 +377,11 @@ def _finish(model, part: StagePart, config, device) -> None:
     base = getattr(model, model.base_model_prefix)
     with torch.device(device):  # the rotary buffers are computed, not loaded
         base.rotary_emb = type(base.rotary_emb)(config=config)
+    for module in model.modules():  # computed scalars held beside a float scalar_<name> (Gemma's embed_scale)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None and buffer.is_meta and hasattr(module, f"scalar_{name}"):
+                value = torch.tensor(getattr(module, f"scalar_{name}"), dtype=buffer.dtype, device=device)
+                module.register_buffer(name, value, persistent=False)
     names = _names(model)
     runs = [f"{names['layers']}.{i}." for i in part.layers] + [names["norm"] + "."]
     runs += [names["embed"] + "."] * (part.rank == 0) + [names["head"] + "."] * (

@@ -1,6 +1,19 @@
 """The stage view of a Hugging Face decoder-only model: what explorers take from it, without forking its modeling
 code — the embeddings, the decoder layers ``model.model.layers[i]`` (called directly with explicit masks, positions
-and a duck-typed cache), the rotary embedding, the final norm and LM head — and which families DEX runs."""
+and a duck-typed cache), the rotary embedding, the final norm and LM head — and which families DEX runs.
+
+What a family does outside its decoder layers lives here, in ``embed`` and ``finish`` (every path that reads
+logits at a depth goes through them: proposals, the final stage, light heads, the lens, training, the cost
+model's view of the head), so candidates, margins and tie gaps are the model's own:
+
+- Granite multiplies the embeddings by ``embedding_multiplier`` and divides the logits by ``logits_scaling``;
+- Gemma 2 and 3 soft-cap the final logits, ``tanh(x / c) · c`` with ``c = final_logit_softcapping`` (their
+  embedding scale, √hidden, is inside their embedding module); Gemma 3 keeps a rotary embedding per layer
+  type (sliding or full attention), so ``rotary`` returns one per type and each layer takes its own.
+
+Everything else a family does (fused QKV and partial rotary in Phi-3, OLMo 2's norm placement, attention
+soft-capping, residual and attention multipliers, mixture-of-experts routing) happens inside its layers,
+which DEX calls as they are."""
 
 from __future__ import annotations
 
@@ -11,7 +24,22 @@ import torch
 
 from ..config import DexError
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo2",
+    "granite",
+    "qwen3_moe",
+)
+REFUSED = {  # families DEX could drive but does not, and why (anything else: not a decoder-only stack it knows)
+    "gemma3": "the multimodal Gemma 3 wraps its text model; load the text-only checkpoint (Gemma3ForCausalLM)",
+    "gpt2": "its absolute position embeddings and fused layers are outside what DEX's stage view drives",
+}
 
 
 class UnsupportedModelError(DexError):
@@ -21,8 +49,9 @@ class UnsupportedModelError(DexError):
 def check_supported(model) -> None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED_TYPES or not hasattr(getattr(model, "model", None), "layers"):
+        why = REFUSED.get(model_type, "DEX drives only the decoder stacks of the families it tests")
         raise UnsupportedModelError(
-            f"{type(model).__name__} (model_type {model_type!r}) is not supported; DEX runs "
+            f"{type(model).__name__} (model_type {model_type!r}) is not supported: {why}; DEX runs "
             f"decoder-only models of types {', '.join(SUPPORTED_TYPES)}"
         )
 
@@ -33,6 +62,12 @@ def _layer_window(config, i: int) -> int | None:
     if types:
         return window if types[i] == "sliding_attention" else None
     return window
+
+
+def _rope_type(model, i: int) -> str | None:
+    """The layer type whose rotary embedding layer ``i`` takes (Gemma 3), or None (one rotary for all)."""
+    per_type = "layer_type" in inspect.signature(model.model.rotary_emb.forward).parameters
+    return model.config.layer_types[i] if per_type else None
 
 
 @dataclass
@@ -47,6 +82,10 @@ class ModelView:
     max_positions: int | None
     windows: list[int | None]  # sliding window per layer (None: full attention)
     cache_kwarg: str  # the name the decoder layers take their cache under
+    rope_types: list[str | None]  # per layer, its rotary embedding's layer type (None: one for all layers)
+    embed_multiplier: float | None = None  # Granite's embedding_multiplier
+    logits_divisor: float | None = None  # Granite's logits_scaling
+    softcap: float | None = None  # Gemma's final_logit_softcapping
 
     @property
     def layers(self):
@@ -61,14 +100,28 @@ class ModelView:
         return self.model.model.norm.weight.device
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.model.embed_tokens(tokens)
+        h = self.model.model.embed_tokens(tokens)
+        return h if self.embed_multiplier is None else h * self.embed_multiplier
 
-    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor):
-        return self.model.model.rotary_emb(hidden, position_ids=positions)
+    def rotary(self, hidden: torch.Tensor, positions: torch.Tensor, types) -> dict:
+        """{layer type: (cos, sin)} for the layer types in ``types`` (None: the model's single rotary)."""
+        rotary = self.model.model.rotary_emb
+        return {
+            kind: rotary(hidden, positions) if kind is None else rotary(hidden, positions, kind)
+            for kind in types
+        }
+
+    def finish(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the family's causal-LM head does after its matrix: scaling, then soft-capping."""
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: hidden (..., h) -> logits (..., vocab)."""
-        return self.model.lm_head(self.model.model.norm(hidden))
+        return self.finish(self.model.lm_head(self.model.model.norm(hidden)))
 
 
 def model_view(model) -> ModelView:
@@ -89,4 +142,8 @@ def model_view(model) -> ModelView:
         max_positions=getattr(cfg, "max_position_embeddings", None),
         windows=[_layer_window(cfg, i) for i in range(num_layers)],
         cache_kwarg=cache_kwarg,
+        rope_types=[_rope_type(model, i) for i in range(num_layers)],
+        embed_multiplier=getattr(cfg, "embedding_multiplier", None),
+        logits_divisor=getattr(cfg, "logits_scaling", None),
+        softcap=getattr(cfg, "final_logit_softcapping", None),
     )

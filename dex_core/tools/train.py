@@ -28,6 +28,7 @@ from ..data.ranking import token_ranking
 from ..data.sets import sharegpt_split
 from ..model.adapter_choice import load_adapters
 from ..model.adapters import new_adapters, save_adapters
+from ..model.view import model_view
 from ..runtime.request import chat_ids, eos_ids
 
 
@@ -174,12 +175,13 @@ def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float
     with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(x, output_hidden_states=True)
     teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
+    view = model_view(model)  # the student's head: the family's final norm, LM head, scaling and soft-capping
     p_teacher = teacher.exp()
     best = teacher.argmax(-1, keepdim=True) if top1 else None
     loss = 0.0
     for depth, adapter in adapters.items():
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model.lm_head(model.model.norm(adapter(out.hidden_states[depth].float())))
+            logits = view.head(adapter(out.hidden_states[depth].float()))
         student = torch.log_softmax(logits.float(), dim=-1)
         loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
         if top1:
