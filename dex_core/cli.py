@@ -11,13 +11,14 @@ import warnings
 from pathlib import Path
 
 from .algorithm.sampling import TIE_ULPS
-from .config import DTYPES, DexConfig, DexError
+from .config import DTYPES, ConsoleOptions, DexConfig, DexError
 from .data.ranking import token_ranking
 from .decoder import DexDecoder
 from .device import exact_float32_matmuls
 from .distributed import serve
 from .distributed.group import ExplorerError
 from .flags import add_flags, from_args
+from .log import quiet_libraries
 from .log import stderr as log
 from .model.adapter_choice import load_adapters
 from .model.load import load_model
@@ -25,7 +26,7 @@ from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
 from .runtime.request import check_text, encode_prompt
 from .tools.bench import BenchConfig, run_bench
-from .tools.bench_report import markdown, write_outputs
+from .tools.bench_report import terminal, write_outputs
 from .tools.ead import EadConfig, ead_summary, run_ead
 from .tools.plan import PlanConfig, run_plan
 from .tools.train import TrainConfig, train_adapters
@@ -72,7 +73,9 @@ def _ead_arguments(p) -> None:
 def _bench_arguments(p) -> None:
     add_flags(p, BenchConfig)
     p.add_argument("--out", help="JSON report (with a 'results' list)")
-    p.add_argument("--markdown", help="markdown tables (default: printed)")
+    p.add_argument(
+        "--markdown", help="markdown tables with every column (the terminal shows the essential ones)"
+    )
 
 
 def _plan_arguments(p) -> None:
@@ -96,8 +99,9 @@ def _verify_arguments(p) -> None:
 SUBCOMMANDS = {  # name: (help, description, its arguments)
     "generate": (
         "generate text with DEX and print depth statistics",
-        "Stream DEX's output for PROMPT, then rounds/token, the depth-side speedup K/(rounds/token) and the "
-        "matched-stage histogram.",
+        "Stream DEX's output for PROMPT (the model's own answer: what AR decoding gives), then the exploration "
+        "set, the matched-stage histogram, rounds against AR through the same stages (the depth-side speedup "
+        "K/(rounds/token)) and tokens/s on this machine.",
         _generate_arguments,
     ),
     "serve": (
@@ -162,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (summary, description, arguments) in SUBCOMMANDS.items():
-        arguments(sub.add_parser(name, help=summary, description=description))
+        p = sub.add_parser(name, help=summary, description=description)
+        arguments(p)
+        add_flags(p, ConsoleOptions)
     return parser
 
 
@@ -255,7 +261,7 @@ def _bench(args) -> None:
     _writable(args.markdown)
     report = run_bench(cfg, log=log)
     write_outputs(report, args.out, args.markdown)
-    print(markdown(report))
+    print(terminal(report, args.markdown, args.out))
 
 
 def _plan(args) -> int:
@@ -308,7 +314,8 @@ def main(argv=None) -> int:
     shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         args = build_parser().parse_args(argv)
-        code = COMMANDS[args.command](args)
+        with quiet_libraries(not from_args(ConsoleOptions, args).verbose):
+            code = COMMANDS[args.command](args)
     except DexError as err:
         print(f"dex: error: {err}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 - ``GenerationOptions``: what one request asks for (length, sampling, seed, EOS).
 - ``DecoderOptions``: how a ``DexDecoder`` explores (depths or K, adapters, DECS, backend, devices).
 - ``DexConfig``: both, plus what a command or the app needs to get a model (spec, dtype, chat template).
+- ``ConsoleOptions``: how the ``dex`` command talks (``--verbose``).
 
 A field's metadata holds its help text (CLI flags and UI labels) and, for numbers, the range the app's
 controls offer (``ui_min``/``ui_max``). ``dex_core.flags`` turns fields into argparse flags.
@@ -281,6 +282,20 @@ class DexConfig(DecoderOptions, GenerationOptions):
 
     def generation(self) -> GenerationOptions:
         return pick(GenerationOptions, self)
+
+
+@dataclass
+class ConsoleOptions:
+    """How the ``dex`` command talks, whatever it runs (every subcommand has these flags)."""
+
+    verbose: bool = option(
+        False,
+        "also show what the libraries print: transformers' and huggingface_hub's progress bars, log lines "
+        "and warnings, and pip's output when the default model is fetched",
+    )
+
+    def __post_init__(self):
+        self.verbose = flag(self.verbose, "verbose")
 
 
 def pick(cls, source, **overrides):

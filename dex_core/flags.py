@@ -9,20 +9,24 @@ import typing
 
 
 def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
-    """Command-line flags for the fields of dataclass ``cls`` (all, or those in ``names``)."""
+    """Command-line flags for the fields of dataclass ``cls`` (all, or those in ``names``). Each help text ends
+    with its default once: the field's, unless the help states it itself or it is None (decided where the
+    option is used, as the help says)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if (names is not None and f.name not in names) or f.metadata.get("cli") is False:
             continue
         flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
         if hint is bool or hint == bool | None:  # None: decided where the option is used
-            parser.add_argument(
+            action = parser.add_argument(
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=f.default,
                 help=f.metadata["help"],
             )
+            if f.default is not None and "%(default)" not in action.help:  # Python 3.10's action adds one
+                action.help += f" (default: {'on' if f.default else 'off'})"
             continue
         args = typing.get_args(hint)
         if (
@@ -33,10 +37,16 @@ def add_flags(parser: argparse.ArgumentParser, cls, names=None) -> None:
             kind = str  # lists such as depths are given comma-separated and parsed by the dataclass
         else:
             kind = next((t for t in (int, float) if hint is t or t in args), str)
-        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-        parser.add_argument(
-            flag, dest=f.name, type=kind, default=f.default, help=f"{f.metadata['help']} (default: {shown})"
-        )
+        parser.add_argument(flag, dest=f.name, type=kind, default=f.default, help=_with_default(f))
+
+
+def _with_default(f: dataclasses.Field) -> str:
+    """The field's help text with its default appended, once (see ``add_flags``)."""
+    text = f.metadata["help"]
+    if f.default is None or "(default" in text:
+        return text
+    shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+    return f"{text} (default: {shown})"
 
 
 def from_args(cls, args: argparse.Namespace, **extra):

@@ -1,6 +1,7 @@
 """dex bench and its baselines: exactness of self-speculation, its cost replay, the quick benchmark, dex ead."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -186,16 +187,31 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     chained = [r for r in report["results"] if r.get("draft") == "auto"]
     assert all(r["predicted_depth_speedup"] is None and 0 <= r["drafted_share"] <= 1 for r in chained)
     assert all(r["tokens_per_round"] == pytest.approx(1 / r["rounds_per_token"]) for r in chained)
-    assert "Fastest projected DEX on this machine" in proc.stdout
+    text = " ".join(proc.stdout.split())  # the terminal's lines are wrapped at 120 characters
+    assert "Fastest projected DEX on this machine" in text
     tuned = report["tuning"]["self-spec"]
     assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
-    assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text() and "| dex |" in proc.stdout
+    assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text()
+    # the terminal: no line over 120 characters, a row per result that tells DEX's configurations apart, where
+    # the other columns are; no third-party progress bar or deprecation warning
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 120
+    assert f"Every column, full configurations: {md} and {out}." in text
+    rows = [re.split(r"\s{2,}", line) for line in proc.stdout.splitlines() if line.split(" ")[0] in methods]
+    assert len(rows) == len(report["results"])
+    for r in report["results"]:
+        if r["method"] == "dex":
+            config = f"K={r['explorers']} [{','.join(map(str, r['depths']))}]"
+            config += (" prune 1" if r["prune"] else "") + (
+                f" chains {r['drafted_share']:.0%}" if r["draft"] == "auto" else ""
+            )
+            assert sum(row[:2] == ["dex", config] for row in rows) == 1, (config, rows)
+    assert "deprecat" not in proc.stderr and "it/s" not in proc.stderr, proc.stderr
     table = [line for line in md.read_text().splitlines() if line.startswith("| ")]
     assert "| identical to HF greedy | certified tokens (worst gap) |" in table[0]
     assert all(line.count("|") == table[0].count("|") for line in table)  # the oracle row too
     assert all("| 3/3 | 48/48 (0) |" in line for line in table if line.startswith(("| dex |", "| ar-hf |")))
     assert any(line.startswith("| hf-prompt-lookup | up to 10 looked-up tokens per step") for line in table)
-    assert "HF prompt lookup" in proc.stdout
+    assert "HF prompt lookup" in text
 
 
 def test_dex_bench_rejects_bad_input():

