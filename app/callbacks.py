@@ -148,8 +148,7 @@ def live_frames(
         )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
-    if _end(events) and first:
-        runtime.learn(decoder.K, events[-1]["stats"])
+    runtime.learn(decoder.K, events)
 
 
 def _live_start(runtime: Runtime, config, prompt: str):

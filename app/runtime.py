@@ -157,10 +157,11 @@ class Runtime:
         per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
         return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
 
-    def learn(self, K: int, stats: dict) -> None:
+    def learn(self, K: int, events: list) -> None:
         """A finished run's measured seconds a round and rounds a token (past the pipeline's fill) at its K:
-        the next run's first estimate at that K."""
-        if stats.get("rounds", 0) >= K and stats.get("tokens"):
+        the next run's first estimate at that K (a run that did not finish teaches nothing)."""
+        stats = events[-1].get("stats", {}) if events and events[-1]["event"] == "end" else {}
+        if stats.get("rounds", 0) >= K and stats.get("tokens") and stats.get("stop") != "cancelled":
             own = (stats["rounds"] - (K - 1)) / stats["tokens"]
             self._learned[K] = (stats["round_seconds"] / stats["rounds"], own)
 

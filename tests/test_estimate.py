@@ -102,8 +102,11 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     first = runtime.forecast(decoder, 20)
     assert first.basis == "this machine's profile"
     assert first.round_seconds == pytest.approx(round_seconds(one, 6, 3)) and first.rounds_per_token == 2
-    stats = decoder.generate([1, 2, 3], max_new_tokens=20).stats.to_dict()
-    runtime.learn(3, stats)
+    events = decoder.generate([1, 2, 3], max_new_tokens=20).trace
+    runtime.learn(3, events[:-1])  # a run that did not finish teaches nothing
+    assert runtime.forecast(decoder, 20).basis == "this machine's profile"
+    runtime.learn(3, events)
+    stats = events[-1]["stats"]
     learned = runtime.forecast(decoder, 20)
     assert learned.basis == "the last run at K=3"
     assert learned.round_seconds == pytest.approx(stats["round_seconds"] / stats["rounds"])
