@@ -22,7 +22,7 @@ from dex_core.model.adapter_choice import choose_depths, resolve_adapters
 from dex_core.model.cost import ModelCost
 from dex_core.model.lens import depth_view
 from dex_core.model.proposal import proposal_rows
-from dex_core.runtime.request import check_text, ignored_settings
+from dex_core.runtime.request import check_text, ignored_settings, no_chat_template
 from dex_core.tools.ead import readiness
 from dex_core.trace.events import round_commits
 
@@ -158,6 +158,7 @@ def _live_start(runtime: Runtime, config, prompt: str):
     ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
     notices = [
+        no_chat_template(runtime.tokenizer(), config.chat),
         runtime.device_notice(decoder.K),
         runtime.slow_notice(decoder, config.max_new_tokens),
         *ignored_settings(decoder.view.model.generation_config, config.generation()),

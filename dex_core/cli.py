@@ -24,7 +24,7 @@ from .model.adapter_choice import load_adapters
 from .model.load import load_model
 from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
-from .runtime.request import check_text, encode_prompt
+from .runtime.request import check_text, encode_prompt, no_chat_template
 from .tools.bench import BenchConfig, run_bench
 from .tools.bench_report import terminal, write_outputs
 from .tools.ead import EadConfig, ead_summary, run_ead
@@ -197,6 +197,8 @@ def _generate(args) -> None:
     )
     tokenizer = decoder.tokenizer
     ids = encode_prompt(tokenizer, args.prompt, config.chat)
+    if no_chat_template(tokenizer, config.chat):
+        log(no_chat_template(tokenizer, config.chat))
     stream, events = TextStream(tokenizer), []
     try:
         tic = time.perf_counter()

@@ -255,7 +255,8 @@ class DecoderOptions:
 class DexConfig(DecoderOptions, GenerationOptions):
     model: str = option(
         "default",
-        "model: 'default' (SmolLM2-135M-Instruct), a local directory, a .gguf file or a Hugging Face hub id",
+        "model: 'default' (SmolLM2-135M-Instruct), 'gemma3-270m' (Gemma 3 270M), a local directory, a .gguf "
+        "file or a Hugging Face hub id",
     )
     chat: bool = option(True, "apply the tokenizer's chat template to the prompt")
     dtype: str = option(
@@ -270,7 +271,7 @@ class DexConfig(DecoderOptions, GenerationOptions):
         DecoderOptions.__post_init__(self)
         if not isinstance(self.model, str) or not self.model.strip():
             raise DexError(
-                f"model must be 'default', a directory, a .gguf file or a hub id; got {self.model!r}"
+                f"model must be a named model, a directory, a .gguf file or a hub id; got {self.model!r}"
             )
         self.chat = flag(self.chat, "chat")
         if self.dtype not in ("auto", *DTYPES):

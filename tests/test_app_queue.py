@@ -319,10 +319,11 @@ def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path,
     import transformers
 
     from dex_core.model import gguf as dm
+    from dex_core.model.named import NAMED
 
     monkeypatch.setenv("DEX_CACHE", str(tmp_path / "cache"))
     lines, order = [], []
-    monkeypatch.setattr(dm, "fetch_gguf", lambda workdir, log: workdir / dm.DEFAULT_GGUF)
+    monkeypatch.setattr(dm, "fetch_gguf", lambda named, workdir, log: workdir / named.gguf)
 
     def loaded(what, value):
         def load(*args, **kwargs):
@@ -335,7 +336,7 @@ def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path,
     monkeypatch.setattr(
         transformers.AutoModelForCausalLM, "from_pretrained", loaded("weights", tiny_model("llama").float())
     )
-    target = dm.prepare_default(lines.append)
+    target = dm.prepare_named(NAMED["default"], lines.append)
     steps = [int(m.group(1)) for line in lines if (m := re.search(r"step (\d) of 4: ", line))]
     assert steps == [1, 2, 3, 4] and dm._complete(target)
     assert [w for w, _ in order] == ["tokenizer", "weights"]

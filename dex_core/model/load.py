@@ -11,6 +11,7 @@ from ..config import DexError, parse_device
 from ..device import check_dtype, dtype_name, resolve_dtype
 from ..log import stderr
 from .checkpoint import check_hub, is_hub_id, locate
+from .named import named_model
 from .view import check_supported
 
 
@@ -41,7 +42,7 @@ def load_model(
     device: str | torch.device = "auto",
     log=stderr,
 ):
-    """Return ``(model, tokenizer)`` for 'default', a local directory, a .gguf file or a hub id, the whole model
+    """Return ``(model, tokenizer)`` for a named model, a local directory, a .gguf file or a hub id, the whole model
     in one process, in ``dtype`` (``resolve_dtype``: 'auto' is float32 on CPU, the checkpoint's half precision on
     CUDA) on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
     that takes a while (fetching, converting, loading weights); stderr by default. The default model and
@@ -70,7 +71,7 @@ def load_model(
             if isinstance(source, Path)  # local files
             else "not a local model and the Hugging Face hub could not provide it"
         )
-        again = f"; delete {source} to convert it again" if spec == "default" else ""
+        again = f"; delete {source} to convert it again" if named_model(spec) else ""
         raise DexError(f"could not load model {spec!r}: {where} ({reason}){again}") from None
     check_supported(model)
     return model.eval().to(device), tokenizer

@@ -199,8 +199,19 @@ def check_text(prompt) -> str:
     return prompt
 
 
+NO_TEMPLATE = (
+    "the model's tokenizer has no chat template (its GGUF carries none): the prompt goes in as written"
+)
+
+
+def no_chat_template(tokenizer, chat: bool) -> str | None:
+    """``NO_TEMPLATE`` when a chat prompt was asked for and the tokenizer has no template, else None."""
+    return NO_TEMPLATE if chat and not getattr(tokenizer, "chat_template", None) else None
+
+
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """Token ids of ``prompt``; through the tokenizer's chat template when it has one and ``chat``."""
+    """Token ids of ``prompt``; through the tokenizer's chat template when it has one and ``chat`` (else as
+    written: ``no_chat_template`` says so)."""
     check_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_ids(tokenizer, [{"role": "user", "content": prompt}], generation_prompt=True)
