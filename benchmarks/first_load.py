@@ -40,15 +40,22 @@ def main() -> None:
             subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(args.processes)
         ]
-        runs = []
-        for proc in procs:
+        runs, ended = [], {}
+        while len(ended) < len(procs):  # each process's own end, whichever ends first
+            ended |= {
+                i: time.monotonic() - tic
+                for i, p in enumerate(procs)
+                if p.poll() is not None and i not in ended
+            }
+            time.sleep(0.2)
+        for i, proc in enumerate(procs):
             out, err = proc.communicate()
             runs.append(
                 {
                     "exit": proc.returncode,
-                    "seconds": round(time.monotonic() - tic, 1),
-                    "converted": "converting" in err,
-                    "waited": "waiting" in err,
+                    "seconds": round(ended[i], 1),
+                    "converted": "to safetensors, once" in err,
+                    "waited": "waiting for another process" in err,
                     "answer": out.strip().splitlines()[0] if out.strip() else "",
                     "stderr_tail": err.strip().splitlines()[-3:],
                 }
