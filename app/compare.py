@@ -20,6 +20,10 @@ from . import callbacks as cb
 from . import debugger as dbg
 from .settings import HUSH
 
+WAITING = (
+    "Run A is pinned: {label}. Pin a run, then show another: Generate in the Live tab, load a trace above, or "
+    "open a bundled one, and it appears here as run B, next to A."
+)
 HINT = (
     "Nothing pinned yet. Press “Pin this run for comparison” to keep the run shown above as run A (or load a "
     "trace to compare below); then open another run — Generate in the Live tab, load a trace above, or a "
@@ -45,20 +49,32 @@ def trace_cost(events) -> dict:
     }
 
 
+def _ended(events) -> str | None:
+    """The end event's stop reason; None for a run stopped before its end."""
+    end = events[-1] if events and events[-1].get("event") == "end" else None
+    return end and end.get("stop")
+
+
 def side(name: str, run: dict) -> viz.RunSide | None:
     """A run ({"events", "meta", "origin"}) as one side of the comparison; None without explorer rounds."""
     rounds = dbg.views(run["events"])
     if not rounds:
         return None
-    end = run["events"][-1] if run["events"][-1].get("event") == "end" else None
     return viz.RunSide(
         name,
         run["origin"] or "this session's trace",
         rounds[-1],
         run["meta"] or {},
-        end and end.get("stop"),
+        _ended(run["events"]),
         trace_cost(run["events"]),
     )
+
+
+def _pinned(run: dict):
+    """Run A pinned: (the run, the compare status line, the opened fold); a stopped run says so."""
+    stopped = _ended(run["events"]) in (None, "cancelled")
+    line = f"run A pinned: {viz.run_label(side('A', run))}"
+    return run, viz.status_html("stopped" if stopped else "finished", line), gr.Accordion(open=True)
 
 
 def pin(events, meta, origin):
@@ -68,13 +84,12 @@ def pin(events, meta, origin):
         raise gr.Error(
             "this trace has no explorer rounds (an AR trace?): nothing to compare", print_exception=False
         )
-    run = {"events": events, "meta": meta or {}, "origin": origin or "this session's trace"}
-    return run, viz.status_html("finished", f"run A pinned: {run['origin']}"), gr.Accordion(open=True)
+    return _pinned({"events": events, "meta": meta or {}, "origin": origin or "this session's trace"})
 
 
 def load_pinned(runtime, file, request: gr.Request = None):
     """A trace file as run A, validated and admitted like the Debugger's (``debugger.open_upload``); a refused
-    file changes only the compare status line."""
+    file changes only the compare status line. The upload box is emptied either way, ready for another file."""
     try:
         opened = dbg.open_upload(runtime, file, request)
     except DexError as err:
@@ -82,21 +97,31 @@ def load_pinned(runtime, file, request: gr.Request = None):
             gr.skip(),
             viz.status_html("error", f"this trace was not loaded: {err}; run A is unchanged"),
             gr.skip(),
+            None,
         )
     if not dbg.views(opened.events):
         return (
             gr.skip(),
             viz.status_html("error", "this trace has no explorer rounds (an AR trace?): run A is unchanged"),
             gr.skip(),
+            None,
         )
-    run = {"events": opened.events, "meta": opened.meta, "origin": opened.origin}
-    return run, viz.status_html("finished", f"run A: {opened.note}"), gr.Accordion(open=True)
+    return *_pinned({"events": opened.events, "meta": opened.meta, "origin": opened.origin}), None
+
+
+def same_run(a: list, b: list) -> bool:
+    """Whether two traces are one run (the one pinned, shown again): the same events."""
+    return a is b or (len(a) == len(b) and a == b)
 
 
 def update(pinned, events, meta, origin):
-    """The comparison of the pinned run A and the Debugger's run B: (table HTML, histogram plot)."""
+    """The comparison of the pinned run A and the Debugger's run B: (table HTML, histogram plot). Until the
+    Debugger shows another run than A, it says what to do instead of comparing A with itself."""
     if not pinned:
         return f"<p id='dbg-compare-empty'>{esc(HINT)}</p>", gr.Plot(visible=False)
+    if same_run(pinned["events"], events or []):
+        waiting = WAITING.format(label=viz.run_label(side("A", pinned)))
+        return f"<p id='dbg-compare-waiting'>{esc(waiting)}</p>", gr.Plot(visible=False)
     sides = [
         s for s in (side("A", pinned), side("B", {"events": events, "meta": meta, "origin": origin})) if s
     ]
@@ -124,7 +149,7 @@ def section(runtime, trace: gr.State, meta: gr.State, origin: gr.State, pin_butt
     slot.upload(
         cb.bind(load_pinned, runtime),
         slot,
-        [pinned, status, fold],
+        [pinned, status, fold, slot],
         preprocess=False,  # no temp file
         **HUSH,
     ).then(*refresh, **HUSH)

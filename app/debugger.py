@@ -102,9 +102,17 @@ def step(events, round_no, delta):
     return rounds[max(0, min(_index(rounds, round_no) + delta, len(rounds) - 1))].round
 
 
-def play():
-    """Play: the session is playing (the flag each tick reads) and the timer runs."""
-    return True, gr.Timer(active=True)
+def play(events, round_no):
+    """Play: the session is playing (the flag each tick reads) and the timer runs; at the last round (where
+    every trace opens) it starts again from the first. Returns (playing, timer, the 5 frame outputs); a trace
+    of one round, or none, does not play, and a notice says why."""
+    rounds = views(events)
+    if len(rounds) < 2:
+        gr.Info("nothing to play: " + ("this trace has one round" if rounds else "no trace yet"))
+        return (False, gr.Timer(active=False), *(gr.skip(),) * 5)
+    restart = _index(rounds, round_no) >= len(rounds) - 1
+    shown = frame(events, rounds[0].round) if restart else (gr.skip(),) * 5
+    return (True, gr.Timer(active=True), *shown)
 
 
 def pause():
@@ -212,8 +220,8 @@ def open_upload(runtime: Runtime, file, request: gr.Request = None) -> Opened:
 
 
 def load(runtime: Runtime, file, request: gr.Request = None):
-    """A saved trace, validated: (events, meta, origin, round, status); a rejected one changes only the status
-    line."""
+    """A saved trace, validated: (events, meta, origin, round, status, the upload box); a rejected one changes
+    only the status line. The upload box is emptied either way, ready for another file."""
     try:
         opened = open_upload(runtime, file, request)
     except DexError as err:
@@ -222,14 +230,29 @@ def load(runtime: Runtime, file, request: gr.Request = None):
             viz.status_html(
                 "error", f"this trace was not loaded: {err}; the Debugger still shows the previous trace"
             ),
+            None,
         )
     rounds = views(opened.events)  # it opens at its last round, as a live run does
     control = round_control(rounds, rounds[-1].round) if rounds else 0
-    return opened.events, opened.meta, opened.origin, control, viz.status_html("finished", opened.note)
+    return opened.events, opened.meta, opened.origin, control, viz.status_html("finished", opened.note), None
 
 
-def _download(path: Path) -> gr.File:
-    return gr.File(value=str(path), visible=True, label=f"Download {path.name}")
+# After an export's handler, the page downloads the file it made (the hidden file component's value): one
+# click on Save or Export. The file is served like every export (``app.files``: its session's, for a while).
+DOWNLOAD_JS = """(file) => {
+  if (!file || !file.url) return;
+  const link = document.createElement('a');
+  link.href = file.url;
+  link.download = file.orig_name || '';
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+}"""
+
+
+def _download(path: Path) -> str:
+    """The hidden download component's value: the export's path (``DOWNLOAD_JS`` downloads it)."""
+    return str(path)
 
 
 def need(events, gone: str | None = None):

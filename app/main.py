@@ -103,7 +103,7 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         step = button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw)
         step.then(show, [trace, slider], frame, **raw)
     goto_b.click(show, [trace, goto], frame, **raw)
-    play_b.click(dbg.play, None, [playing, timer], **HUSH)
+    play_b.click(dbg.play, [trace, slider], [playing, timer, *frame], **raw)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
     timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
     compare = _debugger_files(runtime, (trace, meta, origin), frame, timeline, status)
@@ -129,16 +129,25 @@ def _debugger_files(runtime: Runtime, states: tuple, frame: list, timeline, stat
             html_b = gr.Button("Export run as HTML (works offline)", elem_id="dbg-html", size="sm")
             pin_b = gr.Button("Pin this run for comparison (run A)", elem_id="dbg-pin", size="sm")
         download = gr.File(
-            label="Download", interactive=False, elem_id="dbg-download", visible=False, scale=1
-        )
+            interactive=False, elem_id="dbg-download", visible=False
+        )  # what DOWNLOAD_JS fetches
     compare = cmp.section(runtime, trace, meta, origin, pin_b)
-    save_b.click(cb.bind(dbg.save, runtime), [trace, meta], download, **HUSH)
-    graph_b.click(cb.bind(dbg.export_lattice, runtime), trace, download, **HUSH)
-    html_b.click(cb.bind(dbg.export_report, runtime), [trace, meta], download, **HUSH)
-    # a rejected file changes only the status line: the session keeps its trace and the panels stay; the file as
-    # uploaded (Gradio's preprocess leaves an empty temp file per upload)
+    for button, export, inputs in (
+        (save_b, dbg.save, [trace, meta]),
+        (graph_b, dbg.export_lattice, [trace]),
+        (html_b, dbg.export_report, [trace, meta]),
+    ):  # one click: the handler writes the file, then the page downloads it
+        made = button.click(cb.bind(export, runtime), inputs, download, **HUSH)
+        made.success(None, download, None, js=dbg.DOWNLOAD_JS, **QUIET)
+    # a rejected file changes only the status line: the session keeps its trace and the panels stay; the box is
+    # emptied either way, ready for another file; the file as uploaded (Gradio's preprocess leaves an empty temp
+    # file per upload)
     loaded.upload(
-        cb.bind(dbg.load, runtime), loaded, [trace, meta, origin, slider, status], preprocess=False, **HUSH
+        cb.bind(dbg.load, runtime),
+        loaded,
+        [trace, meta, origin, slider, status, loaded],
+        preprocess=False,
+        **HUSH,
     ).then(dbg.after_load, [trace, slider, status], [*frame, timeline], show_progress_on=status, **HUSH).then(
         *compare, **HUSH
     )
@@ -282,11 +291,10 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
             cb.LIVE
         )  # outside gr.Tabs: a State between two tabs doubled the last tab's label
         gr.Markdown(
-            "# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at "
-            "several depths propose tokens, the final layer commits AR's token (exactly in float32/float64; "
-            "in bfloat16/float16 AR's or a numerical near-tie of it, marked ≈ and checkable with `dex verify`), "
-            "and the lattice collapses onto the branch that matched. **The answers are the model's own**, as "
-            "one-token-at-a-time decoding gives them: a weak answer is the model's, not DEX's. "
+            "# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at several "
+            "depths propose, the final layer commits AR's token (exactly in float32; in bfloat16 AR's or a "
+            "near-tie, marked ≈, checked by `dex verify`). **The answers are the model's own**: a weak answer "
+            "is the model's, not DEX's. "
             f"Model: `{runtime.settings.model}`, backend: `{runtime.settings.backend}`."
         )
         with gr.Tabs() as tabs:

@@ -251,7 +251,17 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
     assert playing[4].value == 6 and playing[5] == gr.skip()  # the next round; the timer left as it is
     last = dbg.last_round(events)
     assert dbg.play_tick(events, last - 1, True)[5].active is False  # the last round stops it
-    assert dbg.pause()[0] is False and dbg.play()[0] is True
+    assert dbg.pause()[0] is False and dbg.play(events, 5)[0] is True
+    again = dbg.play(events, last)  # Play at the last round, where every trace opens: from the first
+    first = dbg.views(events)[0].round
+    assert (
+        again[0] is True
+        and again[1].active is True
+        and again[6].value == first
+        and f"Round {first} " in (again[2].layout.title.text)
+    )
+    idle = dbg.play([], 0)  # nothing to play: it says so (a notice) and the timer stays off
+    assert idle[0] is False and idle[1].active is False
 
 
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
@@ -264,11 +274,16 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     example = dbg.bundled(None)
     assert "Nothing pinned" in cmp.update(None, example.events, example.meta, example.origin)[0]
     run_a, status, _ = cmp.pin(example.events, example.meta, example.origin)
+    waiting, hidden = cmp.update(run_a, example.events, example.meta, example.origin)  # right after Pin
+    assert (
+        "Pin a run, then show another" in waiting and "identical" not in waiting and hidden.visible is False
+    )
     result = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4], 6)
     events, tiny = result.trace, result.stats
     table, plot = cmp.update(run_a, events, {"model": "<b>tiny</b>"}, "this session's live run")
     end = example.events[-1]["stats"]
-    assert "run A pinned: bundled trace &#x27;example&#x27;" in status
+    assert "run A pinned: bundled trace &#x27;example&#x27; · K=4 (9, 18, 27, 30)" in status
+    assert "data-state='finished'" in status
     assert f"{end['rounds_per_token']:.3f}" in table and f"{end['depth_speedup']:.3f}" in table
     assert (
         f"{tiny.rounds_per_token:.3f}" in table
@@ -294,14 +309,22 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "dex-trace"')
     runtime = Runtime(AppSettings())  # its sessions' memory budget admits run A like any loaded trace
-    kept, refused, _ = cmp.load_pinned(runtime, str(bad))
+    kept, refused, _, box = cmp.load_pinned(runtime, str(bad))
     assert kept == {"__type__": "update"} and "not loaded" in refused and str(tmp_path) not in refused
+    assert box is None  # the upload box emptied, ready for another file
+    stopped = events[:2]  # a run stopped after its first round, before any commit: no end event
+    assert not stopped[1]["commit"]
+    run_s, status_s, _ = cmp.pin(stopped, {}, "this session's live run")
+    assert "data-state='stopped'" in status_s and "0 tokens, stopped" in status_s
+    table = cmp.update(run_a, stopped, {}, "this session's live run")[0]
+    assert "no outputs to compare: run B committed no tokens" in table and "prefix" not in table
+    assert "differ from token 0" not in table
     save_trace(tmp_path / "k2.json", events, {"model": "tiny"})
-    loaded, note, _ = cmp.load_pinned(runtime, str(tmp_path / "k2.json"))
-    assert (
-        loaded["origin"] == "loaded 'k2.json'"
-        and "identical outputs" in cmp.update(loaded, events, {}, "")[0]
-    )
+    loaded, note, _, box = cmp.load_pinned(runtime, str(tmp_path / "k2.json"))
+    assert loaded["origin"] == "loaded 'k2.json'"
+    assert "Pin a run, then show another" in cmp.update(loaded, events, {}, "")[0]  # the same run, shown
+    other = [dict(events[0], decs=not events[0]["decs"]), *events[1:]]  # another run, the same tokens
+    assert "identical outputs" in cmp.update(loaded, other, {}, "")[0]
 
 
 def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(tiny_dir, monkeypatch):

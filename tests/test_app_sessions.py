@@ -78,7 +78,8 @@ def visit(url: str, trace: Path):
     from gradio_client import Client, handle_file
 
     client = Client(url, verbose=False, download_files=False)
-    control, status = client.predict(handle_file(str(trace)), api_name="/load")
+    control, status, box = client.predict(handle_file(str(trace)), api_name="/load")
+    assert box is None  # the upload box is emptied, ready for another file
     assert "data-state='finished'" in status, status
     client.predict(control["value"] if isinstance(control, dict) else control, "ok", api_name="/after_load")
     return client
@@ -163,7 +164,7 @@ def test_a_trace_larger_than_the_whole_budget_is_refused_with_the_setting_named(
 def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
     demo, url, temp = app
     client = visit(url, small)
-    saved = client.predict(api_name="/save")["value"]
+    saved = client.predict(api_name="/save")  # the hidden download's file, which the page then downloads
     path = Path(saved["path"])
     assert path.parent.parent.parent == temp and len(path.parent.name) >= 22  # 128 random bits
     got = httpx.get(saved["url"])
@@ -263,7 +264,7 @@ def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no
     assert "run A is unchanged" in str(refused)
     with tuned(demo.runtime.settings, file_ttl=1):  # a read upload goes within file_ttl
         pinned = client.predict(handle_file(str(small)), api_name="/load_pinned")
-        assert "data-state='finished'" in str(pinned) and "run A: " in str(pinned)
+        assert "data-state='finished'" in str(pinned) and "run A pinned: " in str(pinned)
         assert until(
             lambda: not [p for p in temp.rglob("*.json") if "dex-app-" not in str(p)], 6
         )  # both deleted

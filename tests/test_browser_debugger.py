@@ -221,12 +221,11 @@ def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_p
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    page.locator("#dbg-html").click()
-    link = page.locator("#dbg-download a[href]").first
-    link.wait_for(timeout=60_000)
-    body = page.request.get(link.get_attribute("href")).body()
+    with page.expect_download(timeout=60_000) as download:
+        page.locator("#dbg-html").click()  # one click: the file is made, then downloaded
+    assert download.value.suggested_filename == "dex-run.html"
     path = tmp_path / "run.html"
-    path.write_bytes(body)
+    download.value.save_as(path)
     offline = page.context.new_page()
     requests = []
     offline.on(
@@ -306,12 +305,15 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     )
     page.locator("#dbg-pin").click()
     table = "() => document.querySelector('#dbg-compare-table')?.innerText || ''"
-    page.wait_for_function(
-        f"() => ({table})().includes('run A') && ({table})().includes('identical outputs')", timeout=60_000
-    )
+    page.wait_for_function(f"() => ({table})().includes('Pin a run, then show another')", timeout=60_000)
+    assert "identical outputs" not in page.inner_text("#dbg-compare-table")  # not the run with itself
+    assert "K=4 (9, 18, 27, 30)" in page.inner_text("#dbg-compare-status")  # labelled by its settings
     page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "k2.json"))  # becomes run B
     page.wait_for_function(f"() => ({table})().includes('k2.json')", timeout=120_000)
     text = page.inner_text("#dbg-compare-table")
+    assert (
+        "bundled trace 'example' · K=4" in text and "loaded 'k2.json' · K=2" in text
+    )  # heads: source, settings
     end = example_events()[-1]["stats"]
     numbers = [
         f"{x:.3f}"
@@ -338,6 +340,8 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
         "run A is unchanged" in page.inner_text("#dbg-compare-status") and str(tmp_path) not in page.content()
     )
     assert "bundled trace 'example'" in page.inner_text("#dbg-compare-table")
+    assert "bad.json" not in page.inner_text("#dbg-compare-load")  # the box is empty, ready for another file
+    assert page.locator("#dbg-compare-load input[type=file]").count() == 1
 
 
 # the timeline's plot area, its stage labels (top, bottom), its legend entries (text, top, bottom, left, right),
@@ -497,3 +501,69 @@ def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_ope
     )
     marked = sum(c["drafted"] for e in upto for c in e["commits"])
     assert page.locator("#dbg-text .dex-tok[data-drafted='1']").count() == marked
+
+
+# the lattice's title, its drawn labels and the figure's box (px), as the browser laid them out
+LATTICE_TEXT = """() => { const gd = document.querySelector('#dbg-lattice .js-plotly-plot');
+  const box = e => e.getBoundingClientRect(), svg = box(gd.querySelector('.main-svg'));
+  const title = box(gd.querySelector('.gtitle'));
+  const labels = [...gd.querySelectorAll('.textpoint text')].filter(t => t.textContent).map(box)
+    .map(r => [r.left, r.top, r.right, r.bottom]);
+  return {svg: [svg.left, svg.top, svg.right], title: [title.left, title.top, title.right], labels}; }"""
+
+
+def test_play_at_the_last_round_starts_from_the_first_and_save_downloads_in_one_click(app_url, page):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    rounds = [e["round"] for e in example_events() if e["event"] == "round"]
+    assert page.evaluate(ROUND) == rounds[-1]  # every trace opens at its last round
+    page.locator("#dbg-play").click()
+    page.wait_for_function(f"() => ({ROUND})() < {rounds[-1]}", timeout=30_000)  # it plays from the first
+    page.locator("#dbg-pause").click()
+    assert page.evaluate(ROUND) < rounds[-1]
+    with page.expect_download(timeout=60_000) as download:
+        page.locator("#dbg-save").click()
+    assert download.value.suggested_filename == "dex-trace.json"
+    saved = json.loads(open(download.value.path()).read())
+    assert len(saved["events"]) == len(example_events())
+    layout = page.evaluate(LATTICE_TEXT)  # the lattice's title is not cut
+    assert layout["svg"][0] <= layout["title"][0] and layout["title"][2] <= layout["svg"][2]
+    assert layout["svg"][1] <= layout["title"][1]
+
+
+def test_a_refused_upload_leaves_the_box_empty_and_ready_for_another_file(app_url, page, tmp_path):
+    from test_visualize import long_chain_trace
+
+    from dex_core import save_trace
+
+    (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
+    save_trace(tmp_path / "k8.json", long_chain_trace(), {"model": "tiny k8, long chains"})  # 3 rounds
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-timeline")
+    page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "bad.json"))
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-status')?.innerText.includes('not loaded')", timeout=60_000
+    )
+    page.wait_for_function("() => !document.querySelector('#dbg-load').innerText.includes('bad.json')")
+    assert "invalid JSON" in page.inner_text("#dbg-status")  # the status line still says why
+    assert page.locator("#dbg-load input[type=file]").count() == 1  # the drop area is back
+    page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "k8.json"))  # the box is usable
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-status')?.innerText.includes('k8.json')", timeout=60_000
+    )
+    page.wait_for_function("() => document.querySelectorAll('#dbg-lattice .ytick').length === 8")
+    open_round(page, 1)  # chains 30 positions long
+    page.wait_for_function(f"() => ({TITLE})().startsWith('Round 1 ')", timeout=30_000)
+    layout = page.evaluate(LATTICE_TEXT)
+    labels = layout["labels"]
+    apart = all(
+        a[2] <= b[0] + 1 or b[2] <= a[0] + 1 or a[3] <= b[1] + 1 or b[3] <= a[1] + 1
+        for i, a in enumerate(labels)
+        for b in labels[i + 1 :]
+    )
+    assert len(labels) >= 8 and apart, labels  # as drawn: no two labels overlap
+    assert layout["svg"][0] <= layout["title"][0] and layout["title"][2] <= layout["svg"][2]

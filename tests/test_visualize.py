@@ -172,8 +172,11 @@ def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
     assert len(by_name["final"].x) == len(view.round_commits) and len(by_name["discarded"].x) == len(
         view.dropped
     )
-    assert by_name["discarded"].opacity == pytest.approx(0.25)
-    assert by_name["accepted"].opacity == 1
+    assert by_name["discarded"].marker.opacity == pytest.approx(
+        0.25
+    )  # the marker fades, its label stays dark
+    assert by_name["discarded"].textfont.color == palette.DARK and by_name["discarded"].opacity is None
+    assert by_name["accepted"].marker.opacity == 1
     for status, color in STATUS_COLORS.items():
         assert by_name[status].marker.color == color
     assert f"matched at stage {view.commit['matched_stage']}" in fig.layout.title.text
@@ -194,7 +197,7 @@ def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
     depths = greedy[0]["depths"]
     assert list(fig.layout.xaxis.ticktext)[:2] == ["+0", "+1"]
     for k, (tick, d) in enumerate(zip(fig.layout.yaxis.ticktext, depths)):
-        assert tick == f"<span style='color:{stage_color(k)}'>■</span> E{k} · d={d}"
+        assert tick == f"<span style='color:{stage_color(k, depths)}'>■</span> E{k} · d={d}"
     anchor = [t for t in fig.data if t.name == "anchor"][0]
     assert all(-0.5 < x < 0.5 for x in anchor.x)
 
@@ -223,12 +226,16 @@ def test_tokens_html_has_one_span_per_token_and_escapes_markup(greedy):
     assert len(set(matched)) > 1  # the run shows several colours
     spans = Spans(html).spans
     shown = [(style["background"], text) for cls, style, text in spans if cls == "dex-tok"]
-    assert shown == [(stage_color(k), tiny_tokenizer().decode([t])) for k, t in zip(matched, view.tokens)]
+    depths = greedy[0]["depths"]
+    assert shown == [
+        (stage_color(k, depths), tiny_tokenizer().decode([t])) for k, t in zip(matched, view.tokens)
+    ]
     keys = [(style["background"], text) for cls, style, text in spans if cls == "dex-key"]
-    assert keys == [(stage_color(k), f"E{k} · d={d}") for k, d in enumerate(greedy[0]["depths"])]
+    assert keys == [(stage_color(k, depths), f"E{k} · d={d}") for k, d in enumerate(depths)]
     assert "matched at:</span>" in html
     chain = view.anchor_chains[0]
-    assert f"E0 &#x27;{chain[0][1]}&#x27; · E1" in html and f"final &#x27;{chain[3][1]}&#x27;" in html
+    first, final = f"d={depths[0]} (E0) &#x27;{chain[0][1]}&#x27; · d=", f"d={depths[3]} (final) &#x27;"
+    assert first in html and f"{final}{chain[3][1]}&#x27;" in html  # each stage named by its depth
     evil = dataclasses.replace(view, texts=["<script>"] + view.texts[1:])
     out = tokens_html(evil)
     assert "<script>" not in out and "&lt;script&gt;" in out
@@ -474,12 +481,12 @@ def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
 def test_every_stage_colour_is_an_okabe_ito_colour_and_the_same_in_every_panel(greedy):
     view = first_commit_with(replay(greedy), lambda v: True)
     depths = greedy[0]["depths"]
-    assert len(set(OKABE_ITO)) == 8 and [stage_color(k) for k in range(8)] == list(OKABE_ITO)
+    assert len(set(OKABE_ITO)) == 8 and palette.stage_colors(range(1, 9)) == list(OKABE_ITO)
     panels = tokens_html(view) + fsm_html(view) + stats_html(view)
     ticks = lattice_figure(view).layout.yaxis.ticktext + timeline_figure(greedy).layout.yaxis.ticktext
     for k in range(len(depths)):
-        assert panels.count(f"background: {stage_color(k)}") >= 3  # legend key, FSM row, histogram bar
-        assert sum(f"color:{stage_color(k)}" in t for t in ticks) == 2
+        assert panels.count(f"background: {stage_color(k, depths)}") >= 3  # legend key, FSM row, histogram
+        assert sum(f"color:{stage_color(k, depths)}" in t for t in ticks) == 2
     backgrounds = {c.upper() for c in re.findall(r"background: (#[0-9a-fA-F]{6})", panels)}
     assert backgrounds <= set(OKABE_ITO) | {"#F4F6F7", palette.DARK, palette.PALE}, (
         backgrounds
@@ -709,3 +716,98 @@ def test_the_timeline_height_follows_k_and_its_legend_sits_above_the_plot(llama,
             "edges into discarded nodes",
         ]
     assert plots[8] > plots[2]
+
+
+def long_chain_trace(rounds: int = 3):
+    """The first ``rounds`` rounds of a K = 8 run whose draft chains reach 30+ positions ahead of the anchor
+    (prompt lookup in a repeated prompt, chains of up to 30 tokens)."""
+    decoder = DexDecoder(
+        tiny_model("llama", layers=8),
+        explorers=8,
+        tokenizer=tiny_tokenizer(),
+        draft="length=30,rows=32,gate=0",
+    )
+    events = []
+    for event in decoder.stream([4, 8, 15, 16, 23, 42, 7, 9] * 6, 32):
+        events.append(event)
+        if sum(e["event"] == "round" for e in events) == rounds:
+            return events
+    return events
+
+
+def label_boxes(fig) -> tuple[list, int]:
+    """The boxes (px, at the width labels are fitted for) of a lattice figure's drawn labels, and its node count."""
+    from visualize.fit import label_box
+    from visualize.lattice import FIT_PLOT_PX, FONT_PX
+
+    x0, x1 = fig.layout.xaxis.range
+    y_hi, y_lo = fig.layout.yaxis.range
+    plot_h = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    px_x, px_y = FIT_PLOT_PX / (x1 - x0), plot_h / (y_hi - y_lo)
+    boxes, nodes = [], 0
+    for t in fig.data:
+        if t.mode == "markers+text":
+            nodes += len(t.x)
+            boxes += [label_box(s, x * px_x, y * px_y, FONT_PX) for x, y, s in zip(t.x, t.y, t.text) if s]
+    return boxes, nodes
+
+
+def test_a_k8_round_of_30_positions_labels_half_its_nodes_apart_opens_near_the_anchor_and_keeps_its_title():
+    from visualize.fit import text_px
+    from visualize.lattice import FIT_PLOT_PX, MARGIN, TITLE_PX
+
+    trace = long_chain_trace()
+    wide = [
+        v for v in replay(trace) if max(n["position"] - v.commit_position for n in v.nodes.values()) >= 29
+    ]
+    assert wide, "no round reaches 30 positions"
+    for view in wide:
+        fig = lattice_figure(view)
+        boxes, nodes = label_boxes(fig)
+        assert nodes == lattice_size(view) and len(boxes) >= nodes / 2, (len(boxes), nodes)
+        overlaps = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]
+        assert overlaps == []
+        assert fig.layout.xaxis.range[1] < 16 and fig.layout.dragmode == "pan"  # opens near the anchor
+        assert "drag to pan" in fig.layout.xaxis.title.text
+        hovers = [h for t in fig.data if t.mode == "markers+text" for h in t.hovertext]
+        assert len(hovers) == nodes and all("candidate" in h for h in hovers)  # the rest on hover
+        lines = fig.layout.title.text.split("<br>")
+        assert all(text_px(line, TITLE_PX) <= FIT_PLOT_PX + MARGIN["l"] for line in lines)
+        assert fig.layout.margin.t >= len(lines) * 1.25 * TITLE_PX  # room for every line
+
+
+def test_a_long_title_breaks_into_lines_and_keeps_every_character():
+    from visualize.fit import text_px, wrap
+
+    parts = [
+        "Round 12",
+        "state q=3→4",
+        "commit '" + "Supercalifragilistic" * 5 + "' matched at stage 2 (d=18)",
+    ]
+    lines = wrap(parts, 300, 14)
+    assert len(lines) > 2 and all(text_px(line, 14) <= 300 for line in lines)
+    assert "".join(lines).replace(" ", "").replace("·", "") == "".join(parts).replace(" ", "").replace(
+        "·", ""
+    )
+
+
+def test_stage_colours_follow_the_depth_so_a_k2_and_a_k4_run_read_alike():
+    from visualize.palette import stage_colors
+
+    k2, k4 = stage_colors([18, 30]), stage_colors([9, 18, 27, 30])
+    assert k2[0] == k4[1] and k2[1] == k4[3] == OKABE_ITO[-1]  # depth 18 of 30 alike, the final layer black
+    assert stage_colors([4, 8, 11, 15, 19, 22, 26, 30]) == list(OKABE_ITO)  # K = 8 spread over every colour
+    for depths in ([1, 2, 30], [14, 15, 16, 30], [27, 28, 29, 30], [1, 2, 3, 4, 5, 6, 7, 8]):
+        colours = stage_colors(depths)
+        assert len(set(colours)) == len(depths) and [OKABE_ITO.index(c) for c in colours] == sorted(
+            OKABE_ITO.index(c) for c in colours
+        ), depths  # apart within a run, in depth order
+    fig = lattice_figure(
+        replay(json.loads((Path(__file__).parents[1] / "assets/traces/example.json").read_text())["events"])[
+            -1
+        ]
+    )
+    assert (
+        fig.layout.yaxis.ticktext[1].startswith(f"<span style='color:{k4[1]}'>")
+        and "d=18" in fig.layout.yaxis.ticktext[1]
+    )

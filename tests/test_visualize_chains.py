@@ -117,7 +117,7 @@ def test_cut_chain_nodes_have_their_own_status_fate_and_mark(cut_chains, chains)
         assert {node_status(view, i) for i in view.cut} == {"cut"}
         fig = lattice_figure(view)
         drawn = next(t for t in fig.data if t.name == "cut")
-        assert len(drawn.x) == len(view.cut) and drawn.marker.symbol == "x" and drawn.opacity < 1
+        assert len(drawn.x) == len(view.cut) and drawn.marker.symbol == "x" and drawn.marker.opacity < 1
     graph = lattice_graph(cut_chains)
     fates = {i for i, d in graph.nodes(data=True) if d["fate"] == "cut"}
     assert fates == {i for v in views for i in v.cut}

@@ -11,9 +11,9 @@ before it runs them and warn.
 import importlib
 
 from .charts import depth_figure, ead_figure, race_figure, speedup_figure
-from .compare import RunSide, compare_figure, compare_html
+from .compare import RunSide, compare_figure, compare_html, run_label
 from .lattice import lattice_figure, node_status, node_statuses
-from .palette import FATE_COLORS, OKABE_ITO, STATUS_COLORS, stage_color, stage_legend_html
+from .palette import FATE_COLORS, OKABE_ITO, STATUS_COLORS, stage_color, stage_colors, stage_legend_html
 from .panels import fsm_html, round_table_html, stats_html, tokens_html
 from .replay import Replay, ReplayCache, RoundView, lattice_size, replay
 from .summary import race_summary_html, readiness_table_html, status_html
@@ -43,6 +43,7 @@ __all__ = [
     "STATUS_COLORS",
     "FATE_COLORS",
     "stage_color",
+    "stage_colors",
     "stage_legend_html",
     "node_status",
     "node_statuses",
@@ -66,4 +67,5 @@ __all__ = [
     "RunSide",
     "compare_html",
     "compare_figure",
+    "run_label",
 ]

@@ -280,7 +280,7 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
             y=d + 0.5,
             yanchor="bottom",
             showarrow=False,
-            text=stage_tick(k, d) + " ends",
+            text=stage_tick(k, depths) + " ends",
             font=dict(size=11, color="white"),
             bgcolor="rgba(0,0,0,0.55)",
         )

@@ -78,6 +78,19 @@ def _draft(start: dict) -> str:
     )
 
 
+def run_label(side: RunSide) -> str:
+    """A run named by its source and settings, in one line of plain text: ``live run · K=4 (8, 15, 23, 30),
+    adapters off, DECS on, greedy, 12 tokens`` (two live runs of a session read apart)."""
+    start = side.view.start
+    depths = ", ".join(str(d) for d in start["depths"])
+    adapters = "adapters " + ("on" if start.get("adapter_depths") else "off")
+    decs = "DECS " + ("on" if start.get("decs") else "off")
+    chains = "draft chains" if isinstance(start.get("draft"), dict) else "no chains"
+    stopped = "" if side.ended else ", stopped"
+    settings = f"K={len(start['depths'])} ({depths}), {adapters}, {decs}, {chains}, {_sampling(start)}"
+    return f"{side.origin} · {settings}, {len(side.view.tokens)} tokens{stopped}"
+
+
 def _rows(side: RunSide) -> list[tuple[str, str]]:
     """(label, escaped value) of one run, in table order."""
     start, n = side.view.start, run_numbers(side.view)
@@ -125,19 +138,26 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
 def _outputs_line(a: RunSide, b: RunSide) -> str:
     ta, tb = a.view.tokens, b.view.tokens
     same_prompt = a.view.start.get("prompt") == b.view.start.get("prompt")
+    empty = [side.name for side in (a, b) if not side.view.tokens]
+    if empty:
+        return (
+            f"<div id='dbg-compare-same' data-same='none'>– no outputs to compare: run {esc(' and '.join(empty))} "
+            f"committed no tokens{' (stopped before its first commit)' if len(empty) == 1 else ''}</div>"
+        )
+    first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    if ta != tb and first == min(len(ta), len(tb)) and same_prompt:
+        shorter = a if len(ta) < len(tb) else b
+        return (
+            f"<div id='dbg-compare-same' data-same='prefix'>= the first {esc(first)} tokens are identical; run "
+            f"{esc(shorter.name)} ended there ({esc(len(ta))} vs {esc(len(tb))} tokens: "
+            f"{esc('stopped' if not shorter.ended else shorter.ended)})</div>"
+        )
     if ta == tb:
         return (
             f"<div id='dbg-compare-same' data-same='yes'>✓ identical outputs: both runs committed the same "
             f"{esc(len(ta))} tokens{'' if same_prompt else ' (from different prompts)'}</div>"
         )
-    first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-    why = (
-        "the prompts differ"
-        if not same_prompt
-        else "same prompt: sampling, settings or the model differ"
-        if first < min(len(ta), len(tb))
-        else "one run is a prefix of the other (a shorter run)"
-    )
+    why = "the prompts differ" if not same_prompt else "same prompt: sampling, settings or the model differ"
     return (
         f"<div id='dbg-compare-same' data-same='no'>✗ outputs differ from token {esc(first)} on "
         f"({esc(len(ta))} vs {esc(len(tb))} tokens; {esc(why)})</div>"
@@ -149,7 +169,8 @@ def compare_html(sides: list[RunSide]) -> str:
     the outputs are identical. With one side, its column alone."""
     columns = [_rows(side) for side in sides]
     head = "".join(
-        f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: #fff;'>run {esc(side.name)}</th>"
+        f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: #fff;'>run {esc(side.name)}<div "
+        f"style='font-weight: normal; font-size: 11px;'>{esc(run_label(side))}</div></th>"
         for i, side in enumerate(sides)
     )
     body = []
@@ -172,7 +193,10 @@ def compare_html(sides: list[RunSide]) -> str:
         "and adapters. On K devices a round costs its slowest explorer (a batch costs its weights once, as on "
         "a GPU); AR = every layer and the head once per token.</div>"
     )
-    return f"<div style='font-family: system-ui, sans-serif; font-size: 13px;'>{table}{same}{note}</div>"
+    return (
+        f"<div style='font-family: system-ui, sans-serif; font-size: 13px; overflow-x: auto;'>{table}{same}{note}"
+        "</div>"
+    )
 
 
 def compare_figure(sides: list[RunSide]) -> go.Figure:
@@ -201,7 +225,7 @@ def compare_figure(sides: list[RunSide]) -> go.Figure:
                 cliponaxis=False,
                 hovertext=hover,
                 hovertemplate="%{hovertext}<extra></extra>",
-                name=plot_text(f"run {side.name}: K={len(run_depths)}, {side.origin}"[:70]),
+                name=plot_text(f"run {side.name}: {run_label(side)}"[:90]),
                 marker=dict(color=RUN_COLORS[i % 2]),
             )
         )

@@ -1,10 +1,14 @@
 """The one palette of ``visualize``: stage colours, and the neutral marks of node status and fate.
 
-A colour names a stage, nothing else. Stages take the Okabe–Ito set (Okabe & Ito, *Color Universal
-Design*, 2008), which stays distinguishable under the common colour-vision deficiencies; a stage (an
-explorer) has the same colour everywhere it is coloured: the streamed text, the matched-stage
-histogram, the FSM panel and the stage labels of the lattice and timeline figures. Eight colours
-cover the app's K = 1..8; a larger K reuses them in order.
+A colour names a stage's depth, nothing else. Stages take the Okabe–Ito set (Okabe & Ito, *Color
+Universal Design*, 2008), which stays distinguishable under the common colour-vision deficiencies, in
+order of depth: a stage at depth d of a model of L layers takes the colour at d/L along the set
+(``stage_colors``), so the final layer is always black and depth 18 of 30 has one colour at K = 2, 4
+or 8; only two stages of one run that would share a colour are moved apart, to the nearest free ones,
+in depth order. A stage has its colour everywhere it is coloured: the streamed text, the matched-stage
+histogram, the FSM panel and the stage labels of the lattice and timeline figures, each naming the
+stage's depth (``E<stage> · d=<depth>``). Eight colours cover the app's K = 1..8; a larger K reuses
+them in stage order.
 
 Everything else is drawn in greys, which no stage uses: a node's status in one round and its fate
 over the run are a ``Mark`` (fill shade, outline, symbol), readable without colour vision and
@@ -83,29 +87,55 @@ def frames(boxes) -> tuple[list, list]:
     return xs, ys
 
 
-def stage_color(stage: int) -> str:
-    return OKABE_ITO[int(stage) % len(OKABE_ITO)]
+def _ideal(depth: int, layers: int) -> int:
+    """The palette index of depth ``depth`` of ``layers``: d/L along the set (the final layer: the last)."""
+    return min(len(OKABE_ITO) - 1, max(0, round(len(OKABE_ITO) * depth / max(layers, 1)) - 1))
 
 
-def stage_ink(stage: int) -> str:
-    """A text colour that reads on ``stage_color(stage)``."""
-    return "#ffffff" if stage_color(stage) in _DARK else "#1b2631"
+def stage_colors(depths) -> list[str]:
+    """One colour per stage, from the stage's depth (``depths`` end at the model's layer count): indices
+    rise with depth, each at its ideal place where it is free, else the nearest free one in order."""
+    depths = [int(d) for d in depths]
+    n = len(OKABE_ITO)
+    if len(depths) > n:
+        return [OKABE_ITO[k % n] for k in range(len(depths))]
+    place = []
+    for d in depths:  # rising: never below the previous stage's place + 1
+        place.append(max(_ideal(d, depths[-1]), place[-1] + 1 if place else 0))
+    for k in range(len(place) - 1, -1, -1):  # and room left for the deeper stages
+        place[k] = min(place[k], n - len(place) + k, place[k + 1] - 1 if k + 1 < len(place) else n - 1)
+    return [OKABE_ITO[i] for i in place]
 
 
-def stage_tick(stage: int, depth: int) -> str:
+def stage_color(stage: int, depths) -> str:
+    """The colour of stage ``stage`` of a run exploring ``depths`` (``stage_colors``)."""
+    return stage_colors(depths)[int(stage)]
+
+
+def ink_on(colour: str) -> str:
+    """A text colour that reads on a stage colour."""
+    return "#ffffff" if colour in _DARK else "#1b2631"
+
+
+def stage_ink(stage: int, depths) -> str:
+    return ink_on(stage_color(stage, depths))
+
+
+def stage_tick(stage: int, depths) -> str:
     """A figure's stage label: a square in the stage's colour, then ``E<stage> · d=<depth>``
     (Plotly text: the values are numbers, formatted here, so nothing from a trace reaches markup)."""
-    return f"<span style='color:{stage_color(stage)}'>■</span> E{int(stage)} · d={int(depth)}"
+    colour, depth = stage_color(stage, depths), int(depths[int(stage)])
+    return f"<span style='color:{colour}'>■</span> E{int(stage)} · d={depth}"
 
 
 def stage_legend_html(depths, label: str = "matched at") -> str:
     """The stage key: ``label``, then one chip per stage in its colour, named as the figures name it
     (``E<stage> · d=<depth>``); a chip never breaks across lines, so K = 8 keys wrap between chips."""
     keys = "".join(
-        f'<span class="dex-key" style="background: {stage_color(k)}; color: {stage_ink(k)}; '
+        f'<span class="dex-key" style="background: {colour}; color: {ink_on(colour)}; '
         f"padding: 0 6px; margin: 0 6px 2px 0; border-radius: 3px; display: inline-block; "
         f'white-space: nowrap;">E{k} · d={esc(d)}</span>'
-        for k, d in enumerate(depths)
+        for k, (d, colour) in enumerate(zip(depths, stage_colors(depths)))
     )
     return (
         f"<div class='dex-legend' style='margin-top: 6px; font-size: 12px;'>"

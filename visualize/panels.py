@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .lattice import token_texts, view_commits
 from .markup import esc, join, num
-from .palette import DARK, PALE, stage_color, stage_ink, stage_legend_html
+from .palette import DARK, PALE, ink_on, stage_colors, stage_legend_html
 from .replay import RoundView
 
 _BOX = "font-family: system-ui, sans-serif; font-size: 13px; line-height: 1.5;"
@@ -27,8 +27,9 @@ def _quoted(text: str | None, token: int) -> str:
     return repr(text) if text is not None else f"#{token}"
 
 
-def _stage_name(stage: int, K: int) -> str:
-    return "final" if stage == K - 1 else f"E{stage}"
+def _stage_name(stage: int, depths) -> str:
+    """A stage as the text names it: its depth first (``d=18``), so runs of any K read alike."""
+    return f"d={int(depths[stage])}" + (" (final)" if stage == len(depths) - 1 else f" (E{stage})")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -63,12 +64,14 @@ def tokens_html(view_or_views) -> str:
     if view is None:
         return f"<div style='{_BOX} color: #7f8c8d;'>no tokens yet</div>"
     depths = view.start["depths"]
-    K = len(depths)
+    colours = stage_colors(depths)
     spans, ties, drafts = [], 0, 0
     for i, (token, text, stage, chain) in enumerate(
         zip(view.tokens, view.texts, view.matched, view.anchor_chains)
     ):
-        title = " · ".join(f"{_stage_name(k, K)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain))
+        title = " · ".join(
+            f"{_stage_name(k, depths)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain)
+        )
         commit = view.commits[i] if i < len(view.commits) else {}
         near, drafted = commit.get("near_tie") is True, commit.get("drafted") is True
         ties, drafts = ties + near, drafts + drafted
@@ -78,8 +81,8 @@ def tokens_html(view_or_views) -> str:
             " · drafted: its input came from a draft chain" if drafted else ""
         )
         spans.append(
-            f'<span class="dex-tok"{attrs} title="{esc(title)}" style="background: {stage_color(stage)}; '
-            f"color: {stage_ink(stage)}; border-radius: 3px;{_NEAR_TIE if near else ''}"
+            f'<span class="dex-tok"{attrs} title="{esc(title)}" style="background: {colours[stage]}; '
+            f"color: {ink_on(colours[stage])}; border-radius: 3px;{_NEAR_TIE if near else ''}"
             f'{_DRAFTED if drafted else ""}">{esc(shown)}</span>'
         )
     note = (
@@ -119,10 +122,11 @@ def _chip(node_id: int, new: bool) -> str:
     return f"<span style='{style}'>{esc(node_id)}</span>"
 
 
-def _stage_key(k: int, depth) -> str:
+def _stage_key(k: int, depths) -> str:
+    colour = stage_colors(depths)[k]
     return (
-        f"<span style='background: {stage_color(k)}; color: {stage_ink(k)}; padding: 0 5px; "
-        f"border-radius: 3px; white-space: nowrap;'>E{k} · d={esc(depth)}</span>"
+        f"<span style='background: {colour}; color: {ink_on(colour)}; padding: 0 5px; "
+        f"border-radius: 3px; white-space: nowrap;'>E{k} · d={esc(depths[k])}</span>"
     )
 
 
@@ -176,12 +180,12 @@ def fsm_html(view: RoundView) -> str:
         )
         bar = (
             f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
-            f"background: {stage_color(k)}; border: 1px solid #aab7b8; vertical-align: middle;'></span>"
+            f"background: {stage_colors(depths)[k]}; border: 1px solid #aab7b8; vertical-align: middle;'></span>"
         )
         plus = f" +{n}" if n else ""
         rows.append(
             [
-                _stage_key(k, depths[k]),
+                _stage_key(k, depths),
                 nodes,
                 f"<span style='white-space: nowrap;'>{bar} <b>{esc(committed)}</b>{plus} + "
                 f"<b>{esc(lattice)}</b></span>",
@@ -202,14 +206,14 @@ def stage_counts(matched: list[int], stages: int) -> list[int]:
 
 
 def _histogram(matched: list[int], depths: list[int]) -> str:
-    counts = stage_counts(matched, len(depths))
+    counts, colours = stage_counts(matched, len(depths)), stage_colors(depths)
     top = max(counts) if any(counts) else 1
     rows = []
     for k, (d, c) in enumerate(zip(depths, counts)):
         width = int(120 * c / top)
         rows.append(
-            f"<div>{_stage_key(k, d)} <span style='display: inline-block; width: {width}px; "
-            f"height: 10px; background: {stage_color(k)}; border: 1px solid #aab7b8;'></span> {c}</div>"
+            f"<div>{_stage_key(k, depths)} <span style='display: inline-block; width: {width}px; "
+            f"height: 10px; background: {colours[k]}; border: 1px solid #aab7b8;'></span> {c}</div>"
         )
     return "".join(rows)
 
@@ -285,8 +289,8 @@ _VIA = {
 def round_table_html(view: RoundView) -> str:
     """Each explorer's batch this round (node, kind, position, candidate, top-k, DECS mask; a large
     batch folded), then each commit's decision (several along a draft chain; drafted ones marked) and the
-    collapse sets, or "no commit this round", and the chain nodes cut. The whole table scrolls inside a
-    bounded box."""
+    collapse sets, or "no commit this round", and the chain nodes cut. The whole table scrolls, down and
+    across, inside a bounded box (a wide top-k column is never clipped)."""
     parts = [
         f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
         f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
@@ -308,9 +312,7 @@ def round_table_html(view: RoundView) -> str:
             f"<details class='dex-cut'><summary><b>Cut</b> {len(view.cut)} draft-chain nodes: the slot before "
             f"each proposed another token</summary>{join(view.cut)}</details>"
         )
-    return (
-        f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow-y: auto;'>{''.join(parts)}</div>"
-    )
+    return f"<div class='dex-round' style='{_BOX} max-height: 200px; overflow: auto;'>{''.join(parts)}</div>"
 
 
 def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
@@ -322,7 +324,7 @@ def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
         masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
         where = f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})"
         rows.append([esc(i), esc(n["kind"]), where, _cand(n["token"], vocab), top, masked])
-    title = f"{_stage_key(k, view.start['depths'][k])} · batch of {len(batch)}"
+    title = f"{_stage_key(k, view.start['depths'])} · batch of {len(batch)}"
     if not rows:
         return f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>"
     table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
@@ -332,9 +334,14 @@ def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
 
 def _commit_html(view: RoundView, c: dict, which: str) -> list[str]:
     """One commit: its token, matched stage and marks (near-tie, drafted, next anchor), then the anchor's table."""
-    vocab, K = token_texts(view), len(view.start["depths"])
+    vocab, depths = token_texts(view), view.start["depths"]
     rows = [
-        [_stage_name(k, K), esc(nid), _cand(tok, vocab), "✓ matched" if k == c["matched_stage"] else ""]
+        [
+            esc(_stage_name(k, depths)),
+            esc(nid),
+            _cand(tok, vocab),
+            "✓ matched" if k == c["matched_stage"] else "",
+        ]
         for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))
     ]
     near = near_tie_sentence(c, view.start.get("dtype"))
@@ -346,7 +353,7 @@ def _commit_html(view: RoundView, c: dict, which: str) -> list[str]:
     badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
     parts = [
         f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
-        f"matched at stage {esc(c['matched_stage'])}{badge}</div>"
+        f"matched at stage {esc(c['matched_stage'])} (d={esc(depths[c['matched_stage']])}){badge}</div>"
     ]
     if near:
         parts.append(f"<div style='font-size: 12px;'>{near}</div>")

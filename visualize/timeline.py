@@ -285,7 +285,7 @@ def _laid_out(fig: go.Figure, title: str, depths: list) -> go.Figure:
         xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),
         yaxis=dict(
             tickvals=list(range(K)),
-            ticktext=[stage_tick(k, d) for k, d in enumerate(depths)],
+            ticktext=[stage_tick(k, depths) for k in range(K)],
             range=[K - 0.5, Y_TOP],
             showgrid=False,
             zeroline=False,
