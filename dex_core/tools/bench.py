@@ -16,7 +16,9 @@ Methods (every output compared token by token with HF ``generate``, greedy):
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way;
 - ``hf-prompt-lookup``: HF's prompt lookup (``--prompt-lookup-num-tokens`` drafts copied from the text so far,
-  verified in one forward), with its forwards (steps) and rows per token counted.
+  verified in one forward), with its forwards (steps) and rows per token counted;
+- ``ar-tp``: AR on transformers' own tensor parallelism (``tp_plan="auto"``, one process per rank, ``--tp-size``):
+  on a CPU a correctness check (certified per token), on GPUs the paper's multi-device baseline (Fig. 5).
 
 Metrics: ``identical`` (prompts whose tokens equal HF greedy's) and ``certified`` (tokens that one
 teacher-forced forward of the unmodified model confirms as its choice or a near-tie, ``dex_core.tools.verify``;
@@ -44,6 +46,7 @@ from ..config import (
     DexError,
     GenerationOptions,
     adapter_file,
+    integer,
     option,
     parse_depths,
     parse_device,
@@ -63,10 +66,11 @@ from ..model.load import load_model, resolve_device
 from ..runtime.clock import Clock
 from ..runtime.reference import hf_greedy
 from ..runtime.request import encode_item
-from .bench_methods import dex_decoders, runners, tune_self_spec
+from .bench_methods import dex_decoders, runners, tensor_parallel, tp_row, tune_self_spec
 from .bench_report import SetContext, headline, result_row
 from .ead import matches
 from .profile import measure_profile
+from .tensor_parallel import tp_size
 from .verify import Certificate, certify_tokens
 
 METHODS = (
@@ -78,6 +82,7 @@ METHODS = (
     "self-spec",
     "hf-early-exit",
     "hf-prompt-lookup",
+    "ar-tp",
 )
 DRAFTS = (1, 2, 3, 4, 6, 8)
 QUICK = {
@@ -127,7 +132,12 @@ class BenchConfig:
     drafts: tuple[int, ...] = option(
         DRAFTS, "self-speculation draft lengths n in the grid (exits: every layer)"
     )
-    threads: int | None = option(None, "dex-distributed on CPU: torch threads per explorer")
+    threads: int | None = option(None, "dex-distributed and ar-tp on CPU: torch threads per process")
+    tp_size: int | None = option(
+        None,
+        "ar-tp: tensor-parallel ranks (transformers' tp_plan='auto'); a size that divides the attention and "
+        "KV head counts (default: the smallest such size >= 2)",
+    )
     profile: bool = option(
         True,
         "time layers, heads and the distributed exchange on this machine (cached) and add "
@@ -163,6 +173,7 @@ class BenchConfig:
             parse_ints(self.drafts, "drafts"),
         )
         self.proposal_vocab = rows_option(self.proposal_vocab)
+        self.tp_size = None if self.tp_size is None else integer(self.tp_size, "tp_size", 2)
         self.prune = tuple(DecoderOptions(prune=b).prune for b in parse_list(self.prune, "prune"))
         if not self.prune:
             raise DexError("prune needs at least one bound: 'none' or a positive integer")
@@ -268,6 +279,7 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
     too_many = [K for K in cfg.explorers if K > bench.L]
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {bench.L} layers")
+    tp = tp_size(bench.model.config, cfg.tp_size) if "ar-tp" in cfg.methods else None  # before any process
     sets = {name: bench.prompts(name, cfg.prompts, "eval") for name in cfg.sets}
     report = {
         "config": asdict(cfg),
@@ -280,12 +292,13 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
         "oracle": {},
         "tuning": _tune(bench),
     }
-    decoders = dex_decoders(bench, _explorations(cfg, bench.model))
+    decoders, group = dex_decoders(bench, _explorations(cfg, bench.model)), None
     try:
+        group = tensor_parallel(bench, tp) if tp else None
         rows = next((d.proposal_vocab for d in decoders.values()), bench.model.config.vocab_size)
         report["profile"] = measure_profile(bench.model, rows, log=log) if cfg.profile else None
         methods = runners(
-            bench, decoders, DexDecoder(bench.model, depths=(bench.L,), trace_top=0), report["tuning"]
+            bench, decoders, DexDecoder(bench.model, depths=(bench.L,), trace_top=0), report["tuning"], group
         )
         log(f"warm-up: {len(methods)} methods")
         for run in methods.values():
@@ -293,8 +306,9 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
         for name, prompts in sets.items():
             _run_set(bench, report, name, prompts, methods, decoders)
     finally:
-        for decoder in decoders.values():
-            decoder.close()
+        for decoder in [*decoders.values(), group]:
+            if decoder is not None:
+                decoder.close()
     report["headline"] = headline(report)
     return report
 
@@ -354,6 +368,8 @@ def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict
             layer_speedup=bench.L / row["layer_forwards_per_token"],
             cost_share_of_ar=row["cost_per_token"] / ctx.cost.ar(),
         )
+        if key == "ar-tp":
+            row.update(tp_row(outs[key]))
         report["results"].append(row)
 
 

@@ -1,5 +1,6 @@
 """The methods ``dex bench`` compares, as runners of one shape: ``runner(prompt, max_new_tokens) -> (tokens,
-stats)``; the DEX decoders of every configuration asked for; and the self-speculation grid search on the tune split.
+stats)``; the DEX decoders of every configuration asked for; ar-tp's tensor-parallel ranks and their row's fields;
+and the self-speculation grid search on the tune split.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import itertools
 from functools import partial
 
 from ..decoder import DexDecoder
+from ..model.checkpoint import locate
 from ..model.cost import ModelCost
 from ..runtime.reference import hf_greedy
 from .baselines import (
@@ -17,6 +19,7 @@ from .baselines import (
     self_spec_layer_forwards,
 )
 from .ead import layer_matches
+from .tensor_parallel import TensorParallelAR
 
 
 def tune_self_spec(
@@ -140,7 +143,34 @@ def _prompt_lookup(model, drafts, prompt, n):
     return result["tokens"], result
 
 
-def runners(bench, decoders: dict, stage_ar, tuning: dict) -> dict:
+def tensor_parallel(bench, size: int) -> TensorParallelAR:
+    """ar-tp's ranks: the model's checkpoint folder (--quick: the tiny model, saved) in bench's dtype and device."""
+    bench.log(f"ar-tp: starting {size} tensor-parallel ranks (transformers' tp_plan='auto')")
+    source = bench.model if bench.cfg.quick else locate(bench.cfg.model, bench.log)
+    return TensorParallelAR(source, size, bench.model.dtype, bench.device, bench.cfg.threads)
+
+
+def _tp(group, prompt, n):
+    answer = group.generate(prompt, n)
+    stats = {"tp_size": group.size, "device": group.devices[0], "rank0_seconds": answer.seconds}
+    return answer.tokens, {**stats, "rank0_prefill_seconds": answer.prefill_seconds}
+
+
+def tp_row(outs: list) -> dict:
+    """ar-tp's fields of a results row: its ranks, and rank 0's own seconds with the prefill apart."""
+    size, device = outs[0][1]["tp_size"], outs[0][1]["device"]
+    decode = sum(o[1]["rank0_seconds"] - o[1]["rank0_prefill_seconds"] for o in outs)
+    on_cpu = "; on CPU: a correctness check, its speed here is no headline" if device == "cpu" else ""
+    return dict(
+        devices=size,
+        tp_size=size,
+        schedule=f"tensor parallel ({size} processes, transformers' tp_plan='auto'){on_cpu}",
+        rank0_seconds=sum(o[1]["rank0_seconds"] for o in outs),
+        rank0_decode_tokens_per_second=sum(len(o[0]) - 1 for o in outs) / decode if decode else None,
+    )
+
+
+def runners(bench, decoders: dict, stage_ar, tuning: dict, tp_group=None) -> dict:
     """The methods asked for, by key: ``runner(prompt, max_new_tokens) -> (tokens, stats)``."""
     model, ss, hf = bench.model, tuning.get("self-spec"), tuning.get("hf-early-exit")
     out = {
@@ -153,4 +183,6 @@ def runners(bench, decoders: dict, stage_ar, tuning: dict) -> dict:
     if hf:
         out["hf-early-exit"] = partial(_early_exit, model, hf)
     out["hf-prompt-lookup"] = partial(_prompt_lookup, model, bench.cfg.prompt_lookup_num_tokens)
+    if tp_group:
+        out["ar-tp"] = partial(_tp, tp_group)
     return {k: v for k, v in out.items() if (k if isinstance(k, str) else k[0]) in bench.cfg.methods}
