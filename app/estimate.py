@@ -17,6 +17,7 @@ from dataclasses import dataclass
 SLOW_SECONDS = 60  # a run expected to take longer gets a warning before it, or a notice during it
 PRIOR_WEIGHT = 8  # tokens' worth of belief in the prior rounds/token while the run's own count is small
 PRIOR_ROUNDS = 4  # rounds' worth of belief in the forecast's seconds a round
+LEARNED_RUNS = 4  # finished runs whose rounds a token the next first estimate averages
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,31 @@ def forecast(
         return seconds_per_round * (K + (max_new_tokens - 1) * per_token)
 
     return Forecast(run(rpt), run(1), run(K), seconds_per_round, rpt, basis)
+
+
+class Learned:
+    """What finished runs at one K teach the next run's first estimate: this machine's seconds a round from the
+    last run (its pace now, load included), and rounds a token averaged over the last ``LEARNED_RUNS`` runs with
+    the prior (K + 1) / 2 counted as one more (answers differ: code that repeats itself takes fewer rounds a
+    token than prose, so one run is a poor guide to the next)."""
+
+    def __init__(self, K: int):
+        self.K, self.seconds_per_round, self.rounds_per_token = K, 0.0, []
+
+    def add(self, stats: dict) -> None:
+        """A finished run's end-event stats: its rounds past the pipeline's fill per token, its seconds a round."""
+        if stats.get("rounds", 0) >= self.K and stats.get("tokens") and stats.get("stop") != "cancelled":
+            self.seconds_per_round = stats["round_seconds"] / stats["rounds"]
+            own = (stats["rounds"] - (self.K - 1)) / stats["tokens"]
+            self.rounds_per_token = [*self.rounds_per_token, own][-LEARNED_RUNS:]
+
+    def forecast(self, max_new_tokens: int) -> Forecast | None:
+        if not self.rounds_per_token:
+            return None
+        rpt = ((self.K + 1) / 2 + sum(self.rounds_per_token)) / (1 + len(self.rounds_per_token))
+        runs = len(self.rounds_per_token)
+        basis = f"the last {runs} runs at K={self.K}" if runs > 1 else f"the last run at K={self.K}"
+        return forecast(self.seconds_per_round, self.K, max_new_tokens, rpt, basis)
 
 
 class Pace:

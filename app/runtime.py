@@ -23,7 +23,7 @@ from dex_core.model.load import load_tokenizer
 from dex_core.model.stage_load import checkpoint_identity
 from dex_core.tools.profile import measure_profile, one_row_seconds
 
-from .estimate import SLOW_SECONDS, Forecast, forecast, round_seconds
+from .estimate import SLOW_SECONDS, Forecast, Learned, forecast, round_seconds
 from .files import Files
 from .sessions import Sessions
 from .settings import TRACE_TOP, AppSettings
@@ -45,9 +45,7 @@ class Runtime:
         self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
         self._one_row: dict[int, dict] = {}  # one-row seconds by proposal-head rows: first estimates
-        self._learned: dict[
-            int, tuple[float, float]
-        ] = {}  # K: (seconds a round, rounds a token) measured last
+        self._learned: dict[int, Learned] = {}  # by K: what finished runs teach the next first estimate
         self._launched: DexDecoder | None = None  # the torchrun group's decoder (backend torchrun)
 
     @property
@@ -149,21 +147,17 @@ class Runtime:
         if decoder.backend != "sequential":
             return None
         learned = self._learned.get(decoder.K)
-        if learned:
-            return forecast(
-                learned[0], decoder.K, max_new_tokens, learned[1], f"the last run at K={decoder.K}"
-            )
+        if learned and learned.forecast(max_new_tokens):
+            return learned.forecast(max_new_tokens)
         one = self.one_row(decoder.proposal_vocab)
         per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
         return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
 
     def learn(self, K: int, events: list) -> None:
-        """A finished run's measured seconds a round and rounds a token (past the pipeline's fill) at its K:
-        the next run's first estimate at that K (a run that did not finish teaches nothing)."""
-        stats = events[-1].get("stats", {}) if events and events[-1]["event"] == "end" else {}
-        if stats.get("rounds", 0) >= K and stats.get("tokens") and stats.get("stop") != "cancelled":
-            own = (stats["rounds"] - (K - 1)) / stats["tokens"]
-            self._learned[K] = (stats["round_seconds"] / stats["rounds"], own)
+        """What a finished run at K teaches the next run's first estimate at K (``Learned``; a run that did not
+        finish teaches nothing)."""
+        if events and events[-1]["event"] == "end":
+            self._learned.setdefault(K, Learned(K)).add(events[-1].get("stats", {}))
 
     def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
         """A warning (not a refusal) before settings expected to take over ``SLOW_SECONDS`` here: DEX with

@@ -110,5 +110,11 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     learned = runtime.forecast(decoder, 20)
     assert learned.basis == "the last run at K=3"
     assert learned.round_seconds == pytest.approx(stats["round_seconds"] / stats["rounds"])
-    assert learned.rounds_per_token == pytest.approx((stats["rounds"] - 2) / stats["tokens"])
+    own = (stats["rounds"] - 2) / stats["tokens"]  # past the pipeline's fill
+    assert learned.rounds_per_token == pytest.approx((2 + own) / 2)  # with the prior (K + 1) / 2 as one run
+    runtime.learn(3, [*events[:-1], {**events[-1], "stats": {**stats, "rounds": 2 + 40, "tokens": 20}}])
+    again = runtime.forecast(decoder, 20)
+    assert again.basis == "the last 2 runs at K=3" and again.rounds_per_token == pytest.approx(
+        (2 + own + 2) / 3
+    )
     assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == "this machine's profile"  # per K
