@@ -109,12 +109,20 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     stats = events[-1]["stats"]
     learned = runtime.forecast(decoder, 20)
     assert learned.basis == "the last run at K=3"
-    assert learned.round_seconds == pytest.approx(stats["round_seconds"] / stats["rounds"])
+    assert learned.seconds == pytest.approx(stats["round_seconds"] / stats["tokens"] * 20)  # seconds a token
     own = (stats["rounds"] - 2) / stats["tokens"]  # past the pipeline's fill
     assert learned.rounds_per_token == pytest.approx((2 + own) / 2)  # with the prior (K + 1) / 2 as one run
-    runtime.learn(3, [*events[:-1], {**events[-1], "stats": {**stats, "rounds": 2 + 40, "tokens": 20}}])
+    slower = {
+        **stats,
+        "round_seconds": stats["round_seconds"] * 3,
+        "rounds": 2 + 40,
+        "tokens": stats["tokens"],
+    }
+    runtime.learn(3, [*events[:-1], {**events[-1], "stats": slower}])
     again = runtime.forecast(decoder, 20)
-    assert again.basis == "the last 2 runs at K=3" and again.rounds_per_token == pytest.approx(
-        (2 + own + 2) / 3
-    )
+    assert again.basis == "the last 2 runs at K=3"
+    assert again.seconds == pytest.approx(
+        2 * stats["round_seconds"] / stats["tokens"] * 20
+    )  # the mean of 1x, 3x
+    assert again.rounds_per_token == pytest.approx((2 + own + 40 / stats["tokens"]) / 3)
     assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == "this machine's profile"  # per K
