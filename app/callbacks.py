@@ -148,7 +148,7 @@ def live_frames(
         )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
-    runtime.learn(decoder.K, events)
+    runtime.learn(decoder.K, events, pace and pace.elapsed())  # as the page saw it, frames drawn too
 
 
 def _live_start(runtime: Runtime, config, prompt: str):

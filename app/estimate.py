@@ -60,11 +60,11 @@ class Learned:
     def __init__(self, K: int):
         self.K, self.runs = K, []  # (seconds a token, rounds a token past the pipeline's fill) per run
 
-    def add(self, stats: dict) -> None:
-        """A finished run's end-event stats."""
+    def add(self, stats: dict, seconds: float) -> None:
+        """A finished run's end-event stats and its ``seconds`` as the page saw them (its frames drawn too)."""
         if stats.get("rounds", 0) >= self.K and stats.get("tokens") and stats.get("stop") != "cancelled":
             own = (stats["rounds"] - (self.K - 1)) / stats["tokens"]
-            self.runs = [*self.runs, (stats["round_seconds"] / stats["tokens"], own)][-LEARNED_RUNS:]
+            self.runs = [*self.runs, (seconds / stats["tokens"], own)][-LEARNED_RUNS:]
 
     def forecast(self, max_new_tokens: int) -> Forecast | None:
         if not self.runs:

@@ -153,11 +153,11 @@ class Runtime:
         per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
         return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
 
-    def learn(self, K: int, events: list) -> None:
-        """What a finished run at K teaches the next run's first estimate at K (``Learned``; a run that did not
-        finish teaches nothing)."""
-        if events and events[-1]["event"] == "end":
-            self._learned.setdefault(K, Learned(K)).add(events[-1].get("stats", {}))
+    def learn(self, K: int, events: list, seconds: float | None) -> None:
+        """What a finished run at K that took ``seconds`` (None: not measured) teaches the next run's first
+        estimate at K (``Learned``; a run that did not finish teaches nothing)."""
+        if seconds and events and events[-1]["event"] == "end":
+            self._learned.setdefault(K, Learned(K)).add(events[-1].get("stats", {}), seconds)
 
     def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
         """A warning (not a refusal) before settings expected to take over ``SLOW_SECONDS`` here: DEX with

@@ -103,26 +103,19 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     assert first.basis == "this machine's profile"
     assert first.round_seconds == pytest.approx(round_seconds(one, 6, 3)) and first.rounds_per_token == 2
     events = decoder.generate([1, 2, 3], max_new_tokens=20).trace
-    runtime.learn(3, events[:-1])  # a run that did not finish teaches nothing
+    runtime.learn(3, events[:-1], 9.0)  # a run that did not finish teaches nothing
     assert runtime.forecast(decoder, 20).basis == "this machine's profile"
-    runtime.learn(3, events)
+    runtime.learn(3, events, 9.0)  # its seconds as the page saw them
     stats = events[-1]["stats"]
     learned = runtime.forecast(decoder, 20)
     assert learned.basis == "the last run at K=3"
-    assert learned.seconds == pytest.approx(stats["round_seconds"] / stats["tokens"] * 20)  # seconds a token
+    assert learned.seconds == pytest.approx(9.0 / stats["tokens"] * 20)  # seconds a token
     own = (stats["rounds"] - 2) / stats["tokens"]  # past the pipeline's fill
     assert learned.rounds_per_token == pytest.approx((2 + own) / 2)  # with the prior (K + 1) / 2 as one run
-    slower = {
-        **stats,
-        "round_seconds": stats["round_seconds"] * 3,
-        "rounds": 2 + 40,
-        "tokens": stats["tokens"],
-    }
-    runtime.learn(3, [*events[:-1], {**events[-1], "stats": slower}])
+    other = {**stats, "rounds": 2 + 40}
+    runtime.learn(3, [*events[:-1], {**events[-1], "stats": other}], 27.0)
     again = runtime.forecast(decoder, 20)
     assert again.basis == "the last 2 runs at K=3"
-    assert again.seconds == pytest.approx(
-        2 * stats["round_seconds"] / stats["tokens"] * 20
-    )  # the mean of 1x, 3x
+    assert again.seconds == pytest.approx(18.0 / stats["tokens"] * 20)  # the mean of 9 s and 27 s a run
     assert again.rounds_per_token == pytest.approx((2 + own + 40 / stats["tokens"]) / 3)
     assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == "this machine's profile"  # per K
