@@ -33,6 +33,10 @@ from .runtime import Runtime
 from .settings import ui_config
 
 PREVIOUS = "the panels below still show the previous run"
+LIVE_OPTIONS = (  # the Live inputs that make its config, by name
+    *("chat", "explorers", "depths", "adapters", "decs", "sample", "temperature", "top_k", "top_p", "seed"),
+    *("max_new_tokens", "prune", "draft"),
+)
 LIVE = "this session's live run"  # the origin of a Live run's trace
 
 
@@ -114,27 +118,16 @@ def live_frames(
     stops.take(session)  # a Stop pressed before this run started does not apply to it
     yield _status_only("running", "starting")
     try:
-        config = ui_config(
-            chat=chat,
-            explorers=explorers,
-            depths=depths,
-            adapters=adapters,
-            decs=decs,
-            sample=sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
-            prune=prune,
-            draft=draft,
-        )
+        config = ui_config(**{k: v for k, v in locals().items() if k in LIVE_OPTIONS})
         check_text(prompt)  # bad input is told before a first use loads the model
         for line in loading(runtime):
             yield _status_only("running", line)
-        decoder, stream, first = _live_start(runtime, config, prompt)
-        if first:
-            yield _status_only("running", f"K={decoder.K} × {config.max_new_tokens} tokens: {first.text()}")
+        decoder, stream, first, note = _live_start(runtime, config, prompt)
+        if first or note:
+            estimate = (
+                f"K={decoder.K} × {config.max_new_tokens} tokens: {first.text()}" if first else "starting"
+            )
+            yield _status_only("running", " · ".join(filter(None, (estimate, note))))
         events = [next(stream)]
     except (DexError, ExplorerError) as err:
         yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
@@ -144,7 +137,11 @@ def live_frames(
     pace = first and Pace(first, decoder.K, config.max_new_tokens, bound)
     try:
         yield from _live_rounds(
-            stream, events, frame, (stops, session, Deadline(bound)), (decoder.K, config.max_new_tokens, pace)
+            stream,
+            events,
+            frame,
+            (stops, session, Deadline(bound)),
+            (decoder.K, config.max_new_tokens, pace, note),
         )
     except ExplorerError as err:
         yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
@@ -152,13 +149,12 @@ def live_frames(
 
 
 def _live_start(runtime: Runtime, config, prompt: str):
-    """The decoder for ``config``, its stream over the prompt and its first time estimate (None for explorer
-    groups), after warning about slow settings and what the model's generation config asks for that DEX does
-    not apply."""
+    """The decoder for ``config``, its stream over the prompt, its first time estimate (None for explorer
+    groups) and what the status line says of the prompt (without a chat template it goes in as written), after
+    warning about slow settings and what the model's generation config asks for that DEX does not apply."""
     ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
     notices = [
-        no_chat_template(runtime.tokenizer(), config.chat),
         runtime.device_notice(decoder.K),
         runtime.slow_notice(decoder, config.max_new_tokens),
         *ignored_settings(decoder.view.model.generation_config, config.generation()),
@@ -167,7 +163,11 @@ def _live_start(runtime: Runtime, config, prompt: str):
         if notice:
             gr.Warning(notice)
     first = runtime.forecast(decoder, config.max_new_tokens)
-    return decoder, decoder.stream(ids, options=config.generation()), first
+    note = (
+        no_chat_template(runtime.tokenizer(), config.chat)
+        and "no chat template: the prompt goes in as written"
+    )
+    return decoder, decoder.stream(ids, options=config.generation()), first, note
 
 
 def _live_frame(events: list, meta: dict, state: str, detail: str) -> tuple:
@@ -176,10 +176,11 @@ def _live_frame(events: list, meta: dict, state: str, detail: str) -> tuple:
 
 def _live_rounds(stream, events: list, frame, stopping: tuple, run: tuple):
     """A frame per round until the end, or until Stop or the host's bound (``stopping``: the Stop requests, the
-    session, the deadline) ends the run after its round. ``run``: K, the token count and the run's ``Pace``
-    (None: no estimate), whose one time-left figure the status line shows and whose notice comes once."""
+    session, the deadline) ends the run after its round. ``run``: K, the token count, the run's ``Pace`` (None:
+    no estimate), whose one time-left figure the status line shows and whose notice comes once, and a note on
+    the prompt the finished line repeats."""
     stops, session, deadline = stopping
-    K, max_new_tokens, pace = run
+    K, max_new_tokens, pace, note = run
     tokens = 0
     for event in stream:
         events.append(event)
@@ -203,7 +204,10 @@ def _live_rounds(stream, events: list, frame, stopping: tuple, run: tuple):
         left = f" · {pace.status()}" if pace else ""
         yield frame("running", f"round {event['round']} · {tokens} tokens · K={K}{left}")
     stats = events[-1]["stats"] if _end(events) else {}
-    yield frame("finished", f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={K}")
+    yield frame(
+        "finished",
+        f"{tokens} tokens in {stats.get('rounds', '?')} rounds · K={K}" + f" · {note}" * bool(note),
+    )
 
 
 def loading(runtime: Runtime):

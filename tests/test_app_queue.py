@@ -275,6 +275,21 @@ def guide_endpoints() -> dict:
     return {name: (items(inputs), items(outputs)) for name, inputs, outputs in rows}
 
 
+def test_without_a_chat_template_the_live_status_says_the_prompt_goes_in_as_written(tiny_dir):
+    from app import callbacks as cb
+
+    runtime = runtime_for(tiny_dir)  # the tiny tokenizer has no chat template, as Gemma 3 270M's GGUF
+
+    def statuses(chat):
+        args = (PROMPT, chat, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4)
+        return [frame[-1] for frame in cb.live_frames(runtime, cb.StopRequests(), *args)]
+
+    said = "no chat template: the prompt goes in as written"
+    chat = statuses(True)
+    assert said in chat[-1] and "finished" in chat[-1] and any(said in s and "about" in s for s in chat[:-1])
+    assert not any(said in s for s in statuses(False))  # asked for no template, nothing to say
+
+
 def test_the_page_says_whose_answer_it_is():
     from app.main import demo
 
