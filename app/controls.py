@@ -65,7 +65,7 @@ def adapters_box(runtime: Runtime) -> gr.Checkbox:
         label="Inducing adapters",
         value=runtime.shipped_adapters,
         interactive=runtime.shipped_adapters,
-        info="shipped for the default model" if runtime.shipped_adapters else "none shipped for this model",
+        info="shipped for this model" if runtime.shipped_adapters else "none shipped for this model",
     )
 
 

@@ -17,9 +17,9 @@ import torch
 
 from dex_core import DexConfig, DexDecoder, DexError, encode_prompt, load_model
 from dex_core.model.adapter_choice import choose_depths
-from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.checkpoint import Checkpoint, locate
 from dex_core.model.load import load_tokenizer
+from dex_core.model.named import shipped_adapters
 from dex_core.model.stage_load import checkpoint_identity
 from dex_core.tools.profile import measure_profile, one_row_seconds
 
@@ -206,9 +206,8 @@ class Runtime:
 
     @property
     def shipped_adapters(self) -> bool:
-        """Whether the adapters box can do anything: the default model, and the shipped file is there."""
-
-        return self.settings.model == "default" and DEFAULT_ADAPTERS.is_file()
+        """Whether the adapters box can do anything: a named model that ships an adapter file."""
+        return shipped_adapters(self.settings.model) is not None
 
     def decoder(self, config: DexConfig) -> DexDecoder:
         """A decoder for the config's exploration. Distributed groups are kept, keyed by the resolved depths,

@@ -66,6 +66,19 @@ def test_auto_adapters_are_the_shipped_set_only_for_the_default_model():
         resolve_adapters("default", model)
 
 
+def test_auto_and_default_find_the_shipped_file_trained_for_the_model(tmp_path, monkeypatch):
+    import dex_core.model.adapter_choice as choice
+
+    model, other = tiny_model("llama"), tiny_model("llama", seed=1)
+    saved_adapters(model, tmp_path / "tiny.safetensors", std=0.5, alpha=0.7)
+    monkeypatch.setattr(choice, "ASSETS", tmp_path)  # the default model's file stays where it is
+    assert choice.shipped_file(model) == tmp_path / "tiny.safetensors" and choice.shipped_file(other) is None
+    assert sorted(resolve_adapters("auto", model)) == [2, 4] and resolve_adapters("auto", other) == {}
+    assert sorted(load_adapters("default", model)) == [2, 4]
+    with pytest.raises(DexError, match="were trained for a llama model with 30 layers"):
+        resolve_adapters("default", other)
+
+
 def test_training_lowers_the_distillation_loss(tmp_path):
     model = tiny_model("llama").float()
     gen = torch.Generator().manual_seed(0)
@@ -94,6 +107,34 @@ def test_the_top1_term_adds_the_cross_entropy_on_the_teachers_top_token():
         kl = distill_loss(model, adapters, x, False)
         assert torch.allclose(distill_loss(model, adapters, x, False, top1=0.5), kl + 0.5 * ce, atol=1e-5)
     assert ce > 0 and kl > 0
+
+
+def test_the_shortlist_loss_is_the_kl_over_the_shortlists_tokens():
+    from dex_core.model.proposal import ProposalHead
+    from dex_core.model.view import model_view
+
+    model = tiny_model("gemma2").float()  # soft-capped logits: the shortlist's teacher must finish them too
+    x = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(2))
+    adapters = new_adapters(model, [2, 3])
+    for a in adapters.values():
+        torch.nn.init.normal_(a.down.weight, std=0.5)
+        a.alpha.data.fill_(0.7)
+    view = model_view(model)
+    everything = ProposalHead(view, torch.randperm(96, generator=torch.Generator().manual_seed(3)))
+    with torch.no_grad():
+        full = distill_loss(model, adapters, x, False, top1=0.5)
+        assert torch.allclose(distill_loss(model, adapters, x, False, 0.5, everything), full, atol=1e-5)
+        ids = torch.tensor([5, 0, 17, 40, 95, 63, 8])
+        out = model(x, output_hidden_states=True)
+        teacher = torch.log_softmax(out.logits[..., ids], -1)
+        kl = sum(
+            (teacher.exp() * (teacher - torch.log_softmax(view.head(a(out.hidden_states[d]))[..., ids], -1)))
+            .sum(-1)
+            .mean()
+            for d, a in adapters.items()
+        )
+        shortlist = distill_loss(model, adapters, x, False, 0.0, ProposalHead(view, ids))
+        assert torch.allclose(shortlist, kl / 2, atol=1e-5) and shortlist < full
 
 
 def test_onpolicy_data_is_the_models_own_greedy_answers():

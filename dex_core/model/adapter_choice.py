@@ -17,6 +17,7 @@ from torch import nn
 
 from ..config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
 from .adapters import (
+    ASSETS,
     DEFAULT_ADAPTERS,
     InducingAdapter,
     adapter_shapes,
@@ -45,27 +46,28 @@ def _mismatch(want: dict, have: dict, name: str) -> str | None:
     return None
 
 
-def shipped_adapters_fit(model) -> bool:
-    """Whether the shipped adapter file exists and was trained for ``model`` (a model or its identity: the
-    default model)."""
-    return (
-        DEFAULT_ADAPTERS.is_file()
-        and _mismatch(read_metadata(DEFAULT_ADAPTERS)["identity"], identity_of(model), DEFAULT_ADAPTERS.name)
-        is None
-    )
+def shipped_file(model) -> Path | None:
+    """The shipped adapter file trained for ``model`` (a model or its identity), or None: the default model's
+    file first, then the other files under ``assets/adapters`` (one per named model that ships adapters)."""
+    have = identity_of(model)
+    others = sorted(p for p in ASSETS.glob("*.safetensors") if p != DEFAULT_ADAPTERS)
+    for path in (DEFAULT_ADAPTERS, *others):
+        if path.is_file() and _mismatch(read_metadata(path)["identity"], have, path.name) is None:
+            return path
+    return None
 
 
 def named_file(spec, model) -> Path | None:
     """The adapter file that choice ``spec`` names for ``model`` (a model or its identity): 'auto' the shipped
-    file when it fits, else none; 'default' the shipped file; 'none' none; any other text that file. A mapping
-    of modules names no file (None)."""
-    if (
-        isinstance(spec, Mapping)
-        or spec in (None, "none")
-        or (spec == "auto" and not shipped_adapters_fit(model))
-    ):
+    file that fits it, else none; 'default' the shipped file that fits it (else the default model's, which
+    then refuses it clearly); 'none' none; any other text that file. A mapping of modules names no file (None)."""
+    if isinstance(spec, Mapping) or spec in (None, "none"):
         return None
-    return adapter_file(DEFAULT_ADAPTERS if str(spec).strip() in ("auto", "default") else str(spec).strip())
+    spec = str(spec).strip()
+    if spec in ("auto", "default"):
+        fits = shipped_file(model)
+        return fits if fits is not None or spec == "auto" else DEFAULT_ADAPTERS
+    return adapter_file(spec)
 
 
 @dataclass(frozen=True)
@@ -182,9 +184,10 @@ def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
 
 
 def load_adapters(path, model) -> dict[int, InducingAdapter]:
-    """Adapters from ``path`` ('default' = the shipped set for the default model) for ``model``."""
-    path = adapter_file(DEFAULT_ADAPTERS if str(path) == "default" else path)
-    chosen = adapter_set(str(path), model)
+    """Adapters from ``path`` ('default' = the shipped set for this model) for ``model``."""
+    chosen = adapter_set(
+        str(named_file(path, model) if str(path) == "default" else adapter_file(path)), model
+    )
     return chosen.build(chosen.depths, model.model.norm.weight.device, model.model.norm.weight.dtype)
 
 

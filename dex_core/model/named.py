@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import DexError
 from ..log import libraries_quiet
+from .adapters import ASSETS
 
 PIP_LINES = 20  # the last lines of pip's captured output shown when it fails
 
@@ -41,6 +42,11 @@ class NamedModel:
     chat_template: (
         bool  # whether the GGUF carries a chat template (without one the prompt is sent as written)
     )
+
+    @property
+    def adapters(self) -> Path:
+        """Where its shipped adapter file lies (``scripts/ship_adapters.py`` puts it there), if it ships one."""
+        return ASSETS / f"{self.title.lower()}.safetensors"
 
     @property
     def module(self) -> str:
@@ -80,6 +86,12 @@ NAMED = {
 
 def named_model(spec) -> NamedModel | None:
     return NAMED.get(spec) if isinstance(spec, str) else None
+
+
+def shipped_adapters(spec) -> Path | None:
+    """The shipped adapter file of named model ``spec``, or None (not a named model, or none shipped)."""
+    named = named_model(spec)
+    return named.adapters if named is not None and named.adapters.is_file() else None
 
 
 def pip_download(packages: tuple[str, ...], workdir: Path) -> list[str]:

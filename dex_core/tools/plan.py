@@ -25,6 +25,7 @@ from ..log import quiet
 from ..model.adapter_choice import choose_depths
 from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, read_metadata
 from ..model.checkpoint import is_hub_id, locate
+from ..model.named import shipped_adapters
 from ..model.proposal import proposal_rows
 from ..model.stage_load import StagePart, part_bytes, skeleton
 
@@ -90,14 +91,14 @@ class RankPlan:
 
 
 def _adapter_bytes(spec: str, config, itemsize: int) -> int:
-    """One adapter's bytes: 'none', 'trained' (m = 2h, as dex train-adapters makes them), 'default' (the
-    shipped set) or a file's (its header)."""
+    """One adapter's bytes: 'none', 'trained' (m = 2h, as dex train-adapters makes them) or a file's (its
+    header; ``run_plan`` turns 'auto' and 'default' into the shipped file)."""
     if spec == "none":
         return 0
     if spec == "trained":
         hidden, bottleneck = config.get_text_config().hidden_size, 2 * config.get_text_config().hidden_size
     else:
-        meta = read_metadata(adapter_file(DEFAULT_ADAPTERS if spec == "default" else spec))
+        meta = read_metadata(adapter_file(spec))
         hidden, bottleneck = meta["identity"]["hidden_size"], meta["bottleneck"]
     count = sum(int(torch.Size(s).numel()) for s in adapter_shapes(hidden, bottleneck).values())
     return count * itemsize
@@ -239,7 +240,10 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
     """``dex plan``: the plan's lines, and whether every GPU fits."""
     config = model_config(cfg.model, cfg.config, log)
     text = config.get_text_config()
-    adapters = ("default" if cfg.model == "default" else "none") if cfg.adapters == "auto" else cfg.adapters
+    adapters = cfg.adapters
+    if adapters in ("auto", "default"):  # the named model's shipped file (a plan reads its header only)
+        shipped = shipped_adapters(cfg.model)
+        adapters = str(shipped) if shipped else ("none" if adapters == "auto" else str(DEFAULT_ADAPTERS))
     chosen = DecoderOptions(
         depths=cfg.depths, explorers=cfg.explorers, adapters="none" if adapters == "trained" else adapters
     )

@@ -6,7 +6,9 @@ same prompts (``data="onpolicy"``, the text DEX will actually decode) — the fr
 z_L are the teacher; each adapter's depth gives student logits
 z_l = LM head(norm(adapter_l(h_l))). Loss: mean over depths of full-vocabulary KL(softmax(z_L / tau) ||
 softmax(z_l / tau)) tau^2, tau = 1, plus ``top1`` x the student's cross-entropy on the teacher's top
-token (0 by default; DEX matches top candidates, so this term weights what a match needs). AdamW on the
+token (0 by default; DEX matches top candidates, so this term weights what a match needs). With
+``shortlist`` N, both distributions are over the light proposal heads' N tokens only (the teacher
+renormalised on them): N / V of the heads' cost, for large vocabularies (Gemma 3's 262k). AdamW on the
 adapters only, warmup then linear decay, gradient accumulation, bf16 autocast for the matrix work
 (softmax and KL stay in float32), checkpoint and resume. Everything runs on the model's device (the CLI's
 ``--device``); the bf16 default is decided there, for that device.
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..config import DexError, flag, option, parse_depths
@@ -28,6 +31,7 @@ from ..data.ranking import token_ranking
 from ..data.sets import sharegpt_split
 from ..model.adapter_choice import load_adapters
 from ..model.adapters import new_adapters, save_adapters
+from ..model.proposal import ProposalHead
 from ..model.view import model_view
 from ..runtime.request import chat_ids, eos_ids
 
@@ -84,6 +88,11 @@ class TrainConfig:
         "a CUDA GPU with bf16 support or a CPU that computes bf16 natively (AVX512-BF16 "
         "or AMX), as emulated bf16 is many times slower",
     )
+    shortlist: int = option(
+        0,
+        "score only the N most frequent training tokens in the loss (the light heads' shortlist; KL to "
+        "the teacher renormalised on them, N/V of the head's cost); 0: the full vocabulary",
+    )
     seed: int = option(0, "data order and initialisation seed")
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
 
@@ -92,6 +101,10 @@ class TrainConfig:
         self.bf16 = None if self.bf16 is None else flag(self.bf16, "bf16")
         if self.tokens <= 0 or self.seq_len < 8 or self.batch < 1 or self.accum < 1 or not self.lr > 0:
             raise DexError("tokens, seq_len (>= 8), batch, accum and lr must be positive")
+        if self.shortlist < 0:
+            raise DexError(
+                f"shortlist must be 0 (full vocabulary) or a number of tokens; got {self.shortlist}"
+            )
         if self.data not in DATA_SOURCES:
             raise DexError(f"data must be one of {', '.join(DATA_SOURCES)}; got {self.data!r}")
 
@@ -169,19 +182,32 @@ def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
             yield prompt + answer
 
 
-def distill_loss(model, adapters: dict, x: torch.Tensor, bf16: bool, top1: float = 0.0) -> torch.Tensor:
-    """Mean over adapters of KL(teacher || student) per token, full vocabulary, tau = 1, plus ``top1`` x the
-    cross-entropy of the student on the teacher's top token. Autocast is for the device of ``x`` (the model's)."""
+def distill_loss(
+    model,
+    adapters: dict,
+    x: torch.Tensor,
+    bf16: bool,
+    top1: float = 0.0,
+    shortlist: ProposalHead | None = None,
+) -> torch.Tensor:
+    """Mean over adapters of KL(teacher || student) per token, tau = 1, plus ``top1`` x the cross-entropy of
+    the student on the teacher's top token. Over the full vocabulary, or with ``shortlist`` (a light head)
+    over its tokens only, the teacher renormalised on them. Autocast is for the device of ``x`` (the model's)."""
     with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        out = model(x, output_hidden_states=True)
-    teacher = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
-    view = model_view(model)  # the student's head: the family's final norm, LM head, scaling and soft-capping
+        if shortlist is None:
+            out = model(x, output_hidden_states=True)
+            final = out.logits
+        else:  # the teacher's shortlist columns only: its full head is never computed
+            out = model.model(x, output_hidden_states=True)
+            final = shortlist.finish(F.linear(out.last_hidden_state, shortlist.weight, shortlist.bias))
+    teacher = torch.log_softmax(final.float(), dim=-1)  # (B, T, V or N)
+    head = model_view(model).head if shortlist is None else shortlist  # final norm, rows, scaling, soft-cap
     p_teacher = teacher.exp()
     best = teacher.argmax(-1, keepdim=True) if top1 else None
     loss = 0.0
     for depth, adapter in adapters.items():
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = view.head(adapter(out.hidden_states[depth].float()))
+            logits = head(adapter(out.hidden_states[depth].float()))
         student = torch.log_softmax(logits.float(), dim=-1)
         loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
         if top1:
@@ -208,8 +234,11 @@ def _initial_adapters(model, cfg: TrainConfig) -> dict:
 class _Trainer:
     """The optimizer (AdamW, warm-up then linear decay) over the adapters, and how far it got; checkpoints."""
 
-    def __init__(self, model, adapters: dict, cfg: TrainConfig, device):
+    def __init__(
+        self, model, adapters: dict, cfg: TrainConfig, device, shortlist: ProposalHead | None = None
+    ):
         self.model, self.adapters, self.cfg, self.device = model, adapters, cfg, device
+        self.shortlist = shortlist
         self.params = [p for a in adapters.values() for p in a.parameters()]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warm = max(1, int(cfg.warmup * cfg.steps))
@@ -238,7 +267,7 @@ class _Trainer:
         cfg, tic, total = self.cfg, time.perf_counter(), 0.0
         for _ in range(cfg.accum):
             x = torch.stack([next(windows) for _ in range(cfg.batch)]).to(self.device)
-            loss = distill_loss(self.model, self.adapters, x, cfg.bf16, cfg.top1) / cfg.accum
+            loss = distill_loss(self.model, self.adapters, x, cfg.bf16, cfg.top1, self.shortlist) / cfg.accum
             loss.backward()
             total += loss.detach().item()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -291,7 +320,9 @@ def train_adapters(
     cfg = replace(cfg, bf16=bf16_default(device) if cfg.bf16 is None else cfg.bf16)  # decided for this device
     torch.manual_seed(cfg.seed)
     model.eval().requires_grad_(False)
-    trainer = _Trainer(model, _initial_adapters(model, cfg), cfg, device)
+    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
+    shortlist = _shortlist_head(model, ranking, cfg.shortlist)
+    trainer = _Trainer(model, _initial_adapters(model, cfg), cfg, device, shortlist)
     if checkpoint and Path(checkpoint).is_file():
         trainer.resume(checkpoint)
     windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + trainer.step, model, cfg.data)
@@ -310,9 +341,17 @@ def train_adapters(
             trainer.resume(checkpoint, optimizer=False)
     bar.close()
     facts = _facts(cfg, trainer, stopped)
-    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
     save_adapters(out, trainer.adapters, model, facts, ranking)
     return facts
+
+
+def _shortlist_head(model, ranking, rows: int) -> ProposalHead | None:
+    """The light head whose tokens the loss scores (``rows`` of the ranking), or None for the full vocabulary."""
+    if not rows or rows >= model.config.vocab_size:
+        return None
+    if ranking is None:
+        raise DexError("a shortlist loss needs the tokenizer (its ranking comes from the training text)")
+    return ProposalHead(model_view(model), ranking[:rows])
 
 
 def _facts(cfg: TrainConfig, trainer: _Trainer, stopped: bool) -> dict:
