@@ -1,12 +1,12 @@
 """Make a trained adapter file the shipped one: store its token ranking and its best set per K, then copy it.
 
-    python scripts/ship_adapters.py runs/adapters.safetensors runs/ead.json --explorers 2,4
+    python scripts/ship_adapters.py runs/adapters.safetensors runs/ead.json --explorers 2,4 [--model gemma3-270m]
 
 ``runs/ead.json`` is the report of ``dex ead --adapters FILE --best-within-adapters --out ...`` on the
 same file: for each K, the exploration set with the lowest cost per token (heads and adapters
 included, pooled over its prompt sets) is recorded in the file (``DexDecoder(explorers=K)`` then uses
 it), the ranking of the light proposal heads is stored, and the file is copied to
-``assets/adapters/`` under the default model's name.
+``assets/adapters/`` under the named model's name (``NamedModel.adapters``), where ``adapters="auto"`` finds it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 from dex_core.config import parse_ints
 from dex_core.data.ranking import token_ranking
 from dex_core.model.adapter_choice import store_best_sets
-from dex_core.model.adapters import DEFAULT_ADAPTERS
 from dex_core.model.load import load_model
+from dex_core.model.named import NAMED
 from dex_core.model.proposal import store_ranking
 
 
@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     parser.add_argument("adapters")
     parser.add_argument("ead_report")
     parser.add_argument("--explorers", default="2,4", help="the values of K whose best sets are stored")
+    parser.add_argument(
+        "--model", default="default", choices=sorted(NAMED), help="the named model they are for"
+    )
     args = parser.parse_args(argv)
     report = json.loads(open(args.ead_report).read())
     run = next(r for r in report["runs"] if r["adapters"] == args.adapters)
@@ -44,11 +47,11 @@ def main(argv=None) -> int:
             f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
             f"depth-side speedup {b['depth_speedup']:.3f}x"
         )
-    model, tokenizer = load_model("default", device="cpu")  # only its identity is checked
+    model, tokenizer = load_model(args.model, device="cpu")  # only its identity is checked
     store_ranking(args.adapters, model, token_ranking(tokenizer, model.config.vocab_size))
     store_best_sets(args.adapters, model, {K: b["depths"] for K, b in best.items()})
-    shutil.copyfile(args.adapters, DEFAULT_ADAPTERS)
-    print(f"shipped as {DEFAULT_ADAPTERS}")
+    shutil.copyfile(args.adapters, NAMED[args.model].adapters)
+    print(f"shipped as {NAMED[args.model].adapters}")
     return 0
 
 

@@ -9,7 +9,14 @@ from conftest import tiny_model
 
 from dex_core import DexDecoder, DexError, ar_generate
 from dex_core.model.adapter_choice import load_adapters, resolve_adapters
-from dex_core.model.adapters import InducingAdapter, new_adapters, read_metadata, save_adapters
+from dex_core.model.adapters import (
+    DEFAULT_ADAPTERS,
+    InducingAdapter,
+    new_adapters,
+    read_metadata,
+    save_adapters,
+)
+from dex_core.model.named import NAMED, shipped_adapters
 from dex_core.tools.train import TrainConfig, distill_loss, train_adapters
 
 
@@ -75,6 +82,8 @@ def test_auto_and_default_find_the_shipped_file_trained_for_the_model(tmp_path, 
     assert choice.shipped_file(model) == tmp_path / "tiny.safetensors" and choice.shipped_file(other) is None
     assert sorted(resolve_adapters("auto", model)) == [2, 4] and resolve_adapters("auto", other) == {}
     assert sorted(load_adapters("default", model)) == [2, 4]
+    assert NAMED["default"].adapters == DEFAULT_ADAPTERS == shipped_adapters("default")
+    assert shipped_adapters("Qwen/Qwen3-0.6B") is None  # a hub id names no shipped file
     with pytest.raises(DexError, match="were trained for a llama model with 30 layers"):
         resolve_adapters("default", other)
 
