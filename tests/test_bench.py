@@ -133,6 +133,8 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
             "1,3,6",
             "--prune",
             "none,1",
+            "--methods",
+            "ar-hf,ar-stages,dex,self-spec,hf-early-exit,hf-prompt-lookup,adadecode,del",
             "--out",
             str(out),
             "--markdown",
@@ -146,7 +148,16 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["results"]}
-    assert methods == {"ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"}
+    assert methods == {
+        "ar-hf",
+        "ar-stages",
+        "dex",
+        "self-spec",
+        "hf-early-exit",
+        "hf-prompt-lookup",
+        "adadecode",
+        "del",
+    }
     assert report["results"] and all(r["identical"] == r["prompts"] == 3 for r in report["results"])
     # the timed runs lie inside the command's own wall time, each measured once (interleaved prompt by prompt)
     assert 0 < sum(r["seconds"] for r in report["results"]) < wall
@@ -189,8 +200,14 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert all(r["tokens_per_round"] == pytest.approx(1 / r["rounds_per_token"]) for r in chained)
     text = " ".join(proc.stdout.split())  # the terminal's lines are wrapped at 120 characters
     assert "Fastest projected DEX on this machine" in text
-    tuned = report["tuning"]["self-spec"]
-    assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
+    for name in ("self-spec", "adadecode"):
+        tuned = report["tuning"][name]
+        assert tuned["tune_cost_per_token"] == min(g["cost_per_token"] for g in tuned["grid"])
+    assert report["tuning"]["del"]["exits"] == report["tuning"]["adadecode"]["exits"] == [1, 2, 3, 4, 5]
+    for r in (r for r in report["results"] if r["method"] in ("adadecode", "del")):
+        # each token costs its layers and the heads the selector read (AdaDecode: one per exit it passed)
+        assert r["cost_per_token"] > r["layer_forwards_per_token"] and r["w_sel_per_token"] >= 1
+        assert r["cost_per_token_rows"] >= r["cost_per_token"] and r["exits"] == [1, 2, 3, 4, 5]
     assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text()
     # the terminal: no line over 120 characters, a row per result that tells DEX's configurations apart, where
     # the other columns are; no third-party progress bar or deprecation warning

@@ -15,6 +15,10 @@ Methods (every output compared token by token with HF ``generate``, greedy):
 - ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way;
+- ``adadecode`` and ``del``: adaptive depth selection over ``--exits`` candidate exits (``dex_core.tools.selectors``):
+  AdaDecode-style confidence exits (threshold and draft length tuned on the tune split by real runs, as the paper
+  does) and DEL-style exit and draft length from running acceptance rates (no tuning, as the paper runs DEL);
+  every segment forward and head counted, with the paper's Eq. (4) charge W_sel per token;
 - ``hf-prompt-lookup``: HF's prompt lookup (``--prompt-lookup-num-tokens`` drafts copied from the text so far,
   verified in one forward), with its forwards (steps) and rows per token counted;
 - ``ar-tp``: AR on transformers' own tensor parallelism (``tp_plan="auto"``, one process per rank, ``--tp-size``):
@@ -64,10 +68,10 @@ from ..model.cost import ModelCost
 from ..model.lens import layer_candidates
 from ..model.load import load_model, resolve_device
 from ..runtime.clock import Clock
-from ..runtime.reference import hf_greedy
 from ..runtime.request import encode_item
-from .bench_methods import dex_decoders, runners, tensor_parallel, tp_row, tune_self_spec
-from .bench_report import SetContext, headline, result_row
+from .bench_methods import dex_decoders, runners, tensor_parallel, tp_row, tune
+from .bench_report import headline
+from .bench_rows import SetContext, result_row
 from .ead import matches
 from .profile import measure_profile
 from .tensor_parallel import tp_size
@@ -81,6 +85,8 @@ METHODS = (
     "dex-distributed",
     "self-spec",
     "hf-early-exit",
+    "adadecode",
+    "del",
     "hf-prompt-lookup",
     "ar-tp",
 )
@@ -126,6 +132,7 @@ class BenchConfig:
         ("ar-hf", "ar-stages", "dex", "self-spec", "hf-early-exit", "hf-prompt-lookup"),
         "methods to run: " + ", ".join(METHODS),
     )
+    exits: int = option(5, "adadecode and del: candidate exits, spaced evenly below the final depth")
     prompt_lookup_num_tokens: int = option(
         10, "hf-prompt-lookup: at most this many looked-up draft tokens per step"
     )
@@ -196,9 +203,18 @@ class BenchConfig:
             )
         if self.variants not in ("shipped", "all"):
             raise DexError(f"variants must be 'shipped' or 'all'; got {self.variants!r}")
-        if min(self.prompts, self.tune_prompts, self.max_new_tokens, self.prompt_lookup_num_tokens) < 1:
+        if (
+            min(
+                self.prompts,
+                self.tune_prompts,
+                self.max_new_tokens,
+                self.prompt_lookup_num_tokens,
+                self.exits,
+            )
+            < 1
+        ):
             raise DexError(
-                "prompts, tune_prompts, max_new_tokens and prompt_lookup_num_tokens must be positive"
+                "prompts, tune_prompts, max_new_tokens, prompt_lookup_num_tokens and exits must be positive"
             )
 
 
@@ -290,7 +306,7 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
         "torch_threads": torch.get_num_threads(),
         "results": [],
         "oracle": {},
-        "tuning": _tune(bench),
+        "tuning": tune(bench),
     }
     decoders, group = dex_decoders(bench, _explorations(cfg, bench.model)), None
     try:
@@ -311,28 +327,6 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
                 decoder.close()
     report["headline"] = headline(report)
     return report
-
-
-def _tune(bench: Bench) -> dict:
-    """Self-speculation (with the adapters) and HF's early exit (the plain lens) tuned on the tune split."""
-    cfg, lenses = bench.cfg, {"self-spec": bench.adapters, "hf-early-exit": {}}
-    if not any(m in cfg.methods for m in lenses):
-        return {}
-    tune = [p for name in cfg.sets for p in bench.prompts(name, cfg.tune_prompts, "tune")]
-    bench.log(
-        f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{bench.L - 1} x draft "
-        f"{list(cfg.drafts)})"
-    )
-    answers = [(p, hf_greedy(bench.model, p, cfg.max_new_tokens)) for p in tune]
-    tuning = {}
-    for name, lens in lenses.items():
-        if name in cfg.methods:
-            t = tuning[name] = tune_self_spec(bench.model, answers, lens, cfg.drafts, name == "self-spec")
-            bench.log(
-                f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
-                f"layer-equivalents/token on the tune split, heads included)"
-            )
-    return tuning
 
 
 def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict, decoders: dict) -> None:

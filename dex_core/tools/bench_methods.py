@@ -1,6 +1,6 @@
 """The methods ``dex bench`` compares, as runners of one shape: ``runner(prompt, max_new_tokens) -> (tokens,
 stats)``; the DEX decoders of every configuration asked for; ar-tp's tensor-parallel ranks and their row's fields;
-and the self-speculation grid search on the tune split.
+and the tuning of the depth-selection baselines on the tune split.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .baselines import (
     self_spec_layer_forwards,
 )
 from .ead import layer_matches
+from .selectors import Confidence, Running, select_generate, tune_confidence, uniform_exits
 from .tensor_parallel import TensorParallelAR
 
 
@@ -59,6 +60,45 @@ def tune_self_spec(
         "adapters": sorted(adapters),
         "grid": grid,
     }
+
+
+def tune(bench) -> dict:
+    """Self-speculation (with the adapters), HF's early exit (the plain lens) and AdaDecode tuned on the tune
+    split; DEL's candidate exits."""
+    cfg, lenses = bench.cfg, {"self-spec": bench.adapters, "hf-early-exit": {}}
+    tuned = (*lenses, "adadecode", "del")
+    if not any(m in cfg.methods for m in tuned):
+        return {}
+    tune = [p for name in cfg.sets for p in bench.prompts(name, cfg.tune_prompts, "tune")]
+    tuning = _tune_selectors(bench, tune)
+    bench.log(
+        f"tuning self-speculation on {len(tune)} tune-split prompts (exit 1..{bench.L - 1} x draft "
+        f"{list(cfg.drafts)})"
+    )
+    answers = [(p, hf_greedy(bench.model, p, cfg.max_new_tokens)) for p in tune]
+    for name, lens in lenses.items():
+        if name in cfg.methods:
+            t = tuning[name] = tune_self_spec(bench.model, answers, lens, cfg.drafts, name == "self-spec")
+            bench.log(
+                f"{name}: exit {t['exit']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} "
+                f"layer-equivalents/token on the tune split, heads included)"
+            )
+    return tuning
+
+
+def _tune_selectors(bench, tune: list) -> dict:
+    """AdaDecode's threshold and draft length (real runs on the tune prompts); DEL's exits (it tunes itself)."""
+    cfg, exits = bench.cfg, uniform_exits(bench.L, bench.cfg.exits)
+    tuning = {"del": {"exits": list(exits)}} if "del" in cfg.methods else {}
+    if "adadecode" in cfg.methods:
+        bench.log(f"tuning adadecode on {len(tune)} tune-split prompts (exits {list(exits)})")
+        t = tuning["adadecode"] = tune_confidence(
+            bench.model, tune, cfg.max_new_tokens, exits, bench.adapters
+        )
+        bench.log(
+            f"adadecode: threshold {t['threshold']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} LE/token)"
+        )
+    return tuning
 
 
 def dex_decoders(bench, explorations) -> dict:
@@ -134,6 +174,13 @@ def _self_spec(model, stage_ar, tuned, adapter, prompt, n):
     return result["tokens"], result
 
 
+def _select(model, policy, tuned, adapters, prompt, n):
+    result = select_generate(
+        model, prompt, n, policy(), tuned["exits"], adapters
+    )  # a fresh policy per prompt
+    return result["tokens"], result
+
+
 def _early_exit(model, tuned, prompt, n):
     return hf_early_exit_generate(model, prompt, n, tuned["exit"], tuned["draft"]), {}
 
@@ -182,6 +229,12 @@ def runners(bench, decoders: dict, stage_ar, tuning: dict, tp_group=None) -> dic
         out["self-spec"] = partial(_self_spec, model, stage_ar, ss, bench.adapters.get(ss["exit"]))
     if hf:
         out["hf-early-exit"] = partial(_early_exit, model, hf)
+    if "adadecode" in tuning:
+        confident = partial(Confidence, tuning["adadecode"]["threshold"], tuning["adadecode"]["draft"])
+        out["adadecode"] = partial(_select, model, confident, tuning["adadecode"], bench.adapters)
+    if "del" in tuning:
+        running = partial(Running, ModelCost.of(model, bench.adapters), frozenset(bench.adapters))
+        out["del"] = partial(_select, model, running, tuning["del"], bench.adapters)
     out["hf-prompt-lookup"] = partial(_prompt_lookup, model, bench.cfg.prompt_lookup_num_tokens)
     if tp_group:
         out["ar-tp"] = partial(_tp, tp_group)

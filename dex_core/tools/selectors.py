@@ -25,7 +25,7 @@ the drafts it discarded, a token that went to the final depth undrafted L.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +40,9 @@ from ..model.view import model_view
 from ..runtime.clock import Clock
 from ..runtime.request import make_request
 from ..runtime.results import GenerationStats
+
+THRESHOLDS = (0.2, 0.4, 0.6, 0.8)  # AdaDecode's grid in the paper (App. D)
+CONFIDENCE_DRAFTS = (2, 4, 6, 8)
 
 
 def uniform_exits(num_layers: int, count: int = 5) -> tuple[int, ...]:
@@ -292,6 +295,40 @@ def _result(
     }
 
 
-def w_sel_per_token(counts: Counts) -> float:
-    """The mean Eq. (4) charge per committed token of a run (NaN for none)."""
-    return sum(counts.w_sel) / len(counts.w_sel) if counts.w_sel else math.nan
+def tune_confidence(model, prompts, max_new_tokens: int, exits, adapters: dict) -> dict:
+    """AdaDecode's threshold and draft length, as the paper tunes them: the grid ``THRESHOLDS`` x
+    ``CONFIDENCE_DRAFTS`` run on the tune prompts, the lowest memory-bound cost per token (heads included)."""
+    cost, grid = ModelCost.of(model, adapters), []
+    for threshold, draft in itertools.product(THRESHOLDS, CONFIDENCE_DRAFTS):
+        outs = [
+            select_generate(model, p, max_new_tokens, Confidence(threshold, draft), exits, adapters)
+            for p in prompts
+        ]
+        spent = sum(o["counts"].cost(cost, "memory") for o in outs)
+        grid.append(
+            {
+                "threshold": threshold,
+                "draft": draft,
+                "cost_per_token": spent / sum(len(o["tokens"]) for o in outs),
+            }
+        )
+    best = min(grid, key=lambda g: (g["cost_per_token"], g["threshold"], g["draft"]))
+    return {
+        "threshold": best["threshold"],
+        "draft": best["draft"],
+        "exits": list(exits),
+        "tune_cost_per_token": best["cost_per_token"],
+        "grid": grid,
+    }
+
+
+def selector_row(outs: list, cost: ModelCost, tokens: int) -> dict:
+    """A selector's fields of a ``dex bench`` results row, from its runs' counts (``tokens`` committed in all)."""
+    counts = [o[1]["counts"] for o in outs]
+    return dict(
+        steps_per_token=sum(o[1]["steps"] for o in outs) / tokens,
+        layer_forwards_per_token=sum(c.layer_forwards() for c in counts) / tokens,
+        cost_per_token=sum(c.cost(cost, "memory") for c in counts) / tokens,
+        cost_per_token_rows=sum(c.cost(cost, "rows") for c in counts) / tokens,
+        w_sel_per_token=sum(sum(c.w_sel) for c in counts) / tokens,
+    )
