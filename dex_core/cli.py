@@ -28,6 +28,7 @@ from .runtime.request import check_text, encode_prompt, no_chat_template
 from .tools.bench import BenchConfig, run_bench
 from .tools.bench_report import terminal, write_outputs
 from .tools.ead import EadConfig, ead_summary, run_ead
+from .tools.paper import PaperConfig, run_paper, write_paper
 from .tools.plan import PlanConfig, run_plan
 from .tools.train import TrainConfig, train_adapters
 from .tools.verify import verifier_model, verify_trace
@@ -76,6 +77,11 @@ def _bench_arguments(p) -> None:
     p.add_argument(
         "--markdown", help="markdown tables with every column (the terminal shows the essential ones)"
     )
+
+
+def _paper_arguments(p) -> None:
+    add_flags(p, PaperConfig)
+    p.add_argument("--out", required=True, help="folder for paper.json and paper.html")
 
 
 def _plan_arguments(p) -> None:
@@ -138,6 +144,14 @@ SUBCOMMANDS = {  # name: (help, description, its arguments)
         "lookup over prompt sets (humaneval, chat, grounded); report exactness, tokens/s and critical-path "
         "layer forwards per token as JSON and markdown (python -m visualize.report draws the JSON as a chart).",
         _bench_arguments,
+    ),
+    "paper": (
+        "the paper's figures on your model: one JSON file and a standalone HTML report",
+        "Run the paper's evaluation matrix on a model (dex bench over HumanEval, chat and grounded prompts, "
+        "K = 2..8, DEX against self-speculation, AdaDecode- and DEL-style selection and the EAD oracle; DECS on "
+        "and off, greedy and at temperature 1.0; stable-EAD histograms) and write paper.json and paper.html "
+        "(plotly inlined, opens offline) to --out, each figure with the paper's claim and this run's result.",
+        _paper_arguments,
     ),
     "plan": (
         "does a model fit its explorers' GPUs? memory per rank from the config alone",
@@ -266,6 +280,11 @@ def _bench(args) -> None:
     print(terminal(report, args.markdown, args.out))
 
 
+def _paper(args) -> None:
+    cfg = from_args(PaperConfig, args)
+    write_paper(run_paper(cfg, log), args.out, log)
+
+
 def _plan(args) -> int:
     lines, fits = run_plan(from_args(PlanConfig, args), log)
     print("\n".join(lines))
@@ -301,6 +320,7 @@ COMMANDS = {
     "ead": _ead,
     "bench": _bench,
     "shortlist": _shortlist,
+    "paper": _paper,
     "plan": _plan,
     "verify": _verify,
 }

@@ -306,7 +306,7 @@ def test_every_option_help_states_its_default_at_most_once(monkeypatch):
     monkeypatch.setenv("COLUMNS", "2000")
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert len(subparsers) == 8
+    assert len(subparsers) == 9
     for name, sub in subparsers.items():
         text = sub.format_help()
         options = [line for line in text.splitlines() if line.lstrip().startswith("-")]

@@ -289,9 +289,10 @@ def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sets))
 
 
-def run_bench(cfg: BenchConfig, log=stderr) -> dict:
-    """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning)."""
-    bench = Bench.load(cfg, log)
+def run_bench(cfg: BenchConfig, log=stderr, bench: Bench | None = None) -> dict:
+    """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning, and HF
+    greedy's ``answers`` per set). ``bench``: the model and its parts loaded already (``Bench.load(cfg)``)."""
+    bench = bench or Bench.load(cfg, log)
     too_many = [K for K in cfg.explorers if K > bench.L]
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {bench.L} layers")
@@ -306,6 +307,7 @@ def run_bench(cfg: BenchConfig, log=stderr) -> dict:
         "torch_threads": torch.get_num_threads(),
         "results": [],
         "oracle": {},
+        "answers": {},
         "tuning": tune(bench),
     }
     decoders, group = dex_decoders(bench, _explorations(cfg, bench.model)), None
@@ -348,6 +350,7 @@ def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict
         .mean()
     )
     report["oracle"][name] = {"layer_forwards_per_token": stable, "speedup": bench.L / stable}
+    report["answers"][name] = ctx.refs
     for key in methods:
         row = result_row(key, outs[key], ctx)
         cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))

@@ -1,0 +1,320 @@
+"""``dex paper``: the paper's evaluation (§4, App. A) run on one model, written as one JSON file and one standalone
+HTML report (``paper.json``, ``paper.html`` in ``--out``).
+
+One ``dex bench`` run over a fixed matrix (three prompt sets x 10 prompts x 96 new tokens, K = 2..8; ``--quick``:
+the tiny float64 model and bench's quick matrix), every row checked against HF greedy, then per figure:
+
+- **Fig. 3**, exploration against selection: per set, DEX at each K (the shipped adapters and DECS, no draft
+  chains), self-speculation (exit and draft tuned), AdaDecode- and DEL-style selection (``tools.selectors``) and
+  the EAD oracle, in critical-path layer forwards per token and memory-bound cost per token (all the work);
+- **Fig. 4 left**, resolution: the measured depth-side speedup and rounds per token of each K, beside the EAD
+  rule's prediction, and the projected K-device tokens/s;
+- **Fig. 4 right-top**, single exit: the same K stages with only the first and the final depth proposing,
+  *replayed* with the EAD rule on this run's answers (full heads; the rule equals a greedy run, tests/test_ead.py)
+  beside full exploration replayed the same way;
+- **Fig. 4 right-bottom**, DECS: rounds per token with DECS on and off, greedy and at temperature 1.0 (sampled
+  runs compared token by token with ``ar_generate`` under the same seed);
+- **Fig. 6**: stable-EAD histograms per set, the plain lens against the adapters.
+
+The HTML is drawn by ``visualize.paper`` in its own process: dex_core computes, visualize draws (dex_core never
+imports it). Not in the report yet: Table 1's per-round shares and Appendix B's walltime model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import DEVICE_HELP, DecoderOptions, DexConfig, DexError, option, parse_ints, parse_list
+from ..data.sets import PROMPT_SETS
+from ..decoder import DexDecoder
+from ..log import stderr
+from ..model.adapter_choice import choose_depths
+from ..model.lens import layer_candidates
+from ..runtime.reference import ar_generate
+from .bench import Bench, BenchConfig, run_bench
+from .ead import matches, set_cost
+from .selectors import uniform_exits
+
+SELECTORS = ("self-spec", "adadecode", "del")
+METHODS = ("ar-hf", "dex", *SELECTORS)
+MODES = ("greedy", "temperature 1.0")
+CLAIMS = {
+    "fig3": "DEX beats LayerSkip self-speculation, AdaDecode and DEL on every model and data set, and realises a "
+    "larger share of the EAD oracle's headroom.",
+    "fig4_resolution": "Finer exploration (more explorers) generally raises throughput, narrowing the gap to the "
+    "EAD oracle.",
+    "fig4_single_exit": "At coarse resolutions single exit and full exploration are close; at finer ones full "
+    "exploration gains much more.",
+    "fig4_decs": "DECS improves throughput over vanilla decoding in greedy decoding and at temperature 1.0.",
+    "fig6": "A standard model's stable EADs sit near the final layer; early-exit training (here: inducing "
+    "adapters) moves many tokens earlier.",
+}
+
+
+@dataclass
+class PaperConfig:
+    model: str = option("default", "model spec, as for dex generate")
+    device: str = option(DexConfig.device, DEVICE_HELP)
+    sets: tuple[str, ...] = option(
+        ("humaneval", "chat", "grounded"), "prompt sets: " + ", ".join(PROMPT_SETS)
+    )
+    prompts: int = option(10, "prompts per set, from its eval split")
+    tune_prompts: int = option(3, "prompts per set from the tune split, for the selectors' tuning")
+    max_new_tokens: int = option(96, "new tokens per prompt")
+    explorers: tuple[int, ...] = option((2, 3, 4, 5, 6, 7, 8), "values of K")
+    decs_explorers: tuple[int, ...] = option((4,), "values of K of the DECS on/off runs (greedy and T = 1.0)")
+    seed: int = option(0, "seed of the sampled runs (prompt i uses seed + i)")
+    quick: bool = option(False, "the tiny float64 model and bench's quick matrix (seconds; for tests)")
+
+    def __post_init__(self):
+        self.sets = parse_list(self.sets, "sets")
+        self.explorers = parse_ints(self.explorers, "explorers")
+        self.decs_explorers = parse_ints(self.decs_explorers, "decs_explorers")
+        if min(self.prompts, self.tune_prompts, self.max_new_tokens) < 1:
+            raise DexError("prompts, tune_prompts and max_new_tokens must be positive")
+
+    def bench(self) -> BenchConfig:
+        return BenchConfig(
+            model=self.model,
+            device=self.device,
+            sets=self.sets,
+            prompts=self.prompts,
+            tune_prompts=self.tune_prompts,
+            max_new_tokens=self.max_new_tokens,
+            explorers=self.explorers,
+            methods=METHODS,
+            draft="none",
+            profile=not self.quick,
+            quick=self.quick,
+        )
+
+
+def run_paper(cfg: PaperConfig, log=stderr) -> dict:
+    """Run the matrix and compute every figure's data (``paper.json``'s content)."""
+    bench_cfg = cfg.bench()
+    bench = Bench.load(bench_cfg, log)
+    report = run_bench(bench_cfg, log, bench)
+    sets = {name: bench.prompts(name, bench_cfg.prompts, "eval") for name in bench_cfg.sets}
+    lenses = {name: _lenses(bench, sets[name], report["answers"][name]) for name in sets}
+    data = {
+        "model": report["model"],
+        "matrix": {
+            "sets": list(bench_cfg.sets),
+            "prompts": bench_cfg.prompts,
+            "max_new_tokens": bench_cfg.max_new_tokens,
+            "explorers": list(bench_cfg.explorers),
+            "exits": list(uniform_exits(bench.L, bench_cfg.exits)),
+        },
+        "config": asdict(cfg),
+        "num_layers": bench.L,
+        "adapter_depths": sorted(bench.adapters),
+        "claims": CLAIMS,
+        "fig3": {name: _fig3(report, name) for name in sets},
+        "fig4": {name: _fig4(report, name, lenses[name], bench_cfg.explorers) for name in sets},
+        "decs": _decs(bench, cfg, sets, report["answers"]),
+        "fig6": {name: {k: _histogram(v, bench.L) for k, v in lenses[name].items()} for name in sets},
+        "bench": report,
+    }
+    data["findings"] = findings(data)
+    return data
+
+
+def _lenses(bench: Bench, prompts: list, answers: list) -> dict:
+    """Per lens ('plain lens', and 'adapters' when there are any): every layer's candidates and the answers."""
+    out = {}
+    for name, adapters in (("plain lens", {}), ("adapters", bench.adapters)):
+        if name == "plain lens" or adapters:
+            cands = torch.cat(
+                [layer_candidates(bench.model, p, a, adapters) for p, a in zip(prompts, answers)]
+            )
+            out[name] = (cands, [t for a in answers for t in a], [len(a) for a in answers])
+    return out
+
+
+def _histogram(lens: tuple, L: int) -> list[int]:
+    """How many tokens have each stable EAD 1..L."""
+    omega = matches(lens[0], lens[1])
+    stable = torch.where(~omega, torch.arange(1, L + 1, device="cpu"), 0).max(dim=1).values + 1
+    return torch.bincount(stable, minlength=L + 1)[1:].tolist()
+
+
+def _rows(report: dict, name: str) -> list[dict]:
+    return [r for r in report["results"] if r["set"] == name]
+
+
+def _fig3(report: dict, name: str) -> dict:
+    """Per set: each DEX K, each selector and the oracle, in layer forwards and cost per token."""
+    keep = (
+        "method",
+        "explorers",
+        "depths",
+        "identical",
+        "prompts",
+        "layer_forwards_per_token",
+        "cost_per_token",
+    )
+    rows = [
+        {k: r.get(k) for k in keep}
+        for r in _rows(report, name)
+        if r["method"] in ("ar-hf", "dex", *SELECTORS)
+    ]
+    dex = [r for r in rows if r["method"] == "dex"]
+    selectors = [r for r in rows if r["method"] in SELECTORS]
+    holds = {
+        key: all(min(d[key] for d in dex) < s[key] for s in selectors) if dex and selectors else None
+        for key in ("layer_forwards_per_token", "cost_per_token")
+    }
+    return {
+        "rows": rows,
+        "oracle": report["oracle"][name]["layer_forwards_per_token"],
+        "ordering_holds": holds,
+    }
+
+
+def _fig4(report: dict, name: str, lenses: dict, explorers) -> dict:
+    """Per K of the run: measured, predicted and replayed speedups; the single-exit replay."""
+    dex = {r["explorers"]: r for r in _rows(report, name) if r["method"] == "dex"}
+    cands, tokens, lengths = lenses["adapters" if "adapters" in lenses else "plain lens"]
+    rows = []
+    for K in explorers:
+        r = dex[K]
+        full = set_cost(cands, tokens, r["depths"], r["decs"], lengths)
+        masked = cands.clone()
+        masked[:, [d - 1 for d in r["depths"][1:-1]], :] = -1  # intermediate depths propose nothing
+        single = set_cost(masked, tokens, r["depths"], r["decs"], lengths)
+        rows.append(
+            {
+                "explorers": K,
+                "depths": r["depths"],
+                "rounds_per_token": r["rounds_per_token"],
+                "depth_speedup": r["depth_speedup"],
+                "predicted_depth_speedup": r.get("predicted_depth_speedup"),
+                "projected_tokens_per_second": r.get("projected_tokens_per_second"),
+                "replayed_depth_speedup": full["depth_speedup"],
+                "single_exit_replayed_depth_speedup": single["depth_speedup"],
+            }
+        )
+    return {"rows": rows, "oracle_speedup": report["oracle"][name]["speedup"]}
+
+
+def _decs(bench: Bench, cfg: PaperConfig, sets: dict, answers: dict) -> list[dict]:
+    """DECS on and off at each K of ``decs_explorers``, greedy (against HF greedy) and at temperature 1.0
+    (against ``ar_generate`` with the same seed): rounds per token and identical prompts."""
+    out, n = [], bench.cfg.max_new_tokens
+    refs = {}
+    for name, prompts in sets.items():
+        for i, p in enumerate(prompts):
+            refs[(name, i)] = ar_generate(bench.model, p, n, temperature=1.0, seed=cfg.seed + i).tokens
+    for K in [k for k in cfg.decs_explorers if k <= bench.L]:
+        adapters = "none" if cfg.quick else "auto"
+        depths = choose_depths(bench.model, DecoderOptions(explorers=K, adapters=adapters))[0]
+        covered = {d: a for d, a in bench.adapters.items() if d in depths[:-1]}
+        for decs in (True, False):
+            decoder = DexDecoder(
+                bench.model, depths=depths, decs=decs, adapters=covered, tokenizer=bench.tokenizer
+            )
+            for mode, extra in zip(MODES, ({}, {"temperature": 1.0})):
+                out.append(_decs_row(decoder, sets, answers if not extra else refs, n, extra, cfg.seed))
+                out[-1].update(explorers=K, depths=list(depths), decs=decs, mode=mode)
+            decoder.close()
+    return out
+
+
+def _decs_row(decoder: DexDecoder, sets: dict, refs, n: int, extra: dict, seed: int) -> dict:
+    same = tokens = rounds = 0
+    for name, prompts in sets.items():
+        for i, p in enumerate(prompts):
+            result = decoder.generate(p, n, **({**extra, "seed": seed + i} if extra else {}))
+            ref = refs[(name, i)] if extra else refs[name][i]
+            same, tokens, rounds = (
+                same + (result.tokens == ref),
+                tokens + len(result.tokens),
+                rounds + result.stats.rounds,
+            )
+    K = len(decoder.depths)
+    return {
+        "identical": same,
+        "prompts": sum(map(len, sets.values())),
+        "rounds_per_token": rounds / tokens,
+        "depth_speedup": K * tokens / rounds,
+    }
+
+
+def write_paper(data: dict, out: str | Path, log=stderr) -> tuple[Path, Path]:
+    """``paper.json`` and ``paper.html`` (drawn by ``python -m visualize.paper`` in its own process) in ``out``."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = folder / "paper.json", folder / "paper.html"
+    json_path.write_text(json.dumps(data, indent=1))
+    done = subprocess.run(
+        [sys.executable, "-m", "visualize.paper", str(json_path), str(html_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if done.returncode:
+        raise DexError(f"drawing {html_path} failed: {done.stderr.strip()[-500:]}")
+    log(f"wrote {json_path} and {html_path}")
+    return json_path, html_path
+
+
+def findings(data: dict) -> dict:
+    """One sentence per figure on what this run shows (the report puts it beside the paper's claim)."""
+    sets = list(data["fig3"])
+    holds = {
+        k: sum(bool(data["fig3"][s]["ordering_holds"][k]) for s in sets)
+        for k in ("layer_forwards_per_token", "cost_per_token")
+    }
+    by_k: dict[int, list] = {}
+    for r in (r for s in sets for r in data["fig4"][s]["rows"]):
+        by_k.setdefault(r["explorers"], []).append(r)
+    ks = sorted(by_k)
+    plain, adapted = (_median([data["fig6"][s].get(k) for s in sets]) for k in ("plain lens", "adapters"))
+    return {
+        "fig3": f"DEX's best K needs fewer layer forwards per token than every selector on "
+        f"{holds['layer_forwards_per_token']} of {len(sets)} sets, and less memory-bound cost per token "
+        f"(heads and adapters included) on {holds['cost_per_token']} of {len(sets)}.",
+        "fig4_resolution": "The measured depth-side speedup, mean over sets: "
+        + ", ".join(f"{_mean(by_k[k], 'depth_speedup'):.2f}× at K={k}" for k in ks)
+        + ".",
+        "fig4_single_exit": f"Replayed at K={ks[-1]}, mean over sets: full exploration "
+        f"{_mean(by_k[ks[-1]], 'replayed_depth_speedup'):.2f}×, single exit "
+        f"{_mean(by_k[ks[-1]], 'single_exit_replayed_depth_speedup'):.2f}×.",
+        "fig4_decs": _decs_finding(data["decs"]),
+        "fig6": f"Median stable EAD over all sets: layer {plain} of {data['num_layers']} with the plain lens"
+        + (f", {adapted} with the adapters." if adapted is not None else " (no adapters)."),
+    }
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def _decs_finding(rows: list[dict]) -> str:
+    if not rows:
+        return "No DECS runs."
+    decs = {
+        (r["mode"], r["decs"]): r["depth_speedup"] for r in rows if r["explorers"] == rows[0]["explorers"]
+    }
+    parts = [f"{m}: {decs[(m, True)]:.2f}× with DECS, {decs[(m, False)]:.2f}× without" for m in MODES]
+    return f"Depth-side speedup at K={rows[0]['explorers']}, " + "; ".join(parts) + "."
+
+
+def _median(histograms: list) -> int | None:
+    """The median layer of summed histograms (counts of layers 1..L), or None without any."""
+    histograms = [h for h in histograms if h]
+    if not histograms:
+        return None
+    total = [sum(c) for c in zip(*histograms)]
+    seen, half = 0, sum(total) / 2
+    for layer, count in enumerate(total, start=1):
+        seen += count
+        if seen >= half:
+            return layer
+    return len(total)

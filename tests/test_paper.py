@@ -1,0 +1,94 @@
+"""dex paper --quick: the paper's figures on the tiny float64 model, exact rows, figures whose numbers follow from
+the run, and a report that opens from disk in Chromium with every figure drawn."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import BROWSER_ARGS, CHROMIUM, needs_chromium
+
+from dex_core.tools.paper import CLAIMS, findings
+from visualize.paper import paper_html
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dex_core.cli", "paper", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads((out / "paper.json").read_text())
+
+
+def test_every_row_is_exact_and_every_figure_is_computed_from_the_run(paper):
+    _, data = paper
+    tokens = 3 * 16  # the quick matrix: 3 synthetic prompts x 16 tokens
+    for name, panel in data["fig3"].items():
+        methods = {r["method"] for r in panel["rows"]}
+        assert methods == {"ar-hf", "dex", "self-spec", "adadecode", "del"}
+        assert all(r["identical"] == r["prompts"] == 3 for r in panel["rows"])
+        dex = [r for r in panel["rows"] if r["method"] == "dex"]
+        ordering = min(r["layer_forwards_per_token"] for r in dex) < min(
+            r["layer_forwards_per_token"]
+            for r in panel["rows"]
+            if r["method"] in ("self-spec", "adadecode", "del")
+        )
+        assert panel["ordering_holds"]["layer_forwards_per_token"] == ordering
+        # float64 and full heads (the tiny vocabulary is below the light heads' rows): the replay is the run
+        for row in data["fig4"][name]["rows"]:
+            assert row["replayed_depth_speedup"] == pytest.approx(row["depth_speedup"])
+            if row["explorers"] == 2:  # two stages: the single-exit variant is the same set
+                assert row["single_exit_replayed_depth_speedup"] == row["replayed_depth_speedup"]
+        assert {len(h) for h in data["fig6"][name].values()} == {6}
+        assert [sum(h) for h in data["fig6"][name].values()] == [tokens, tokens]  # plain lens, adapters
+    modes = {(r["mode"], r["decs"]) for r in data["decs"]}
+    assert modes == {(m, d) for m in ("greedy", "temperature 1.0") for d in (True, False)}
+    assert all(r["identical"] == r["prompts"] == 3 and r["explorers"] == 4 for r in data["decs"])
+    assert data["findings"] == findings(data) and set(data["findings"]) == set(CLAIMS)
+
+
+def test_the_report_escapes_what_the_file_says(paper):
+    _, data = paper
+    evil = json.loads(json.dumps(data))
+    evil["model"] = "<script>window.__xss=1</script>"
+    evil["findings"]["fig3"] = '<img src=x onerror="window.__xss=1">'
+    html = paper_html(evil)
+    assert "<script>window.__xss" not in html and "<img src=x" not in html
+    assert "&lt;img src=x onerror=&quot;window.__xss=1&quot;&gt;" in html
+
+
+@needs_chromium
+def test_the_report_opens_offline_with_every_figure_drawn(paper):
+    from playwright.sync_api import sync_playwright
+
+    out, data = paper
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        outside = []
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else outside.append(r.url))
+        page.goto((out / "paper.html").as_uri(), timeout=60_000)
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
+            " && g.querySelector('.barlayer .point, .scatterlayer .point')).length === 3",
+            timeout=60_000,
+        )
+        titles = page.evaluate(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g.layout.title.text)"
+        )
+        cells = page.evaluate("() => [...document.querySelectorAll('td')].map(td => td.innerText)")
+        bars = page.evaluate(
+            "() => document.querySelector('#paper-fig-0').data.filter(t => t.type === 'bar')"
+        )
+        browser.close()
+    assert [t.split(":")[0] for t in titles] == ["Fig. 3", "Fig. 4", "Fig. 6"] and outside == []
+    assert cells == [text for key in CLAIMS for text in (CLAIMS[key], data["findings"][key])]
+    rows = data["fig3"]["synthetic"]["rows"]
+    assert bars[0]["y"] == [
+        r["layer_forwards_per_token"] for r in rows
+    ]  # the figure draws the JSON's numbers
