@@ -238,7 +238,7 @@ from dex_core.testing import tiny_model
 
 dex = DexDecoder(tiny_model("llama"), explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1,
                  start_timeout=300)
-print(*dex.group.pids(), flush=True)
+print(*dex.group.pids(), dex.group._tmp, flush=True)
 if sys.argv[1] == "busy":
     for _ in dex.stream([3, 1, 4], 240):
         pass
@@ -257,8 +257,9 @@ def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, 
     script = tmp_path / "parent.py"
     script.write_text(PARENT_SCRIPT)
     parent = subprocess.Popen([sys.executable, str(script), state], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in parent.stdout.readline().split()]
-    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    *pids, folder = parent.stdout.readline().split()
+    pids = [int(p) for p in pids]
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids) and os.path.isdir(folder)
     time.sleep(1.0)
     os.kill(parent.pid, getattr(signal, signal_name))
     parent.wait(timeout=30)
@@ -269,3 +270,4 @@ def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, 
         time.sleep(0.2)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"explorers {alive} outlived their parent by 10 s"
+    assert not os.path.exists(folder)  # rank 0 removed the group's folder, which the killed parent could not

@@ -67,3 +67,39 @@ def test_dex_bench_quick_ar_tp_row_is_identical_and_certified():
     assert "tp_plan='auto'" in tp["schedule"] and "no headline" in tp["schedule"]
     assert 0 < tp["rank0_seconds"] <= tp["seconds"] and tp["rank0_decode_tokens_per_second"] > 0
     assert any(line.startswith("ar-tp ") for line in terminal(report).splitlines())
+
+
+TP_PARENT = """
+import sys, time, torch
+from dex_core.testing import tiny_model
+from dex_core.tools.tensor_parallel import TensorParallelAR
+
+group = TensorParallelAR(tiny_model("llama"), 2, torch.float64)
+print(*[p.pid for p in group._procs], group._tmp, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_end_and_remove_their_folder_when_the_parent_is_killed(tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "parent.py"
+    script.write_text(TP_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    *pids, folder = parent.stdout.readline().split()
+    assert len(pids) == 2 and os.path.isdir(folder)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        os.path.exists(folder) or any(psutil.pid_exists(int(p)) for p in pids)
+    ):
+        time.sleep(0.2)
+    alive = [p for p in pids if psutil.pid_exists(int(p)) and psutil.Process(int(p)).status() != "zombie"]
+    assert not alive and not os.path.exists(folder)  # rank 0 removed what the killed parent could not

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import queue
+import shutil
 import socket
 import sys
 import threading
@@ -223,11 +224,29 @@ class _Cancel:
         return self.current in self.ids
 
 
+_LEFTOVER: list[str] = []  # rank 0's: the group's folder, to remove when the parent is gone (it could not)
+
+
+def leave(code: int = 0) -> None:
+    """End this rank process now (``os._exit``), rank 0 first removing the group's folder (``exit_with_parent``)."""
+    for folder in _LEFTOVER:
+        shutil.rmtree(folder, ignore_errors=True)
+    os._exit(code)
+
+
 def _watch_parent(parent: int) -> None:
     while True:  # re-parented (the parent died): leave, idle or busy
         if os.getppid() != parent:
-            os._exit(0)
+            leave(0)
         time.sleep(0.5)
+
+
+def exit_with_parent(parent: int, leftover: str | None = None) -> None:
+    """A rank process's watch on its parent ``parent`` (a pid): when the parent dies, the rank leaves at once,
+    idle or busy, removing the folder ``leftover`` first (the group's, which a killed parent could not), when
+    given: explorer ranks and ar-tp's ranks give it at rank 0. Leaving on a lost connection does the same."""
+    _LEFTOVER[:] = [leftover] if leftover else []
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
 def _read(conn, inbox: queue.Queue, cancel: _Cancel) -> None:
@@ -239,7 +258,7 @@ def _read(conn, inbox: queue.Queue, cancel: _Cancel) -> None:
             else:
                 inbox.put(msg)
     except (EOFError, OSError):  # the parent is gone
-        os._exit(0)
+        leave(0)
 
 
 def _reporter(send, rank: int):
@@ -264,7 +283,7 @@ def main(argv=None) -> None:
     parser.add_argument("--folder", required=True)
     args = parser.parse_args(argv)
     exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
-    threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
+    exit_with_parent(args.parent, args.folder if args.rank == 0 else None)
     rank, key = args.rank, bytes.fromhex(os.environ.pop(KEY_ENV))
     with Listener(os.path.join(args.folder, f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
         conn = listener.accept()

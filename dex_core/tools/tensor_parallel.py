@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import weakref
@@ -40,7 +39,7 @@ import torch
 from ..config import DexError, GenerationOptions
 from ..device import dtype_name, exact_float32_matmuls
 from ..distributed.placement import default_threads
-from ..distributed.rank import _watch_parent, init_world
+from ..distributed.rank import exit_with_parent, init_world, leave
 from ..log import libraries_quiet, quiet_libraries
 from ..runtime.reference import ar_stream
 
@@ -295,7 +294,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
     torch.set_num_threads(args.threads)
-    threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
+    exit_with_parent(args.parent, args.folder if int(os.environ["RANK"]) == 0 else None)
     rank, key = int(os.environ["RANK"]), bytes.fromhex(os.environ.pop(KEY_ENV))
     with Listener(os.path.join(args.folder, f"rank-{rank}.sock"), family="AF_UNIX", authkey=key) as listener:
         conn = listener.accept()
@@ -328,4 +327,4 @@ def _exchange(conn, answer: tuple) -> tuple:
         conn.send(answer)
         return conn.recv()
     except (EOFError, OSError):
-        os._exit(0)
+        leave(0)
