@@ -149,6 +149,8 @@ def _config_text(row: dict, short: bool = False) -> str:
         return (
             f"K={row['explorers']} stages {row['depths']}, one process each: every token through all of them"
         )
+    if row["method"] == "ar-tp":
+        return f"{row['tp_size']} tensor-parallel ranks (transformers' tp_plan='auto')"
     if row["method"] == "hf-prompt-lookup":
         return f"up to {row['draft']} looked-up tokens per step ({row['rows_per_step']:.2f} rows per step)"
     if row["method"] in ("adadecode", "del"):
