@@ -154,15 +154,15 @@ def _live_start(runtime: Runtime, config, prompt: str):
     warning about slow settings and what the model's generation config asks for that DEX does not apply."""
     ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
+    first = runtime.forecast(decoder, config.max_new_tokens)
     notices = [
         runtime.device_notice(decoder.K),
-        runtime.slow_notice(decoder, config.max_new_tokens),
+        runtime.slow_notice(decoder, config.max_new_tokens, first=first),
         *ignored_settings(decoder.view.model.generation_config, config.generation()),
     ]
     for notice in notices:
         if notice:
             gr.Warning(notice)
-    first = runtime.forecast(decoder, config.max_new_tokens)
     note = (
         no_chat_template(runtime.tokenizer(), config.chat)
         and "no chat template: the prompt goes in as written"

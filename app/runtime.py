@@ -147,8 +147,9 @@ class Runtime:
         if decoder.backend != "sequential":
             return None
         learned = self._learned.get(decoder.K)
-        if learned and learned.forecast(max_new_tokens):
-            return learned.forecast(max_new_tokens)
+        first = learned.forecast(max_new_tokens) if learned else None
+        if first:
+            return first
         one = self.one_row(decoder.proposal_vocab)
         per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
         return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
@@ -159,17 +160,21 @@ class Runtime:
         if seconds and events and events[-1]["event"] == "end":
             self._learned.setdefault(K, Learned(K)).add(events[-1].get("stats", {}), seconds)
 
-    def slow_notice(self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False) -> str | None:
+    def slow_notice(
+        self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False, first: Forecast | None = None
+    ) -> str | None:
         """A warning (not a refusal) before settings expected to take over ``SLOW_SECONDS`` here: DEX with
         ``decoder`` (Live: its forecast), AR beside it (``ar``: the Race), or AR and the logit lens alone
         (``decoder`` None: the Analysis, its lens passes counted as half an AR pass a token). An AR token costs
-        every layer and the head at one row. Past the host's bound on a request's model time it says so."""
+        every layer and the head at one row. Past the host's bound on a request's model time it says so. ``first``:
+        the decoder's forecast, when the caller has it already."""
         if decoder is not None and decoder.backend != "sequential":
             return None
         model, _ = self.model("the Analysis")
         one = self.one_row(decoder.proposal_vocab if decoder else model.config.vocab_size)
         ar_seconds = max_new_tokens * (model.config.num_hidden_layers * one["layer"] + one["head"])
-        first = None if decoder is None else self.forecast(decoder, max_new_tokens)
+        if first is None and decoder is not None:
+            first = self.forecast(decoder, max_new_tokens)
         seconds = 1.5 * ar_seconds if first is None else first.seconds + ar * ar_seconds
         if seconds < SLOW_SECONDS:
             return None
