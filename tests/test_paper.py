@@ -9,6 +9,7 @@ import pytest
 from conftest import BROWSER_ARGS, CHROMIUM, needs_chromium
 
 from dex_core.tools.paper import CLAIMS, findings
+from dex_core.tools.walltime import fit, predict, table1
 from visualize.paper import paper_html
 
 
@@ -50,6 +51,56 @@ def test_every_row_is_exact_and_every_figure_is_computed_from_the_run(paper):
     assert modes == {(m, d) for m in ("greedy", "temperature 1.0") for d in (True, False)}
     assert all(r["identical"] == r["prompts"] == 3 and r["explorers"] == 4 for r in data["decs"])
     assert data["findings"] == findings(data) and set(data["findings"]) == set(CLAIMS)
+    fitted = data["appendix_b"]["synthetic"]
+    assert [r["explorers"] for r in fitted["rows"]] == [2, 3] and fitted["tau_seconds"] > 0
+    for r in fitted["rows"]:
+        assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1)
+
+
+def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama):
+    tau, L = 0.01, 6
+    tune = [
+        {"method": "ar-hf", "seconds": 20 * tau * (L + 2.0), "tokens": 20},
+        {
+            "method": "dex",
+            "depths": [3, 6],
+            "seconds": 10 * tau * (9.0 + 4.0),
+            "tokens": 10,
+            "layer_work_per_token": 9.0,
+        },
+    ]
+    fitted = fit(tune, L, tau)
+    assert fitted["delta_ar"] == pytest.approx(2.0) and fitted["delta_x"][(3, 6)] == pytest.approx(4.0)
+    # an eval split with other work per token but the same overheads: predicted exactly
+    evaluated = [
+        {"method": "ar-hf", "seconds": 30 * tau * (L + 2.0), "tokens": 30},
+        {
+            "method": "dex",
+            "explorers": 2,
+            "depths": [3, 6],
+            "seconds": 30 * tau * (7.5 + 4.0),
+            "tokens": 30,
+            "layer_work_per_token": 7.5,
+        },
+    ]
+    (row,) = predict(evaluated, fitted, L)
+    assert row["predicted_speedup"] == pytest.approx(8.0 / 11.5) and row["error"] == pytest.approx(0.0)
+    from dex_core import DexDecoder
+
+    decoder = DexDecoder(llama, explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1)
+    try:
+        trace = decoder.generate([3, 1, 4, 1, 5], 12).trace
+    finally:
+        decoder.close()
+    table = table1([trace])
+    rounds = [e["timings"] for e in trace if e["event"] == "round"]
+    assert table["rounds"] == len(rounds) and table["ranks"] == 2
+    parts = {r["part"]: r for r in table["rows"]}
+    expand = sum(sum(t["expand"]) / 2 for t in rounds)  # the mean over the explorers, per round
+    assert parts["expansion"]["ms_per_round"] == pytest.approx(1e3 * expand / len(rounds))
+    assert (
+        sum(r["share"] for r in table["rows"]) == pytest.approx(1.0) and parts["communication"]["share"] > 0
+    )
 
 
 def test_the_report_escapes_what_the_file_says(paper):
@@ -81,7 +132,10 @@ def test_the_report_opens_offline_with_every_figure_drawn(paper):
         titles = page.evaluate(
             "() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g.layout.title.text)"
         )
-        cells = page.evaluate("() => [...document.querySelectorAll('td')].map(td => td.innerText)")
+        cells = page.evaluate(
+            "() => [...document.querySelectorAll('.paper-claims td')].map(td => td.innerText)"
+        )
+        predicted = page.evaluate("() => document.querySelectorAll('.paper-table tr').length")
         bars = page.evaluate(
             "() => document.querySelector('#paper-fig-0').data.filter(t => t.type === 'bar')"
         )
@@ -92,3 +146,4 @@ def test_the_report_opens_offline_with_every_figure_drawn(paper):
     assert bars[0]["y"] == [
         r["layer_forwards_per_token"] for r in rows
     ]  # the figure draws the JSON's numbers
+    assert predicted == 1 + len(data["appendix_b"]["synthetic"]["rows"])  # Appendix B: a row per DEX row

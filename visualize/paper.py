@@ -137,7 +137,44 @@ def fig6_figure(data: dict) -> go.Figure:
     return fig.update_xaxes(title_text="layer").update_yaxes(gridcolor="#eaecee")
 
 
-SECTIONS = (  # (heading, figure builder or None, the finding keys it shows)
+def _table(header, rows) -> str:
+    cells = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    return (
+        "<table class='paper-table' border='1' cellpadding='5' style='border-collapse: collapse;'>"
+        f"<tr>{head}</tr>{cells}</table>"
+    )
+
+
+def table1_html(data: dict) -> str:
+    """Table 1: the distributed schedule's profiled time per rank-round, by part."""
+    table = data.get("table1")
+    if not table:
+        return "<p>Not run in this report (--quick starts no explorer processes).</p>"
+    rows = [(r["part"], f"{r['ms_per_round']:.3f}", f"{r['share']:.2%}") for r in table["rows"]]
+    return _table(("part", "ms per rank-round", "share of profiled time"), rows)
+
+
+def appendix_b_html(data: dict) -> str:
+    """Appendix B: per set and DEX row, the walltime model's speedup against the measured one."""
+    rows = [
+        (
+            name,
+            r["explorers"],
+            f"{r['layer_work_per_token']:.2f}",
+            f"{r['delta_x']:.2f}",
+            f"{r['predicted_speedup']:.3f}",
+            f"{r['measured_speedup']:.3f}",
+            f"{r['error']:+.1%}",
+        )
+        for name, panel in data["appendix_b"].items()
+        for r in panel["rows"]
+    ]
+    header = ("set", "K", "W_X (layer-times/token)", "δ_X (fitted)", "predicted", "measured", "error")
+    return _table(header, rows)
+
+
+SECTIONS = (  # (heading, a figure's or a table's builder, the finding keys it shows)
     ("Fig. 3 — exploration against selection", fig3_figure, ("fig3",)),
     (
         "Fig. 4 — resolution, single exit, DECS",
@@ -145,6 +182,8 @@ SECTIONS = (  # (heading, figure builder or None, the finding keys it shows)
         ("fig4_resolution", "fig4_single_exit", "fig4_decs"),
     ),
     ("Fig. 6 — stable EAD per data set", fig6_figure, ("fig6",)),
+    ("Table 1 — the distributed schedule's runtime profile", table1_html, ("table1",)),
+    ("Appendix B — the calibrated walltime model", appendix_b_html, ("appendix_b",)),
 )
 
 
@@ -153,7 +192,8 @@ def _claims(data: dict, keys) -> str:
         f"<tr><td>{esc(data['claims'][k])}</td><td>{esc(data['findings'][k])}</td></tr>" for k in keys
     )
     return (
-        "<table style='border-collapse: collapse; width: 100%; margin: 8px 0;' border='1' cellpadding='6'>"
+        "<table class='paper-claims' style='border-collapse: collapse; width: 100%; margin: 8px 0;' border='1' "
+        "cellpadding='6'>"
         f"<tr><th>the paper claims</th><th>this run shows</th></tr>{rows}</table>"
     )
 
@@ -179,7 +219,9 @@ def paper_html(data: dict) -> str:
     """The whole report."""
     body = [_header(data)]
     for i, (heading, build, keys) in enumerate(SECTIONS):
-        body += [f"<h2>{esc(heading)}</h2>", _claims(data, keys), _figure(build(data), f"paper-fig-{i}")]
+        made = build(data)
+        shown = made if isinstance(made, str) else _figure(made, f"paper-fig-{i}")
+        body += [f"<h2>{esc(heading)}</h2>", _claims(data, keys), shown]
     return standalone_html(f"DEX paper report: {data['model']}", "".join(body))
 
 

@@ -115,7 +115,8 @@ class BenchConfig:
         "builtin, grounded (MT-bench and HumanEval prompts "
         "whose answer repeats the input)",
     )
-    prompts: int = option(20, "prompts per set, from the set's eval split")
+    prompts: int = option(20, "prompts per set, from the set's eval split (--split)")
+    split: str = option("eval", "the split the methods are measured on: eval, or tune (what tuning reads)")
     tune_prompts: int = option(5, "prompts per set from the tune split, for the self-speculation grid search")
     max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
     explorers: tuple[int, ...] = option((2, 3, 4), "values of K for DEX (uniform splits)")
@@ -201,6 +202,8 @@ class BenchConfig:
                 f"methods must include ar-hf (the reference) and come from {', '.join(METHODS)}; "
                 f"got {list(self.methods)}"
             )
+        if self.split not in ("eval", "tune"):
+            raise DexError(f"split must be 'eval' or 'tune'; got {self.split!r}")
         if self.variants not in ("shipped", "all"):
             raise DexError(f"variants must be 'shipped' or 'all'; got {self.variants!r}")
         if (
@@ -297,7 +300,7 @@ def run_bench(cfg: BenchConfig, log=stderr, bench: Bench | None = None) -> dict:
     if too_many:
         raise DexError(f"K = {too_many} exceeds the model's {bench.L} layers")
     tp = tp_size(bench.model.config, cfg.tp_size) if "ar-tp" in cfg.methods else None  # before any process
-    sets = {name: bench.prompts(name, cfg.prompts, "eval") for name in cfg.sets}
+    sets = {name: bench.prompts(name, cfg.prompts, cfg.split) for name in cfg.sets}
     report = {
         "config": asdict(cfg),
         "model": "tiny random llama (float64)" if cfg.quick else cfg.model,

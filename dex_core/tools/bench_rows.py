@@ -95,6 +95,7 @@ def _dex_row(key, stats: list, ctx: SetContext) -> dict:
         layer_forwards_per_token=rounds * longest_stage(depths) / T,
         cost_per_token=cost.dex(depths, batches, T, "memory", covered),
         cost_per_token_rows=cost.dex(depths, batches, T, "rows", covered),
+        layer_work_per_token=cost.layers_only().dex(depths, batches, T, "rows", covered, devices="1"),
     )
     if method != "dex":
         return {**row, "schedule": f"distributed ({len(depths)} processes)"}

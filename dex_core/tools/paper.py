@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -39,7 +39,9 @@ from ..model.lens import layer_candidates
 from ..runtime.reference import ar_generate
 from .bench import Bench, BenchConfig, run_bench
 from .ead import matches, set_cost
+from .profile import one_row_seconds
 from .selectors import uniform_exits
+from .walltime import fit, predict, table1
 
 SELECTORS = ("self-spec", "adadecode", "del")
 METHODS = ("ar-hf", "dex", *SELECTORS)
@@ -54,6 +56,10 @@ CLAIMS = {
     "fig4_decs": "DECS improves throughput over vanilla decoding in greedy decoding and at temperature 1.0.",
     "fig6": "A standard model's stable EADs sit near the final layer; early-exit training (here: inducing "
     "adapters) moves many tokens earlier.",
+    "table1": "Expansion dominates DEX's profiled time (89%); communication is the main other cost (8%); collapse "
+    "and decode/commit are small (2% and 1%).",
+    "appendix_b": "A calibrated walltime model, S_wall = T(L + δ_AR) / Σ_t(⌈EAD(t)⌉_X + δ_X(t)), explains the realised "
+    "speedup: DEX's overheads δ_X keep it below the idealised depth-side one.",
 }
 
 
@@ -69,6 +75,7 @@ class PaperConfig:
     max_new_tokens: int = option(96, "new tokens per prompt")
     explorers: tuple[int, ...] = option((2, 3, 4, 5, 6, 7, 8), "values of K")
     decs_explorers: tuple[int, ...] = option((4,), "values of K of the DECS on/off runs (greedy and T = 1.0)")
+    table1_explorers: int = option(2, "K of Table 1's distributed runs (one process per explorer)")
     seed: int = option(0, "seed of the sampled runs (prompt i uses seed + i)")
     quick: bool = option(False, "the tiny float64 model and bench's quick matrix (seconds; for tests)")
 
@@ -79,8 +86,9 @@ class PaperConfig:
         if min(self.prompts, self.tune_prompts, self.max_new_tokens) < 1:
             raise DexError("prompts, tune_prompts and max_new_tokens must be positive")
 
-    def bench(self) -> BenchConfig:
-        return BenchConfig(
+    def bench(self, **changes) -> BenchConfig:
+        """The dex bench run of the matrix (``changes``: other BenchConfig fields, e.g. the tune split's)."""
+        fields = dict(
             model=self.model,
             device=self.device,
             sets=self.sets,
@@ -93,6 +101,7 @@ class PaperConfig:
             profile=not self.quick,
             quick=self.quick,
         )
+        return BenchConfig(**{**fields, **changes})
 
 
 def run_paper(cfg: PaperConfig, log=stderr) -> dict:
@@ -119,10 +128,40 @@ def run_paper(cfg: PaperConfig, log=stderr) -> dict:
         "fig4": {name: _fig4(report, name, lenses[name], bench_cfg.explorers) for name in sets},
         "decs": _decs(bench, cfg, sets, report["answers"]),
         "fig6": {name: {k: _histogram(v, bench.L) for k, v in lenses[name].items()} for name in sets},
+        "appendix_b": _appendix_b(bench, cfg, report, log),
+        "table1": None if cfg.quick else _table1(bench, cfg, sets),
         "bench": report,
     }
     data["findings"] = findings(data)
     return data
+
+
+def _appendix_b(bench: Bench, cfg: PaperConfig, report: dict, log) -> dict:
+    """The walltime model fitted per set on the tune split (AR and DEX measured there the same way) and its
+    prediction of each eval-split DEX row's measured speedup (``tools.walltime``)."""
+    tune_cfg = cfg.bench(split="tune", prompts=cfg.tune_prompts, methods=("ar-hf", "dex"), profile=False)
+    log(f"Appendix B: AR and DEX on {tune_cfg.prompts} tune-split prompts per set, to fit the walltime model")
+    tune = run_bench(tune_cfg, log, replace(bench, cfg=tune_cfg))
+    tau = one_row_seconds(bench.model, min(8192, bench.model.config.vocab_size))["layer"]
+    out = {}
+    for name in report["oracle"]:
+        fitted = fit([r for r in tune["results"] if r["set"] == name], bench.L, tau)
+        rows = predict([r for r in report["results"] if r["set"] == name], fitted, bench.L)
+        out[name] = {"delta_ar": fitted["delta_ar"], "tau_seconds": tau, "rows": rows}
+    return out
+
+
+def _table1(bench: Bench, cfg: PaperConfig, sets: dict) -> dict:
+    """Table 1 from distributed runs at K = ``table1_explorers`` over the first prompt of each set."""
+    K = min(cfg.table1_explorers, bench.L)
+    decoder = DexDecoder(
+        bench.model, explorers=K, adapters="none", backend="distributed", tokenizer=bench.tokenizer
+    )
+    try:
+        traces = [decoder.generate(p[0], bench.cfg.max_new_tokens).trace for p in sets.values()]
+    finally:
+        decoder.close()
+    return {"explorers": K, **table1(traces)}
 
 
 def _lenses(bench: Bench, prompts: list, answers: list) -> dict:
@@ -287,6 +326,8 @@ def findings(data: dict) -> dict:
         f"{_mean(by_k[ks[-1]], 'replayed_depth_speedup'):.2f}×, single exit "
         f"{_mean(by_k[ks[-1]], 'single_exit_replayed_depth_speedup'):.2f}×.",
         "fig4_decs": _decs_finding(data["decs"]),
+        "table1": _table1_finding(data["table1"]),
+        "appendix_b": _appendix_b_finding(data["appendix_b"]),
         "fig6": f"Median stable EAD over all sets: layer {plain} of {data['num_layers']} with the plain lens"
         + (f", {adapted} with the adapters." if adapted is not None else " (no adapters)."),
     }
@@ -294,6 +335,24 @@ def findings(data: dict) -> dict:
 
 def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
+
+
+def _table1_finding(table: dict | None) -> str:
+    if not table:
+        return "Not run (--quick runs no explorer processes; tests/test_paper.py checks Table 1 on its own)."
+    parts = ", ".join(f"{r['part']} {r['share']:.0%}" for r in table["rows"])
+    return f"K={table['explorers']}, {table['rounds']} rounds on this machine: {parts} of the profiled time."
+
+
+def _appendix_b_finding(appendix: dict) -> str:
+    errors = [abs(r["error"]) for panel in appendix.values() for r in panel["rows"]]
+    if not errors:
+        return "No DEX rows to predict."
+    return (
+        f"Fitted on the tune split, the model predicts the eval split's measured speedup of {len(errors)} DEX rows "
+        f"(one device, the sequential schedule) within {max(errors):.0%} "
+        f"(mean |error| {sum(errors) / len(errors):.0%})."
+    )
 
 
 def _decs_finding(rows: list[dict]) -> str:
