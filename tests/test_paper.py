@@ -146,4 +146,5 @@ def test_the_report_opens_offline_with_every_figure_drawn(paper):
     assert bars[0]["y"] == [
         r["layer_forwards_per_token"] for r in rows
     ]  # the figure draws the JSON's numbers
-    assert predicted == 1 + len(data["appendix_b"]["synthetic"]["rows"])  # Appendix B: a row per DEX row
+    # tables: Fig. 5 (a row per AR and DEX row of the set), Appendix B (a row per DEX row); Table 1 not run
+    assert predicted == 2 + len(data["fig5"]["synthetic"]) + len(data["appendix_b"]["synthetic"]["rows"])

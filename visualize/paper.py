@@ -146,6 +146,23 @@ def _table(header, rows) -> str:
     )
 
 
+def fig5_html(data: dict) -> str:
+    """Fig. 5's multi-device baseline on this machine: AR, tensor-parallel AR and DEX, measured."""
+    rows = [
+        (
+            name,
+            _label(r) if r["method"] != "ar-tp" else "tensor-parallel AR",
+            r["devices"],
+            f"{r['tokens_per_second']:.2f}",
+            f"{r['speedup_vs_ar']:.3f}",
+            f"{r['certified']}/{r['tokens']}",
+        )
+        for name, panel in data["fig5"].items()
+        for r in panel
+    ]
+    return _table(("set", "method", "devices", "tokens/s (measured)", "× AR", "certified"), rows)
+
+
 def table1_html(data: dict) -> str:
     """Table 1: the distributed schedule's profiled time per rank-round, by part."""
     table = data.get("table1")
@@ -181,6 +198,7 @@ SECTIONS = (  # (heading, a figure's or a table's builder, the finding keys it s
         fig4_figure,
         ("fig4_resolution", "fig4_single_exit", "fig4_decs"),
     ),
+    ("Fig. 5 — the multi-device baseline: tensor parallelism", fig5_html, ("fig5",)),
     ("Fig. 6 — stable EAD per data set", fig6_figure, ("fig6",)),
     ("Table 1 — the distributed schedule's runtime profile", table1_html, ("table1",)),
     ("Appendix B — the calibrated walltime model", appendix_b_html, ("appendix_b",)),
@@ -218,7 +236,7 @@ def _header(data: dict) -> str:
 def paper_html(data: dict) -> str:
     """The whole report."""
     body = [_header(data)]
-    for i, (heading, build, keys) in enumerate(SECTIONS):
+    for i, (heading, build, keys) in enumerate(SECTIONS):  # figures are paper-fig-0, -1, -3
         made = build(data)
         shown = made if isinstance(made, str) else _figure(made, f"paper-fig-{i}")
         body += [f"<h2>{esc(heading)}</h2>", _claims(data, keys), shown]

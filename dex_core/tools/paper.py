@@ -39,28 +39,13 @@ from ..model.lens import layer_candidates
 from ..runtime.reference import ar_generate
 from .bench import Bench, BenchConfig, run_bench
 from .ead import matches, set_cost
+from .paper_claims import CLAIMS, MODES, findings
 from .profile import one_row_seconds
 from .selectors import uniform_exits
 from .walltime import fit, predict, table1
 
 SELECTORS = ("self-spec", "adadecode", "del")
 METHODS = ("ar-hf", "dex", *SELECTORS)
-MODES = ("greedy", "temperature 1.0")
-CLAIMS = {
-    "fig3": "DEX beats LayerSkip self-speculation, AdaDecode and DEL on every model and data set, and realises a "
-    "larger share of the EAD oracle's headroom.",
-    "fig4_resolution": "Finer exploration (more explorers) generally raises throughput, narrowing the gap to the "
-    "EAD oracle.",
-    "fig4_single_exit": "At coarse resolutions single exit and full exploration are close; at finer ones full "
-    "exploration gains much more.",
-    "fig4_decs": "DECS improves throughput over vanilla decoding in greedy decoding and at temperature 1.0.",
-    "fig6": "A standard model's stable EADs sit near the final layer; early-exit training (here: inducing "
-    "adapters) moves many tokens earlier.",
-    "table1": "Expansion dominates DEX's profiled time (89%); communication is the main other cost (8%); collapse "
-    "and decode/commit are small (2% and 1%).",
-    "appendix_b": "A calibrated walltime model, S_wall = T(L + δ_AR) / Σ_t(⌈EAD(t)⌉_X + δ_X(t)), explains the realised "
-    "speedup: DEX's overheads δ_X keep it below the idealised depth-side one.",
-}
 
 
 @dataclass
@@ -96,7 +81,7 @@ class PaperConfig:
             tune_prompts=self.tune_prompts,
             max_new_tokens=self.max_new_tokens,
             explorers=self.explorers,
-            methods=METHODS,
+            methods=METHODS if self.quick else (*METHODS, "ar-tp"),  # ar-tp: tests/test_tensor_parallel.py
             draft="none",
             profile=not self.quick,
             quick=self.quick,
@@ -128,6 +113,7 @@ def run_paper(cfg: PaperConfig, log=stderr) -> dict:
         "fig4": {name: _fig4(report, name, lenses[name], bench_cfg.explorers) for name in sets},
         "decs": _decs(bench, cfg, sets, report["answers"]),
         "fig6": {name: {k: _histogram(v, bench.L) for k, v in lenses[name].items()} for name in sets},
+        "fig5": {name: _fig5(report, name) for name in sets},
         "appendix_b": _appendix_b(bench, cfg, report, log),
         "table1": None if cfg.quick else _table1(bench, cfg, sets),
         "bench": report,
@@ -216,6 +202,13 @@ def _fig3(report: dict, name: str) -> dict:
     }
 
 
+def _fig5(report: dict, name: str) -> list[dict]:
+    """Per set: AR, tensor-parallel AR (when run) and the DEX rows, measured tokens/s and certified tokens."""
+    keep = ("method", "explorers", "devices", "tokens", "certified", "tokens_per_second", "speedup_vs_ar")
+    rows = _rows(report, name)
+    return [{k: r.get(k) for k in keep} for r in rows if r["method"] in ("ar-hf", "ar-tp", "dex")]
+
+
 def _fig4(report: dict, name: str, lenses: dict, explorers) -> dict:
     """Per K of the run: measured, predicted and replayed speedups; the single-exit replay."""
     dex = {r["explorers"]: r for r in _rows(report, name) if r["method"] == "dex"}
@@ -301,79 +294,3 @@ def write_paper(data: dict, out: str | Path, log=stderr) -> tuple[Path, Path]:
         raise DexError(f"drawing {html_path} failed: {done.stderr.strip()[-500:]}")
     log(f"wrote {json_path} and {html_path}")
     return json_path, html_path
-
-
-def findings(data: dict) -> dict:
-    """One sentence per figure on what this run shows (the report puts it beside the paper's claim)."""
-    sets = list(data["fig3"])
-    holds = {
-        k: sum(bool(data["fig3"][s]["ordering_holds"][k]) for s in sets)
-        for k in ("layer_forwards_per_token", "cost_per_token")
-    }
-    by_k: dict[int, list] = {}
-    for r in (r for s in sets for r in data["fig4"][s]["rows"]):
-        by_k.setdefault(r["explorers"], []).append(r)
-    ks = sorted(by_k)
-    plain, adapted = (_median([data["fig6"][s].get(k) for s in sets]) for k in ("plain lens", "adapters"))
-    return {
-        "fig3": f"DEX's best K needs fewer layer forwards per token than every selector on "
-        f"{holds['layer_forwards_per_token']} of {len(sets)} sets, and less memory-bound cost per token "
-        f"(heads and adapters included) on {holds['cost_per_token']} of {len(sets)}.",
-        "fig4_resolution": "The measured depth-side speedup, mean over sets: "
-        + ", ".join(f"{_mean(by_k[k], 'depth_speedup'):.2f}× at K={k}" for k in ks)
-        + ".",
-        "fig4_single_exit": f"Replayed at K={ks[-1]}, mean over sets: full exploration "
-        f"{_mean(by_k[ks[-1]], 'replayed_depth_speedup'):.2f}×, single exit "
-        f"{_mean(by_k[ks[-1]], 'single_exit_replayed_depth_speedup'):.2f}×.",
-        "fig4_decs": _decs_finding(data["decs"]),
-        "table1": _table1_finding(data["table1"]),
-        "appendix_b": _appendix_b_finding(data["appendix_b"]),
-        "fig6": f"Median stable EAD over all sets: layer {plain} of {data['num_layers']} with the plain lens"
-        + (f", {adapted} with the adapters." if adapted is not None else " (no adapters)."),
-    }
-
-
-def _mean(rows: list[dict], key: str) -> float:
-    return sum(r[key] for r in rows) / len(rows)
-
-
-def _table1_finding(table: dict | None) -> str:
-    if not table:
-        return "Not run (--quick runs no explorer processes; tests/test_paper.py checks Table 1 on its own)."
-    parts = ", ".join(f"{r['part']} {r['share']:.0%}" for r in table["rows"])
-    return f"K={table['explorers']}, {table['rounds']} rounds on this machine: {parts} of the profiled time."
-
-
-def _appendix_b_finding(appendix: dict) -> str:
-    errors = [abs(r["error"]) for panel in appendix.values() for r in panel["rows"]]
-    if not errors:
-        return "No DEX rows to predict."
-    return (
-        f"Fitted on the tune split, the model predicts the eval split's measured speedup of {len(errors)} DEX rows "
-        f"(one device, the sequential schedule) within {max(errors):.0%} "
-        f"(mean |error| {sum(errors) / len(errors):.0%})."
-    )
-
-
-def _decs_finding(rows: list[dict]) -> str:
-    if not rows:
-        return "No DECS runs."
-    decs = {
-        (r["mode"], r["decs"]): r["depth_speedup"] for r in rows if r["explorers"] == rows[0]["explorers"]
-    }
-    parts = [f"{m}: {decs[(m, True)]:.2f}× with DECS, {decs[(m, False)]:.2f}× without" for m in MODES]
-    return f"Depth-side speedup at K={rows[0]['explorers']}, " + "; ".join(parts) + "."
-
-
-def _median(histograms: list) -> int | None:
-    """The median layer of summed histograms (counts of layers 1..L), or None without any."""
-    histograms = [h for h in histograms if h]
-    if not histograms:
-        return None
-    total = [sum(c) for c in zip(*histograms)]
-    seen, half = 0, sum(total) / 2
-    for layer, count in enumerate(total, start=1):
-        seen += count
-        if seen >= half:
-            return layer
-    return len(total)
