@@ -93,7 +93,7 @@ def _tune_selectors(bench, tune: list) -> dict:
     if "adadecode" in cfg.methods:
         bench.log(f"tuning adadecode on {len(tune)} tune-split prompts (exits {list(exits)})")
         t = tuning["adadecode"] = tune_confidence(
-            bench.model, tune, cfg.max_new_tokens, exits, bench.adapters
+            bench.model, tune, cfg.max_new_tokens, exits, bench.adapters, bench.log
         )
         bench.log(
             f"adadecode: threshold {t['threshold']}, draft {t['draft']} ({t['tune_cost_per_token']:.2f} LE/token)"

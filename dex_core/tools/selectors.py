@@ -43,6 +43,7 @@ from ..runtime.results import GenerationStats
 
 THRESHOLDS = (0.2, 0.4, 0.6, 0.8)  # AdaDecode's grid in the paper (App. D)
 CONFIDENCE_DRAFTS = (2, 4, 6, 8)
+TUNE_TOKENS = 32  # new tokens per tune prompt in AdaDecode's grid (16 real runs each)
 
 
 def uniform_exits(num_layers: int, count: int = 5) -> tuple[int, ...]:
@@ -295,11 +296,16 @@ def _result(
     }
 
 
-def tune_confidence(model, prompts, max_new_tokens: int, exits, adapters: dict) -> dict:
+def tune_confidence(model, prompts, max_new_tokens: int, exits, adapters: dict, log=None) -> dict:
     """AdaDecode's threshold and draft length, as the paper tunes them: the grid ``THRESHOLDS`` x
-    ``CONFIDENCE_DRAFTS`` run on the tune prompts, the lowest memory-bound cost per token (heads included)."""
-    cost, grid = ModelCost.of(model, adapters), []
-    for threshold, draft in itertools.product(THRESHOLDS, CONFIDENCE_DRAFTS):
+    ``CONFIDENCE_DRAFTS`` run on the tune prompts (at most ``TUNE_TOKENS`` new tokens each), the lowest
+    memory-bound cost per token (heads included); ``log`` gets a line per grid point."""
+    cost, grid, max_new_tokens = ModelCost.of(model, adapters), [], min(max_new_tokens, TUNE_TOKENS)
+    for i, (threshold, draft) in enumerate(itertools.product(THRESHOLDS, CONFIDENCE_DRAFTS)):
+        if log:
+            log(
+                f"  adadecode grid point {i + 1}/{len(THRESHOLDS) * len(CONFIDENCE_DRAFTS)}: {threshold}, {draft}"
+            )
         outs = [
             select_generate(model, p, max_new_tokens, Confidence(threshold, draft), exits, adapters)
             for p in prompts
