@@ -246,8 +246,11 @@ def test_dex_bench_rejects_bad_input():
         timeout=120,
     )
     assert proc.returncode == 2 and "unknown prompt set" in proc.stderr
-    with pytest.raises(DexError, match="prompt_lookup_num_tokens must be positive"):
-        BenchConfig(prompt_lookup_num_tokens=0)
+    for bad in ({"prompt_lookup_num_tokens": 0}, {"exits": 0}):
+        with pytest.raises(DexError, match="prompt_lookup_num_tokens and exits must be positive"):
+            BenchConfig(**bad)
+    with pytest.raises(DexError, match="split must be 'eval' or 'tune'"):
+        BenchConfig(split="test")
 
 
 def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
