@@ -45,6 +45,8 @@ def test_every_row_is_exact_and_every_figure_is_computed_from_the_run(paper):
             assert row["replayed_depth_speedup"] == pytest.approx(row["depth_speedup"])
             if row["explorers"] == 2:  # two stages: the single-exit variant is the same set
                 assert row["single_exit_replayed_depth_speedup"] == row["replayed_depth_speedup"]
+            assert len(row["uniform_depths"]) == row["explorers"] and row["uniform_depths"][-1] == 6
+            assert 1.0 <= row["uniform_replayed_depth_speedup"] <= row["explorers"]
         assert {len(h) for h in data["fig6"][name].values()} == {6}
         assert [sum(h) for h in data["fig6"][name].values()] == [tokens, tokens]  # plain lens, adapters
     modes = {(r["mode"], r["decs"]) for r in data["decs"]}

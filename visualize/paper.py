@@ -74,7 +74,7 @@ def fig4_figure(data: dict) -> go.Figure:
         cols=3,
         horizontal_spacing=0.08,
         subplot_titles=(
-            "left: depth-side speedup by K (measured solid, predicted dotted)",
+            "left: depth-side speedup by K (measured solid, predicted dotted, uniform replayed dash-dot)",
             "right-top: full exploration against single exit (replayed)",
             "right-bottom: DECS on and off",
         ),
@@ -85,6 +85,7 @@ def fig4_figure(data: dict) -> go.Figure:
         for col, key, dash, label in (
             (1, "depth_speedup", "solid", "measured"),
             (1, "predicted_depth_speedup", "dot", "predicted"),
+            (1, "uniform_replayed_depth_speedup", "dashdot", "uniform, plain lens (replayed)"),
             (2, "replayed_depth_speedup", "solid", "full exploration"),
             (2, "single_exit_replayed_depth_speedup", "dash", "single exit"),
         ):

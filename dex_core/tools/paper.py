@@ -7,17 +7,20 @@ the tiny float64 model and bench's quick matrix), every row checked against HF g
 - **Fig. 3**, exploration against selection: per set, DEX at each K (the shipped adapters and DECS, no draft
   chains), self-speculation (exit and draft tuned), AdaDecode- and DEL-style selection (``tools.selectors``) and
   the EAD oracle, in critical-path layer forwards per token and memory-bound cost per token (all the work);
-- **Fig. 4 left**, resolution: the measured depth-side speedup and rounds per token of each K, beside the EAD
-  rule's prediction, and the projected K-device tokens/s;
+- **Fig. 4 left**, resolution: the measured depth-side speedup and rounds per token of each K (the adapter-aware
+  set), beside the EAD rule's prediction, the projected K-device tokens/s, and the uniform split through the
+  plain lens *replayed* with the EAD rule;
 - **Fig. 4 right-top**, single exit: the same K stages with only the first and the final depth proposing,
   *replayed* with the EAD rule on this run's answers (full heads; the rule equals a greedy run, tests/test_ead.py)
   beside full exploration replayed the same way;
 - **Fig. 4 right-bottom**, DECS: rounds per token with DECS on and off, greedy and at temperature 1.0 (sampled
   runs compared token by token with ``ar_generate`` under the same seed);
-- **Fig. 6**: stable-EAD histograms per set, the plain lens against the adapters.
+- **Fig. 6**: stable-EAD histograms per set, the plain lens against the adapters;
+- **Fig. 5**: AR, tensor-parallel AR (``ar-tp``) and DEX tokens/s; **Table 1**: per-round shares of distributed
+  K = 2 runs; **Appendix B**: the walltime model fitted on the tune split, its prediction of each DEX row.
 
 The HTML is drawn by ``visualize.paper`` in its own process: dex_core computes, visualize draws (dex_core never
-imports it). Not in the report yet: Table 1's per-round shares and Appendix B's walltime model.
+imports it).
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from pathlib import Path
 
 import torch
 
-from ..config import DEVICE_HELP, DecoderOptions, DexConfig, DexError, option, parse_ints, parse_list
+from ..config import (
+    DEVICE_HELP,
+    DecoderOptions,
+    DexConfig,
+    DexError,
+    option,
+    parse_ints,
+    parse_list,
+    resolve_depths,
+)
 from ..data.sets import PROMPT_SETS
 from ..decoder import DexDecoder
 from ..log import stderr
@@ -210,9 +222,11 @@ def _fig5(report: dict, name: str) -> list[dict]:
 
 
 def _fig4(report: dict, name: str, lenses: dict, explorers) -> dict:
-    """Per K of the run: measured, predicted and replayed speedups; the single-exit replay."""
+    """Per K of the run: measured, predicted and replayed speedups of the run's (adapter-aware) set; the
+    single-exit replay; the uniform split through the plain lens, replayed."""
     dex = {r["explorers"]: r for r in _rows(report, name) if r["method"] == "dex"}
     cands, tokens, lengths = lenses["adapters" if "adapters" in lenses else "plain lens"]
+    plain = lenses["plain lens"][0]
     rows = []
     for K in explorers:
         r = dex[K]
@@ -220,6 +234,8 @@ def _fig4(report: dict, name: str, lenses: dict, explorers) -> dict:
         masked = cands.clone()
         masked[:, [d - 1 for d in r["depths"][1:-1]], :] = -1  # intermediate depths propose nothing
         single = set_cost(masked, tokens, r["depths"], r["decs"], lengths)
+        uniform = resolve_depths(plain.shape[1], explorers=K)
+        even = set_cost(plain, tokens, uniform, r["decs"], lengths)
         rows.append(
             {
                 "explorers": K,
@@ -230,6 +246,8 @@ def _fig4(report: dict, name: str, lenses: dict, explorers) -> dict:
                 "projected_tokens_per_second": r.get("projected_tokens_per_second"),
                 "replayed_depth_speedup": full["depth_speedup"],
                 "single_exit_replayed_depth_speedup": single["depth_speedup"],
+                "uniform_depths": list(uniform),
+                "uniform_replayed_depth_speedup": even["depth_speedup"],
             }
         )
     return {"rows": rows, "oracle_speedup": report["oracle"][name]["speedup"]}

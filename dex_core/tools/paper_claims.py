@@ -42,6 +42,8 @@ def findings(data: dict) -> dict:
         f"(heads and adapters included) on {holds['cost_per_token']} of {len(sets)}.",
         "fig4_resolution": "The measured depth-side speedup, mean over sets: "
         + ", ".join(f"{_mean(by_k[k], 'depth_speedup'):.2f}× at K={k}" for k in ks)
+        + "; the uniform split through the plain lens, replayed: "
+        + ", ".join(f"{_mean(by_k[k], 'uniform_replayed_depth_speedup'):.2f}×" for k in ks)
         + ".",
         "fig4_single_exit": f"Replayed at K={ks[-1]}, mean over sets: full exploration "
         f"{_mean(by_k[ks[-1]], 'replayed_depth_speedup'):.2f}×, single exit "
