@@ -114,15 +114,17 @@ def self_spec_generate(
         sampler.forget_before(position + keep + 1)
         last, steps = verified[keep], steps + 1
         accepted += len(tokens) - before - 1  # drafts kept (past max_new_tokens or EOS they do not count)
-    return _self_spec_result(tokens, eos, (steps, accepted, draft, exit_layer, L), clock.since(start))
+    forwards = steps * (draft * exit_layer + L)
+    return speculation_result(tokens, eos, [exit_layer, L], (steps, accepted, forwards), clock.since(start))
 
 
-def _self_spec_result(tokens: list[int], eos, counts: tuple, seconds: float) -> dict:
-    """What ``self_spec_generate`` returns; ``counts``: (steps, drafts accepted, n, E, L)."""
-    steps, accepted, draft, exit_layer, L = counts
+def speculation_result(tokens: list[int], eos, depths: list[int], counts: tuple, seconds: float) -> dict:
+    """What a draft-and-verify loop returns (self-speculation here, ``tools.selectors``' too); ``depths``: the
+    exits and the final layer; ``counts``: (steps, drafts accepted, critical-path layer forwards)."""
+    steps, accepted, forwards = counts
     stats = GenerationStats(
-        2,
-        [exit_layer, L],
+        len(depths),
+        list(depths),
         tokens=len(tokens),
         rounds=steps,
         rounds_per_token=steps / max(1, len(tokens)),
@@ -134,7 +136,7 @@ def _self_spec_result(tokens: list[int], eos, counts: tuple, seconds: float) -> 
         "tokens": tokens,
         "steps": steps,
         "accepted": accepted,
-        "layer_forwards": steps * (draft * exit_layer + L),
+        "layer_forwards": forwards,
         "seconds": seconds,
         "stats": stats,
     }

@@ -39,7 +39,7 @@ from ..model.explorer import Explorer
 from ..model.view import model_view
 from ..runtime.clock import Clock
 from ..runtime.request import make_request
-from ..runtime.results import GenerationStats
+from .baselines import speculation_result
 
 THRESHOLDS = (0.2, 0.4, 0.6, 0.8)  # AdaDecode's grid in the paper (App. D)
 CONFIDENCE_DRAFTS = (2, 4, 6, 8)
@@ -268,32 +268,10 @@ def select_generate(
         sampler.forget_before(position + keep + 1)
         last, steps = verified[keep], steps + 1
         accepted += len(tokens) - before - 1
-    return _result(tokens, eos, [*exits, L], (steps, accepted), counts, clock.since(start))
-
-
-def _result(
-    tokens: list[int], eos, depths: list[int], steps: tuple[int, int], counts: Counts, seconds: float
-):
-    """What ``select_generate`` returns; ``steps``: (steps, drafts accepted)."""
-    stats = GenerationStats(
-        len(depths),
-        depths,
-        tokens=len(tokens),
-        rounds=steps[0],
-        rounds_per_token=steps[0] / max(1, len(tokens)),
-        wall_seconds=seconds,
-        tokens_per_second=len(tokens) / seconds if seconds else 0.0,
-        stop="eos" if tokens and tokens[-1] in eos else "length",
+    result = speculation_result(
+        tokens, eos, [*exits, L], (steps, accepted, counts.layer_forwards()), clock.since(start)
     )
-    return {
-        "tokens": tokens,
-        "steps": steps[0],
-        "accepted": steps[1],
-        "layer_forwards": counts.layer_forwards(),
-        "counts": counts,
-        "seconds": seconds,
-        "stats": stats,
-    }
+    return {**result, "counts": counts}
 
 
 def tune_confidence(model, prompts, max_new_tokens: int, exits, adapters: dict, log=None) -> dict:
