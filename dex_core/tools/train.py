@@ -129,21 +129,24 @@ def _pack(sequences, seq_len: int):
             buffer = buffer[seq_len:]
 
 
-def _shuffled_rows(seed: int):
-    rows = sharegpt_split("train")
+def _shuffled_rows(seed: int, split: str = "train"):
+    rows = sharegpt_split(split)
     rng = random.Random(seed)
     while True:
         rng.shuffle(rows)
         yield from rows
 
 
-def token_windows(tokenizer, seq_len: int, seed: int, model=None, data: str = "sharegpt"):
-    """Endless (seq_len,) windows of the chat-formatted training split, packed back to back.
+def token_windows(
+    tokenizer, seq_len: int, seed: int, model=None, data: str = "sharegpt", split: str = "train"
+):
+    """Endless (seq_len,) windows of the chat-formatted training split (``split='heldout'``: the 2% never
+    trained on, for evaluation), packed back to back.
 
     ``data="onpolicy"`` replaces each human answer by the model's own greedy answer (float32, batched
     generate with left padding, up to ``seq_len`` new tokens) to the prompt's first 600 characters.
     """
-    rows = _shuffled_rows(seed)
+    rows = _shuffled_rows(seed, split)
     if data == "sharegpt":
         return _pack(
             (
