@@ -28,6 +28,8 @@ if __name__ == "__main__" and sys.platform.startswith("linux") and "PYTHONMALLOC
 import argparse
 import functools
 from dataclasses import asdict
+from pathlib import Path
+from urllib.parse import quote
 
 import gradio as gr
 
@@ -53,6 +55,8 @@ EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy
 
 
 UPLOAD_LIMIT = TRACE_LIMITS.max_file_bytes  # bytes; Gradio refuses larger uploads before they reach a handler
+# dex paper's report for the default model (docs/results/), served as a static file and linked from Analysis
+PAPER_REPORT = Path(__file__).resolve().parents[1] / "docs" / "results" / "paper-default" / "paper.html"
 PLAY_PERIOD = 0.6  # seconds between two rounds while the Debugger plays
 RACE_HINT = (
     "Press Race to run this prompt through plain autoregressive decoding and through DEX side by side: "
@@ -261,6 +265,14 @@ def _analysis_tab(runtime: Runtime) -> None:
         ead_plot = gr.Plot(label="Earliest available depth", elem_id="an-ead")
         speed_plot = gr.Plot(label="Predicted depth-side speedup vs K", elem_id="an-speedup")
     table = gr.HTML(_hint("an-empty", ANALYSIS_HINT), elem_id="an-table")
+    if PAPER_REPORT.is_file():
+        gr.set_static_paths([PAPER_REPORT.parent])
+        gr.HTML(
+            f"<a id='an-paper' href='gradio_api/file={quote(str(PAPER_REPORT))}' target='_blank' "
+            "rel='noopener'>Paper "
+            "figures</a>: <code>dex paper</code>'s report on the default model (the paper's Fig. 3–6, Table 1 "
+            "and Appendix B, measured on a 2-core CPU; opens in a new tab)"
+        )
     depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
     _run_on(
         go,

@@ -6,6 +6,7 @@ heartbeat Gradio watches as it watches a browser tab's."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,6 +207,23 @@ def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app):
     stored = httpx.post(f"{url}gradio_api/upload", files={"files": ("up.json", b"{}")}).json()[0]
     assert httpx.get(f"{url}gradio_api/file={stored}").status_code == 403  # uploads are not served back
     assert httpx.get(f"{url}gradio_api/deep_link", params={"session_hash": "x"}).status_code == 404
+
+
+def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(app):
+    from app.main import PAPER_REPORT
+
+    _, url, _ = app
+    config = httpx.get(f"{url}config").json()
+    links = [
+        c["props"]["value"]
+        for c in config["components"]
+        if "id='an-paper'" in str(c.get("props", {}).get("value"))
+    ]
+    href = re.search(r"href='([^']+)'", links[0]).group(1)
+    page = httpx.get(url + href)
+    assert page.status_code == 200 and "Fig. 3" in page.text and "Appendix B" in page.text
+    beside = PAPER_REPORT.parents[2] / "BENCHMARKS.md"  # docs/, outside the report's folder
+    assert beside.is_file() and httpx.get(f"{url}gradio_api/file={beside}").status_code in (403, 404)
 
 
 def test_anonymous_uploads_are_bounded_in_total_and_expire(app):

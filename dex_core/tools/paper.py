@@ -266,8 +266,13 @@ def _decs(bench: Bench, cfg: PaperConfig, sets: dict, answers: dict) -> list[dic
         depths = choose_depths(bench.model, DecoderOptions(explorers=K, adapters=adapters))[0]
         covered = {d: a for d, a in bench.adapters.items() if d in depths[:-1]}
         for decs in (True, False):
-            decoder = DexDecoder(
-                bench.model, depths=depths, decs=decs, adapters=covered, tokenizer=bench.tokenizer
+            decoder = DexDecoder(  # as the bench's DEX rows: no draft chains (the paper has none)
+                bench.model,
+                depths=depths,
+                decs=decs,
+                adapters=covered,
+                draft="none",
+                tokenizer=bench.tokenizer,
             )
             for mode, extra in zip(MODES, ({}, {"temperature": 1.0})):
                 out.append(_decs_row(decoder, sets, answers if not extra else refs, n, extra, cfg.seed))
