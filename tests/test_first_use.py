@@ -1,6 +1,7 @@
 """First use of the default model (a tiny model stands in for the GGUF conversion, offline) and the hub
 check before a download (huggingface_hub's call monkeypatched: no test reaches the network)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -415,15 +416,8 @@ def test_a_named_models_file_is_found_without_importing_its_package(cache, monke
 
     monkeypatch.setattr(importlib.util, "find_spec", spec)
     monkeypatch.setattr(nm, "pip_download", pip)
-    plain = nm.NamedModel(
-        name="plain",
-        title="plain stand-in",
-        packages=("standin-plain==1.0",),
-        gguf="plain.gguf",
-        assembled=False,
-        download_mb=1,
-        licence="test",
-        chat_template=False,
+    plain = dataclasses.replace(
+        STANDIN, name="plain", packages=("standin-plain==1.0",), gguf="plain.gguf", assembled=False
     )
     monkeypatch.setitem(nm.NAMED, "plain", plain)
     converted = []
