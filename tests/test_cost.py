@@ -72,6 +72,16 @@ def test_one_stage_dex_is_ar_and_k_stages_partition_the_layers():
     assert plain.dex_steady(uniform, 3.0) == 30 and plain.dex(uniform, [[1, 1, 1]] * 10, 10, "memory") == 10
 
 
+def test_the_steady_state_bound_reads_the_final_head_once_per_token():
+    heavy = ModelCost(18, 30.0, 0.5, proposal=1.0)  # a Gemma-like head: heavier than all the layers
+    depths = (9, 12, 14, 18)  # stages 9 + 1 + 0.5, 3 + 1 + 0.5, 2 + 1 + 0.5 and 4 + 30
+    # the final explorer's 34 LE once per token, the first explorer's 10.5 in the other 1.5 rounds
+    assert heavy.dex_steady(depths, 2.5, depths[:-1]) == pytest.approx(34 + 1.5 * 10.5)
+    assert heavy.dex_steady((18,), 1.0) == heavy.ar()  # one stage: AR
+    chained = heavy.dex_steady(depths, 0.5, depths[:-1])  # draft chains: under one round per token
+    assert chained == pytest.approx(0.5 * 34)
+
+
 def test_views_differ_only_when_batches_hold_several_rows():
     cost = ModelCost(30, 8.0, 0.5)
     depths, adapters = (8, 15, 23, 30), (8, 15, 23)
@@ -116,12 +126,26 @@ def test_self_speculation_without_drafts_is_ar_and_every_draft_costs_more(view):
     assert forwards == steps * cost.layers_only().self_spec_step(8, 3, "memory")
 
 
-def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(llama):
-    result = DexDecoder(llama, explorers=3).generate([3, 1, 4, 1, 5], 24)
-    cost = ModelCost.of(llama)
-    exact = cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "memory")
-    assert 0 < exact <= cost.dex_steady((2, 4, 6), result.stats.rounds_per_token) + 1e-9
-    assert cost.dex((2, 4, 6), result.stats.batch_sizes, 24, "rows") >= exact
+@pytest.mark.parametrize(
+    ("options", "sampling"),
+    [
+        ({"explorers": 3, "draft": "none", "prune": None}, {}),
+        ({"explorers": 4, "draft": "none", "prune": 1}, {"temperature": 1.0, "seed": 3}),
+        ({"explorers": 3, "draft": "auto", "prune": None}, {}),
+    ],
+)
+def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(llama, options, sampling):
+    prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]  # repeats, so draft chains find n-grams
+    result = DexDecoder(llama, **options).generate(prompt, 24, **sampling)
+    depths, batches, tokens = result.stats.depths, result.stats.batch_sizes, len(result.tokens)
+    final_rounds = sum(1 for b in batches if b[-1])
+    # what the bound rests on: the final explorer holds rows in one round per token, fewer with draft chains
+    assert final_rounds == tokens if options["draft"] == "none" else 0 < final_rounds < tokens
+    assert len(batches) > tokens  # and the others work in more rounds than that
+    cost = ModelCost(6, 9.0, 0.0, proposal=0.5)  # a head heavier than the layers, as on Gemma
+    exact = cost.dex(depths, batches, tokens, "memory")
+    assert 0 < exact <= cost.dex_steady(depths, result.stats.rounds_per_token) + 1e-9
+    assert cost.dex(depths, batches, tokens, "rows") >= exact
 
 
 def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(tmp_path, monkeypatch):

@@ -115,10 +115,16 @@ class ModelCost:
         return total / max(1, tokens)
 
     def dex_steady(self, depths, rounds_per_token: float, adapter_depths=()) -> float:
-        """Memory-bound DEX cost per token when every explorer works in every round (an upper bound of
-        ``dex``: the rounds after a fallback leave deeper explorers idle)."""
-        slowest = max(self.stage(depths, k, 1, "memory", adapter_depths) for k in range(len(depths)))
-        return rounds_per_token * slowest
+        """Memory-bound DEX cost per token at ``rounds_per_token``, an upper bound of ``dex``: every non-final
+        explorer works in every round, the final explorer in at most one round per token. The final explorer
+        only ever holds the commit position's row: a branch trails the row whose candidate started it by a
+        stage, so it is collapsed before it can reach the final stage (``tests/test_cost.py`` checks this on
+        runs). With a heavy LM head this is what keeps the count honest: the full head is read once per token,
+        as in AR, not once per round."""
+        stages = [self.stage(depths, k, 1, "memory", adapter_depths) for k in range(len(depths))]
+        others = max(stages[:-1], default=0.0)
+        final_rounds = min(1.0, rounds_per_token)
+        return final_rounds * max(stages[-1], others) + (rounds_per_token - final_rounds) * others
 
     def self_spec_step(self, exit_layer: int, draft: int, view: str, with_adapter: bool = False) -> float:
         """One draft-verify step of self-speculation with exit E and n drafts (see the module docstring)."""

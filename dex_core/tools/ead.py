@@ -15,10 +15,12 @@ run records it (tests/test_ead.py). The first token takes K rounds, token t + 1 
 t matched at) more: R(X), rounds per token, over T tokens; the depth-side speedup is K / R(X).
 
 On a pipeline a round lasts as long as the longest stage: R(X) * max_k (d_k - d_{k-1}) layer-times per
-token, against L for AR. Counting all the work (``dex_core.model.cost``, memory-bound, every explorer busy)
-it is R(X) * max_k c_k(1): stage k's layers, proposal head (light at non-final stages with a shortlist,
-whose misses the rankings then include) and adapter. ``best_depths`` finds the set of K stages that
-minimises it (exhaustively when there are few sets, else by local search from the uniform split).
+token, against L for AR. Counting all the work (``dex_core.model.cost``, memory-bound; ``ModelCost.dex_steady``)
+with c_k(1) stage k's layers, proposal head (light at non-final stages with a shortlist, whose misses the
+rankings then include) and adapter: max(c_final, M) + (R(X) - 1) M per token, M = max_{k<K-1} c_k(1), as
+every non-final explorer may work in every round but the final one holds the commit position's row only,
+once per token. ``best_depths`` finds the set of K stages that minimises it (exhaustively when there are
+few sets, else by local search from the uniform split).
 """
 
 from __future__ import annotations
