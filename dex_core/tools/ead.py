@@ -335,6 +335,7 @@ def run_ead(cfg: EadConfig, log=stderr) -> dict:
         run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
         pooled = ([], [], [])
         for name, pairs in answers.items():
+            log(f"adapters {adapter_name}: every depth's candidates on the {len(pairs)} {name} answers")
             cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
             toks = [t for _, out in pairs for t in out]
             lengths = [len(out) for _, out in pairs]
