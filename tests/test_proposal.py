@@ -115,7 +115,12 @@ def test_the_cost_model_and_ead_count_the_light_heads():
     ids = token_ranking(tok(), 96)[:8]
     cands = layer_candidates(model, PROMPT, out, shortlist=ids)
     assert set(cands[:, :-1].flatten().tolist()) <= set(ids.tolist())
-    assert torch.equal(cands[:, -1], layer_candidates(model, PROMPT, out)[:, -1])
+    every = layer_candidates(model, PROMPT, out, top=96)  # every token, best first, through the full head
+    assert torch.equal(cands[:, -1], every[:, -1, :8])
+    # the light head (its 8 rows) ranks the shortlist as the full head does
+    kept = set(ids.tolist())
+    shortlisted = [[[t for t in row if t in kept] for row in pos] for pos in every[:, :-1].tolist()]
+    assert cands[:, :-1].tolist() == shortlisted
 
 
 def bpe_tokenizer():

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import torch
 
+from .proposal import ProposalHead
 from .view import model_view
 
 TOP = 8  # ranked candidates kept per layer: DECS at stage k needs at most k + 1 of them (K <= 8)
 
 
 @torch.no_grad()
-def _layer_logits(model, prompt: list[int], tokens: list[int], adapters=None):
-    """Yield (layer, logits (T, vocab)) for layers 1..L at the generated positions."""
+def _layer_logits(model, prompt: list[int], tokens: list[int], adapters=None, shortlist=None):
+    """Yield (layer, logits (T, vocab)) for layers 1..L at the generated positions; with ``shortlist`` the layers
+    below L score only its ids (T, N), through the light proposal head DEX runs (N rows read, not V)."""
     view = model_view(model)
     adapters = adapters or {}
+    light = None if shortlist is None else ProposalHead(view, shortlist)
     ids = torch.tensor([prompt + tokens[:-1]], device=view.device)
     hidden = model(ids, output_hidden_states=True).hidden_states  # L + 1 of (1, n, h); last is normed
     first = len(prompt) - 1
@@ -32,7 +35,8 @@ def _layer_logits(model, prompt: list[int], tokens: list[int], adapters=None):
         if layer == view.num_layers:
             yield layer, view.finish(model.lm_head(h))
         else:
-            yield layer, view.head(adapters[layer](h) if layer in adapters else h)
+            h = adapters[layer](h) if layer in adapters else h
+            yield layer, view.head(h) if light is None else light(h)
 
 
 def layer_candidates(
@@ -47,12 +51,9 @@ def layer_candidates(
     With ``shortlist`` (token ids of a light proposal head) layers below the last rank only those."""
     out = []
     L = model_view(model).num_layers
-    for layer, logits in _layer_logits(model, prompt, tokens, adapters):
-        if shortlist is not None and layer < L:
-            ids = shortlist.to(logits.device)
-            out.append(ids[logits[:, ids].topk(top, dim=-1).indices].cpu())
-        else:
-            out.append(logits.topk(top, dim=-1).indices.cpu())
+    for layer, logits in _layer_logits(model, prompt, tokens, adapters, shortlist):
+        indices = logits.topk(top, dim=-1).indices.cpu()
+        out.append(shortlist.cpu()[indices] if shortlist is not None and layer < L else indices)
     return torch.stack(out, dim=1)
 
 
