@@ -7,9 +7,14 @@ import gradio as gr
 
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 
-from . import callbacks as cb
-from .runtime import Runtime
-from .settings import HUSH, control
+from .handlers import HUSH
+from .inputs import control
+from .server_state import Runtime
+
+
+def sampling_editable(sample):
+    """Temperature, top-k, top-p and the seed count only when sampling: not editable in greedy mode."""
+    return (gr.update(interactive=sample is True),) * 4
 
 
 def sampling_controls():
@@ -33,7 +38,7 @@ def sampling_controls():
         seed = gr.Number(
             value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed"
         )
-    sample.change(cb.sampling_controls, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
+    sample.change(sampling_editable, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
     return sample, temperature, top_k, top_p, seed
 
 

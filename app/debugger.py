@@ -20,7 +20,7 @@ import visualize as viz
 from dex_core import DexError, load_trace, save_trace
 from visualize.markup import esc
 
-from .runtime import Runtime
+from .server_state import Runtime
 from .sessions import COMPACT_FACTOR, REPLAYS, compact
 
 TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"

@@ -1,53 +1,19 @@
-"""How long a run takes: first from this machine's one-row profile (``Forecast``, with a range), then from the
-run's own measured rounds as it goes (``Pace``). One figure of time left for the page; the host's bound on a
-request's model time said once, plainly; a notice as soon as the measured pace passes the slow threshold.
-
-On CPU the sequential schedule runs the K explorers one after another each round; a pruned lattice computes
-about one row an explorer a round. So a round costs every decoder layer at one row, a light proposal head at
-each non-final stage and the full LM head at the last; a token costs ``rounds_per_token`` rounds after the K
-that fill the pipeline: this server's last runs at that K, or (K + 1) / 2 (a token matched, on average,
-half-way down) before any ran. The range: every token at the first stage (1 round; draft chains can beat
-it) to every token at the last (K rounds, AR through K stages)."""
+"""How long a Live run takes, as its status line says: the first estimate from what this server's last runs at
+the same K took (``Learned``; before any ran, the library's ``dex_core.analysis.forecast`` from this machine's
+one-row profile), then from the run's own measured rounds as it goes (``Pace``). One figure of time left for the
+page; the host's bound on a request's model time said once, plainly; a notice as soon as the measured pace passes
+the slow threshold."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
+from dex_core.analysis.forecast import Forecast, forecast
 
 SLOW_SECONDS = 60  # a run expected to take longer gets a warning before it, or a notice during it
 PRIOR_WEIGHT = 8  # tokens' worth of belief in the prior rounds/token while the run's own count is small
 PRIOR_ROUNDS = 4  # rounds' worth of belief in the forecast's seconds a round
 LEARNED_RUNS = 4  # finished runs whose rounds a token the next first estimate averages
-
-
-@dataclass(frozen=True)
-class Forecast:
-    seconds: float  # the whole run, expected
-    low: float
-    high: float
-    round_seconds: float
-    rounds_per_token: float
-    basis: str  # what it was made from: this machine's profile, or this server's last run at this K
-
-    def text(self) -> str:
-        return f"about {self.seconds:.0f} s (between {self.low:.0f} and {self.high:.0f} s; from {self.basis})"
-
-
-def round_seconds(one_row: dict, layers: int, K: int) -> float:
-    """One sequential round at one row per explorer: ``one_row`` holds the seconds of a decoder layer, the full
-    head and a light head at one row (``dex_core.tools.profile.one_row_seconds``)."""
-    return layers * one_row["layer"] + (K - 1) * one_row["proposal"] + one_row["head"]
-
-
-def forecast(
-    seconds_per_round: float, K: int, max_new_tokens: int, rounds_per_token: float | None, basis: str
-) -> Forecast:
-    rpt = rounds_per_token or (K + 1) / 2
-
-    def run(per_token: float) -> float:
-        return seconds_per_round * (K + (max_new_tokens - 1) * per_token)
-
-    return Forecast(run(rpt), run(1), run(K), seconds_per_round, rpt, basis)
 
 
 class Learned:

@@ -33,15 +33,17 @@ from urllib.parse import quote
 
 import gradio as gr
 
-from app import callbacks as cb
-from app import compare as cmp
 from app import controls as ctl
 from app import debugger as dbg
-from app import race
+from app import debugger_compare as cmp
+from app import live, page, race
+from app.analysis_tab import analyse
 from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, TIMELINE_JS
-from app.runtime import Runtime
+from app.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
+from app.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
 from app.server import SessionBlocks
-from app.settings import HUSH, PRUNE_CHOICES, QUIET, AppSettings
+from app.server_settings import AppSettings
+from app.server_state import Runtime
 from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
@@ -97,7 +99,7 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
             table = gr.HTML(elem_id="dbg-table")
     text = gr.HTML(elem_id="dbg-text")
     frame = [lattice, table, fsm, text, slider]
-    show = cb.bind(dbg.show, runtime)
+    show = bind(dbg.show, runtime)
     raw = {
         **HUSH,
         "preprocess": False,
@@ -141,13 +143,13 @@ def _debugger_files(runtime: Runtime, states: tuple, frame: list, timeline, stat
         (graph_b, dbg.export_lattice, [trace]),
         (html_b, dbg.export_report, [trace, meta]),
     ):  # one click: the handler writes the file, then the page downloads it
-        made = button.click(cb.bind(export, runtime), inputs, download, **HUSH)
+        made = button.click(bind(export, runtime), inputs, download, **HUSH)
         made.success(None, download, None, js=dbg.DOWNLOAD_JS, **QUIET)
     # a rejected file changes only the status line: the session keeps its trace and the panels stay; the box is
     # emptied either way, ready for another file; the file as uploaded (Gradio's preprocess leaves an empty temp
     # file per upload)
     loaded.upload(
-        cb.bind(dbg.load, runtime),
+        bind(dbg.load, runtime),
         loaded,
         [trace, meta, origin, slider, status, loaded],
         preprocess=False,
@@ -161,15 +163,14 @@ def _debugger_files(runtime: Runtime, states: tuple, frame: list, timeline, stat
 def _run_on(button: gr.Button, fn, inputs, outputs, **event):
     """``button`` runs ``fn`` (a model request), greyed out from its click until the request ends, however
     it ends; returns the request's event."""
-    run = button.click(cb.busy, None, button, queue=False, **HUSH).then(fn, inputs, outputs, **event)
-    run.then(cb.idle, None, button, queue=False, **HUSH)
+    run = button.click(busy, None, button, queue=False, **HUSH).then(fn, inputs, outputs, **event)
+    run.then(idle, None, button, queue=False, **HUSH)
     return run
 
 
 def _live_tab(runtime: Runtime, states: list):
     """The Live tab: prompt, controls, the streamed panels; returns (its run event, the prompt box, the four
     panels, the status line). ``states``: the session's trace, meta and origin, which a run fills."""
-    bind = cb.bind  # a partial that keeps the gr.Request annotation Gradio reads
     with gr.Row():
         prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
         with gr.Column(scale=1):
@@ -202,10 +203,10 @@ def _live_tab(runtime: Runtime, states: list):
             fsm = gr.HTML(elem_id="live-fsm")
             numbers = gr.HTML(elem_id="live-stats")
     panels = [text, lattice, fsm, numbers]
-    stops = cb.StopRequests()
+    stops = StopRequests()
     run = _run_on(
         generate,
-        bind(cb.live_frames, runtime, stops),
+        bind(live.live_frames, runtime, stops, record=LiveInputs),  # the inputs, in LiveInputs' order
         [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
         [*panels, *states, status],
         api_name="generate",
@@ -213,8 +214,8 @@ def _live_tab(runtime: Runtime, states: list):
         concurrency_limit=1,
         show_progress="hidden",
         preprocess=False,
-    )  # the handlers check their inputs (app.callbacks)
-    stop.click(bind(cb.stop, stops), status, status, **QUIET)
+    )  # the handlers check their inputs (app.live)
+    stop.click(bind(live.stop, stops), status, status, **QUIET)
     return run, prompt, panels, status
 
 
@@ -235,10 +236,10 @@ def _race_tab(runtime: Runtime) -> None:
         ar_text = gr.Textbox(label="Autoregressive", lines=8, interactive=False)
         dex_text = gr.Textbox(label="DEX", lines=8, interactive=False)
     plot = gr.Plot(label="Tokens vs time", elem_id="race-plot")
-    stops = cb.StopRequests()
+    stops = StopRequests()
     _run_on(
         go,
-        cb.bind(race.race_frames, runtime, stops),
+        bind(race.race_frames, runtime, stops, record=RaceInputs),  # the inputs, in RaceInputs' order
         [prompt, chat, explorers, adapters, max_new, draft],
         [ar_text, dex_text, plot, summary],
         api_name="race",
@@ -246,7 +247,7 @@ def _race_tab(runtime: Runtime) -> None:
         concurrency_limit=1,
         preprocess=False,
     )
-    stop.click(cb.bind(race.stop, stops), None, None, **QUIET)
+    stop.click(bind(race.stop, stops), None, None, **QUIET)
 
 
 def _analysis_tab(runtime: Runtime) -> None:
@@ -276,7 +277,7 @@ def _analysis_tab(runtime: Runtime) -> None:
     depth_plot = gr.Plot(label="Depth view (logit lens): the final token at every layer", elem_id="an-depth")
     _run_on(
         go,
-        cb.bind(cb.analyse, runtime),
+        bind(analyse, runtime),
         [prompt, chat, adapters, max_new, metric],
         [ead_plot, speed_plot, table, depth_plot],
         api_name="analyse",
@@ -300,7 +301,7 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
         meta = gr.State({}, time_to_live=ttl)
         origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
         live_source = gr.State(
-            cb.LIVE
+            live.LIVE
         )  # outside gr.Tabs: a State between two tabs doubled the last tab's label
         gr.Markdown(
             "# DEX — Depth Exploration Decoding\nLossless, depth-parallel decoding: explorers at several "
@@ -327,13 +328,13 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
             with gr.Tab("Analysis", id="analysis"):
                 _analysis_tab(runtime)
         demo.load(
-            cb.page_load,
+            page.page_load,
             None,
             [trace, meta, origin, *live_panels, live_status, *dbg_frame, dbg_timeline, dbg_status, tabs],
             show_progress="hidden",
             **QUIET,
         )
-        demo.load(cb.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
+        demo.load(page.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
         demo.load(None, js=TIMELINE_JS, **QUIET)
         demo.load(None, js=FIT_PLOTS_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)

@@ -5,29 +5,37 @@ process. Distributed backend, where no process holds the whole model: AR goes th
 same explorer processes and devices (``stream(pipeline=True)``, pipeline-parallel AR), run first, then DEX
 (one group serves one request at a time); both clocks are measured on the devices, nothing is projected.
 
-The clocks start only after the model is loaded and this machine's profile (``dex_core.tools.profile``, for
+The clocks start only after the model is loaded and this machine's profile (``dex_core.analysis.profile``, for
 the K-device projection) is measured or read from its cache, so neither first-use cost is in either
 clock. A race that is stopped (by its visitor, or at the bound) ends with what both made so far.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import gradio as gr
 
 import visualize as viz
-from dex_core import DexError, ExplorerError, ar_stream
+from dex_core import DexDecoder, DexError, ExplorerError, ar_stream
+from dex_core.analysis.profile import projected_round_seconds
+from dex_core.analysis.run_cost import run_cost
 from dex_core.runtime.request import check_text
-from dex_core.tools.profile import exchange_seconds
 from dex_core.trace.events import round_commits
 
-from .callbacks import explorer_line, loading, session_of, short_error
-from .model_work import Deadline, StopRequests, in_background
-from .runtime import Runtime
-from .settings import ui_config
-
-NAMES = {"ar": "AR", "dex": "DEX"}
+from .handlers import (
+    Deadline,
+    Stopping,
+    StopRequests,
+    explorer_line,
+    in_background,
+    loading,
+    session_of,
+    short_error,
+)
+from .inputs import Controls, RaceInputs
+from .server_state import Runtime
 
 
 def _status(line: str) -> tuple:
@@ -48,66 +56,118 @@ def _profiling(runtime: Runtime, decoder):
 
 
 @dataclass
-class _Race:
-    """A race under way: the two streams, and per side its clock, its tokens and when each came."""
+class Lane:
+    """One lane of a race: its stream (None for DEX's projection, which follows DEX's rounds), its own clock, its
+    tokens and the clock's time at each, and its end event once it ended."""
 
-    ar: object
-    dex: object
-    decoder: object
+    name: str
+    stream: Iterator[dict] | None = None
+    clock: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    end: dict | None = None
+
+
+@dataclass
+class Race:
+    """A race under way: its AR and DEX lanes, DEX's projected K-device lane, and what the view needs."""
+
+    ar: Lane
+    dex: Lane
+    decoder: DexDecoder
     tokenizer: object
+    start: (
+        dict  # DEX's start event: its depths, adapters and weights, what its cost per token is counted from
+    )
     profile: dict | None  # the seconds profile for the projection (None: distributed, measured for real)
-    clocks: dict = field(default_factory=lambda: {"ar": 0.0, "dex": 0.0, "proj": 0.0})
-    times: dict = field(default_factory=lambda: {"ar": [], "dex": [], "proj": []})
-    tokens: dict = field(default_factory=lambda: {"ar": [], "dex": []})
-    ends: dict = field(default_factory=dict)
-    first: str | None = None  # the method that finished first (the other then ran alone)
+    projected: Lane = field(default_factory=lambda: Lane("DEX projected"))
+    first: str | None = None  # the lane that finished first (the other then ran alone)
 
-    def view(self, stopped=None) -> tuple:
-        return _race_view(
-            self.tokenizer, self.tokens, self.times, self.ends, self.decoder, self.first, stopped
-        )
+    @property
+    def done(self) -> bool:
+        return self.ar.end is not None and self.dex.end is not None
 
     def step(self) -> None:
-        """The next event of the side whose own clock is behind (the other, once one has ended); distributed, AR
+        """The next event of the lane whose own clock is behind (the other, once one has ended); distributed, AR
         until it ends, then DEX (both lanes use the same explorer processes)."""
-        behind = self.clocks["ar"] <= self.clocks["dex"] or self.profile is None
-        side = "ar" if "dex" in self.ends or ("ar" not in self.ends and behind) else "dex"
+        behind = self.ar.clock <= self.dex.clock or self.profile is None
+        lane = self.ar if self.dex.end is not None or (self.ar.end is None and behind) else self.dex
         try:
-            event = next(self.ar if side == "ar" else self.dex)
+            event = next(lane.stream)
         except ExplorerError as err:
             raise gr.Error(explorer_line(err), print_exception=False) from None
         if event["event"] == "end":
-            self.ends[side] = event
-            self.first = self.first or NAMES[side]
+            lane.end = event
+            self.first = self.first or lane.name
         elif event["event"] == "token":  # AR over the whole model
-            self.clocks["ar"] = event["seconds"]
-            self.tokens["ar"].append(event["token"])
-            self.times["ar"].append(self.clocks["ar"])
+            lane.clock = event["seconds"]
+            lane.tokens.append(event["token"])
+            lane.times.append(lane.clock)
         else:  # a round: of DEX, or of AR through the stages
-            t = event["timings"]
-            self.clocks[side] += t["prefill"] + t["round"]
-            if side == "dex" and self.profile is not None:
-                self.clocks["proj"] += t["projected"] + exchange_seconds(
-                    self.profile, [len(b) for b in event["batches"]]
-                )
+            lane.clock += event["timings"]["prefill"] + event["timings"]["round"]
+            projecting = lane is self.dex and self.profile is not None
+            if projecting:
+                self.projected.clock += projected_round_seconds(self.profile, event)
             for commit in round_commits(event):  # several when a draft chain committed
-                self.tokens[side].append(commit["token"])
-                self.times[side].append(self.clocks[side])
-                if side == "dex" and self.profile is not None:
-                    self.times["proj"].append(self.clocks["proj"])
+                lane.tokens.append(commit["token"])
+                lane.times.append(lane.clock)
+                if projecting:
+                    self.projected.times.append(self.projected.clock)
+
+    def view(self, stopped=None) -> tuple:
+        """The Race's panes: both texts, the tokens-vs-time figure and the summary (``stopped``: why it ended)."""
+        times = {"ar": self.ar.times, "dex": self.dex.times, "proj": self.projected.times}
+        summary = viz.race_summary_html(
+            {"ar": self.ar.tokens, "dex": self.dex.tokens}, times, self.done, self._facts(), stopped
+        )
+        return (
+            self.tokenizer.decode(self.ar.tokens, skip_special_tokens=True),
+            self.tokenizer.decode(self.dex.tokens, skip_special_tokens=True),
+            viz.race_figure(self._series()),
+            summary,
+        )
+
+    def _series(self) -> list[dict]:
+        """Each lane labelled: sequential, AR over the whole model and DEX on one device, and DEX's projected
+        K-device clock; distributed, AR through the same K stages and DEX, both on the K devices."""
+        K = self.decoder.K
+        if self.decoder.group is not None:
+            return [
+                {
+                    "name": f"AR through the same {K} stages on {_devices(K)} (measured)",
+                    "times": self.ar.times,
+                },
+                {"name": f"DEX on {_devices(K)} (measured)", "times": self.dex.times},
+            ]
+        return [
+            {"name": "AR, the whole model on one device (measured)", "times": self.ar.times},
+            {"name": "DEX sequential, one device (measured)", "times": self.dex.times},
+            {
+                "name": f"DEX projected on {_devices(K)} (communication included)",
+                "times": self.projected.times,
+                "dash": True,
+            },
+        ]
+
+    def _facts(self) -> dict:
+        """What the summary states: K, the schedule, who finished first, and once DEX ended its rounds per token
+        and its cost per token against AR's (``run_cost``)."""
+        facts = {"K": self.decoder.K, "first": self.first, "distributed": self.decoder.group is not None}
+        if self.dex.end is not None:
+            stats = self.dex.end["stats"]
+            cost = run_cost(self.start, stats["batch_sizes"], stats["tokens"])
+            facts.update(
+                depths=list(self.start["depths"]),
+                rounds_per_token=stats["rounds_per_token"],
+                depth_speedup=stats["depth_speedup"],
+                ar_cost=cost.ar,
+                dex_cost=cost.memory,
+                dex_cost_rows=cost.rows,
+            )
+        return facts
 
 
-def race_frames(
-    runtime: Runtime,
-    stops: StopRequests,
-    prompt,
-    chat,
-    explorers,
-    adapters,
-    max_new_tokens,
-    draft=True,
-    request: gr.Request = None,
-):
+def race_frames(runtime: Runtime, stops: StopRequests, inputs: RaceInputs, request: gr.Request = None):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
     takes the next step, so both run under the same load until one finishes.
 
@@ -119,21 +179,18 @@ def race_frames(
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this race started does not apply to it
     try:
-        config = ui_config(
-            chat=chat, explorers=explorers, adapters=adapters, max_new_tokens=max_new_tokens, draft=draft
-        )
-        check_text(prompt)
-        race = yield from _start(runtime, config, prompt)
+        config = Controls.of(inputs).config()
+        check_text(inputs.prompt)
+        race = yield from _start(runtime, config, inputs.prompt)
     except DexError as err:
         raise short_error(err) from None
-    deadline = Deadline(
-        runtime.settings.request_seconds
-    )  # model time from here: loading and profiling are not in it
-    while len(race.ends) < 2:
-        why = "by you" if stops.take(session) else deadline.reason()
+    # model time from here: loading and profiling are not in it
+    stopping = Stopping(stops, session, Deadline(runtime.settings.request_seconds))
+    while not race.done:
+        why = stopping.reason()
         if why:
-            race.ar.close()
-            race.dex.close()
+            race.ar.stream.close()
+            race.dex.stream.close()
             yield race.view(stopped=why)
             return
         race.step()
@@ -142,7 +199,7 @@ def race_frames(
 
 def _start(runtime: Runtime, config, prompt: str):
     """Load the model (first use) and time this machine (first race), yielding status lines; then both streams,
-    past their start events: the ``_Race``."""
+    past their start events: the ``Race``."""
     for line in loading(runtime):
         yield _status(line)
     ids = runtime.encode(prompt, config.chat)
@@ -159,54 +216,20 @@ def _start(runtime: Runtime, config, prompt: str):
         ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
         profile = runtime.profile(decoder)
     dex = decoder.stream(ids, options=config.generation())
-    next(ar), next(dex)
-    return _Race(ar, dex, decoder, tokenizer, profile)
+    next(ar)
+    start = next(dex)
+    return Race(
+        ar=Lane("AR", ar),
+        dex=Lane("DEX", dex),
+        decoder=decoder,
+        tokenizer=tokenizer,
+        start=start,
+        profile=profile,
+    )
 
 
 def _devices(K: int) -> str:
     return f"{K} device{'s' * (K != 1)}"
-
-
-def _race_view(tokenizer, tokens, times, ends, decoder, first, stopped=None):
-    """The Race's panes, each lane labelled: sequential, AR over the whole model and DEX on one device, and DEX's
-    projected K-device clock; distributed, AR through the same K stages and DEX, both on the K devices."""
-    K, distributed = decoder.K, decoder.group is not None
-    if distributed:
-        series = [
-            {"name": f"AR through the same {K} stages on {_devices(K)} (measured)", "times": times["ar"]},
-            {"name": f"DEX on {_devices(K)} (measured)", "times": times["dex"]},
-        ]
-    else:
-        series = [
-            {"name": "AR, the whole model on one device (measured)", "times": times["ar"]},
-            {"name": "DEX sequential, one device (measured)", "times": times["dex"]},
-            {
-                "name": f"DEX projected on {_devices(K)} (communication included)",
-                "times": times["proj"],
-                "dash": True,
-            },
-        ]
-    facts = {"K": K, "first": first, "distributed": distributed}
-    if "dex" in ends:
-        stats = ends["dex"]["stats"]
-        cost = decoder.cost_model
-        T = max(1, stats["tokens"])
-        covered = sorted(decoder.adapters)
-        facts.update(
-            depths=list(decoder.depths),
-            rounds_per_token=stats["rounds_per_token"],
-            depth_speedup=stats["depth_speedup"],
-            ar_cost=cost.ar(),
-            dex_cost=cost.dex(decoder.depths, stats["batch_sizes"], T, "memory", covered),
-            dex_cost_rows=cost.dex(decoder.depths, stats["batch_sizes"], T, "rows", covered),
-        )
-    summary = viz.race_summary_html(tokens, times, len(ends) == 2, facts, stopped)
-    return (
-        tokenizer.decode(tokens["ar"], skip_special_tokens=True),
-        tokenizer.decode(tokens["dex"], skip_special_tokens=True),
-        viz.race_figure(series),
-        summary,
-    )
 
 
 def stop(stops: StopRequests, request: gr.Request = None) -> None:

@@ -52,7 +52,7 @@ def check(model: str, tokens: int) -> dict:
     from gradio_client import Client
 
     from app.main import build_demo
-    from app.settings import AppSettings
+    from app.server_settings import AppSettings
 
     demo, port = build_demo(AppSettings.from_env()), _port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port)

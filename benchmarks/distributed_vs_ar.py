@@ -11,7 +11,7 @@ Methods, interleaved prompt by prompt after one warm-up each, same prompts, gree
 - DEX projected: the same decoder options on the sequential schedule in this process (torch using
   ``--threads-per-explorer`` threads), its projected K-device time (slowest explorer's measured
   expansion + bookkeeping + decode per round) plus communication from the machine's profile
-  (``dex_core.tools.profile``: the exchange timed between two real gloo processes) — the projection the
+  (``dex_core.analysis.profile``: the exchange timed between two real gloo processes) — the projection the
   benchmark validates, prompt by prompt, against the distributed measurement.
 Tokens/s = new tokens / end-to-end time. Every DEX output is compared token by token with AR's.
 The profile splits DEX's round time the paper's way (Table 1) from rank 0's view: expansion (its stage
@@ -29,9 +29,9 @@ import time
 import torch
 
 from dex_core import DecoderOptions, DexConfig, DexDecoder, encode_prompt, hf_greedy, load_model
+from dex_core.analysis.profile import exchange_seconds, measure_profile
 from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data.sets import humaneval_prompts
-from dex_core.tools.profile import exchange_seconds, measure_profile
 
 
 def ar(model, prompt, new, threads):

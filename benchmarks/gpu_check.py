@@ -13,7 +13,7 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
    projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
    between devices is left out and said so) and rounds/token.
 3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
-4. real size (``dex_core.tools.real_size``): one decoder layer, the LM head, a light head and an adapter of the
+4. real size (``dex_core.tools.bench.real_size``): one decoder layer, the LM head, a light head and an adapter of the
    shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the device, nothing
    downloaded) at 1..64 rows after a 2,048-token context, the exchange of one round's rows between two ranks,
    and from them a **projection**: DEX-1/K per token (the speed section's measured rounds replayed on the
@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
+from dex_core.analysis.profile import decode_order_seconds, row_blocks
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
 from dex_core.model.adapters import new_adapters, save_adapters
@@ -52,8 +53,7 @@ from dex_core.model.load import load_model, resolve_device
 from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model
-from dex_core.tools.profile import decode_order_seconds, row_blocks
-from dex_core.tools.real_size import SHAPES, project, scaled, time_shapes
+from dex_core.tools.bench.real_size import SHAPES, project, scaled, time_shapes
 from dex_core.tools.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -214,7 +214,7 @@ def profile(model, repeats: int, rows_counts) -> dict:
 
 def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict:
     """The real-size shapes timed on ``device`` and DEX-1/K against pipeline AR projected from the speed
-    section's measured rounds (``dex_core.tools.real_size``); ``quick``: shapes scaled down, a shorter context."""
+    section's measured rounds (``dex_core.tools.bench.real_size``); ``quick``: shapes scaled down, a shorter context."""
     shapes = {name: scaled(s) if quick else s for name, s in SHAPES.items()}
     timed = time_shapes(
         shapes, device, context=256 if quick else 2048, repeats=repeats, rows=ROWS[:4] if quick else ROWS
@@ -230,7 +230,7 @@ def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict
         "weights": "bfloat16, random (shapes only)" + (", scaled down for a CPU" if quick else ""),
         "projection": projections,
         "label": "projection: the speed section's measured rounds (rows per explorer per round) replayed on these "
-        "timings; bookkeeping left out (dex_core/tools/real_size.py)",
+        "timings; bookkeeping left out (dex_core/tools/bench/real_size.py)",
     }
 
 

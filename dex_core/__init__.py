@@ -7,6 +7,7 @@ from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, reso
 from .decoder import DexDecoder
 from .distributed.group import ExplorerError
 from .model.load import load_model
+from .model.named import shipped_adapters
 from .model.view import UnsupportedModelError
 from .runtime.reference import ar_generate, ar_stream, hf_greedy
 from .runtime.request import GenerationConfigWarning, encode_prompt
@@ -34,6 +35,7 @@ __all__ = [
     "load_trace",
     "resolve_depths",
     "save_trace",
+    "shipped_adapters",
     "certify_tokens",
     "verify_trace",
     "GenerationConfigWarning",

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from .algorithm.sampling import TIE_ULPS
+from .analysis.ead import EadConfig, ead_summary, run_ead
 from .config import DTYPES, ConsoleOptions, DexConfig, DexError
 from .data.ranking import token_ranking
 from .decoder import DexDecoder
@@ -25,14 +26,14 @@ from .model.load import load_model
 from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
 from .runtime.request import check_text, encode_prompt, no_chat_template
-from .tools.bench import BenchConfig, run_bench
-from .tools.bench_report import terminal, write_outputs
-from .tools.ead import EadConfig, ead_summary, run_ead
-from .tools.paper import PaperConfig, run_paper, write_paper
+from .tools.bench.bench import BenchConfig, run_bench
+from .tools.bench.report import terminal, write_outputs
+from .tools.paper.paper import PaperConfig, run_paper, write_paper
 from .tools.plan import PlanConfig, run_plan
 from .tools.train import TrainConfig, train_adapters
 from .tools.verify import verifier_model, verify_trace
 from .trace.events import load_trace, round_commits, save_trace
+from .trace.typed import parse_events
 
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
 
@@ -293,6 +294,7 @@ def _plan(args) -> int:
 
 def _verify(args) -> int:
     events, meta = load_trace(args.trace)
+    events = parse_events(events)  # read once, typed from here on
     model, tokenizer = verifier_model(events, meta, args.model, args.dtype, args.device, log)
     cert = verify_trace(events, meta, model=model, dtype=args.dtype)
     start, word = events[0], lambda t: repr(tokenizer.decode([t]))
@@ -301,12 +303,12 @@ def _verify(args) -> int:
             f"token {c.index} (position {c.position}): {c.token} {word(c.token)} is not the model's choice "
             f"{c.top} {word(c.top)}: gap {c.gap:.6g} > tie gap {c.tie_gap:.6g}"
         )
-    s = start["sampling"]
+    s = start.sampling
     how = (
         "greedy" if not s["temperature"] else f"sampled (temperature {s['temperature']:g}, seed {s['seed']})"
     )
     print(
-        f"{start['method']} trace, {how}; {cert.dtype} on {cert.device}; tie gap {TIE_ULPS} units in the last place "
+        f"{start.method} trace, {how}; {cert.dtype} on {cert.device}; tie gap {TIE_ULPS} units in the last place "
         f"of the logit's magnitude{' / temperature' if s['temperature'] else ''}"
     )
     print(cert.summary())

@@ -9,22 +9,21 @@ import torch
 
 from .algorithm.lattice import NO_PROPOSAL
 from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
-from .device import dtype_name, resolve_dtype
 from .distributed import torchrun
 from .distributed.group import ExplorerGroup
 from .log import stderr
-from .model.checkpoint import Checkpoint, locate
 from .model.cost import ModelCost
 from .model.explorer import Explorer
-from .model.load import load_model, load_tokenizer, resolve_device
+from .model.load import load_model
 from .model.proposal import ProposalHead
-from .model.stage_load import checkpoint_identity, skeleton
+from .model.stage_load import skeleton
 from .model.view import model_view
 from .runtime.engine import run_rounds
 from .runtime.links import LocalLink
 from .runtime.request import make_request
 from .runtime.results import GenerationResult
 from .runtime.settings import RunSettings, resolve_run
+from .runtime.unloaded import UnloadedModel, device_type
 from .trace.events import round_commits, start_event
 
 
@@ -32,14 +31,6 @@ def _options(options, overrides) -> DecoderOptions:
     if options is not None and not isinstance(options, DecoderOptions):
         raise DexError(f"options must be a DecoderOptions (or a DexConfig); got {type(options).__name__}")
     return pick(DecoderOptions, options or DecoderOptions(), **overrides)
-
-
-def _device_type(options: DecoderOptions, device: str = "auto") -> str:
-    """Where the explorers of a distributed run live: the kind of ``options.devices``, else the kind of
-    ``device`` ('auto': CUDA when torch sees a GPU; 'cuda' without one is a DexError)."""
-    if options.devices:
-        return torch.device(options.devices[0]).type
-    return resolve_device(device).type
 
 
 class DexDecoder:
@@ -76,7 +67,7 @@ class DexDecoder:
                 "DexDecoder.from_pretrained(spec, backend='torchrun')"
             )
         view = model_view(model)
-        kind = _device_type(options) if options.backend == "distributed" else view.device.type
+        kind = device_type(options.devices) if options.backend == "distributed" else view.device.type
         settings = resolve_run(model, view, options, kind, tokenizer)
         self._setup(view, settings, options, tokenizer, model=model)
 
@@ -103,23 +94,22 @@ class DexDecoder:
             return cls(model, options, tokenizer=tokenizer or loaded)
         if options.backend == "torchrun":
             return cls._on_torchrun(spec, options, dtype, device, tokenizer, log)
-        # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
-        from transformers import AutoConfig
+        kind = device_type(options.devices, device)
+        return cls.from_unloaded(UnloadedModel.read(spec, dtype, kind, tokenizer, log), options, log=log)
 
-        folder = locate(spec, log)
-        tokenizer = tokenizer or load_tokenizer(folder, spec)
-        config = AutoConfig.from_pretrained(folder)
-        kind = _device_type(options, device)
-        dtype = resolve_dtype(dtype, kind, config)
-        shape = skeleton(config, dtype, folder)  # the model's shapes on the meta device: no weights
-        view = model_view(shape)
-        settings = resolve_run(
-            checkpoint_identity(config, Checkpoint(folder)), view, options, kind, tokenizer, log
-        )
-        if kind == "cpu" and options.devices is None:
+    @classmethod
+    def from_unloaded(
+        cls, model: UnloadedModel, options: DecoderOptions | None = None, *, settings=None, log=stderr
+    ) -> DexDecoder:
+        """A decoder of ``model``, which this process does not load (``UnloadedModel.read``), on explorer
+        processes (the distributed backend), each of which reads its own part of the checkpoint. ``settings``:
+        the run's, when the caller resolved them already (``model.settings(options)``)."""
+        options = _options(options, {"backend": "distributed"})
+        settings = settings or model.settings(options, log)
+        if model.device_type == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)
-        decoder._setup(view, settings, options, tokenizer, folder=folder)
+        decoder._setup(model.view, settings, options, model.tokenizer, folder=model.folder)
         return decoder
 
     @classmethod
@@ -224,22 +214,7 @@ class DexDecoder:
         or draft chain runs, and the trace says so."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = dataclasses.replace(make_request(self.view, input_ids, opts), pipeline=pipeline)
-        proposes = not pipeline  # what the start event records of the proposal side
-        yield start_event(
-            "dex",
-            self.depths,
-            self.view.num_layers,
-            request,
-            self.decs and proposes,
-            self.adapters if proposes else (),
-            self.proposal_vocab if proposes else None,
-            self.depth_choice,
-            self.prune if proposes else None,
-            self.cost if proposes else {**self.cost, "adapter": 0.0, "proposal": 0.0},
-            dtype=dtype_name(self.view.dtype),
-            device=self._device(),
-            draft=self.settings.draft if proposes else None,
-        )
+        yield start_event(request, self.view, self.settings, cost=self.cost, device=self._device())
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)
@@ -248,7 +223,7 @@ class DexDecoder:
             self.view,
             self.settings,
             self.explorers,
-            LocalLink(self.K),
+            LocalLink(),
             request,
             self._text if self.tokenizer is not None else None,
         )

@@ -17,7 +17,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from app.main import build_demo
-from app.runtime import AppSettings
+from app.server_settings import AppSettings
 
 ARGS = [
     "--no-sandbox",

@@ -17,7 +17,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from app.runtime import AppSettings, Runtime, ui_config
+from app.inputs import Controls
+from app.server_settings import AppSettings
+from app.server_state import Runtime
 from dex_core import save_trace
 
 PROMPT = (
@@ -42,7 +44,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     runtime = Runtime(AppSettings(model=args.model, explorers=args.explorers))
     config = dataclasses.replace(
-        ui_config(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune), draft=args.draft
+        Controls(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune).config(),
+        draft=args.draft,
     )
     ids = runtime.encode(args.prompt, config.chat)
     started = time.perf_counter()

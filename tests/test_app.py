@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
+from conftest import needs_chromium, tiny_tokenizer
 
 from dex_core import DexDecoder, ar_generate, encode_prompt
 from dex_core.trace.events import round_commits
@@ -13,27 +13,18 @@ from dex_core.trace.events import round_commits
 PROMPT = "hello world the prime number"
 
 
-@pytest.fixture(scope="module")
-def app_url(tiny_dir):
-    from app.settings import AppSettings
-
-    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3))
-    yield url
-    demo.close()
-
-
 def shown_tokens(page_html: str) -> str:
     spans = re.findall(r'<span class="dex-tok"[^>]*>(.*?)</span>', page_html, flags=re.S)
     return "".join(html.unescape(s) for s in spans)
 
 
-def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, tiny_dir):
+def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_server, tiny_dir):
     from gradio_client import Client
     from transformers import AutoModelForCausalLM
 
-    from app.settings import ui_config
+    from app.inputs import Controls
 
-    client = Client(app_url, verbose=False)
+    client = Client(app_server.url, verbose=False)
     controls = (
         False,
         3,
@@ -66,7 +57,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
         "seed",
         "max_new_tokens",
     )
-    config = ui_config(**dict(zip(names, controls)))
+    config = Controls(**dict(zip(names, controls))).config()
     trace = (
         DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
     )
@@ -85,10 +76,10 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_url, t
     )  # text, lattice, FSM, stats, status
 
 
-def test_race_endpoint_reports_identical_output(app_url):
+def test_race_endpoint_reports_identical_output(app_server):
     from gradio_client import Client
 
-    ar_text, dex_text, _, summary = Client(app_url, verbose=False).predict(
+    ar_text, dex_text, _, summary = Client(app_server.url, verbose=False).predict(
         PROMPT, False, 3, False, 12, api_name="/race"
     )
     assert ar_text == dex_text and "identical output" in summary
@@ -97,10 +88,10 @@ def test_race_endpoint_reports_identical_output(app_url):
     assert "interleaved" in summary and "a projection from the cost model" in summary
 
 
-def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_url):
+def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_server):
     from gradio_client import Client
 
-    _, _, table, depth = Client(app_url, verbose=False).predict(
+    _, _, table, depth = Client(app_server.url, verbose=False).predict(
         PROMPT, False, False, 16, "rank", api_name="/analyse"
     )
     assert (
@@ -114,10 +105,10 @@ def test_analysis_endpoint_predicts_speedups_and_suggests_exploration_sets(app_u
     assert "Depth view" in str(depth) and "rank" in str(depth)
 
 
-def test_bad_input_is_one_error_status_and_leaves_the_panels_unchanged(app_url):
+def test_bad_input_is_one_error_status_and_leaves_the_panels_unchanged(app_server):
     from gradio_client import Client
 
-    job = Client(app_url, verbose=False).submit(
+    job = Client(app_server.url, verbose=False).submit(
         PROMPT, False, 3, "2,4", False, True, False, 1.0, 0, 1.0, 0, 8, api_name="/generate"
     )
     *_, last = list(job)
@@ -127,36 +118,29 @@ def test_bad_input_is_one_error_status_and_leaves_the_panels_unchanged(app_url):
 
 
 @needs_chromium
-def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_url, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url, timeout=60_000)
-        page.locator("#live-prompt textarea").fill(PROMPT)
-        page.locator("#live-generate").click()
-        plot = page.locator("#live-lattice .js-plotly-plot")
-        plot.wait_for(timeout=60_000)
-        page.wait_for_function(
-            "() => { const gd = document.querySelector('#live-lattice .js-plotly-plot');"
-            " return gd && gd.data && gd.data.some(t => t.mode && t.mode.includes('markers') && t.x && t.x.length); }",
-            timeout=60_000,
-        )
-        page.wait_for_function(
-            "() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')", timeout=60_000
-        )
-        page.get_by_role("tab", name="Debugger").click()
-        page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
-        title = "() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.title.text"
-        last = page.evaluate(title)
-        page.locator("#dbg-prev").click()
-        page.wait_for_function(f"() => ({title})() !== {last!r}", timeout=30_000)
-        assert re.search(r"Round (\d+)", page.evaluate(title)).group(1) != re.search(
-            r"Round (\d+)", last
-        ).group(1)
-        page.screenshot(path=str(tmp_path / "debugger.png"), full_page=True)
-        browser.close()
+def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_server, page, tmp_path):
+    page.goto(app_server.url, timeout=60_000)
+    page.locator("#live-prompt textarea").fill(PROMPT)
+    page.locator("#live-generate").click()
+    plot = page.locator("#live-lattice .js-plotly-plot")
+    plot.wait_for(timeout=60_000)
+    page.wait_for_function(
+        "() => { const gd = document.querySelector('#live-lattice .js-plotly-plot');"
+        " return gd && gd.data && gd.data.some(t => t.mode && t.mode.includes('markers') && t.x && t.x.length); }",
+        timeout=60_000,
+    )
+    page.wait_for_function(
+        "() => document.querySelector('#live-stats')?.innerText.includes('tokens/s')", timeout=60_000
+    )
+    page.get_by_role("tab", name="Debugger").click()
+    page.locator("#dbg-lattice .js-plotly-plot").wait_for(timeout=60_000)
+    title = "() => document.querySelector('#dbg-lattice .js-plotly-plot').layout.title.text"
+    last = page.evaluate(title)
+    page.locator("#dbg-prev").click()
+    page.wait_for_function(f"() => ({title})() !== {last!r}", timeout=30_000)
+    shown = re.search(r"Round (\d+)", page.evaluate(title)).group(1)
+    assert shown != re.search(r"Round (\d+)", last).group(1)
+    page.screenshot(path=str(tmp_path / "debugger.png"), full_page=True)
     assert (tmp_path / "debugger.png").stat().st_size > 10_000
 
 
@@ -174,27 +158,29 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
     ],
 )
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
-    from app.settings import ui_config
+    from app.inputs import Controls
     from dex_core import DexError
 
     with pytest.raises(DexError, match=re.escape(message)):
-        ui_config(**controls)
+        Controls(**controls).config()
 
 
 def test_ui_off_values_map_to_the_library_defaults():
-    from app.settings import ui_config
+    from app.inputs import Controls
     from dex_core import DexConfig
 
-    greedy = ui_config(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5)  # sampling controls ignored
+    greedy = Controls(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5).config()  # sampling ignored
     assert (greedy.explorers, greedy.temperature, greedy.top_k, greedy.top_p) == (3, 0.0, None, None)
-    sampled = ui_config(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False)
+    sampled = Controls(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False).config()
     assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.adapters) == (0.7, None, None, "none")
-    assert ui_config().max_new_tokens == DexConfig.max_new_tokens and ui_config().adapters == "auto"
-    assert (ui_config().prune, ui_config(prune="none").prune, ui_config(prune="2").prune) == ("auto", None, 2)
+    default = Controls().config()
+    assert default.max_new_tokens == DexConfig.max_new_tokens and default.adapters == "auto"
+    prunes = [Controls(prune=p).config().prune for p in ("auto", "none", "2")]
+    assert prunes == ["auto", None, 2]
 
 
 def test_app_settings_come_from_the_environment_and_are_validated():
-    from app.settings import AppSettings
+    from app.server_settings import AppSettings
     from dex_core import DexError
 
     s = AppSettings.from_env({"DEX_MODEL": "m", "DEX_EXPLORERS": "3", "DEX_BACKEND": "distributed"})
@@ -265,10 +251,10 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
 
 
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
-    from app import compare as cmp
     from app import debugger as dbg
-    from app.runtime import Runtime
-    from app.settings import AppSettings
+    from app import debugger_compare as cmp
+    from app.server_settings import AppSettings
+    from app.server_state import Runtime
     from dex_core import save_trace
 
     example = dbg.bundled(None)
@@ -330,8 +316,8 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
 def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(tiny_dir, monkeypatch):
     import time
 
-    from app import callbacks as cb
-    from app import runtime as rt
+    from app import handlers
+    from app import server_state as rt
     from dex_core import DexError, load_model
 
     def staged(
@@ -345,15 +331,15 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
 
     monkeypatch.setattr(rt, "load_model", staged)
     runtime = rt.Runtime(rt.AppSettings(model=str(tiny_dir)))
-    lines = list(cb.loading(runtime))
+    lines = list(handlers.loading(runtime))
     assert (
         runtime.loaded and any("fetching the weights" in x for x in lines) and "converting them" in lines[-1]
     )
     assert all(line.startswith("first use: ") and line.endswith(" s)") for line in lines)
-    assert list(cb.loading(runtime)) == []  # loaded: nothing to report
+    assert list(handlers.loading(runtime)) == []  # loaded: nothing to report
     broken = rt.Runtime(rt.AppSettings(model=str(tiny_dir / "missing")))
     with pytest.raises(DexError, match="no such model"):
-        list(cb.loading(broken))
+        list(handlers.loading(broken))
     model, _ = runtime.model()
     decoder = DexDecoder(model, explorers=4)
     assert runtime.slow_notice(decoder, 256) is None  # a tiny model is quick at any setting the app offers

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_model, tiny_tokenizer
+from conftest import needs_chromium, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "hello world the prime number"
@@ -23,7 +23,7 @@ EXCHANGE = {
 @pytest.fixture
 def profiles(monkeypatch):
     """``measure_profile`` as a 2 s measurement that records each call (a real one spawns two processes)."""
-    from app import runtime as rt
+    from app import server_state as rt
 
     calls = []
 
@@ -37,8 +37,8 @@ def profiles(monkeypatch):
 
 
 def runtime_for(tiny_dir, **settings):
-    from app.runtime import Runtime
-    from app.settings import AppSettings
+    from app.server_settings import AppSettings
+    from app.server_state import Runtime
 
     return Runtime(AppSettings(model=str(tiny_dir), explorers=3, **settings))
 
@@ -61,30 +61,31 @@ def dex_seconds(frame) -> float:
 
 def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_once(tiny_dir, profiles):
     from app import race
-    from app.model_work import StopRequests
-    from app.settings import ui_config
+    from app.handlers import StopRequests
+    from app.inputs import Controls, RaceInputs
 
     runtime, stops = runtime_for(tiny_dir), StopRequests()
     runtime.model()
-    frames = list(race.race_frames(runtime, stops, PROMPT, False, 3, False, 12))
+    frames = list(race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 12)))
     timing = [f[3] for f in frames if "first race: timing" in str(f[3])]
-    assert profiles == [runtime.decoder(ui_config(explorers=3)).proposal_vocab] and timing
+    assert profiles == [runtime.decoder(Controls(explorers=3).config()).proposal_vocab] and timing
     assert "identical output" in frames[-1][3]
     assert (
         dex_seconds(frames[-1]) < 1.0 and max(frames[-1][2].data[0].x) < 1.0
     )  # the 2 s of profiling are in neither clock
-    again = list(race.race_frames(runtime, stops, PROMPT, False, 3, False, 12))
+    again = list(race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 12)))
     assert len(profiles) == 1 and not any("first race" in str(f[3]) for f in again)
 
 
 def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their_tokens(tiny_dir, profiles):
     from app import race
-    from app.model_work import StopRequests
+    from app.handlers import StopRequests
+    from app.inputs import RaceInputs
     from dex_core import ar_generate, encode_prompt
 
     runtime, stops, request = runtime_for(tiny_dir), StopRequests(), SimpleNamespace(session_hash="visitor")
     race.stop(stops, request)  # a Stop pressed before the race does not stop it
-    frames = race.race_frames(runtime, stops, PROMPT, False, 3, False, 40, request=request)
+    frames = race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 40), request=request)
     shown = []
     for frame in frames:
         shown.append(frame)
@@ -107,9 +108,10 @@ def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their
 def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what_it_made(
     tiny_dir, profiles, monkeypatch
 ):
-    from app import callbacks as cb
-    from app import race
-    from app.settings import AppSettings
+    from app import analysis_tab, live, race
+    from app.handlers import StopRequests
+    from app.inputs import LiveInputs, RaceInputs
+    from app.server_settings import AppSettings
     from dex_core import DexError
     from dex_core.trace.events import round_commits
 
@@ -119,8 +121,8 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     runtime = runtime_for(tiny_dir, request_seconds=1)
     slow_explorers(monkeypatch)
     tic = time.monotonic()
-    *_, last = cb.live_frames(
-        runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200
+    *_, last = live.live_frames(
+        runtime, StopRequests(), LiveInputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200)
     )
     status, events = last[-1], last[4]
     assert time.monotonic() - tic < 8  # the profile is not in the Live tab; a full run would take about 25 s
@@ -130,24 +132,27 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     )
     made = sum(len(round_commits(e)) for e in events if e["event"] == "round")
     assert 0 < made < 200 and f"({made} tokens)" in status
-    *_, raced = race.race_frames(runtime, cb.StopRequests(), PROMPT, False, 3, False, 200)
+    *_, raced = race.race_frames(runtime, StopRequests(), RaceInputs(PROMPT, False, 3, False, 200))
     assert (
         "stopped at this host&#x27;s limit of 1 s" in raced[3]
         and raced[1]
         and "the panes keep them" in raced[3]
     )
 
-    stream = cb.ar_stream
-    monkeypatch.setattr(cb, "ar_stream", lambda *a, **k: ((time.sleep(0.05), e)[1] for e in stream(*a, **k)))
-    *_, table, _ = cb.analyse(runtime, PROMPT, False, False, 200)
+    stream = analysis_tab.ar_stream
+    monkeypatch.setattr(
+        analysis_tab, "ar_stream", lambda *a, **k: ((time.sleep(0.05), e)[1] for e in stream(*a, **k))
+    )
+    *_, table, _ = analysis_tab.analyse(runtime, PROMPT, False, False, 200)
     made = int(re.search(r"after (\d+) of 200 tokens", table).group(1))
     assert "stopped at this host" in table and 0 < made < 200 and f"{made} tokens; oracle" in table
 
 
 def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, profiles, monkeypatch):
-    from app import callbacks as cb
-    from app import race
-    from app import runtime as rt
+    from app import analysis_tab, live, race
+    from app import server_state as rt
+    from app.handlers import StopRequests
+    from app.inputs import LiveInputs, RaceInputs
 
     runtime = runtime_for(tiny_dir, request_seconds=10)
     # this machine, as its one-row profile says: 6 layers and the head at one row take 1 s, an AR token
@@ -158,28 +163,29 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
     with pytest.warns(
         UserWarning, match=r"a race of K=3 × 4 tokens and AR beside them: about 13 s.*after 10 s"
     ):
-        list(race.race_frames(runtime, cb.StopRequests(), PROMPT, False, 3, False, 4))
+        list(race.race_frames(runtime, StopRequests(), RaceInputs(PROMPT, False, 3, False, 4)))
     # then Live (its finished run is what the next estimate at K=3 learns from)
     with pytest.warns(
         UserWarning, match=r"K=3 × 4 tokens: about 9 s \(between 6 and 12 s; from this machine"
     ):
         list(
-            cb.live_frames(
-                runtime, cb.StopRequests(), PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4
+            live.live_frames(
+                runtime,
+                StopRequests(),
+                LiveInputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4),
             )
         )
     with pytest.warns(UserWarning, match=r"analysing 4 tokens: about 6 s here; fewer tokens is faster\.$"):
-        cb.analyse(runtime, PROMPT, False, False, 4)
+        analysis_tab.analyse(runtime, PROMPT, False, False, 4)
     assert runtime.slow_notice(None, 3) is None  # 4.5 s: no warning
 
 
-@pytest.fixture(scope="module")
-def served(tiny_dir):
-    from app.settings import AppSettings
-
-    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3))
-    yield SimpleNamespace(demo=demo, url=url)
-    demo.close()
+@pytest.fixture
+def served(app_server, profiles, monkeypatch):
+    """The session's app, its seconds profiles measured as ``profiles`` does for this test only: the fake profile
+    goes with the test, and the next test's race measures its own."""
+    monkeypatch.setattr(app_server.demo.runtime, "_profiles", {})
+    return app_server
 
 
 def test_a_stop_from_one_session_never_stops_another_sessions_race(served, profiles, monkeypatch):
@@ -276,13 +282,15 @@ def guide_endpoints() -> dict:
 
 
 def test_without_a_chat_template_the_live_status_says_the_prompt_goes_in_as_written(tiny_dir):
-    from app import callbacks as cb
+    from app import live
+    from app.handlers import StopRequests
+    from app.inputs import LiveInputs
 
     runtime = runtime_for(tiny_dir)  # the tiny tokenizer has no chat template, as Gemma 3 270M's GGUF
 
     def statuses(chat):
         args = (PROMPT, chat, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4)
-        return [frame[-1] for frame in cb.live_frames(runtime, cb.StopRequests(), *args)]
+        return [frame[-1] for frame in live.live_frames(runtime, StopRequests(), LiveInputs(*args))]
 
     said = "no chat template: the prompt goes in as written"
     chat = statuses(True)
@@ -365,10 +373,8 @@ def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path,
 
 @needs_chromium
 def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_follows_sample_race_stops(
-    served, monkeypatch
+    served, page, monkeypatch
 ):
-    from playwright.sync_api import sync_playwright
-
     from app.debugger import bundled
 
     slow_explorers(monkeypatch)  # a 64-token run lasts about 10 s
@@ -378,40 +384,36 @@ def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_fol
         "#live-top-p input[type=number]",
         "#live-seed input",
     ]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(served.url, timeout=60_000)
-        shown = bundled(None).meta["prompt"]  # the prompt box holds the prompt of the example the panels show
-        page.wait_for_function(
-            f"() => document.querySelector('#live-prompt textarea')?.value === {shown!r}", timeout=60_000
-        )
-        page.locator("text=Exploration and sampling").click()
-        assert [page.locator(s).is_disabled() for s in sampling] == [True] * 4  # greedy
-        page.locator("#live-sample input").check()
-        page.wait_for_function(f"() => !document.querySelector({sampling[0]!r}).disabled", timeout=10_000)
-        assert [page.locator(s).is_disabled() for s in sampling] == [False] * 4
-        page.locator("#live-sample input").uncheck()
-        page.wait_for_function(f"() => document.querySelector({sampling[0]!r}).disabled", timeout=10_000)
-        page.locator("#live-new input[type=number]").fill("64")
-        page.locator("#live-new input[type=number]").press("Enter")
-        page.locator("#live-prompt textarea").fill(PROMPT)
-        page.locator("#live-generate").click()
-        page.wait_for_function(f"() => {STATE}('#live-status') === 'running'", timeout=60_000)
-        assert page.locator("#live-generate").is_disabled()
-        page.wait_for_function(f"() => {STATE}('#live-status') === 'finished'", timeout=120_000)
-        page.wait_for_function("() => !document.querySelector('#live-generate').disabled", timeout=10_000)
+    page.goto(served.url, timeout=60_000)
+    shown = bundled(None).meta["prompt"]  # the prompt box holds the prompt of the example the panels show
+    page.wait_for_function(
+        f"() => document.querySelector('#live-prompt textarea')?.value === {shown!r}", timeout=60_000
+    )
+    page.locator("text=Exploration and sampling").click()
+    assert [page.locator(s).is_disabled() for s in sampling] == [True] * 4  # greedy
+    page.locator("#live-sample input").check()
+    page.wait_for_function(f"() => !document.querySelector({sampling[0]!r}).disabled", timeout=10_000)
+    assert [page.locator(s).is_disabled() for s in sampling] == [False] * 4
+    page.locator("#live-sample input").uncheck()
+    page.wait_for_function(f"() => document.querySelector({sampling[0]!r}).disabled", timeout=10_000)
+    page.locator("#live-new input[type=number]").fill("64")
+    page.locator("#live-new input[type=number]").press("Enter")
+    page.locator("#live-prompt textarea").fill(PROMPT)
+    page.locator("#live-generate").click()
+    page.wait_for_function(f"() => {STATE}('#live-status') === 'running'", timeout=60_000)
+    assert page.locator("#live-generate").is_disabled()
+    page.wait_for_function(f"() => {STATE}('#live-status') === 'finished'", timeout=120_000)
+    page.wait_for_function("() => !document.querySelector('#live-generate').disabled", timeout=10_000)
 
-        page.get_by_role("tab", name="Race").click()
-        page.locator("#race-new input[type=number]").fill("200")  # about 25 s: long enough to be stopped
-        page.locator("#race-new input[type=number]").press("Enter")
-        page.locator("#race-go").click()
-        page.wait_for_function(
-            "() => document.querySelector('#race-summary')?.innerText.includes('tokens/s')", timeout=120_000
-        )
-        assert page.locator("#race-go").is_disabled()
-        page.evaluate("() => document.querySelector('#race-stop').click()")  # the race redraws every step
-        page.wait_for_function(f"() => {STATE}('#race-summary') === 'stopped'", timeout=30_000)
-        assert "stopped by you" in page.inner_text("#race-summary")
-        page.wait_for_function("() => !document.querySelector('#race-go').disabled", timeout=10_000)
-        browser.close()
+    page.get_by_role("tab", name="Race").click()
+    page.locator("#race-new input[type=number]").fill("200")  # about 25 s: long enough to be stopped
+    page.locator("#race-new input[type=number]").press("Enter")
+    page.locator("#race-go").click()
+    page.wait_for_function(
+        "() => document.querySelector('#race-summary')?.innerText.includes('tokens/s')", timeout=120_000
+    )
+    assert page.locator("#race-go").is_disabled()
+    page.evaluate("() => document.querySelector('#race-stop').click()")  # the race redraws every step
+    page.wait_for_function(f"() => {STATE}('#race-summary') === 'stopped'", timeout=30_000)
+    assert "stopped by you" in page.inner_text("#race-summary")
+    page.wait_for_function("() => !document.querySelector('#race-go').disabled", timeout=10_000)

@@ -3,7 +3,6 @@ sessions' traces, files served only while their session lasts, uploads bounded (
 ``app.files``, ``app.server``). The app runs for real; sessions are gradio_client clients, whose
 heartbeat Gradio watches as it watches a browser tab's."""
 
-import contextlib
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, launch_app, tiny_model, tiny_tokenizer
+from conftest import free_port, tiny_model, tiny_tokenizer, tuned
 
 from dex_core import DexDecoder, load_trace, save_trace
 
@@ -47,33 +46,6 @@ def small(tmp_path_factory):
     return make_trace(tmp_path_factory.mktemp("traces") / "small.json", 0.7)
 
 
-@pytest.fixture(scope="module")
-def app(tiny_dir, tmp_path_factory):
-    """The app, with Gradio's temp folder of its own."""
-    from app.settings import AppSettings
-
-    temp = tmp_path_factory.mktemp("gradio-temp")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("GRADIO_TEMP_DIR", str(temp))
-        env.setenv("GRADIO_HEARTBEAT_INTERVAL", HEARTBEAT)
-        demo, url = launch_app(AppSettings(model=str(tiny_dir)))
-        yield demo, url, temp.resolve()
-        demo.close()
-
-
-@contextlib.contextmanager
-def tuned(settings, **values):
-    """The shared app's settings changed for one test."""
-    before = {name: getattr(settings, name) for name in values}
-    for name, value in values.items():
-        setattr(settings, name, value)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            setattr(settings, name, value)
-
-
 def visit(url: str, trace: Path):
     """A session that loads ``trace`` in the Debugger (and draws it, as the page does); returns the client."""
     from gradio_client import Client, handle_file
@@ -94,10 +66,10 @@ def until(check, seconds: float = 10.0):
     return result
 
 
-def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app, small):
+def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app_server, small):
     from app.sessions import LARGE_OUTPUT, REPLAYS, traces_in
 
-    demo, url, _ = app
+    demo, url = app_server.demo, app_server.url
     client = visit(url, small)
     session, holder = client.session_hash, demo.state_holder
     held = [t for v in holder.session_data[session].state_data.values() for t in traces_in(v)]
@@ -113,10 +85,10 @@ def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app, smal
     assert until(lambda: held[0] not in REPLAYS, 5)
 
 
-def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app, small):
+def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app_server, small):
     from app.sessions import COMPACT_FACTOR
 
-    demo, url, _ = app
+    demo, url = app_server.demo, app_server.url
     sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
     megabytes = -(-3 * each // 2**20)  # room for 3 of the 8 traces, or a few more when rounded up
     fits = megabytes * 2**20 // each
@@ -138,10 +110,10 @@ def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app
         client.close()
 
 
-def test_the_bundled_example_that_sessions_share_is_nobodys_to_drop(app):
+def test_the_bundled_example_that_sessions_share_is_nobodys_to_drop(app_server):
     from gradio_client import Client
 
-    demo, url, _ = app
+    demo, url = app_server.demo, app_server.url
     first, second = (Client(url, verbose=False, download_files=False) for _ in range(2))
     first.predict(api_name="/page_load")  # the page's load event: the bundled example in the session's State
     assert demo.runtime.sessions.usage()[first.session_hash] > 0
@@ -151,8 +123,8 @@ def test_the_bundled_example_that_sessions_share_is_nobodys_to_drop(app):
     first.close(), second.close()
 
 
-def test_a_trace_larger_than_the_whole_budget_is_refused_with_the_setting_named(app, small):
-    demo, url, _ = app
+def test_a_trace_larger_than_the_whole_budget_is_refused_with_the_setting_named(app_server, small):
+    demo, url = app_server.demo, app_server.url
     from gradio_client import Client, handle_file
 
     client = Client(url, verbose=False, download_files=False)
@@ -162,8 +134,8 @@ def test_a_trace_larger_than_the_whole_budget_is_refused_with_the_setting_named(
     client.close()
 
 
-def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
-    demo, url, temp = app
+def test_a_saved_file_is_served_only_while_its_session_lasts(app_server, small):
+    url, temp = app_server.url, app_server.temp
     client = visit(url, small)
     saved = client.predict(api_name="/save")  # the hidden download's file, which the page then downloads
     path = Path(saved["path"])
@@ -182,7 +154,7 @@ def test_a_saved_file_is_served_only_while_its_session_lasts(app, small):
 
 def test_a_download_expires_after_file_ttl(tiny_dir, tmp_path, monkeypatch):
     from app.files import Files
-    from app.settings import AppSettings
+    from app.server_settings import AppSettings
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     files = Files(AppSettings(model=str(tiny_dir), file_ttl=1))
@@ -197,8 +169,8 @@ def test_a_download_expires_after_file_ttl(tiny_dir, tmp_path, monkeypatch):
     assert not list(tmp_path.glob("dex-app-*"))
 
 
-def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app):
-    _, url, temp = app
+def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app_server):
+    url, temp = app_server.url, app_server.temp
     other = temp / "another-process" / "secret.txt"
     other.parent.mkdir(exist_ok=True)
     other.write_text("not this app's")
@@ -209,10 +181,10 @@ def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app):
     assert httpx.get(f"{url}gradio_api/deep_link", params={"session_hash": "x"}).status_code == 404
 
 
-def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(app):
+def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(app_server):
     from app.main import PAPER_REPORT
 
-    _, url, _ = app
+    url = app_server.url
     config = httpx.get(f"{url}config").json()
     links = [
         c["props"]["value"]
@@ -226,8 +198,8 @@ def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(
     assert beside.is_file() and httpx.get(f"{url}gradio_api/file={beside}").status_code in (403, 404)
 
 
-def test_anonymous_uploads_are_bounded_in_total_and_expire(app):
-    demo, url, _ = app
+def test_anonymous_uploads_are_bounded_in_total_and_expire(app_server):
+    demo, url = app_server.demo, app_server.url
 
     def upload(body, name="up.bin"):
         return httpx.post(f"{url}gradio_api/upload", files={"files": (name, body)})
@@ -252,10 +224,10 @@ def test_anonymous_uploads_are_bounded_in_total_and_expire(app):
         assert chunked.status_code == 411
 
 
-def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app, small):
-    demo, _, temp = app
+def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app_server, small):
+    demo, temp = app_server.demo, app_server.temp
     with tuned(demo.runtime.settings, file_ttl=1):
-        client = visit(app[1], small)
+        client = visit(app_server.url, small)
         assert until(
             lambda: (
                 not [
@@ -270,8 +242,10 @@ def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app, small):
     client.close()
 
 
-def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no_traceback(app, small, capfd):
-    demo, url, temp = app
+def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no_traceback(
+    app_server, small, capfd
+):
+    demo, url, temp = app_server.demo, app_server.url, app_server.temp
     from gradio_client import Client, handle_file
 
     client = Client(url, verbose=False, download_files=False)
@@ -310,6 +284,7 @@ def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_p
 
 
 @pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
+@pytest.mark.process
 def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_removes_the_folder(
     tiny_dir, small, tmp_path
 ):

@@ -2,25 +2,24 @@
 
 import json
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 from conftest import tiny_model
 
+from dex_core.analysis.ead import layer_matches
+from dex_core.cli import main
 from dex_core.config import DexError
 from dex_core.data import sets as data
 from dex_core.runtime.reference import ar_generate
-from dex_core.tools.baselines import (
+from dex_core.tools.baselines.speculation import (
     hf_early_exit_generate,
     hf_prompt_lookup_generate,
     self_spec_generate,
     self_spec_layer_forwards,
 )
-from dex_core.tools.bench import BenchConfig
-from dex_core.tools.ead import layer_matches
+from dex_core.tools.bench.bench import BenchConfig
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -119,14 +118,11 @@ def test_self_speculation_rejects_bad_settings():
         self_spec_generate(model, PROMPT, 8, 2, 0)
 
 
-def test_dex_bench_quick_every_row_exact(tmp_path):
+def test_dex_bench_quick_every_row_exact(tmp_path, capsys):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     tic = time.monotonic()
-    proc = subprocess.run(
+    code = main(
         [
-            sys.executable,
-            "-m",
-            "dex_core.cli",
             "bench",
             "--quick",
             "--depth-sets",
@@ -139,13 +135,11 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
             str(out),
             "--markdown",
             str(md),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ]
     )
     wall = time.monotonic() - tic
-    assert proc.returncode == 0, proc.stderr
+    proc = capsys.readouterr()
+    assert code == 0, proc.err
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["results"]}
     assert methods == {
@@ -198,7 +192,7 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     chained = [r for r in report["results"] if r.get("draft") == "auto"]
     assert all(r["predicted_depth_speedup"] is None and 0 <= r["drafted_share"] <= 1 for r in chained)
     assert all(r["tokens_per_round"] == pytest.approx(1 / r["rounds_per_token"]) for r in chained)
-    text = " ".join(proc.stdout.split())  # the terminal's lines are wrapped at 120 characters
+    text = " ".join(proc.out.split())  # the terminal's lines are wrapped at 120 characters
     assert "Fastest projected DEX on this machine" in text
     for name in ("self-spec", "adadecode"):
         tuned = report["tuning"][name]
@@ -211,9 +205,9 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert "| dex |" in md.read_text() and "EAD oracle" in md.read_text()
     # the terminal: no line over 120 characters, a row per result that tells DEX's configurations apart, where
     # the other columns are; no third-party progress bar or deprecation warning
-    assert max(len(line) for line in proc.stdout.splitlines()) <= 120
+    assert max(len(line) for line in proc.out.splitlines()) <= 120
     assert f"Every column, full configurations: {md} and {out}." in text
-    rows = [re.split(r"\s{2,}", line) for line in proc.stdout.splitlines() if line.split(" ")[0] in methods]
+    rows = [re.split(r"\s{2,}", line) for line in proc.out.splitlines() if line.split(" ")[0] in methods]
     assert len(rows) == len(report["results"])
     for r in report["results"]:
         if r["method"] == "dex":
@@ -222,7 +216,7 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
                 f" chains {r['drafted_share']:.0%}" if r["draft"] == "auto" else ""
             )
             assert sum(row[:2] == ["dex", config] for row in rows) == 1, (config, rows)
-    assert "deprecat" not in proc.stderr and "it/s" not in proc.stderr, proc.stderr
+    assert "deprecat" not in proc.err and "it/s" not in proc.err, proc.err
     table = [line for line in md.read_text().splitlines() if line.startswith("| ")]
     assert "| identical to HF greedy | certified tokens (worst gap) |" in table[0]
     assert all(line.count("|") == table[0].count("|") for line in table)  # the oracle row too
@@ -231,21 +225,12 @@ def test_dex_bench_quick_every_row_exact(tmp_path):
     assert "HF prompt lookup" in text
 
 
-def test_dex_bench_rejects_bad_input():
-    proc = subprocess.run(
-        [sys.executable, "-m", "dex_core.cli", "bench", "--quick", "--methods", "dex"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and "ar-hf" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "dex_core.cli", "bench", "--sets", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and "unknown prompt set" in proc.stderr
+def test_dex_bench_rejects_bad_input(capsys):
+    assert main(["bench", "--quick", "--methods", "dex"]) == 2
+    err = capsys.readouterr().err
+    assert "ar-hf" in err and "Traceback" not in err
+    assert main(["bench", "--sets", "nope"]) == 2
+    assert "unknown prompt set" in capsys.readouterr().err
     for bad in ({"prompt_lookup_num_tokens": 0}, {"exits": 0}):
         with pytest.raises(DexError, match="prompt_lookup_num_tokens and exits must be positive"):
             BenchConfig(**bad)
@@ -253,34 +238,12 @@ def test_dex_bench_rejects_bad_input():
         BenchConfig(split="test")
 
 
-def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
+def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path, capsys):
     out = tmp_path / "ead.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dex_core.cli",
-            "ead",
-            "--model",
-            str(tiny_dir),
-            "--adapters",
-            "auto,none",
-            "--sets",
-            "builtin",
-            "--prompts",
-            "2",
-            "--max-new-tokens",
-            "12",
-            "--explorers",
-            "2,3,6",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    argv = ["ead", "--model", str(tiny_dir), "--adapters", "auto,none", "--sets", "builtin", "--prompts", "2"]
+    code = main([*argv, "--max-new-tokens", "12", "--explorers", "2,3,6", "--out", str(out)])
+    proc = capsys.readouterr()
+    assert code == 0, proc.err
     report = json.loads(out.read_text())
     auto, run = report["runs"]
     assert (auto["adapters"], run["adapters"]) == ("auto", "none")
@@ -295,4 +258,4 @@ def test_dex_ead_command_reports_predictions_and_best_sets(tiny_dir, tmp_path):
         assert p["best"]["cost_per_token"] <= p["uniform"]["cost_per_token"] + 1e-9
         assert len(p["best"]["depths"]) == p["explorers"] and p["best_gain"] >= 1.0
     assert by_k[6]["best"]["depths"] == [1, 2, 3, 4, 5, 6]
-    assert "K=3 uniform" in proc.stderr
+    assert "K=3 uniform" in proc.err

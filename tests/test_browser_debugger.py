@@ -9,7 +9,7 @@ with draft chains: its chain frames on the timeline and a round of several commi
 import json
 
 import pytest
-from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_model, tiny_tokenizer
+from conftest import launch_app, needs_chromium, tiny_model, tiny_tokenizer
 
 pytestmark = needs_chromium
 PROMPT = "hello world the prime number"
@@ -32,8 +32,11 @@ BAND = """() => { const gd = document.querySelector('#dbg-timeline .js-plotly-pl
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    """The app on a tiny 8-layer model (K up to 8), and the bundled example."""
-    from app.settings import AppSettings
+    """The app on a tiny 8-layer model (K up to 8), and the bundled example. A server of this module's own, not
+    the session's ``app_server`` with ``tuned`` settings: its model is named in the page at launch and held once
+    loaded (a setting changed later loads no other), K = 8 needs 8 layers (``tiny_dir`` has 6), and the first
+    test proves that the bundled example shows before any model is loaded."""
+    from app.server_settings import AppSettings
 
     path = tmp_path_factory.mktemp("tiny8")
     tiny_model("llama", layers=8).save_pretrained(path)
@@ -41,23 +44,6 @@ def app_url(tmp_path_factory):
     demo, url = launch_app(AppSettings(model=str(path), explorers=8))
     yield url, demo
     demo.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    yield context.new_page()
-    context.close()
 
 
 def plot_ready(page, elem: str, timeout=180_000):  # generous: a loaded 2-core CI machine draws slowly

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from conftest import BROWSER_ARGS, CHROMIUM, launch_app, needs_chromium, tiny_tokenizer
+from conftest import needs_chromium, tiny_tokenizer
 
 from dex_core import DexDecoder, save_trace
 
@@ -24,16 +24,6 @@ INJECTED = (
 )
 STATUS = "() => document.querySelector('#dbg-status')?.innerText || ''"
 pytestmark = needs_chromium
-
-
-@pytest.fixture(scope="module")
-def app_url(tiny_dir):
-    from app.main import UPLOAD_LIMIT
-    from app.settings import AppSettings
-
-    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3), max_file_size=UPLOAD_LIMIT)
-    yield url
-    demo.close()
 
 
 def same_first_commit(events):
@@ -97,94 +87,84 @@ def table_text(page) -> str:
     return page.evaluate("() => document.querySelector('#dbg-table')?.innerText || ''")
 
 
+def showing(page, round_no: int, timeout=30_000) -> None:
+    """Wait until the Debugger's round table shows round ``round_no``."""
+    page.wait_for_function(
+        f"() => document.querySelector('#dbg-table')?.innerText.startsWith('Round {round_no} ·')",
+        timeout=timeout,
+    )
+
+
 def assert_nothing_ran(page, dialogs):
     assert page.evaluate("() => window.__xss") is None
     assert page.evaluate(INJECTED) == 0
     assert dialogs == []
 
 
-def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trace(app_url, traces):
-    from playwright.sync_api import sync_playwright
+def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trace(app_server, page, traces):
+    from visualize import Replay
 
     clean, markup, numeric = traces
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        dialogs = []
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        page.goto(app_url, timeout=60_000)
-        page.get_by_role("tab", name="Debugger").click()
-        page.wait_for_function(
-            f"() => ({STATUS})().includes('bundled trace')", timeout=60_000
-        )  # the page load's
-        upload(page, clean)
-        last = [e for e in json.loads(clean.read_text())["events"] if e["event"] == "round"][-1]["round"]
-        page.wait_for_function(
-            f"() => document.querySelector('#dbg-table')?.innerText.includes('Round {last} ·')",
-            timeout=60_000,
-        )  # a loaded trace opens at its last round, as a live run does
+    # the rounds Prev steps through (the markup trace's are the clean one's), the last first
+    rounds = [view.round for view in Replay(json.loads(clean.read_text())["events"])][::-1]
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(app_server.url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    page.wait_for_function(f"() => ({STATUS})().includes('bundled trace')", timeout=60_000)  # the page load's
+    upload(page, clean)
+    showing(page, rounds[0], timeout=60_000)  # a loaded trace opens at its last round, as a live run does
 
-        clean_text = table_text(page)
-        upload(page, markup)
-        page.wait_for_function(
-            f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(clean_text)}",
-            timeout=60_000,
-        )
-        page.wait_for_timeout(500)
-        assert_nothing_ran(page, dialogs)
-        assert any(payload in table_text(page) for payload in PAYLOADS)  # shown as text
-        for _ in range(
-            4
-        ):  # back through commit rounds: the commit text is in the table, title and text panel
-            before = table_text(page)
-            page.locator("#dbg-prev").click()
-            page.wait_for_function(
-                f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(before)}",
-                timeout=30_000,
-            )
-            box = page.locator("#dbg-lattice .scatterlayer .point").first.bounding_box(timeout=10_000)
-            if box:  # hover a node so Plotly draws its hover label (None while the plot redraws)
-                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        assert_nothing_ran(page, dialogs)
-        assert "<img src=x" in page.evaluate("() => document.querySelector('#dbg-text').innerText")
-        plot = page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent")
-        assert re.search(r"<(scr|img|svg|a h)", plot) and "&quot;" not in plot and "&lt;" not in plot
-        assert_nothing_ran(page, dialogs)
-        shown = table_text(page)
-        assert re.search(r"Round \d+", shown)
+    clean_text = table_text(page)
+    upload(page, markup)
+    page.wait_for_function(
+        f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(clean_text)}", timeout=60_000
+    )
+    showing(page, rounds[0])
+    page.wait_for_timeout(500)
+    assert_nothing_ran(page, dialogs)
+    assert any(payload in table_text(page) for payload in PAYLOADS)  # shown as text
+    # back through commit rounds: the commit text is in the table, title and text panel
+    for back in rounds[1:5]:
+        page.locator("#dbg-prev").click()
+        showing(page, back)  # this Prev's round, not just a change: a render still on its way lands later
+        box = page.locator("#dbg-lattice .scatterlayer .point").first.bounding_box(timeout=10_000)
+        if box:  # hover a node so Plotly draws its hover label (None while the plot redraws)
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    assert_nothing_ran(page, dialogs)
+    assert "<img src=x" in page.evaluate("() => document.querySelector('#dbg-text').innerText")
+    plot = page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent")
+    assert re.search(r"<(scr|img|svg|a h)", plot) and "&quot;" not in plot and "&lt;" not in plot
+    assert_nothing_ran(page, dialogs)
+    shown = table_text(page)
+    assert shown.startswith(f"Round {rounds[4]} ·"), shown
 
-        for name, path in numeric.items():  # each refusal names its field in the Debugger's status line
-            upload(page, path)
-            page.wait_for_function(
-                f"() => ({STATUS})().includes('not loaded') && ({STATUS})().includes({json.dumps(name)})",
-                timeout=30_000,
-            )
-            message = page.evaluate(STATUS)
-            assert "this trace was not loaded" in message and "not a valid DEX trace" in message, message
-            assert "still shows the previous trace" in message, message
-            assert name in message and "/tmp" not in message and "<img" not in message, message
-            assert "&#" not in message and "&quot;" not in message, message  # shown as plain text
-            assert table_text(page) == shown, name
-            assert_nothing_ran(page, dialogs)
-
-        garbage = numeric["depths"].parent / "garbage.json"
-        garbage.write_text("this is not JSON")
-        upload(page, garbage)
+    for name, path in numeric.items():  # each refusal names its field in the Debugger's status line
+        upload(page, path)
         page.wait_for_function(
-            f"() => ({STATUS})().includes('garbage.json') || ({STATUS})().includes('not loaded')",
+            f"() => ({STATUS})().includes('not loaded') && ({STATUS})().includes({json.dumps(name)})",
             timeout=30_000,
         )
         message = page.evaluate(STATUS)
-        assert "/tmp" not in message and "gradio" not in message.lower() and table_text(page) == shown, (
-            message
-        )
-        assert page.locator("[data-testid='toast-text']").count() == 0
-
-        page.locator("#dbg-prev").click()  # the session still holds the markup trace
-        page.wait_for_function(
-            f"() => document.querySelector('#dbg-table').innerText !== {json.dumps(shown)}", timeout=30_000
-        )
-        shown_now = table_text(page) + page.evaluate("() => document.querySelector('#dbg-text').innerText")
-        assert any(payload in shown_now for payload in PAYLOADS)
+        assert "this trace was not loaded" in message and "not a valid DEX trace" in message, message
+        assert "still shows the previous trace" in message, message
+        assert name in message and "/tmp" not in message and "<img" not in message, message
+        assert "&#" not in message and "&quot;" not in message, message  # shown as plain text
+        assert table_text(page) == shown, name
         assert_nothing_ran(page, dialogs)
-        browser.close()
+
+    garbage = numeric["depths"].parent / "garbage.json"
+    garbage.write_text("this is not JSON")
+    upload(page, garbage)
+    page.wait_for_function(
+        f"() => ({STATUS})().includes('garbage.json') || ({STATUS})().includes('not loaded')", timeout=30_000
+    )
+    message = page.evaluate(STATUS)
+    assert "/tmp" not in message and "gradio" not in message.lower() and table_text(page) == shown, message
+    assert page.locator("[data-testid='toast-text']").count() == 0
+
+    page.locator("#dbg-prev").click()  # the session still holds the markup trace
+    showing(page, rounds[5])
+    shown_now = table_text(page) + page.evaluate("() => document.querySelector('#dbg-text').innerText")
+    assert any(payload in shown_now for payload in PAYLOADS)
+    assert_nothing_ran(page, dialogs)

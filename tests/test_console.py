@@ -2,7 +2,6 @@
 
 import io
 
-import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -70,11 +69,8 @@ def test_word_tokens_stream_with_their_spaces():
     assert prefixes[:3] == ["hello", "hello world", "hello world the"]
 
 
-@pytest.mark.slow
-def test_the_default_models_tokenizer_streams_its_full_decode():
-    from dex_core import load_model
-
-    _, tokenizer = load_model("default", device="cpu")
+def test_the_default_models_tokenizer_streams_its_full_decode(default_model):
+    _, tokenizer = default_model  # conftest: loaded once a session (marks the test real_model and slow)
     tokens = tokenizer(TEXT + " def fibonacci(n):\n    return n")["input_ids"]
     text, prefixes = streamed(tokenizer, tokens + [tokenizer.eos_token_id])
     assert text == tokenizer.decode(tokens, skip_special_tokens=True)

@@ -10,7 +10,13 @@ from conftest import tiny_model, tiny_tokenizer
 from dex_core import DexDecoder
 from dex_core.model.adapters import new_adapters
 from dex_core.model.cost import VIEWS, ModelCost
-from dex_core.tools.baselines import self_spec_layer_forwards
+from dex_core.tools.baselines.speculation import self_spec_layer_forwards
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """One tokenizer for the module: the light heads' token ranking is derived from it once (about 2 s)."""
+    return tiny_tokenizer()
 
 
 def test_the_head_and_adapters_are_weighed_in_layer_equivalents_by_parameter_count():
@@ -149,7 +155,7 @@ def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(
 
 
 def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(tmp_path, monkeypatch):
-    from dex_core.tools import profile as prof
+    from dex_core.analysis import profile as prof
 
     monkeypatch.setattr(prof, "CACHE", tmp_path)
     model = tiny_model("llama")
@@ -172,7 +178,7 @@ def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(
 
 
 def test_each_block_is_timed_in_decode_order_after_a_warm_up_and_its_median_kept():
-    from dex_core.tools.profile import decode_order_seconds
+    from dex_core.analysis.profile import decode_order_seconds
 
     class FakeClock:  # advances only when a block says how long it took
         now = 0.0
@@ -203,9 +209,9 @@ def test_each_block_is_timed_in_decode_order_after_a_warm_up_and_its_median_kept
     assert calls == ["layer", "head"] * 4  # interleaved as a decode runs them, never one block in a loop
 
 
-def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model(llama):
+def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model(llama, tokenizer):
     decoder = DexDecoder(
-        llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tiny_tokenizer()
+        llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tokenizer
     )
     start = decoder.generate([1, 2, 3], 4).trace[0]
     built = ModelCost.of(llama, decoder.adapters, decoder.proposal_vocab)
@@ -214,10 +220,38 @@ def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model
     assert ModelCost.from_weights(6, None) == built.layers_only()
 
 
+def test_a_runs_cost_read_from_its_trace_is_the_decoders_own_count_and_a_trace_without_weights_counts_layers(
+    llama, tokenizer
+):
+    from dex_core.analysis.run_cost import RunCost, run_cost, trace_cost
+
+    decoder = DexDecoder(
+        llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tokenizer
+    )
+    result = decoder.generate([1, 2, 3], 12)
+    stats, adapted = result.stats, sorted(decoder.adapters)
+    own = RunCost(
+        memory=decoder.cost_model.dex(decoder.depths, stats.batch_sizes, stats.tokens, "memory", adapted),
+        rows=decoder.cost_model.dex(decoder.depths, stats.batch_sizes, stats.tokens, "rows", adapted),
+        ar=decoder.cost_model.ar(),
+        whole=True,
+    )
+    assert run_cost(result.trace[0], stats.batch_sizes, stats.tokens) == own == trace_cost(result.trace)
+    assert own.rows > own.memory > 0  # several rows a round on some stage: counted once memory-bound
+    older = [{k: v for k, v in result.trace[0].items() if k != "cost"}, *result.trace[1:]]
+    layers = decoder.cost_model.layers_only()
+    assert trace_cost(older) == RunCost(
+        memory=layers.dex(decoder.depths, stats.batch_sizes, stats.tokens, "memory", adapted),
+        rows=layers.dex(decoder.depths, stats.batch_sizes, stats.tokens, "rows", adapted),
+        ar=6.0,
+        whole=False,
+    )
+
+
 def test_the_real_size_projection_replays_measured_rounds_on_the_stage_timings():
-    """dex_core/tools/real_size.py: each round lasts its slowest explorer (L/K layers, its head, an adapter off the
-    final stage) plus the exchange of its largest batch; pipeline AR walks all L layers, the head and K - 1 hops."""
-    from dex_core.tools.real_size import project
+    """dex_core/tools/bench/real_size.py: each round lasts its slowest explorer (L/K layers, its head, an adapter off
+    the final stage) plus the exchange of its largest batch; pipeline AR walks all L layers, the head and K - 1 hops."""
+    from dex_core.tools.bench.real_size import project
 
     tables = {
         "layer": {1: 1.0, 2: 1.5},

@@ -3,9 +3,9 @@
 from conftest import tiny_model, tiny_tokenizer
 
 from dex_core import ar_generate
+from dex_core.analysis.ead import layer_matches
 from dex_core.model.adapters import new_adapters
 from dex_core.model.lens import depth_view, layer_candidates
-from dex_core.tools.ead import layer_matches
 from visualize.charts import depth_figure
 
 

@@ -1,71 +1,107 @@
-"""The distributed schedule: real explorer processes on torch.distributed (gloo on CPU)."""
+"""The distributed schedule: real explorer processes on torch.distributed (gloo on CPU). Groups that only serve
+requests are conftest's ``explorer_group``s, shared by the session; the tests that kill, stop or patch explorers,
+and those of the CLI and of scripts, start their own."""
 
 import multiprocessing
+import os
+import signal
 import time
 
 import psutil
 import pytest
 import torch
-from conftest import tiny_model
 from faults import RaiseOnce
 
 from dex_core import DexDecoder, ar_generate
 from dex_core.distributed.group import ExplorerError, ExplorerGroup
 from dex_core.testing import tiny_tokenizer
 
+pytestmark = pytest.mark.process  # every test here starts explorer processes, or a script that does
+
+# a one-token prompt (no prefill), a prompt prefilled at once, and a repeating one that commits along draft chains
+PROMPTS = [[9], [5, 17, 3, 88, 40, 2, 61], [4, 8, 15, 16, 23, 42] * 3]
+SAMPLED = dict(temperature=0.9, top_k=30, top_p=0.95)
+
 
 def without_timings(trace):
     return [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
 
 
+def running(pids) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
 @pytest.fixture(scope="module")
-def model():
-    return tiny_model("qwen3", tie_word_embeddings=True, head_dim=16)
+def model(qwen3):
+    """The golden traces' family (conftest), shared with the other files' explorer groups."""
+    return qwen3
 
 
-@pytest.mark.parametrize("K,light", [(2, False), (3, True)])
-def test_distributed_equals_sequential_equals_ar_over_several_calls_from_a_one_token_first_request(
-    model, K, light
+@pytest.fixture(scope="module")
+def light():
+    """Light heads of 8 rows, a recorded top 3, pruning to 2 new branches, and draft chains forced on (every
+    lookup runs all stages); one tokenizer, so that every test asking for these options gets the same group."""
+    return {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2, "draft": "gate=0"}
+
+
+@pytest.mark.parametrize("K,is_light", [(2, False), (3, True)])
+def test_distributed_equals_sequential_equals_ar_over_several_calls_of_one_group(
+    model, explorer_group, light, K, is_light
 ):
-    # a fresh group's first request has a one-token prompt (no prefill): in its first round only ranks 0
-    # and 1 exchange rows, the rest go straight to the control all-gather (on NCCL this hung before the
-    # communicator was formed eagerly and warmed up by every rank)
-    prompts = [[9], [5, 17, 3, 88, 40, 2, 61], list(range(1, 22)), [4, 8, 15, 16, 23, 42] * 3]
-    options = (
-        {"tokenizer": tiny_tokenizer(), "proposal_vocab": 8, "trace_top": 3, "prune": 2, "draft": "gate=0"}
-        if light
-        else {}
-    )  # draft chains forced on: every lookup runs all stages
+    options = light if is_light else {}
+    dist_decoder = explorer_group(model, K, **options)
+    sequential_decoder = DexDecoder(model, explorers=K, **options)
+    pids = dist_decoder.group.pids()
+    assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
+    assert dist_decoder.group.data_link == ("gloo", False)  # CPU ranks: rows straight over gloo
+    for i, prompt in enumerate(PROMPTS):
+        sequential = sequential_decoder.generate(prompt, 24)
+        distributed = dist_decoder.generate(prompt, 24)
+        assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 24).tokens
+        assert without_timings(distributed.trace) == without_timings(sequential.trace)
+        chained = [e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1]
+        assert chained or not is_light or i < 2  # the repeating prompt commits along draft chains
+        sampled = dist_decoder.generate(prompt, 16, **SAMPLED, seed=i)
+        assert sampled.tokens == ar_generate(model, prompt, 16, **SAMPLED, seed=i).tokens
+        piped = dist_decoder.generate(prompt, 8, pipeline=True)  # AR through the same stages and ranks
+        assert piped.tokens == ar_generate(model, prompt, 8).tokens and piped.stats.rounds == K * 8
+    assert dist_decoder.group.pids() == pids  # the same processes served every call
+    # every distributed round exchanges (rows, or at least the control all-gather); the sequential schedule never
+    rounds = [e for e in distributed.trace if e["event"] == "round"]
+    assert all(len(e["timings"]["expand"]) == K and e["timings"]["communication"] > 0 for e in rounds)
+    assert distributed.trace[-1]["stats"]["communication_seconds"] == pytest.approx(
+        sum(e["timings"]["communication"] for e in rounds)
+    )
+    assert all(e["timings"]["communication"] == 0 for e in sequential.trace if e["event"] == "round")
+    assert sequential.trace[-1]["stats"]["communication_seconds"] == 0
+
+
+def test_a_reused_explorer_group_gives_the_trace_of_a_fresh_one(model, explorer_group, light):
+    """The same requests on the session's group, after it served others (a longer call, a sampled one, a stream
+    stopped at round 5), and on a freshly started group: the same traces, timings aside. The fresh group's first
+    request has a one-token prompt (no prefill): in its first round only ranks 0 and 1 exchange rows, the rest go
+    straight to the control all-gather (on NCCL this hung before the communicator was formed eagerly and warmed up
+    by every rank)."""
+    reused = explorer_group(model, 3, **light)
+    served = reused.group.pids()
+    reused.generate(PROMPTS[1] * 3, 32)
+    reused.generate(PROMPTS[2], 12, **SAMPLED, seed=7)
+    stream = reused.stream(PROMPTS[2], 60)
+    for event in stream:
+        if event["event"] == "round" and event["round"] == 5:
+            break
+    stream.close()
+    requests = [(PROMPTS[0], {}), (PROMPTS[2], {}), (PROMPTS[1], dict(SAMPLED, seed=3))]
+    again = [without_timings(reused.generate(p, 24, **sampling).trace) for p, sampling in requests]
+    assert reused.group.pids() == served  # one group served every call
     with DexDecoder(
-        model, explorers=K, backend="distributed", devices=("cpu",) * K, threads=1, **options
-    ) as dist_decoder:
-        pids = dist_decoder.group.pids()
-        assert len(pids) == K and all(psutil.pid_exists(p) for p in pids)
-        assert dist_decoder.group.data_link == ("gloo", False)  # CPU ranks: rows straight over gloo
-        for i, prompt in enumerate(prompts):
-            sequential = DexDecoder(model, explorers=K, **options).generate(prompt, 40)
-            distributed = dist_decoder.generate(prompt, 40)
-            assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 40).tokens
-            assert without_timings(distributed.trace) == without_timings(sequential.trace)
-            chained = [
-                e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1
-            ]
-            assert chained or not light or i < 3  # the repeating prompt commits along draft chains
-            sampled = dist_decoder.generate(prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
-            reference = ar_generate(model, prompt, 32, temperature=0.9, top_k=30, top_p=0.95, seed=i)
-            assert sampled.tokens == reference.tokens
-            piped = dist_decoder.generate(prompt, 16, pipeline=True)  # AR through the same stages and ranks
-            assert piped.tokens == ar_generate(model, prompt, 16).tokens and piped.stats.rounds == K * 16
-        assert dist_decoder.group.pids() == pids  # the same processes served every call
-        # every distributed round exchanges (rows, or at least the control all-gather); the sequential schedule never
-        rounds = [e for e in distributed.trace if e["event"] == "round"]
-        assert all(len(e["timings"]["expand"]) == K and e["timings"]["communication"] > 0 for e in rounds)
-        assert distributed.trace[-1]["stats"]["communication_seconds"] == pytest.approx(
-            sum(e["timings"]["communication"] for e in rounds)
-        )
-        assert all(e["timings"]["communication"] == 0 for e in sequential.trace if e["event"] == "round")
-        assert sequential.trace[-1]["stats"]["communication_seconds"] == 0
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+        model, explorers=3, backend="distributed", devices=("cpu",) * 3, threads=1, **light
+    ) as fresh:
+        pids = fresh.group.pids()
+        first = [without_timings(fresh.generate(p, 24, **sampling).trace) for p, sampling in requests]
+    assert set(pids).isdisjoint(served) and first == again
+    assert any(len(e.get("commits", [])) > 1 for e in first[1])  # compared: commits along draft chains too
+    assert running(pids) == []  # closed: every explorer ended
 
 
 def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tokens(model, monkeypatch):
@@ -96,25 +132,13 @@ def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(
     with pytest.raises(ExplorerError, match="explorer rank 0 failed: RuntimeError: injected fault at call 3"):
         decoder.generate([1, 2, 3, 4], 20)
     assert time.monotonic() - tic < 10
-    assert not decoder.group.alive and multiprocessing.active_children() == []
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not decoder.group.alive and multiprocessing.active_children() == [] and running(pids) == []
     # the next call starts a fresh group and is exact again
     result = decoder.generate([1, 2, 3, 4], 20)
     assert result.tokens == ar_generate(model, [1, 2, 3, 4], 20).tokens
     assert set(decoder.group.pids()).isdisjoint(pids)
     decoder.close()
     assert multiprocessing.active_children() == []
-
-
-def test_stopping_a_stream_early_stops_the_explorers_in_step(model):
-    with DexDecoder(model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1) as decoder:
-        stream = decoder.stream([3, 1, 4, 1, 5], 60)
-        for event in stream:
-            if event["event"] == "round" and event["round"] == 5:
-                break
-        stream.close()
-        again = decoder.generate([3, 1, 4, 1, 5], 20)
-        assert again.tokens == ar_generate(model, [3, 1, 4, 1, 5], 20).tokens
 
 
 def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
@@ -200,35 +224,27 @@ def _fault_after_round(decoder, prompt, at_round, fault):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "fault,rank,message",
-    [
-        ("kill", 1, "explorer rank 1 died (was killed by SIGKILL)"),
-        ("stop", 0, "explorer rank 0 stopped"),
-        ("stop-all", None, "explorer ranks 0, 1 stopped"),
-    ],
-)
-def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_is_exact(
-    model, fault, rank, message
-):
-    import os
-    import signal
-
+def test_a_killed_or_stopped_rank_is_named_within_op_timeout_and_the_next_call_is_exact(model):
+    """Three faults in turn on one decoder, each on the fresh group that the call after the one before started."""
     op_timeout = 6.0
+    faults = [
+        (signal.SIGKILL, [1], "explorer rank 1 died (was killed by SIGKILL)"),
+        (signal.SIGSTOP, [0], "explorer rank 0 stopped"),
+        (signal.SIGSTOP, [0, 1], "explorer ranks 0, 1 stopped"),
+    ]
     with DexDecoder(
         model, explorers=2, backend="distributed", devices=("cpu",) * 2, threads=1, op_timeout=op_timeout
     ) as decoder:
-        sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
-        error, seconds = _fault_after_round(
-            decoder,
-            [3, 1, 4],
-            3,
-            lambda pids: [os.kill(p, sig) for k, p in enumerate(pids) if rank in (None, k)],
-        )
-        assert message in error and seconds < op_timeout + 5, (error, seconds)
-        assert not decoder.group.alive
-        again = decoder.generate([2, 7, 1, 8], 12)  # a fresh group
-        assert again.tokens == ar_generate(model, [2, 7, 1, 8], 12).tokens
+        for sig, ranks, message in faults:
+            pids = decoder.group.pids()
+            error, seconds = _fault_after_round(
+                decoder, [3, 1, 4], 3, lambda pids: [os.kill(pids[k], sig) for k in ranks]
+            )
+            assert message in error and seconds < op_timeout + 5, (message, error, seconds)
+            assert not decoder.group.alive and running(pids) == []
+            again = decoder.generate([2, 7, 1, 8], 12)  # a fresh group
+            assert again.tokens == ar_generate(model, [2, 7, 1, 8], 12).tokens
+            assert set(decoder.group.pids()).isdisjoint(pids)
 
 
 PARENT_SCRIPT = """
@@ -249,8 +265,6 @@ time.sleep(600)
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name,state", [("SIGKILL", "idle"), ("SIGTERM", "busy")])
 def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, state):
-    import os
-    import signal
     import subprocess
     import sys
 
@@ -264,10 +278,8 @@ def test_explorers_end_themselves_when_their_parent_dies(tmp_path, signal_name, 
     os.kill(parent.pid, getattr(signal, signal_name))
     parent.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
-    ):
+    while time.monotonic() < deadline and running(pids):
         time.sleep(0.2)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = running(pids)
     assert not alive, f"explorers {alive} outlived their parent by 10 s"
     assert not os.path.exists(folder)  # rank 0 removed the group's folder, which the killed parent could not

@@ -1,6 +1,7 @@
 """The distributed schedule's device and wait rules, proved on CPU without starting explorer processes:
 how ranks wait for their peers, which backend and devices they agree on, and how torchrun ranks pick a GPU."""
 
+import inspect
 import threading
 import time
 import warnings
@@ -11,12 +12,13 @@ import torch
 import torch.distributed as dist
 from conftest import tiny_model
 
+from dex_core.analysis.profile import decode_order_seconds
 from dex_core.config import DexError
 from dex_core.distributed.link import DistLink
 from dex_core.distributed.placement import resolve_devices
 from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
 from dex_core.distributed.torchrun import torchrun_device
-from dex_core.tools.profile import decode_order_seconds
+from dex_core.runtime.links import Link, LocalLink
 
 
 def gloo_pair():
@@ -252,7 +254,7 @@ def test_the_profile_times_its_blocks_in_a_decodes_order_not_each_in_a_loop():
 
 
 def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it(monkeypatch, tmp_path):
-    from dex_core.tools import profile as prof
+    from dex_core.analysis import profile as prof
 
     gpus(monkeypatch, 2)
     assert prof.link_devices("cuda:0") == ("cuda:0", "cuda:1") and prof.link_devices("cpu") == ("cpu", "cpu")
@@ -275,3 +277,15 @@ def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it
     assert (
         prof.measure_profile(model, 16, log=lambda *_: pytest.fail("not cached")) == got
     )  # tables read back
+
+
+def test_both_links_meet_the_contract_the_round_loop_relies_on():
+    methods = [m for m, v in vars(Link).items() if callable(v) and not m.startswith("_")]
+    assert sorted(methods + list(Link.__annotations__)) == sorted(
+        ["cancelled", "comm_seconds", "exchange", "inputs", "keep", "post", "prefill", "reset"]
+    )
+    for made in (LocalLink(), link()):
+        assert made.comm_seconds == 0.0 and made.cancelled is False
+        for m in methods:
+            ours, contract = inspect.signature(getattr(made, m)), inspect.signature(getattr(Link, m))
+            assert list(ours.parameters) == list(contract.parameters)[1:], (type(made).__name__, m)

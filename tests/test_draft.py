@@ -5,7 +5,7 @@ seeded sampling, sequential schedule; the distributed one is checked in test_dis
 import functools
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from dex_core import DecoderOptions, DexDecoder, DexError, ar_generate
@@ -172,7 +172,6 @@ def chain_cases(draw):
     return draw(st.integers(0, 2)), decoder, generation, prompt
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=chain_cases())
 def test_dex_with_draft_chains_forced_on_emits_the_ar_references_tokens(case):
     seed, decoder_options, generation, prompt = case

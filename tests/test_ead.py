@@ -7,9 +7,9 @@ import torch
 from conftest import tiny_model
 
 from dex_core import DexDecoder
+from dex_core.analysis.ead import analyse, best_depths, layer_matches, matched_stages, set_cost
 from dex_core.model.adapters import new_adapters
 from dex_core.model.lens import layer_candidates
-from dex_core.tools.ead import analyse, best_depths, layer_matches, matched_stages, set_cost
 
 
 def scripted(omega, tokens, others=None):

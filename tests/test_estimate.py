@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from app import estimate
-from app.estimate import Pace, forecast, round_seconds
+from app.estimate import Pace
+from dex_core.analysis.forecast import forecast, round_seconds
 
 ONE_ROW = {"layer": 0.01, "head": 0.05, "proposal": 0.005}  # seconds at one row
 
@@ -90,8 +91,8 @@ def test_a_notice_comes_once_when_the_measured_pace_passes_the_slow_threshold(mo
 
 
 def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(tiny_dir, monkeypatch):
-    from app.runtime import Runtime
-    from app.settings import AppSettings
+    from app.server_settings import AppSettings
+    from app.server_state import Runtime
     from dex_core import DexDecoder
 
     runtime = Runtime(AppSettings(model=str(tiny_dir)))

@@ -1,4 +1,8 @@
-"""DEX emits exactly the tokens of autoregressive decoding (float64 tiny models of each family)."""
+"""DEX emits exactly the tokens of autoregressive decoding on Llama, Mistral (a sliding window), Qwen 2 and Qwen 3
+(float64 tiny models; the other families are tests/test_families.py): HF ``generate`` as the greedy reference, every
+uniform K from 1 to L, one-token and long prompts, non-uniform exploration sets, seeded sampling configs, EOS, AR
+through the stages. The golden traces (tests/test_golden.py) guard Qwen 3's full traces at K = 2, 3, 4 under every
+option; these tests take each case once, not every combination of them (options rotated across families)."""
 
 import pytest
 import torch
@@ -13,7 +17,9 @@ FAMILIES = {
     "qwen2": {"tie_word_embeddings": True},
     "qwen3": {"tie_word_embeddings": True, "head_dim": 16},
 }
-NEW = 64
+# new tokens: several collapses, and past Mistral's window (the stage caches start at 256 entries: 64 tokens never
+# grew them either)
+NEW = 32
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -21,7 +27,23 @@ def family_model(request):
     return tiny_model(request.param, **FAMILIES[request.param])
 
 
-@pytest.mark.parametrize("prompt_len", [1, 5, 23])
+def on(family: str, *values):
+    """One case on ``family``'s model (the ``family_model`` fixture, parametrized indirectly)."""
+    return pytest.param(family, *values, id="-".join(map(case_id, (family, *values))))
+
+
+def case_id(value) -> str:
+    if isinstance(value, dict):
+        return "sampled" if value else "greedy"
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+# every prompt length on some family, Mistral's window met from one token and from a prompt past it
+@pytest.mark.parametrize(
+    "family_model,prompt_len",
+    [on("llama", 23), on("mistral", 1), on("mistral", 23), on("qwen2", 5), on("qwen3", 1)],
+    indirect=["family_model"],
+)
 def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_len):
     prompt = torch.randint(0, 96, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
     reference = hf_greedy(family_model, prompt, NEW)
@@ -46,8 +68,21 @@ def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_
         assert result.stats.rounds == commits[-1][0]
 
 
-@pytest.mark.parametrize("depths", [(1, 6), (4, 5, 6), (1, 2, 6), (2, 3, 4, 6)])
-@pytest.mark.parametrize("decs", [True, False])
+# each set on two families, once with DECS and once without; each family with DECS on and off
+@pytest.mark.parametrize(
+    "family_model,depths,decs",
+    [
+        on("llama", (1, 6), True),
+        on("llama", (2, 3, 4, 6), False),
+        on("mistral", (4, 5, 6), True),
+        on("mistral", (1, 6), False),
+        on("qwen2", (1, 2, 6), True),
+        on("qwen2", (4, 5, 6), False),
+        on("qwen3", (2, 3, 4, 6), True),
+        on("qwen3", (1, 2, 6), False),
+    ],
+    indirect=["family_model"],
+)
 def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths, decs):
     prompt = [5, 17, 3, 88, 40, 2, 61, 9, 33, 70, 12]
     reference = hf_greedy(family_model, prompt, NEW)
@@ -55,11 +90,21 @@ def test_greedy_dex_equals_hf_generate_for_non_uniform_sets(family_model, depths
     assert result.tokens == reference
 
 
-@pytest.mark.parametrize("seed", [0, 1, 7])
+SAMPLING = [(1.0, None, None), (0.7, 20, None), (1.3, None, 0.9), (0.9, 10, 0.8)]  # temperature, top_k, top_p
+SEEDS = (0, 1, 7)
+
+
+# every family under every config; the seeds rotated across configs and families, not crossed with them
 @pytest.mark.parametrize(
-    "temperature,top_k,top_p", [(1.0, None, None), (0.7, 20, None), (1.3, None, 0.9), (0.9, 10, 0.8)]
+    "family_model,temperature,top_k,top_p,seed",
+    [
+        on(family, *config, SEEDS[(i + j) % len(SEEDS)])
+        for i, family in enumerate(sorted(FAMILIES))
+        for j, config in enumerate(SAMPLING)
+    ],
+    indirect=["family_model"],
 )
-def test_seeded_sampling_dex_equals_ar_generate(family_model, seed, temperature, top_k, top_p):
+def test_seeded_sampling_dex_equals_ar_generate(family_model, temperature, top_k, top_p, seed):
     prompt = [3, 14, 15, 92, 65, 35]
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     reference = ar_generate(family_model, prompt, NEW, **sampling)
@@ -123,8 +168,19 @@ def test_sampled_first_tokens_follow_the_model_softmax():
     assert (counts > 0).all()
 
 
+PIPELINE_SAMPLED = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}
+
+
+# each of the two (K, sampling) cases on two families
 @pytest.mark.parametrize(
-    "K,sampling", [(2, {}), (4, {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7})]
+    "family_model,K,sampling",
+    [
+        on("llama", 2, {}),
+        on("mistral", 4, PIPELINE_SAMPLED),
+        on("qwen2", 4, PIPELINE_SAMPLED),
+        on("qwen3", 2, {}),
+    ],
+    indirect=["family_model"],
 )
 def test_ar_through_the_stages_equals_the_ar_reference_in_k_rounds_per_token(
     family_model, K, sampling, tmp_path

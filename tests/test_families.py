@@ -86,6 +86,7 @@ def test_a_family_that_changes_its_logits_outside_the_layers_is_certified_by_ver
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("name,dtype", [("gemma3_text", "float64"), ("qwen3_moe", "float32")])
 def test_explorer_processes_each_loading_their_own_part_run_the_family_exactly(
     name, dtype, tmp_path, monkeypatch

@@ -71,6 +71,7 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # three processes that import torch and transformers (35 s on a busy 2-core machine)
+@pytest.mark.process
 def test_three_processes_loading_the_default_at_once_all_succeed_and_leave_one_complete_copy(tmp_path):
     cache, barrier = tmp_path / "cache", tmp_path / "barrier"
     barrier.mkdir()

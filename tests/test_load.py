@@ -1,12 +1,13 @@
 """The app under concurrent load (bounded: 8 clients, a few requests each, on a tiny model), and the
 distributed backend's bound on live explorer groups."""
 
+import contextlib
 import gc
 import threading
 
 import psutil
 import pytest
-from conftest import launch_app, tiny_tokenizer
+from conftest import tiny_tokenizer
 from test_app import shown_tokens
 
 from dex_core import DexError, ar_generate, encode_prompt, load_model
@@ -14,15 +15,14 @@ from dex_core import DexError, ar_generate, encode_prompt, load_model
 PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
 
 
-@pytest.fixture(scope="module")
-def loaded_app(tiny_dir):
-    from transformers import AutoModelForCausalLM
-
-    from app.settings import AppSettings
-
-    demo, url = launch_app(AppSettings(model=str(tiny_dir), explorers=3, queue_size=64))
-    yield url, AutoModelForCausalLM.from_pretrained(tiny_dir)
-    demo.close()
+def children(process) -> set[int]:
+    """The process ids of ``process``'s live children and theirs."""
+    alive = set()
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended meanwhile
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+    return alive
 
 
 def _client(url, worker: int, model, results: list, errors: list) -> None:
@@ -58,9 +58,12 @@ def _client(url, worker: int, model, results: list, errors: list) -> None:
 
 
 @pytest.mark.slow
-def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_baseline(loaded_app):
-    url, model = loaded_app
+def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_baseline(app_server, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    url, model = app_server.url, AutoModelForCausalLM.from_pretrained(tiny_dir)
     me = psutil.Process()
+    running = children(me)  # the session's own (its Chromium, explorer groups other tests share)
     _client(url, 0, model, [], [])  # warm-up: model loaded, code paths compiled
     gc.collect()
     baseline = me.memory_info().rss
@@ -76,31 +79,32 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
     gc.collect()
     grown = (me.memory_info().rss - baseline) / 2**20
     assert grown < 150, f"RSS grew by {grown:.0f} MB under load"
-    assert me.children(recursive=True) == []  # the sequential backend starts no process
+    assert not children(me) - running  # the sequential backend starts no process
 
 
 @pytest.mark.slow
-def test_eight_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
-    from app.runtime import Runtime
-    from app.settings import AppSettings, ui_config
+@pytest.mark.process
+def test_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
+    from app.inputs import Controls
+    from app.server_settings import AppSettings
+    from app.server_state import Runtime
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     me = psutil.Process()
+    running = children(me)  # the session's own (its Chromium, explorer groups other tests share)
     reference, _ = load_model(str(tiny_dir), device="cpu")
     try:
+        # groups are keyed by the resolved settings (RunSettings; which fields tell runs apart: test_stage_load):
+        # another K, an option changed at the same K, then prune auto, which is 1 on CPU explorers: the same group
         settings = [
-            dict(explorers=2),
-            dict(explorers=2, decs=False),
             dict(explorers=3),
-            dict(depths="2,6"),
-            dict(explorers=2, adapters=False),
-            dict(explorers=3, decs=False),
-            dict(depths="3,6"),
+            dict(explorers=2, decs=False),
+            dict(explorers=2, prune="1"),
             dict(explorers=2),
-        ]  # depths 3,6 are K=2's uniform set: the same group as the one before
+        ]
         groups = []
         for controls in settings:
-            config = ui_config(max_new_tokens=6, **controls)
+            config = Controls(max_new_tokens=6, **controls).config()
             decoder = runtime.decoder(config)
             groups.append(decoder.group.pids())
             ids = encode_prompt(tiny_tokenizer(), "hello world", chat=False)
@@ -109,16 +113,17 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
                 == ar_generate(reference, ids, 6).tokens
             )
             assert decoder.model is None  # the server holds no weights: each explorer reads its own part
-            alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+            alive = children(me) - running
             assert len(alive) == decoder.K, (controls, alive)
-        assert groups[7] == groups[6] and len({tuple(g) for g in groups}) == 7
+        assert groups[3] == groups[2] and len({tuple(g) for g in groups}) == 3
         with pytest.raises(DexError, match="the Analysis runs the whole model in this server's process"):
             runtime.model("the Analysis")
         # the Race's AR lane: AR through the same stages on the same group, then DEX (no third group)
-        from app.model_work import StopRequests
+        from app.handlers import StopRequests
+        from app.inputs import RaceInputs
         from app.race import race_frames
 
-        frames = list(race_frames(runtime, StopRequests(), "hello world", False, 2, True, 6))
+        frames = list(race_frames(runtime, StopRequests(), RaceInputs("hello world", False, 2, True, 6)))
         ar_text, dex_text, figure, summary = frames[-1]
         assert ar_text == dex_text and "identical output" in summary
         assert [t.name for t in figure.data] == [
@@ -126,7 +131,7 @@ def test_eight_distributed_requests_with_different_settings_leave_at_most_one_ex
             "DEX on 2 devices (measured)",
         ]
         assert "AR (through the same 2 stages, one device each)" in summary and "Projected" not in summary
-        assert decoder.group.pids() == groups[7]
+        assert decoder.group.pids() == groups[3]
     finally:
         runtime.close()
-    assert [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not children(me) - running

@@ -2,30 +2,25 @@
 the run, and a report that opens from disk in Chromium with every figure drawn."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import BROWSER_ARGS, CHROMIUM, needs_chromium
 
-from dex_core.tools.paper import CLAIMS, findings
-from dex_core.tools.walltime import fit, predict, table1
+from dex_core.cli import main
+from dex_core.tools.paper.paper import CLAIMS, findings
+from dex_core.tools.paper.walltime import fit, predict, table1
 from visualize.paper import paper_html
 
 
 @pytest.fixture(scope="module")
 def paper(tmp_path_factory):
+    """``dex paper --quick`` run once, in this process (the ``dex`` entry point's subprocess smoke test is
+    tests/test_cli.py's); it draws paper.html in a process of its own (``python -m visualize.paper``)."""
     out = tmp_path_factory.mktemp("paper")
-    proc = subprocess.run(
-        [sys.executable, "-m", "dex_core.cli", "paper", "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
+    assert main(["paper", "--quick", "--out", str(out)]) == 0
     return out, json.loads((out / "paper.json").read_text())
 
 
+@pytest.mark.process
 def test_every_row_is_exact_and_every_figure_is_computed_from_the_run(paper):
     _, data = paper
     tokens = 3 * 16  # the quick matrix: 3 synthetic prompts x 16 tokens
@@ -59,7 +54,7 @@ def test_every_row_is_exact_and_every_figure_is_computed_from_the_run(paper):
         assert r["error"] == pytest.approx(r["predicted_speedup"] / r["measured_speedup"] - 1)
 
 
-def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama):
+def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama, explorer_group):
     tau, L = 0.01, 6
     tune = [
         {"method": "ar-hf", "seconds": 20 * tau * (L + 2.0), "tokens": 20},
@@ -87,13 +82,7 @@ def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama
     ]
     (row,) = predict(evaluated, fitted, L)
     assert row["predicted_speedup"] == pytest.approx(8.0 / 11.5) and row["error"] == pytest.approx(0.0)
-    from dex_core import DexDecoder
-
-    decoder = DexDecoder(llama, explorers=2, backend="distributed", devices=("cpu", "cpu"), threads=1)
-    try:
-        trace = decoder.generate([3, 1, 4, 1, 5], 12).trace
-    finally:
-        decoder.close()
+    trace = explorer_group(llama, 2).generate([3, 1, 4, 1, 5], 12).trace
     table = table1([trace])
     rounds = [e["timings"] for e in trace if e["event"] == "round"]
     assert table["rounds"] == len(rounds) and table["ranks"] == 2
@@ -105,6 +94,7 @@ def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama
     )
 
 
+@pytest.mark.process
 def test_the_report_escapes_what_the_file_says(paper):
     _, data = paper
     evil = json.loads(json.dumps(data))
@@ -115,33 +105,23 @@ def test_the_report_escapes_what_the_file_says(paper):
     assert "&lt;img src=x onerror=&quot;window.__xss=1&quot;&gt;" in html
 
 
-@needs_chromium
-def test_the_report_opens_offline_with_every_figure_drawn(paper):
-    from playwright.sync_api import sync_playwright
-
+@pytest.mark.process
+def test_the_report_opens_offline_with_every_figure_drawn(paper, page):
     out, data = paper
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        outside = []
-        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else outside.append(r.url))
-        page.goto((out / "paper.html").as_uri(), timeout=60_000)
-        page.wait_for_function(
-            "() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
-            " && g.querySelector('.barlayer .point, .scatterlayer .point')).length === 3",
-            timeout=60_000,
-        )
-        titles = page.evaluate(
-            "() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g.layout.title.text)"
-        )
-        cells = page.evaluate(
-            "() => [...document.querySelectorAll('.paper-claims td')].map(td => td.innerText)"
-        )
-        predicted = page.evaluate("() => document.querySelectorAll('.paper-table tr').length")
-        bars = page.evaluate(
-            "() => document.querySelector('#paper-fig-0').data.filter(t => t.type === 'bar')"
-        )
-        browser.close()
+    outside = []
+    page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else outside.append(r.url))
+    page.goto((out / "paper.html").as_uri(), timeout=60_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.data?.length"
+        " && g.querySelector('.barlayer .point, .scatterlayer .point')).length === 3",
+        timeout=60_000,
+    )
+    titles = page.evaluate(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g.layout.title.text)"
+    )
+    cells = page.evaluate("() => [...document.querySelectorAll('.paper-claims td')].map(td => td.innerText)")
+    predicted = page.evaluate("() => document.querySelectorAll('.paper-table tr').length")
+    bars = page.evaluate("() => document.querySelector('#paper-fig-0').data.filter(t => t.type === 'bar')")
     assert [t.split(":")[0] for t in titles] == ["Fig. 3", "Fig. 4", "Fig. 6"] and outside == []
     assert cells == [text for key in CLAIMS for text in (CLAIMS[key], data["findings"][key])]
     rows = data["fig3"]["synthetic"]["rows"]

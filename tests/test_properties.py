@@ -13,11 +13,11 @@ import math
 import re
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from app.settings import PRUNE_CHOICES, control
+from app.inputs import PRUNE_CHOICES, Controls, control
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model, tiny_tokenizer
@@ -157,21 +157,19 @@ def valid_cases(draw):
 
 
 @st.composite
-def invalid_cases(draw):
-    """(the bad field, decoder options, generation options, prompt): valid options but one field, always wrong."""
+def invalid_cases(draw, field: str):
+    """(decoder options, generation options, prompt): valid options but ``field``, always wrong."""
     values = {
         name: draw(strategy)
         for name, strategy in VALID.items()
         if name in ("max_new_tokens", "prompt") or draw(st.booleans())
     }
-    field = draw(st.sampled_from(sorted(BAD)))
     values[field] = draw(BAD[field])
     if field == "explorers":
         values.pop("depths", None)  # explicit depths decide K; explorers then only has to be an integer >= 1
-    return (field, *split(values))
+    return split(values)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=valid_cases())
 def test_valid_options_give_exactly_the_ar_references_tokens(case):
     decoder_options, generation, prompt = case
@@ -181,11 +179,11 @@ def test_valid_options_give_exactly_the_ar_references_tokens(case):
     assert decoder.generate(prompt, **generation).tokens == ar
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=invalid_cases())
-def test_one_invalid_option_is_a_dex_error_naming_it_from_dex_and_the_ar_reference_alike(case):
-    field, decoder_options, generation, prompt = case
-    event(field)
+# each field refused in every run, not only where it is drawn
+@pytest.mark.parametrize("field", sorted(BAD))
+@given(data=st.data())
+def test_one_invalid_option_is_a_dex_error_naming_it_from_dex_and_the_ar_reference_alike(field, data):
+    decoder_options, generation, prompt = data.draw(invalid_cases(field))
     named = re.escape(field)  # the message names the option (or the prompt) it refuses
     if field in DECODER_FIELDS:
         with pytest.raises(DexError, match=named):
@@ -258,9 +256,7 @@ def number(value):
 
 
 def ui_defaults() -> dict:
-    from app.settings import ui_config
-
-    return {name: p.default for name, p in inspect.signature(ui_config).parameters.items()}
+    return {name: p.default for name, p in inspect.signature(Controls).parameters.items()}
 
 
 def parsed_depths(depths):
@@ -268,12 +264,12 @@ def parsed_depths(depths):
     return tuple(int(d) for d in text.split(",")) if text.strip() else None
 
 
-@settings(max_examples=200, deadline=None)
+# 12 optional controls, most sent in up to four forms (int, float, text, padded text): the profile's examples
+# meet few of the combinations, and an example costs about 2 ms (no model runs), so this one takes 16 times as many
+@settings(max_examples=16 * settings.default.max_examples)
 @given(controls=st.fixed_dictionaries({}, optional=UI_VALID))
 def test_the_apps_valid_control_values_give_the_config_they_say(controls):
-    from app.settings import ui_config
-
-    config = ui_config(**controls)  # never a DexError
+    config = Controls(**controls).config()  # never a DexError
     sent = {**ui_defaults(), **controls}
     sample = sent["sample"]
     expected = {
@@ -302,18 +298,15 @@ def test_the_apps_valid_control_values_give_the_config_they_say(controls):
         assert offered["minimum"] <= getattr(config, name) <= offered["maximum"]
 
 
-@settings(max_examples=200, deadline=None)
+# each control refused in every run, not only where it is drawn
+@pytest.mark.parametrize("name", sorted(UI_BAD))
 @given(data=st.data(), controls=st.fixed_dictionaries({}, optional=UI_VALID))
-def test_one_refused_control_value_is_a_dex_error_naming_that_control(data, controls):
-    from app.settings import ui_config
-
-    name = data.draw(st.sampled_from(sorted(UI_BAD)))
+def test_one_refused_control_value_is_a_dex_error_naming_that_control(name, data, controls):
     controls[name] = data.draw(UI_BAD[name])
     if name in ("temperature", "top_k", "top_p"):
         controls["sample"] = True  # with sampling off the app ignores these three
-    event(name)
     with pytest.raises(DexError, match=re.escape(UI_NAMES.get(name, name))):
-        ui_config(**controls)
+        Controls(**controls).config()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dex_core import DexDecoder, DexError, ar_generate
+from dex_core.analysis.ead import layer_candidates
 from dex_core.data import ranking as rank
 from dex_core.data.ranking import token_ranking
 from dex_core.model.adapter_choice import load_adapters
@@ -14,7 +15,6 @@ from dex_core.model.cost import ModelCost
 from dex_core.model.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking
 from dex_core.model.view import model_view
 from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.tools.ead import layer_candidates
 
 PROMPT = [5, 9, 14, 3, 22]
 
@@ -54,16 +54,17 @@ def test_rows_option():
         DexDecoder(tiny_model("llama"), proposal_vocab=8)
 
 
+# DECS rotated across the modes (the golden traces run light heads with DECS on and off, greedy and sampled)
 @pytest.mark.parametrize(
-    "options",
+    "options,decs",
     [
-        {},
-        {"temperature": 0.9, "seed": 4},
-        {"temperature": 1.3, "top_k": 6, "seed": 1},
-        {"temperature": 0.7, "top_p": 0.7, "seed": 9},
+        ({}, True),
+        ({"temperature": 0.9, "seed": 4}, False),
+        ({"temperature": 1.3, "top_k": 6, "seed": 1}, True),
+        ({"temperature": 0.7, "top_p": 0.7, "seed": 9}, False),
     ],
+    ids=["greedy-decs", "sampled-nodecs", "top_k-decs", "top_p-nodecs"],
 )
-@pytest.mark.parametrize("decs", [True, False])
 def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tokens(options, decs):
     model = tiny_model("llama").double()
     decoder = DexDecoder(model, explorers=3, tokenizer=tok(), proposal_vocab=6, decs=decs, trace_top=3)

@@ -9,11 +9,12 @@ from conftest import tiny_model
 
 from dex_core.config import DexError, GenerationOptions
 from dex_core.runtime.reference import ar_generate
-from dex_core.tools.bench import BenchConfig, run_bench
-from dex_core.tools.bench_report import terminal
-from dex_core.tools.tensor_parallel import TensorParallelAR, tp_size, tp_sizes
+from dex_core.tools.baselines.tensor_parallel import TensorParallelAR, tp_size, tp_sizes
+from dex_core.tools.bench.bench import BenchConfig, run_bench
+from dex_core.tools.bench.report import terminal
 
 
+@pytest.mark.process
 def test_ar_tp_over_two_ranks_equals_ar_generate_on_a_float64_model(tiny_dir, llama):
     sampled = GenerationOptions(temperature=1.0, seed=7, max_new_tokens=10)
     with TensorParallelAR(str(tiny_dir), None, torch.float64) as group:  # 4 heads, 2 KV heads: 2 ranks
@@ -57,6 +58,7 @@ def test_a_tp_size_that_does_not_divide_the_heads_is_refused_before_any_process(
         BenchConfig(tp_size=1)
 
 
+@pytest.mark.process
 def test_dex_bench_quick_ar_tp_row_is_identical_and_certified():
     report = run_bench(BenchConfig(quick=True, methods=("ar-hf", "ar-tp")), log=lambda line: None)
     rows = {r["method"]: r for r in report["results"]}
@@ -73,7 +75,7 @@ def test_dex_bench_quick_ar_tp_row_is_identical_and_certified():
 TP_PARENT = """
 import sys, time, torch
 from dex_core.testing import tiny_model
-from dex_core.tools.tensor_parallel import TensorParallelAR
+from dex_core.tools.baselines.tensor_parallel import TensorParallelAR
 
 group = TensorParallelAR(tiny_model("llama"), 2, torch.float64)
 print(*[p.pid for p in group._procs], group._tmp, flush=True)
@@ -82,6 +84,7 @@ time.sleep(600)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ranks_end_and_remove_their_folder_when_the_parent_is_killed(tmp_path):
     import os
     import signal

@@ -15,6 +15,7 @@ from conftest import free_port
 from dex_core import ar_generate, encode_prompt, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.process
 
 
 def two_nodes(command: list[str], tmp_path: Path, env=None) -> list[subprocess.Popen]:

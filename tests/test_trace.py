@@ -6,6 +6,7 @@ import pytest
 
 from dex_core import DexDecoder, DexError, load_trace, save_trace
 from dex_core.trace.events import TRACE_VERSION, round_commits
+from dex_core.trace.typed import EndEvent, RoundEvent, StartEvent, parse_events
 
 CHAINED = [4, 8, 15, 16, 23, 42, 7, 9] * 3  # a prompt that repeats itself: lookups find drafts
 
@@ -32,6 +33,31 @@ def test_events_are_plain_json_and_survive_a_round_trip(trace, tmp_path):
     assert events == json.loads(json.dumps(trace)) and meta == {"model": "tiny"}
     assert trace[0]["event"] == "start" and trace[0]["version"] == TRACE_VERSION
     assert trace[-1]["event"] == "end" and trace[-1]["stats"]["tokens"] == 24
+
+
+def test_a_saved_trace_parses_once_into_typed_events_that_say_what_its_records_say(trace, tmp_path):
+    save_trace(tmp_path / "t.json", trace)
+    events = parse_events(load_trace(tmp_path / "t.json")[0])
+    start, rounds, end = events[0], events[1:-1], events[-1]
+    assert (
+        isinstance(start, StartEvent)
+        and isinstance(end, EndEvent)
+        and all(isinstance(e, RoundEvent) for e in rounds)
+    )
+    assert (start.method, start.depths, start.explorers, start.device) == (
+        "dex",
+        trace[0]["depths"],
+        4,
+        "cpu",
+    )
+    assert [c.token for e in rounds for c in e.commits] == end.tokens == trace[-1]["tokens"]
+    assert [c.via for e in rounds for c in e.commits] == [
+        c["via"] for e in trace[1:-1] for c in round_commits(e)
+    ]
+    assert {n.kind for e in rounds for n in e.nodes} <= {"root", "depth", "position", "chain"}
+    assert end.stop == "length" and parse_events(events) == events  # typed events pass through as they are
+    with pytest.raises(DexError, match="not a trace event"):
+        parse_events([{"event": "frame"}])
 
 
 def test_foreign_and_newer_files_are_refused(tmp_path):

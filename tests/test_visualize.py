@@ -293,7 +293,7 @@ def test_race_figure_draws_one_line_per_series():
 def test_ead_and_speedup_figures_plot_histograms_and_the_oracle_line():
     import torch
 
-    from dex_core.tools.ead import analyse
+    from dex_core.analysis.ead import analyse
 
     tokens = torch.tensor([5, 6, 7, 8])
     ready = torch.tensor(

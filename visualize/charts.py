@@ -237,7 +237,7 @@ def depth_colouring(view: dict, metric: str) -> dict:
 
 
 def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go.Figure:
-    """The logit lens as a heatmap (``dex_core.lens.depth_view``): token (x) by layer (y), coloured by the
+    """The logit lens as a heatmap (``dex_core.model.lens.depth_view``): token (x) by layer (y), coloured by the
     committed token's probability (``metric="prob"``) or rank (``"rank"``, 0 = top) at that layer; the
     explored ``depths`` (where stages 0, 1, … end) as dashed lines labelled with their stage, each token's
     earliest stable layer (EAD) as a white dot named in the legend; hovering a cell shows that layer's top

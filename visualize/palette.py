@@ -117,10 +117,6 @@ def ink_on(colour: str) -> str:
     return "#ffffff" if colour in _DARK else "#1b2631"
 
 
-def stage_ink(stage: int, depths) -> str:
-    return ink_on(stage_color(stage, depths))
-
-
 def stage_tick(stage: int, depths) -> str:
     """A figure's stage label: a square in the stage's colour, then ``E<stage> · d=<depth>``
     (Plotly text: the values are numbers, formatted here, so nothing from a trace reaches markup)."""

@@ -134,7 +134,7 @@ def _how_counted(f: dict) -> str:
 
 def readiness_table_html(result: dict, adapter_depths) -> str:
     """Per K: uniform depths, S_X, DEX's K / rounds per token, cost per token of the uniform and the best
-    exploration set (``dex_core.ead.readiness`` with ``best=True``, and ``cost``), in plain words."""
+    exploration set (``dex_core.analysis.ead.readiness`` with ``best=True``, and ``cost``), in plain words."""
     costed = result["predicted"] and "cost_per_token" in result["predicted"][0]["uniform"]
 
     def cost(p):

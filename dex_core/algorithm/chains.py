@@ -1,4 +1,4 @@
-"""Draft chains: the token axis inside the lattice, planned beside it (``ChainPlanner``; DESIGN.md).
+"""Draft chains: the token axis inside the lattice, planned beside it (``ChainPlanner``).
 
 A new stage-0 slot X (root or position child) whose prefix ends with an n-gram seen earlier in the context (the
 prompt and the commits, ``draft.PromptLookup``) gets a *chain*: slots X_1..X_m with the looked-up continuation

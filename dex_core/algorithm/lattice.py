@@ -1,6 +1,6 @@
 """The depth x position lattice and its finite-state control, as pure bookkeeping (no model).
 
-Vocabulary (DESIGN.md):
+Vocabulary (the paper's §3.2, lattice expansion and commit–collapse):
 - A *slot* predicts the token at one absolute position under one prefix; its input token is the
   prefix's last token. The anchor slot predicts the commit position under the committed prefix.
 - A *node* (exploration token, ETK) is one slot after one stage. Computing it yields a candidate.
@@ -25,8 +25,15 @@ device (``runtime.settings.resolve_prune``). Draft chains (the token axis) are p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .chains import ChainPlanner
+
+NodeKind = Literal["root", "depth", "position", "chain"]  # "chain": a chain slot's stage-0 node
+ChildKind = Literal[
+    "root", "depth", "position"
+]  # what a queued child becomes (a chain node is made directly)
+Via = Literal["chain", "position", "root"]  # how the next anchor was found ("root": from scratch)
 
 
 @dataclass
@@ -46,7 +53,7 @@ class Node:
     id: int
     slot: int
     stage: int
-    kind: str  # "root" | "depth" | "position" | "chain" (a chain slot's stage-0 node)
+    kind: NodeKind
     parent: int | None  # depth parent (same slot) or the node whose candidate started this slot
     position: int
     input_token: int
@@ -60,7 +67,7 @@ class Node:
 class Child:
     """A node queued for the next round: a depth or position child of ``parent``, or a root (token, position)."""
 
-    kind: str  # "root" | "depth" | "position"
+    kind: ChildKind
     parent: int | None  # node id
     token: int = -1  # input token of a root
     position: int = -1  # position of a root
@@ -86,7 +93,7 @@ class Commit:
     anchor_candidates: list[int]
     anchor_slot: int
     next_anchor: int | None  # the first node of the slot that becomes the anchor (None: start from scratch)
-    via: str  # how the next anchor was found: "chain", "position" or "root" (from scratch)
+    via: Via  # how the next anchor was found
     drafted: bool  # the committed slot was a chain slot (its input a looked-up token)
 
 
@@ -172,7 +179,7 @@ class Lattice:
         self.children = [c for c in self.children if id(c) not in cut]
         return sorted(c.parent for c in ranked[prune:])
 
-    def _new_node(self, slot: int, stage: int, kind: str, parent: int | None) -> Node:
+    def _new_node(self, slot: int, stage: int, kind: NodeKind, parent: int | None) -> Node:
         s = self.slots[slot]
         node = Node(self._next_node, slot, stage, kind, parent, s.position, s.input_token, self.rounds)
         self._next_node += 1

@@ -36,11 +36,10 @@ class DistLink(LocalLink):
         progress=None,
         staged: bool = False,
     ):
-        super().__init__(count)
+        super().__init__()
         self.staged = staged  # rows travel as host tensors over a gloo data group (ranks that share a GPU)
         self.cancel = cancel  # has is_set(): the parent asked to stop early
         self.progress = progress  # called with the round number as this rank starts to wait on its peers
-        self.local = [rank]
         self.rank, self.count = rank, count
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, torch.device(device)
         self.ctrl = ctrl_group

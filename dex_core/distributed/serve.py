@@ -83,18 +83,9 @@ def _serve(args, config: DexConfig, group) -> None:
             for commit in round_commits(event) if event["event"] == "round" else []:
                 stream.push(commit["token"])
         stream.finish()
-        start = start_event(
-            "dex",
-            settings.depths,
-            view.num_layers,
-            request,
-            settings.decs,
-            settings.adapters.depths,
-            settings.proposal_vocab or view.vocab,
-            settings.depth_choice,
-            settings.prune,
+        print_report(
+            event["stats"], start_event(request, view, settings), time.perf_counter() - tic, "distributed"
         )
-        print_report(event["stats"], start, time.perf_counter() - tic, "distributed")
 
 
 def main(argv=None) -> int:

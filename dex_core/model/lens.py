@@ -4,7 +4,7 @@ One forward pass over prompt + generated tokens gives every layer's hidden state
 position t. Layer l < L proposes through LM head(final norm(adapter_l(h_l))) — an inducing adapter
 where one is given, the plain lens elsewhere — and layer L is the model's own output. From those logits:
 
-- ``layer_candidates``: each layer's ranked top candidates (what ``dex_core.tools.ead`` replays DEX on; a
+- ``layer_candidates``: each layer's ranked top candidates (what ``dex_core.analysis.ead`` replays DEX on; a
   shortlist restricts the layers below the last to a light proposal head's tokens);
 - ``depth_view``: per token and layer, the committed token's probability and rank and the layer's
   top-k with probabilities (the Analysis tab's heatmap).

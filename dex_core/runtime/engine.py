@@ -3,8 +3,9 @@
 Each round the lattice plans its nodes, every explorer this process runs expands its batch and chooses its tokens
 (``runtime.stage``), the link shares every stage's choices, the lattice takes them in, and while the anchor has
 all K stages its final token is committed and the lattice, the explorers' caches, the link and the sampler
-collapse onto the branch that survives. ``run_rounds`` yields one trace event per round, then the end event;
-timing (the run's clock) and tracing observe the steps from outside the loop.
+collapse onto the branch that survives; a participant's request to stop ends the run after the round
+(``stop_if_cancelled``). ``run_rounds`` yields one trace event per round, then the end event; timing (the run's clock,
+read after the round and counted in the stats by ``account``) and tracing observe the steps from outside the loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..model.explorer import Explorer
 from ..model.view import ModelView
 from ..trace.events import collapse_record, commit_record, end_event, node_record, round_event, round_timings
 from .clock import Clock
-from .links import StageOutput
+from .links import Link, StageOutput
 from .request import Request
 from .results import GenerationStats
 from .settings import RunSettings
@@ -35,7 +36,7 @@ class Run:
     view: ModelView
     settings: RunSettings
     explorers: list[Explorer]  # the ones this process runs (all, or one per process)
-    link: object  # LocalLink or DistLink
+    link: Link  # LocalLink or DistLink
     request: Request
     text: Callable[[int], str] | None
     lattice: Lattice
@@ -48,14 +49,14 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return self.stats.stop != "length" or len(self.tokens) >= self.request.options.max_new_tokens
+        return self.stats.stop != "running" or len(self.tokens) >= self.request.options.max_new_tokens
 
 
 def run_rounds(
     view: ModelView,
     settings: RunSettings,
     explorers: list[Explorer],
-    link,
+    link: Link,
     request: Request,
     text: Callable[[int], str] | None = None,
 ) -> Iterator[dict]:
@@ -72,24 +73,27 @@ def run_rounds(
             while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q); a chain may go on
                 commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
+            stop_if_cancelled(run)  # a participant asked to stop: this round is the last
             event = round_record(run, plan, outputs, masked, commits)
-        yield timed(run, event, plan, outputs)
+        event["timings"] = round_seconds(run, outputs)  # read from the clock once the round is over
+        account(run, event["timings"], plan)  # the round's seconds and batch sizes into the run's stats
+        yield event
     run.stats.finish(len(run.tokens), run.clock.since(run.begun))
     yield end_event(run.tokens, run.stats)
 
 
-def start(view, settings: RunSettings, explorers, link, request: Request, text) -> Run:
+def start(view, settings: RunSettings, explorers, link: Link, request: Request, text) -> Run:
     """A fresh run: caches and link reset, the prompt (all but its last token) through every stage."""
     o, prompt = request.options, list(request.prompt)
     clock = Clock(view.device)
     run = Run(
-        view,
-        settings,
-        explorers,
-        link,
-        request,
-        text,
-        Lattice(
+        view=view,
+        settings=settings,
+        explorers=explorers,
+        link=link,
+        request=request,
+        text=text,
+        lattice=Lattice(
             settings.K,
             prompt[-1],
             len(prompt),
@@ -97,9 +101,9 @@ def start(view, settings: RunSettings, explorers, link, request: Request, text) 
             if settings.draft is None or request.pipeline
             else ChainPlanner(settings.draft, prompt, len(prompt) + o.max_new_tokens - 1),
         ),
-        Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed),
-        clock,
-        GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
+        sampler=Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed),
+        clock=clock,
+        stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
     run.begun = clock.stamp()
     for e in explorers:
@@ -168,10 +172,14 @@ def collapse(run: Run, commit: Commit) -> Collapse:
     return kept
 
 
-def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> dict:
-    """The round's trace event (its timings added by ``timed``)."""
+def stop_if_cancelled(run: Run) -> None:
+    """End the run after this round when a participant asked to stop (the link says so after its exchange)."""
     if run.link.cancelled:
         run.stats.stop = "cancelled"
+
+
+def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> dict:
+    """The round's trace event (its timings added once the round is over: ``round_seconds``)."""
     with run.clock.span("trace"):
         text, first = run.text, len(run.tokens) - len(commits)
         nodes = [
@@ -201,8 +209,9 @@ def margin(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
     return {}
 
 
-def timed(run: Run, event: dict, plan: RoundPlan, outputs: Outputs) -> dict:
-    """``event`` with the round's timings (read from the clock after the round), counted in the stats."""
+def round_seconds(run: Run, outputs: Outputs) -> dict:
+    """The round's ``timings``: the clock's spans (read after the round), each explorer's expansion and the link's
+    new waiting."""
     seconds = {
         "prefill": 0.0,
         "plan": 0.0,
@@ -215,7 +224,10 @@ def timed(run: Run, event: dict, plan: RoundPlan, outputs: Outputs) -> dict:
     }
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]
-    event["timings"] = round_timings(expand, communication=communication, **seconds)
-    run.stats.prefill_seconds += event["timings"]["prefill"]
-    run.stats.add_round(event["timings"], [len(b) for b in plan.batches])
-    return event
+    return round_timings(expand, communication=communication, **seconds)
+
+
+def account(run: Run, timings: dict, plan: RoundPlan) -> None:
+    """Count the round's ``timings`` and batch sizes in the run's stats."""
+    run.stats.prefill_seconds += timings["prefill"]
+    run.stats.add_round(timings, [len(b) for b in plan.batches])

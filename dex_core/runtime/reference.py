@@ -12,7 +12,7 @@ import torch
 
 from ..algorithm.sampling import Sampler
 from ..config import GenerationOptions
-from ..device import check_float32_matmuls, dtype_name, to_device
+from ..device import check_float32_matmuls, to_device
 from ..model.view import model_view
 from ..trace.events import end_event, start_event, token_event
 from .clock import Clock
@@ -60,15 +60,7 @@ def ar_stream(
     o, prompt = request.options, list(request.prompt)
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
     stats = GenerationStats(1, [view.num_layers], compute_seconds=[0.0])
-    yield start_event(
-        "ar",
-        [view.num_layers],
-        view.num_layers,
-        request,
-        False,
-        dtype=dtype_name(view.dtype),
-        device=str(view.device),
-    )
+    yield start_event(request, view, device=str(view.device))
     cache = _new_cache(model)
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     busy, clock = 0.0, Clock(view.device)

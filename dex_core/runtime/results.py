@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from ..config import DexError
+from ..trace.schema import Stopped
+from ..trace.typed import EndEvent, parse_event
+
+Stop = Literal["running", Stopped]
+"""Why a generation stopped (``Stopped``): "eos" (the model's EOS token), "length" (``max_new_tokens``),
+"cancelled" (the caller stopped a distributed stream early); "running" until then, never in a finished run's
+stats or a trace."""
 
 
 def matched_histogram(matched_stages, explorers: int) -> list[int]:
@@ -28,11 +38,11 @@ class GenerationStats:
     bookkeeping_seconds: float = 0.0  # plan + masks + commit + collapse
     communication_seconds: float = 0.0  # waiting on other explorers (distributed schedule)
     round_seconds: float = 0.0  # all rounds, end to end
-    projected_seconds: float = 0.0  # sum over rounds of the round's projected time (see trace.py)
+    projected_seconds: float = 0.0  # sum over rounds of the round's projected time (trace/events.py)
     prefill_seconds: float = 0.0
     wall_seconds: float = 0.0
     tokens_per_second: float = 0.0
-    stop: str = "length"  # "length" | "eos" | "cancelled"
+    stop: Stop = "running"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +65,8 @@ class GenerationStats:
         self.projected_seconds += timings["projected"]
 
     def finish(self, tokens: int, wall_seconds: float) -> None:
+        """The run's totals once it stopped; still "running" at this point means it ran to its length."""
+        self.stop = "length" if self.stop == "running" else self.stop
         self.tokens = tokens
         self.rounds_per_token = self.rounds / max(tokens, 1)
         self.depth_speedup = self.explorers / self.rounds_per_token if tokens else 0.0
@@ -70,5 +82,9 @@ class GenerationResult:
 
     @classmethod
     def from_trace(cls, trace: list[dict]) -> GenerationResult:
-        end = trace[-1]
-        return cls(end["tokens"], GenerationStats(**end["stats"]), trace)
+        """A finished run's result from its trace (the events a run streamed, in this process or from explorer
+        processes, or a saved trace's): its end event, parsed once (``dex_core.trace.typed``)."""
+        end = parse_event(trace[-1]) if trace else None
+        if not isinstance(end, EndEvent):
+            raise DexError("the trace has no end event (the run stopped early): it has no result")
+        return cls(end.tokens, GenerationStats(**end.stats), trace)

@@ -5,7 +5,7 @@ set, the inducing adapters, the light proposal heads' shortlist, the pruning bou
 bounds, DECS and the trace's top candidates, and the dtype. The record is what every schedule runs: the
 sequential one builds its explorers from it, ``ExplorerGroup`` sends it to its explorer processes as it is,
 and ``dex serve``'s rank 0 resolves it and broadcasts it to the other torchrun ranks. Sampling is a request's
-(``dex_core.request.Request``), resolved once per request and sent typed alike.
+(``dex_core.runtime.request.Request``), resolved once per request and sent typed alike.
 """
 
 from __future__ import annotations

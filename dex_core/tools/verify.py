@@ -33,7 +33,8 @@ from ..device import dtype_name
 from ..model.load import load_model, resolve_device
 from ..model.view import model_view
 from ..runtime.request import prompt_ids
-from ..trace.events import load_trace, round_commits
+from ..trace.events import load_trace
+from ..trace.typed import EndEvent, RoundEvent, StartEvent, TokenEvent, parse_events
 
 
 @dataclass(frozen=True)
@@ -140,30 +141,26 @@ def certify_tokens(model, prompt, tokens, options: GenerationOptions | None = No
     )
 
 
-def trace_tokens(events: list[dict]) -> list[int]:
-    """A trace's committed tokens: DEX's commit records or AR's token events, checked against the end event."""
-    if not events or events[0].get("event") != "start":
+def trace_tokens(events: list) -> list[int]:
+    """A trace's committed tokens (its events, typed by ``parse_events``): DEX's commit records or AR's token
+    events, checked against the end event."""
+    if not events or not isinstance(events[0], StartEvent):
         raise DexError("not a DEX trace: it must begin with its start event")
-    if events[0]["method"] == "dex":
-        tokens = [c["token"] for e in events if e["event"] == "round" for c in round_commits(e)]
+    if events[0].method == "dex":
+        tokens = [c.token for e in events if isinstance(e, RoundEvent) for c in e.commits]
     else:
-        tokens = [e["token"] for e in events if e["event"] == "token"]
-    end = events[-1] if events[-1]["event"] == "end" else None
-    if end is not None and end["tokens"] != tokens:
+        tokens = [e.token for e in events if isinstance(e, TokenEvent)]
+    end = events[-1] if isinstance(events[-1], EndEvent) else None
+    if end is not None and end.tokens != tokens:
         i = next(
-            (i for i, (a, b) in enumerate(zip(end["tokens"], tokens)) if a != b),
-            min(len(tokens), len(end["tokens"])),
+            (i for i, (a, b) in enumerate(zip(end.tokens, tokens)) if a != b),
+            min(len(tokens), len(end.tokens)),
         )
         raise DexError(
             f"the trace contradicts itself: its end event's tokens and its "
-            f"{'commit records' if events[0]['method'] == 'dex' else 'token events'} differ at token {i}"
+            f"{'commit records' if events[0].method == 'dex' else 'token events'} differ at token {i}"
         )
     return tokens
-
-
-def _made_on(start: dict) -> str:
-    """The device type a trace was made on (traces that do not record it were made on the CPU)."""
-    return torch.device(start.get("device", "cpu")).type
 
 
 def verifier_model(
@@ -174,21 +171,28 @@ def verifier_model(
     device: str | None = None,
     log=None,
 ):
-    """``(model, tokenizer)`` to verify a trace with: ``spec`` (default: the model its meta names) in ``dtype``
-    (default: the trace's, float32 for traces that do not record one) on ``device`` ('auto'/None: the trace's
-    device type when it sampled, so its noise can be redrawn; else ``resolve_device('auto')``)."""
-    start = events[0]
+    """``(model, tokenizer)`` to verify a trace (its events, plain or typed) with: ``spec`` (default: the model its
+    meta names) in ``dtype`` (default: the trace's, float32 for traces that do not record one) on ``device``
+    ('auto'/None: the trace's device type when it sampled, so its noise can be redrawn; else
+    ``resolve_device('auto')``)."""
+    start = _start(events)
     spec = spec or meta.get("model")
     if not isinstance(spec, str) or not spec.strip():
         raise DexError(
             "the trace does not name its model (no 'model' in its meta); pass the model with --model"
         )
     if device in (None, "auto"):
-        device = _made_on(start) if start["sampling"]["temperature"] > 0 else "auto"
+        device = start.made_on if start.sampling["temperature"] > 0 else "auto"
     kwargs = {} if log is None else {"log": log}
-    return load_model(
-        spec, dtype=dtype or start.get("dtype", "float32"), device=resolve_device(device), **kwargs
-    )
+    return load_model(spec, dtype=dtype or start.dtype or "float32", device=resolve_device(device), **kwargs)
+
+
+def _start(events: list) -> StartEvent:
+    """A trace's start event, typed."""
+    start = parse_events(events[:1])
+    if not start or not isinstance(start[0], StartEvent):
+        raise DexError("not a DEX trace: it must begin with its start event")
+    return start[0]
 
 
 def verify_trace(
@@ -207,23 +211,24 @@ def verify_trace(
         events, meta = load_trace(trace)
     else:
         events, meta = list(trace), dict(meta or {})
+    events = parse_events(events)  # read once, typed from here on
     tokens = trace_tokens(events)
     start = events[0]
     if model is None:
         model, _ = verifier_model(events, meta, spec, dtype, device, log)
     view = model_view(model)
-    wanted = dtype or start.get("dtype")
+    wanted = dtype or start.dtype
     if wanted is not None and dtype_name(view.dtype) != wanted:
         raise DexError(
             f"the trace was made in {wanted} but the model given is {dtype_name(view.dtype)}; load it "
             f"with dtype='{wanted}' (the tie gap is that dtype's)"
         )
-    sampling = start["sampling"]
-    if sampling["temperature"] > 0 and view.device.type != _made_on(start):
+    sampling = start.sampling
+    if sampling["temperature"] > 0 and view.device.type != start.made_on:
         raise DexError(
-            f"this sampled trace was made on {_made_on(start)} and its Gumbel noise comes from that "
-            f"device type's generator; verify it on {_made_on(start)} (--device {_made_on(start)}), "
+            f"this sampled trace was made on {start.made_on} and its Gumbel noise comes from that "
+            f"device type's generator; verify it on {start.made_on} (--device {start.made_on}), "
             f"not on {view.device.type}"
         )
     options = GenerationOptions(max_new_tokens=max(1, len(tokens)), **sampling)
-    return certify_tokens(model, start["prompt"], tokens, options)
+    return certify_tokens(model, start.prompt, tokens, options)

@@ -52,6 +52,7 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
 A saved trace is ``{"format": "dex-trace", "version", "meta" (strings and numbers, such as the model),
 "events"}``; a trace stopped early has no end event. ``load_trace`` validates what it reads against this schema
 (``dex_core.trace.validate``: the JSON Schemas and size limits of ``dex_core.trace.schema``, the cross-references).
+Code that reads a trace rather than draws it parses it once into typed events (``dex_core.trace.typed``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ import math
 from pathlib import Path
 
 from ..config import DexError
+from ..device import dtype_name
 from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits
 from .validate import parse_trace
 
@@ -93,51 +95,47 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
     return parse_trace(data, limits)
 
 
-def start_event(
-    method: str,
-    depths,
-    num_layers: int,
-    request,
-    decs: bool,
-    adapter_depths=(),
-    proposal_vocab: int | None = None,
-    depth_choice: str | None = None,
-    prune: int | None = None,
-    cost: dict | None = None,
-    dtype: str | None = None,
-    device: str | None = None,
-    draft=None,
-) -> dict:
-    """The first event of a trace (``request``: a ``dex_core.request.Request``; ``draft``: ``DraftBounds``;
-    ``pipeline`` recorded when the request is AR through the stages)."""
-    o = request.options
-    draft = None if draft is None else dataclasses.asdict(draft)
+def start_event(request, view, settings=None, *, cost: dict | None = None, device: str | None = None) -> dict:
+    """The first event of a trace: ``request`` (a ``dex_core.runtime.request.Request``) on the model of ``view`` (a
+    ``ModelView``: its layers, vocabulary and dtype), decoded by AR over the whole model, or by DEX as ``settings``
+    (a ``RunSettings``) say. ``cost``: the weights of the model's parts (``ModelCost.weights()``); ``device``: where
+    the token choices were made, recorded with the model's dtype (what ``dex verify`` reloads the model in and on).
+    A request that is AR through the stages (``Request.pipeline``, recorded) proposes nothing before the last stage:
+    no DECS, adapter, light head, pruning or draft chain, and their cost zero."""
+    o, dex = request.options, settings is not None
+    proposes = dex and not request.pipeline
+    if cost is not None and not proposes:
+        cost = {**cost, "adapter": 0.0, "proposal": 0.0}
     extra = {
         k: v
         for k, v in (
-            ("proposal_vocab", proposal_vocab),
-            ("depth_choice", depth_choice),
-            ("prune", prune),
-            ("draft", draft),
+            ("proposal_vocab", (settings.proposal_vocab or view.vocab) if proposes else None),
+            ("depth_choice", settings.depth_choice if dex else None),
+            ("prune", settings.prune if proposes else None),
+            (
+                "draft",
+                dataclasses.asdict(settings.draft) if proposes and settings.draft is not None else None,
+            ),
             ("cost", cost),
-            ("dtype", dtype),
+            ("dtype", None if device is None else dtype_name(view.dtype)),
             ("device", device),
-            ("pipeline", getattr(request, "pipeline", False) or None),
+            ("pipeline", request.pipeline or None),
         )
         if v is not None
     }
+    depths = list(settings.depths) if dex else [view.num_layers]
     return {
         "event": "start",
         "version": TRACE_VERSION,
-        "method": method,
+        "method": "dex" if dex else "ar",
         "explorers": len(depths),
-        "depths": list(depths),
-        "num_layers": num_layers,
+        "depths": depths,
+        "num_layers": view.num_layers,
         "prompt": list(request.prompt),
         **extra,
         "max_new_tokens": o.max_new_tokens,
-        "decs": decs,
-        "adapter_depths": sorted(adapter_depths),
+        "decs": proposes and settings.decs,
+        "adapter_depths": sorted(settings.adapters.depths) if proposes else [],
         "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed},
     }
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
+from ..algorithm.lattice import NodeKind, Via
 from ..config import DEPTH_CHOICES, DTYPES, DexError
 
 TRACE_FORMAT = "dex-trace"
@@ -17,7 +19,8 @@ MAX_INT = 2**31 - 1  # ids, slots, tokens, positions, layers
 MAX_SEED = 2**64
 MAX_NUMBER = 1e15  # seconds, rates and other measurements
 EVENT_KINDS = ("start", "round", "token", "end")
-STOPS = ("eos", "length", "cancelled")
+Stopped = Literal["eos", "length", "cancelled"]  # why a finished run stopped (``GenerationStats.stop``)
+STOPS = get_args(Stopped)
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def _node(lim: TraceLimits) -> dict:
             "id": _int(),
             "slot": _int(),
             "parent": _int(null=True),
-            "kind": {"enum": ["root", "depth", "position", "chain"]},
+            "kind": {"enum": list(get_args(NodeKind))},
             "stage": _int(0, K - 1),
             "position": _int(),
             "input_token": _int(),
@@ -166,7 +169,7 @@ def _commit(lim: TraceLimits) -> dict:
             "near_tie": {"type": "boolean"},
             "tie_gap": _num(),
             "drafted": {"type": "boolean"},
-            "via": {"enum": ["chain", "position", "root"]},
+            "via": {"enum": list(get_args(Via))},
         },
         optional=("margin", "near_tie", "tie_gap", "drafted", "via"),
         null=True,

@@ -1,9 +1,10 @@
-"""The app's server-side state: one shared, read-only model per process, loaded on first use, its explorer
-groups (or the torchrun launch's one), and this machine's seconds profile; settings live in ``app.settings``.
+"""What the app's server holds (``Runtime``): one shared, read-only model per process, loaded on first use — or,
+when explorer processes hold it, what the parent holds of it (``UnloadedModel``) and its explorer groups, keyed by
+the run's settings (``RunSettings``), or the torchrun launch's one group — this machine's seconds profile, and what
+finished runs teach the next estimate. Its settings: ``app.server_settings``.
 
 Sessions keep only plain trace records (in ``gr.State``), bounded by ``app.sessions`` (memory) and
-``app.files`` (disk), which the runtime holds; the model, its tokenizer and distributed explorer groups
-live here. Model work is serialized by the app's event concurrency settings.
+``app.files`` (disk), which the runtime holds. Model work is serialized by the app's event concurrency settings.
 """
 
 from __future__ import annotations
@@ -15,18 +16,17 @@ from dataclasses import replace
 
 import torch
 
-from dex_core import DexConfig, DexDecoder, DexError, encode_prompt, load_model
-from dex_core.model.adapter_choice import choose_depths
-from dex_core.model.checkpoint import Checkpoint, locate
-from dex_core.model.load import load_tokenizer
-from dex_core.model.named import shipped_adapters
-from dex_core.model.stage_load import checkpoint_identity
-from dex_core.tools.profile import measure_profile, one_row_seconds
+from dex_core import DexConfig, DexDecoder, DexError, encode_prompt, load_model, shipped_adapters
+from dex_core.analysis.forecast import Forecast, ar_seconds, run_forecast
+from dex_core.analysis.profile import measure_profile, one_row, one_row_seconds
+from dex_core.runtime.settings import RunSettings
+from dex_core.runtime.unloaded import UnloadedModel, device_type
 
-from .estimate import SLOW_SECONDS, Forecast, Learned, forecast, round_seconds
+from .estimate import SLOW_SECONDS, Learned
 from .files import Files
+from .inputs import TRACE_TOP
+from .server_settings import AppSettings
 from .sessions import Sessions
-from .settings import TRACE_TOP, AppSettings
 
 WHOLE_MODEL = (
     "{what} runs the whole model in this server's process, and this server runs DEX distributed "
@@ -39,8 +39,8 @@ class Runtime:
     def __init__(self, settings: AppSettings | None = None):
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
-        self._model = self._tokenizer = self._folder = self._identity = None
-        self._groups: OrderedDict[tuple, DexDecoder] = OrderedDict()  # least recently used first
+        self._model = self._tokenizer = self._unloaded = None
+        self._groups: OrderedDict[RunSettings, DexDecoder] = OrderedDict()  # least recently used first
         self.files = Files(self.settings)  # exports, uploads, the file gate
         self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
@@ -77,22 +77,20 @@ class Runtime:
 
     def prepare(self, log=None) -> None:
         """What a first request needs, loaded once: sequential, the whole model and its tokenizer; distributed,
-        the model's folder (the default model and .gguf files converted once) and its tokenizer, and no weights
-        (each explorer process reads its own part). ``log`` gets a line per stage (fetch, convert, load)."""
+        what the parent holds (``UnloadedModel``: the model's folder, the default model and .gguf files converted
+        once, its config and tokenizer) and no weights (each explorer process reads its own part). ``log`` gets a
+        line per stage (fetch, convert, load)."""
         with self._lock:
             if self._tokenizer is not None:
                 return
-            more = {"log": log} if log is not None else {}
             if self.distributed:
-                # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
-                from transformers import AutoConfig
-
-                self._folder = locate(self.settings.model, log or (lambda line: None))
-                self._identity = checkpoint_identity(
-                    AutoConfig.from_pretrained(self._folder), Checkpoint(self._folder)
+                kind = device_type(None, self.settings.device)
+                self._unloaded = UnloadedModel.read(
+                    self.settings.model, self.settings.dtype, kind, log=log or (lambda line: None)
                 )
-                self._tokenizer = load_tokenizer(self._folder, self.settings.model)
+                self._tokenizer = self._unloaded.tokenizer
             else:
+                more = {"log": log} if log is not None else {}
                 self._model, self._tokenizer = load_model(
                     self.settings.model, dtype=self.settings.dtype, device=self.settings.device, **more
                 )
@@ -117,8 +115,8 @@ class Runtime:
         return decoder.proposal_vocab in self._profiles
 
     def profile(self, decoder: DexDecoder) -> dict:
-        """This machine's seconds profile for the decoder's model and proposal heads (``dex_core.tools.profile``:
-        measured once, about half a minute, then cached on disk and here)."""
+        """This machine's seconds profile for the decoder's model and proposal heads
+        (``dex_core.analysis.profile``: measured once, about half a minute, then cached on disk and here)."""
         model, _ = self.model("the seconds profile")
         with self._lock:
             if decoder.proposal_vocab not in self._profiles:
@@ -135,24 +133,19 @@ class Runtime:
             if rows not in self._one_row:
                 full = self._profiles.get(rows)
                 self._one_row[rows] = (
-                    {k: full[k][1] for k in ("layer", "head", "proposal")}
-                    if full and "layer" in full
-                    else one_row_seconds(model, rows)
+                    one_row(full) if full and "layer" in full else one_row_seconds(model, rows)
                 )
             return self._one_row[rows]
 
     def forecast(self, decoder: DexDecoder, max_new_tokens: int) -> Forecast | None:
-        """The first estimate of a DEX run on the sequential schedule (``app.estimate``): this server's last
-        run at the same K when there is one, else this machine's one-row profile; None for explorer groups."""
+        """The first estimate of a DEX run on the sequential schedule: this server's last runs at the same K when
+        there are some (``app.estimate.Learned``), else this machine's one-row profile (``run_forecast``); None
+        for explorer groups."""
         if decoder.backend != "sequential":
             return None
         learned = self._learned.get(decoder.K)
         first = learned.forecast(max_new_tokens) if learned else None
-        if first:
-            return first
-        one = self.one_row(decoder.proposal_vocab)
-        per_round = round_seconds(one, decoder.view.num_layers, decoder.K)
-        return forecast(per_round, decoder.K, max_new_tokens, None, "this machine's profile")
+        return first or run_forecast(decoder.settings, max_new_tokens, self.one_row(decoder.proposal_vocab))
 
     def learn(self, K: int, events: list, seconds: float | None) -> None:
         """What a finished run at K that took ``seconds`` (None: not measured) teaches the next run's first
@@ -165,17 +158,16 @@ class Runtime:
     ) -> str | None:
         """A warning (not a refusal) before settings expected to take over ``SLOW_SECONDS`` here: DEX with
         ``decoder`` (Live: its forecast), AR beside it (``ar``: the Race), or AR and the logit lens alone
-        (``decoder`` None: the Analysis, its lens passes counted as half an AR pass a token). An AR token costs
-        every layer and the head at one row. Past the host's bound on a request's model time it says so. ``first``:
-        the decoder's forecast, when the caller has it already."""
+        (``decoder`` None: the Analysis, its lens passes counted as half an AR pass a token). Past the host's bound
+        on a request's model time it says so. ``first``: the decoder's forecast, when the caller has it already."""
         if decoder is not None and decoder.backend != "sequential":
             return None
         model, _ = self.model("the Analysis")
         one = self.one_row(decoder.proposal_vocab if decoder else model.config.vocab_size)
-        ar_seconds = max_new_tokens * (model.config.num_hidden_layers * one["layer"] + one["head"])
+        ar_time = ar_seconds(one, model.config.num_hidden_layers, max_new_tokens)
         if first is None and decoder is not None:
             first = self.forecast(decoder, max_new_tokens)
-        seconds = 1.5 * ar_seconds if first is None else first.seconds + ar * ar_seconds
+        seconds = 1.5 * ar_time if first is None else first.seconds + ar * ar_time
         if seconds < SLOW_SECONDS:
             return None
         bound = self.settings.request_seconds
@@ -215,8 +207,9 @@ class Runtime:
         return shipped_adapters(self.settings.model) is not None
 
     def decoder(self, config: DexConfig) -> DexDecoder:
-        """A decoder for the config's exploration. Distributed groups are kept, keyed by the resolved depths,
-        DECS, adapters and pruning, at most ``max_groups`` at once: the least recently used one is closed first."""
+        """A decoder for the config's exploration. Distributed groups are kept, keyed by the run's settings
+        (``RunSettings``: the resolved depths, adapters, proposal heads, pruning, draft bounds, DECS), at most
+        ``max_groups`` at once: the least recently used one is closed first."""
         options = replace(config.decoder(), backend=self.settings.backend)
         if options.backend == "torchrun":  # one group, its settings fixed by the launch (join_torchrun)
             if self._launched is None:
@@ -225,24 +218,17 @@ class Runtime:
         if options.backend == "sequential":
             model, tokenizer = self.model()
             return DexDecoder(model, options, tokenizer=tokenizer)
-        tokenizer = self.tokenizer()
-        depths, _ = choose_depths(self._identity, options)
-        key = (depths, options.decs, options.adapters, options.prune, options.draft)
+        self.prepare()
+        settings = self._unloaded.settings(options)
         with self._lock:
-            if key in self._groups:
-                self._groups.move_to_end(key)
-                return self._groups[key]
+            if settings in self._groups:
+                self._groups.move_to_end(settings)
+                return self._groups[settings]
             while len(self._groups) >= self.settings.max_groups:
                 self._groups.popitem(last=False)[1].close()
             # each explorer reads its own part of the checkpoint; DEX_DEVICE=cpu: CPU explorers, even beside GPUs
-            self._groups[key] = DexDecoder.from_pretrained(
-                str(self._folder),
-                replace(options, depths=depths),
-                dtype=self.settings.dtype,
-                device=self.settings.device,
-                tokenizer=tokenizer,
-            )
-            return self._groups[key]
+            self._groups[settings] = DexDecoder.from_unloaded(self._unloaded, options, settings=settings)
+            return self._groups[settings]
 
     def close(self) -> None:
         with self._lock:

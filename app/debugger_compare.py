@@ -2,23 +2,23 @@
 for comparison" is pressed, or a trace loaded into the compare slot (validated like every upload,
 ``debugger.read_upload``). Run B is whatever the Debugger shows later: a live run, a loaded trace, a
 bundled one. The panel (``visualize.compare``) puts their settings, numbers, cost per token (the
-project's cost model, ``dex_core.model.cost``, with the weights a trace records) and matched-depth
+library's count from the trace, ``dex_core.analysis.run_cost``, with the weights it records) and matched-depth
 histograms side by side. The pinned run is per session, like the Debugger's own trace.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import gradio as gr
 
 import visualize as viz
 from dex_core import DexError
-from dex_core.model.cost import ModelCost
-from dex_core.trace.events import round_commits
+from dex_core.analysis.run_cost import trace_cost
 from visualize.markup import esc
 
-from . import callbacks as cb
 from . import debugger as dbg
-from .settings import HUSH
+from .handlers import HUSH, bind
 
 WAITING = (
     "Run A is pinned: {label}. Pin a run, then show another: Generate in the Live tab, load a trace above, or "
@@ -30,23 +30,6 @@ HINT = (
     "bundled one — and it appears here as run B, next to A. Typical pairs: adapters on vs off, DECS on vs "
     "off, K=2 vs K=4, a loaded trace vs a live one."
 )
-
-
-def trace_cost(events) -> dict:
-    """Cost per token of a DEX trace in layer-equivalents, on K devices (memory-bound) and with every row
-    counted, and AR's: all the work (layers, heads, adapters) from the weights its start event records
-    (``cost``), else, for older traces, decoder layers only (``"whole": False``)."""
-    start = events[0]
-    model = ModelCost.from_weights(start["num_layers"], start.get("cost"))
-    adapted = start.get("adapter_depths", [])
-    rounds = [[len(batch) for batch in e["batches"]] for e in events if e.get("event") == "round"]
-    tokens = sum(len(round_commits(e)) for e in events if e.get("event") == "round")
-    return {
-        "memory": model.dex(start["depths"], rounds, tokens, "memory", adapted),
-        "rows": model.dex(start["depths"], rounds, tokens, "rows", adapted),
-        "ar": model.ar(),
-        "whole": bool(start.get("cost")),
-    }
 
 
 def _ended(events) -> str | None:
@@ -66,7 +49,7 @@ def side(name: str, run: dict) -> viz.RunSide | None:
         rounds[-1],
         run["meta"] or {},
         _ended(run["events"]),
-        trace_cost(run["events"]),
+        asdict(trace_cost(run["events"])),  # cost per token: on K devices, every row counted, AR's
     )
 
 
@@ -147,7 +130,7 @@ def section(runtime, trace: gr.State, meta: gr.State, origin: gr.State, pin_butt
     refresh = (update, [pinned, trace, meta, origin], [panel, plot])
     pin_button.click(pin, [trace, meta, origin], [pinned, status, fold], **HUSH).then(*refresh, **HUSH)
     slot.upload(
-        cb.bind(load_pinned, runtime),
+        bind(load_pinned, runtime),
         slot,
         [pinned, status, fold, slot],
         preprocess=False,  # no temp file

@@ -8,19 +8,19 @@ from __future__ import annotations
 import itertools
 from functools import partial
 
-from ..decoder import DexDecoder
-from ..model.checkpoint import locate
-from ..model.cost import ModelCost
-from ..runtime.reference import hf_greedy
-from .baselines import (
+from ...analysis.ead import layer_matches
+from ...decoder import DexDecoder
+from ...model.checkpoint import locate
+from ...model.cost import ModelCost
+from ...runtime.reference import hf_greedy
+from ..baselines.selectors import Confidence, Running, select_generate, tune_confidence, uniform_exits
+from ..baselines.speculation import (
     hf_early_exit_generate,
     hf_prompt_lookup_generate,
     self_spec_generate,
     self_spec_layer_forwards,
 )
-from .ead import layer_matches
-from .selectors import Confidence, Running, select_generate, tune_confidence, uniform_exits
-from .tensor_parallel import TensorParallelAR
+from ..baselines.tensor_parallel import TensorParallelAR
 
 
 def tune_self_spec(

@@ -36,12 +36,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import DexError, GenerationOptions
-from ..device import dtype_name, exact_float32_matmuls
-from ..distributed.placement import default_threads
-from ..distributed.rank import exit_with_parent, init_world, leave
-from ..log import libraries_quiet, quiet_libraries
-from ..runtime.reference import ar_stream
+from ...config import DexError, GenerationOptions
+from ...device import dtype_name, exact_float32_matmuls
+from ...distributed.placement import default_threads
+from ...distributed.rank import exit_with_parent, init_world, leave
+from ...log import libraries_quiet, quiet_libraries
+from ...runtime.reference import ar_stream
 
 KEY_ENV = "DEX_TP_KEY"
 SILENT_SECONDS = 600.0  # the longest a rank may take to start (imports, its shard) or to answer one request
@@ -141,7 +141,9 @@ class TensorParallelAR:
             atexit.register(_close_all)
         _LIVE.add(self)
         key = os.urandom(32)
-        entry = "from dex_core.tools.tensor_parallel import main; main()"  # never the caller's __main__
+        entry = (
+            "from dex_core.tools.baselines.tensor_parallel import main; main()"  # never the caller's __main__
+        )
         for k, device in enumerate(self.devices):
             env = dict(
                 os.environ,
@@ -286,7 +288,7 @@ def _generate(model, prompt: list[int], options: GenerationOptions) -> TPAnswer:
 
 def main(argv=None) -> None:
     """Body of a rank process: load the shard, then serve the parent's requests until told to close."""
-    parser = argparse.ArgumentParser(prog="dex_core.tools.tensor_parallel")
+    parser = argparse.ArgumentParser(prog="dex_core.tools.baselines.tensor_parallel")
     for flag in ("--model", "--dtype", "--device", "--folder"):
         parser.add_argument(flag, required=True)
     for flag in ("--threads", "--parent", "--quiet"):

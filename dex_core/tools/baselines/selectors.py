@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..algorithm.sampling import Sampler
-from ..config import DexError, GenerationOptions
-from ..device import to_device
-from ..model.cost import ModelCost
-from ..model.explorer import Explorer
-from ..model.view import model_view
-from ..runtime.clock import Clock
-from ..runtime.request import make_request
-from .baselines import speculation_result
+from ...algorithm.sampling import Sampler
+from ...config import DexError, GenerationOptions
+from ...device import to_device
+from ...model.cost import ModelCost
+from ...model.explorer import Explorer
+from ...model.view import model_view
+from ...runtime.clock import Clock
+from ...runtime.request import make_request
+from .speculation import speculation_result
 
 THRESHOLDS = (0.2, 0.4, 0.6, 0.8)  # AdaDecode's grid in the paper (App. D)
 CONFIDENCE_DRAFTS = (2, 4, 6, 8)

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import resolve_depths
-from ..model.adapters import InducingAdapter
-from ..runtime.clock import Clock
-from .profile import decode_order_seconds, exchange_profile, interpolate, link_devices, row_blocks
+from ...analysis.profile import decode_order_seconds, exchange_profile, interpolate, link_devices, row_blocks
+from ...config import resolve_depths
+from ...model.adapters import InducingAdapter
+from ...runtime.clock import Clock
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PROPOSAL_ROWS = 8192

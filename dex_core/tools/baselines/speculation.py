@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithm.sampling import Sampler
-from ..config import DexError, GenerationOptions
-from ..device import to_device
-from ..model.explorer import Explorer
-from ..model.view import model_view
-from ..runtime.clock import Clock
-from ..runtime.reference import plain_generation
-from ..runtime.request import make_request
-from ..runtime.results import GenerationStats
+from ...algorithm.sampling import Sampler
+from ...config import DexError, GenerationOptions
+from ...device import to_device
+from ...model.explorer import Explorer
+from ...model.view import model_view
+from ...runtime.clock import Clock
+from ...runtime.reference import plain_generation
+from ...runtime.request import make_request
+from ...runtime.results import GenerationStats
 
 
 class _SelfSpec:
@@ -119,7 +119,7 @@ def self_spec_generate(
 
 
 def speculation_result(tokens: list[int], eos, depths: list[int], counts: tuple, seconds: float) -> dict:
-    """What a draft-and-verify loop returns (self-speculation here, ``tools.selectors``' too); ``depths``: the
+    """What a draft-and-verify loop returns (self-speculation here, ``tools.baselines.selectors``' too); ``depths``: the
     exits and the final layer; ``counts``: (steps, drafts accepted, critical-path layer forwards)."""
     steps, accepted, forwards = counts
     stats = GenerationStats(

@@ -17,7 +17,7 @@ that no block is timed from the caches its own previous call warmed. Profiles ar
 exchange backend, torch threads and torch version. ``exchange_seconds`` interpolates the table; a projected
 K-device round then lasts its slowest explorer's measured expansion + bookkeeping + decode (the round
 event's ``projected``) + exchange(largest batch), as ``dex bench`` (``bench_report``), the app's Race
-and ``benchmarks/distributed_vs_ar.py`` count it.
+(``projected_round_seconds``) and ``benchmarks/distributed_vs_ar.py`` count it.
 """
 
 from __future__ import annotations
@@ -105,6 +105,11 @@ def one_row_seconds(model, proposal_rows: int, repeats: int = 5) -> dict:
     return {"layer": sum(layers) / len(layers), "head": seconds["head"], "proposal": seconds["proposal"]}
 
 
+def one_row(profile: dict) -> dict:
+    """The one-row column of a measured profile (``measure_profile``): what ``one_row_seconds`` times alone."""
+    return {part: profile[part][1] for part in ("layer", "head", "proposal")}
+
+
 def link_devices(device) -> tuple[str, str]:
     """The two explorer devices whose link the exchange profile times: ``cuda:0`` and ``cuda:1`` (NCCL) when
     the model is on a GPU and two are visible, else two CPU processes (gloo). Explorers sharing one GPU
@@ -164,7 +169,7 @@ def exchange_profile(
 ) -> dict:
     """{rows: seconds} of one round's exchange between two fresh processes on ``devices`` (``_exchange_rank``)."""
     with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
-        entry = "from dex_core.tools.profile import _exchange_rank; _exchange_rank()"
+        entry = "from dex_core.analysis.profile import _exchange_rank; _exchange_rank()"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         procs = [
             subprocess.Popen(
@@ -260,3 +265,9 @@ def interpolate(table: dict, rows: int) -> float:
 def exchange_seconds(profile: dict, batch_sizes) -> float:
     """A round's communication on K devices: the largest batch's rows sent, and the candidates gathered."""
     return interpolate(profile["exchange"], max(1, max(batch_sizes)))
+
+
+def projected_round_seconds(profile: dict, event: dict) -> float:
+    """Round ``event`` on K devices: its slowest explorer's measured share (its ``projected`` timing) and the
+    exchange of its largest batch (``exchange_seconds``)."""
+    return event["timings"]["projected"] + exchange_seconds(profile, [len(b) for b in event["batches"]])

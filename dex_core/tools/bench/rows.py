@@ -1,6 +1,6 @@
 """``dex bench``'s result rows: one per method and prompt set, from the methods' outputs and what the set's
 references give (``SetContext``): exactness, critical-path layer forwards, the cost model's cost per token in both
-views, and each method's own fields. The report built from them: ``bench_report``."""
+views, and each method's own fields. The report built from them: ``report``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.cost import ModelCost
-from .baselines import self_spec_layer_forwards
-from .ead import longest_stage, matches, set_cost
-from .profile import exchange_seconds
-from .selectors import selector_row
+from ...analysis.ead import longest_stage, matches, set_cost
+from ...analysis.profile import exchange_seconds
+from ...model.cost import ModelCost
+from ..baselines.selectors import selector_row
+from ..baselines.speculation import self_spec_layer_forwards
 
 
 @dataclass

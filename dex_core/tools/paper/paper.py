@@ -5,8 +5,9 @@ One ``dex bench`` run over a fixed matrix (three prompt sets x 10 prompts x 96 n
 the tiny float64 model and bench's quick matrix), every row checked against HF greedy, then per figure:
 
 - **Fig. 3**, exploration against selection: per set, DEX at each K (the shipped adapters and DECS, no draft
-  chains), self-speculation (exit and draft tuned), AdaDecode- and DEL-style selection (``tools.selectors``) and
-  the EAD oracle, in critical-path layer forwards per token and memory-bound cost per token (all the work);
+  chains), self-speculation (exit and draft tuned), AdaDecode- and DEL-style selection
+  (``tools.baselines.selectors``) and the EAD oracle, in critical-path layer forwards per token and memory-bound
+  cost per token (all the work);
 - **Fig. 4 left**, resolution: the measured depth-side speedup and rounds per token of each K (the adapter-aware
   set), beside the EAD rule's prediction, the projected K-device tokens/s, and the uniform split through the
   plain lens *replayed* with the EAD rule;
@@ -33,7 +34,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import (
+from ...analysis.ead import matches, set_cost
+from ...analysis.profile import one_row_seconds
+from ...config import (
     DEVICE_HELP,
     DecoderOptions,
     DexConfig,
@@ -43,17 +46,15 @@ from ..config import (
     parse_list,
     resolve_depths,
 )
-from ..data.sets import PROMPT_SETS
-from ..decoder import DexDecoder
-from ..log import stderr
-from ..model.adapter_choice import choose_depths
-from ..model.lens import layer_candidates
-from ..runtime.reference import ar_generate
-from .bench import Bench, BenchConfig, run_bench
-from .ead import matches, set_cost
-from .paper_claims import CLAIMS, MODES, findings
-from .profile import one_row_seconds
-from .selectors import uniform_exits
+from ...data.sets import PROMPT_SETS
+from ...decoder import DexDecoder
+from ...log import stderr
+from ...model.adapter_choice import choose_depths
+from ...model.lens import layer_candidates
+from ...runtime.reference import ar_generate
+from ..baselines.selectors import uniform_exits
+from ..bench.bench import Bench, BenchConfig, run_bench
+from .claims import CLAIMS, MODES, findings
 from .walltime import fit, predict, table1
 
 SELECTORS = ("self-spec", "adadecode", "del")
@@ -136,7 +137,7 @@ def run_paper(cfg: PaperConfig, log=stderr) -> dict:
 
 def _appendix_b(bench: Bench, cfg: PaperConfig, report: dict, log) -> dict:
     """The walltime model fitted per set on the tune split (AR and DEX measured there the same way) and its
-    prediction of each eval-split DEX row's measured speedup (``tools.walltime``)."""
+    prediction of each eval-split DEX row's measured speedup (``tools.paper.walltime``)."""
     tune_cfg = cfg.bench(split="tune", prompts=cfg.tune_prompts, methods=("ar-hf", "dex"), profile=False)
     log(f"Appendix B: AR and DEX on {tune_cfg.prompts} tune-split prompts per set, to fit the walltime model")
     tune = run_bench(tune_cfg, log, replace(bench, cfg=tune_cfg))

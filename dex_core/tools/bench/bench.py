@@ -8,16 +8,17 @@ Methods (every output compared token by token with HF ``generate``, greedy):
   best set for K, else uniform; light proposal heads per ``--proposal-vocab``; adapters / DECS as
   chosen), with rounds per token, the depth-side speedup next to ``dex ead``'s prediction, measured
   one-device tokens/s and the projected K-device tokens/s (communication from the machine's profile,
-  ``dex_core.tools.profile``); ``dex-distributed``: the distributed schedule's measured wall clock;
+  ``dex_core.analysis.profile``); ``dex-distributed``: the distributed schedule's measured wall clock;
 - ``ar-pipeline``: AR through the same K stages on the distributed schedule's devices (``stream(pipeline=True)``:
   one token walks every stage, K rounds per token) — the like-for-like AR where the model only fits across K
   devices; ``ar-stages`` is the same stage code in one process with K = 1, ``ar-hf`` the whole model in one;
 - ``self-spec``: LayerSkip-style self-speculation on our stage runner with the same adapters, exit
   depth E and draft length n grid-searched on the tune split (paper App. D), by the critical path;
 - ``hf-early-exit``: HF's ``assistant_early_exit`` (plain logit lens), tuned the same way;
-- ``adadecode`` and ``del``: adaptive depth selection over ``--exits`` candidate exits (``dex_core.tools.selectors``):
-  AdaDecode-style confidence exits (threshold and draft length tuned on the tune split by real runs, as the paper
-  does) and DEL-style exit and draft length from running acceptance rates (no tuning, as the paper runs DEL);
+- ``adadecode`` and ``del``: adaptive depth selection over ``--exits`` candidate exits
+  (``dex_core.tools.baselines.selectors``): AdaDecode-style confidence exits (threshold and draft length tuned on
+  the tune split by real runs, as the paper does) and DEL-style exit and draft length from running acceptance
+  rates (no tuning, as the paper runs DEL);
   every segment forward and head counted, with the paper's Eq. (4) charge W_sel per token;
 - ``hf-prompt-lookup``: HF's prompt lookup (``--prompt-lookup-num-tokens`` drafts copied from the text so far,
   verified in one forward), with its forwards (steps) and rows per token counted;
@@ -42,7 +43,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import (
+from ...analysis.ead import matches
+from ...analysis.profile import measure_profile
+from ...config import (
     ADAPTER_CHOICES,
     DEVICE_HELP,
     DecoderOptions,
@@ -59,23 +62,21 @@ from ..config import (
     resolve_depths,
     rows_option,
 )
-from ..data.sets import PROMPT_SETS, check_sets, prompt_set
-from ..decoder import DexDecoder
-from ..log import stderr
-from ..model.adapter_choice import choose_depths, resolve_adapters
-from ..model.adapters import new_adapters
-from ..model.cost import ModelCost
-from ..model.lens import layer_candidates
-from ..model.load import load_model, resolve_device
-from ..runtime.clock import Clock
-from ..runtime.request import encode_item
-from .bench_methods import dex_decoders, runners, tensor_parallel, tp_row, tune
-from .bench_report import headline
-from .bench_rows import SetContext, result_row
-from .ead import matches
-from .profile import measure_profile
-from .tensor_parallel import tp_size
-from .verify import Certificate, certify_tokens
+from ...data.sets import PROMPT_SETS, check_sets, prompt_set
+from ...decoder import DexDecoder
+from ...log import stderr
+from ...model.adapter_choice import choose_depths, resolve_adapters
+from ...model.adapters import new_adapters
+from ...model.cost import ModelCost
+from ...model.lens import layer_candidates
+from ...model.load import load_model, resolve_device
+from ...runtime.clock import Clock
+from ...runtime.request import encode_item
+from ..baselines.tensor_parallel import tp_size
+from ..verify import Certificate, certify_tokens
+from .methods import dex_decoders, runners, tensor_parallel, tp_row, tune
+from .report import headline
+from .rows import SetContext, result_row
 
 METHODS = (
     "ar-hf",
@@ -223,7 +224,7 @@ class BenchConfig:
 
 def _quick_setup(device: torch.device):
     # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
-    from ..testing import tiny_model, tiny_tokenizer
+    from ...testing import tiny_model, tiny_tokenizer
 
     model, tokenizer = tiny_model("llama", layers=6, seed=5).to(device), tiny_tokenizer()
     adapters = new_adapters(model, range(1, 6), bottleneck=32)

@@ -7,7 +7,7 @@ import textwrap
 from functools import partial
 from pathlib import Path
 
-from ..runtime.console import aligned
+from ...runtime.console import aligned
 
 
 def headline(report: dict) -> list[dict]:

@@ -1,0 +1,150 @@
+"""What the page's inputs send, as records: the option controls' values (``Controls``, turned into a validated
+``DexConfig`` by ``config``), and the inputs of the endpoints with many (``LiveInputs`` for ``/generate``,
+``RaceInputs`` for ``/race``: their fields are the API's parameters, in order, with its defaults), with what a
+control for an option shows (``control``).
+
+Values arrive as sent (the events pass them unprocessed): sliders and number boxes send floats, API clients may
+send anything, so every value is checked here and a bad one is a ``DexError`` that says what was wrong."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from dex_core import DecoderOptions, DexConfig, DexError, GenerationOptions
+from dex_core.config import flag
+
+TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
+PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
+
+
+def control(cls, name: str) -> dict:
+    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
+    f = cls.__dataclass_fields__[name]
+    return {
+        "value": f.default,
+        "info": f.metadata["help"],
+        "minimum": f.metadata.get("ui_min"),
+        "maximum": f.metadata.get("ui_max"),
+    }
+
+
+def _real(value, name: str, kind: str = "a finite number") -> float:
+    """A UI number: sliders and number boxes send floats, API clients may send text; finite, or DexError."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    try:
+        finite = not isinstance(number, bool) and isinstance(number, (int, float)) and math.isfinite(number)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise DexError(f"{name} must be {kind}; got {value!r:.80}")
+    return float(number)
+
+
+def _whole(value, name: str, cls=None) -> int:
+    """A UI number that must be a whole number, within its control's range when ``cls`` declares one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        number = _real(value, name, "a whole number")
+        if number != int(number):
+            raise DexError(f"{name} must be a whole number; got {value!r:.80}")
+        number = int(number)
+    offered = control(cls, name) if cls else {}
+    low, high = offered.get("minimum"), offered.get("maximum")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise DexError(f"{name} must be between {low} and {high} in this app; got {value!r:.40}")
+    return number
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The option controls' values, as sent; a tab without a control for an option sends its default.
+
+    Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
+    empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none';
+    ``prune`` is one of ``PRUNE_CHOICES``; ``draft`` turns draft chains on ('auto') or off ('none').
+    Explorers and max_new_tokens must lie in the range their sliders offer (``ui_min``/``ui_max``).
+    """
+
+    chat: object = True
+    explorers: object = DecoderOptions.explorers
+    depths: object = ""
+    adapters: object = True
+    decs: object = True
+    sample: object = False
+    temperature: object = 1.0
+    top_k: object = 0
+    top_p: object = 1.0
+    seed: object = 0
+    max_new_tokens: object = DexConfig.max_new_tokens
+    prune: object = DecoderOptions.prune
+    draft: object = True
+
+    @classmethod
+    def of(cls, inputs) -> Controls:
+        """The controls among an endpoint's ``inputs`` (a record with some of these fields)."""
+        return cls(**{f.name: getattr(inputs, f.name) for f in fields(cls) if hasattr(inputs, f.name)})
+
+    def config(self) -> DexConfig:
+        """These values as a validated DexConfig (DexError on bad input)."""
+        if self.prune not in PRUNE_CHOICES:
+            raise DexError(
+                f"lattice pruning must be one of {', '.join(PRUNE_CHOICES)}; got {str(self.prune)!r:.40}"
+            )
+        sample = flag(self.sample, "sample")
+        top_k = _whole(self.top_k, "top_k") if sample else 0
+        top_p = _real(self.top_p, "top_p") if sample else 1.0
+        depths = self.depths
+        return DexConfig(
+            chat=self.chat,
+            explorers=_whole(self.explorers, "explorers", DecoderOptions),
+            depths=depths.strip() or None if isinstance(depths, str) else depths,
+            adapters="auto" if flag(self.adapters, "adapters") else "none",
+            decs=self.decs,
+            temperature=_real(self.temperature, "temperature") if sample else 0.0,
+            top_k=top_k or None,
+            top_p=None if top_p == 1.0 else top_p,
+            seed=_whole(self.seed, "seed"),
+            max_new_tokens=_whole(self.max_new_tokens, "max_new_tokens", GenerationOptions),
+            trace_top=TRACE_TOP,
+            prune=self.prune,
+            draft="auto" if flag(self.draft, "draft chains") else "none",
+        )
+
+
+@dataclass(frozen=True)
+class LiveInputs:
+    """The Live tab's inputs: the parameters of ``/generate``, in its order (docs/APP.md)."""
+
+    prompt: object
+    chat: object
+    explorers: object
+    depths: object
+    adapters: object
+    decs: object
+    sample: object
+    temperature: object
+    top_k: object
+    top_p: object
+    seed: object
+    max_new_tokens: object
+    prune: object = "auto"
+    draft: object = True
+
+
+@dataclass(frozen=True)
+class RaceInputs:
+    """The Race tab's inputs: the parameters of ``/race``, in its order (docs/APP.md)."""
+
+    prompt: object
+    chat: object
+    explorers: object
+    adapters: object
+    max_new_tokens: object
+    draft: object = True

@@ -1,0 +1,43 @@
+"""What a page shows when it opens, without loading a model: the bundled example trace (or ``?trace=NAME`` from
+``assets/traces``) in the Live panels and in the Debugger with its timeline, and its prompt in the Live prompt box,
+so that the box and the panels below it show the same run."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+import visualize as viz
+
+from . import debugger as dbg
+from .live import panels
+
+
+def page_load(request: gr.Request):
+    """Returns (trace, meta, origin, 4 Live panels, Live status, 5 Debugger outputs, timeline, Debugger status,
+    tabs): the Debugger's tab is opened for ``?trace=NAME``."""
+    name = request.query_params.get("trace") if request is not None else None
+    opened = dbg.bundled(name)
+    events, note = opened.events, opened.note
+    if not events:
+        idle = viz.status_html("idle", dbg.EMPTY_HINT)
+        return ([], {}, "", *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
+    hint = " — press Generate to run your own prompt, or step through this one in the Debugger tab"
+    return (
+        events,
+        opened.meta,
+        opened.origin,
+        *panels(events),
+        viz.status_html("example", note + hint),
+        *dbg.frame(events, dbg.last_round(events)),
+        dbg.timeline(events),
+        viz.status_html("example", note),
+        gr.Tabs(selected="debugger") if name else gr.skip(),
+    )
+
+
+def example_prompt(request: gr.Request):
+    """The prompt of the run the page opens on for the Live prompt box; unchanged for a trace without one."""
+    prompt = dbg.bundled(request.query_params.get("trace") if request is not None else None).meta.get(
+        "prompt"
+    )
+    return prompt if isinstance(prompt, str) and prompt.strip() else gr.skip()

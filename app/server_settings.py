@@ -1,0 +1,95 @@
+"""The server's settings (``AppSettings``): command-line flags, else the environment, else the defaults. What a
+page's controls send: ``app.inputs``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from dex_core import DecoderOptions, DexConfig, DexError
+from dex_core.config import DEVICE_HELP, integer, option
+
+
+@dataclass
+class AppSettings:
+    """Server settings: command-line flags, else the environment (``env``), else the defaults."""
+
+    model: str = option(DexConfig.model, "model spec (as for dex generate)", env="DEX_MODEL")
+    explorers: int = option(DecoderOptions.explorers, "K the controls start at", env="DEX_EXPLORERS")
+    backend: str = option(
+        DecoderOptions.backend,
+        "sequential, distributed, or torchrun (torchrun ... app/main.py --backend torchrun: rank 0 serves the "
+        "app, every rank one explorer, across nodes too)",
+        env="DEX_BACKEND",
+    )
+    dtype: str = option(DexConfig.dtype, "model dtype", env="DEX_DTYPE")
+    device: str = option(
+        DexConfig.device,
+        DEVICE_HELP + " (distributed: one device of that kind per explorer)",
+        env="DEX_DEVICE",
+    )
+    host: str | None = option(
+        None, "address to serve on (default: $GRADIO_SERVER_NAME or 127.0.0.1; 0.0.0.0 serves a network)"
+    )
+    port: int | None = option(None, "port (default: $GRADIO_SERVER_PORT or 7860)")
+    max_groups: int = option(
+        1,
+        "distributed: explorer groups kept alive at once (least recently used closed first)",
+        env="DEX_MAX_GROUPS",
+    )
+    queue_size: int = option(
+        16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE"
+    )
+    session_ttl: int = option(
+        3600,
+        "seconds an idle browser session keeps its traces (a closed tab frees them at once)",
+        env="DEX_SESSION_TTL",
+    )
+    trace_memory_mb: int = option(
+        1024,
+        "MB of server memory for all sessions' traces together; the least recently used session's go first",
+        env="DEX_TRACE_MEMORY_MB",
+    )
+    upload_mb: int = option(
+        256,
+        "MB of uploads not yet loaded, all visitors together; more are refused until "
+        "they are loaded or expire",
+        env="DEX_UPLOAD_MB",
+    )
+    file_ttl: int = option(
+        600,
+        "seconds a download (saved trace, export) or an upload never loaded stays on the "
+        "server; a download also goes when its session ends",
+        env="DEX_FILE_TTL",
+    )
+    request_seconds: int = option(
+        180,
+        "seconds of model time one request may take (Live, Race, Analysis); a run "
+        "past it ends with what it made so far (0: no bound)",
+        env="DEX_REQUEST_SECONDS",
+    )
+
+    def __post_init__(self):
+        self.device = DexConfig(
+            model=self.model,
+            explorers=self.explorers,
+            backend=self.backend,
+            dtype=self.dtype,
+            device=self.device,
+        ).device
+        for name in ("max_groups", "queue_size", "session_ttl", "trace_memory_mb", "upload_mb", "file_ttl"):
+            integer(getattr(self, name), name, 1)
+        integer(self.request_seconds, "request_seconds", 0)
+
+    @classmethod
+    def from_env(cls, environ=None) -> AppSettings:
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata.get("env") or "")
+            if raw:
+                try:
+                    values[f.name] = int(raw) if "int" in str(f.type) else raw
+                except ValueError:
+                    raise DexError(f"{f.metadata['env']} must be an integer; got {raw!r}") from None
+        return cls(**values)
