@@ -39,6 +39,14 @@ def in_ci() -> bool:
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev"))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (README's ``-n 2``) each worker's torch keeps to one thread: two workers on two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in MARK_BY_FIXTURE.items():
@@ -194,6 +202,33 @@ def tuned(settings, **values):
             setattr(settings, name, value)
 
 
+def live_children() -> set[int]:
+    """The ids of this process's live direct children (zombies and those that ended meanwhile left out): the
+    session's shared explorer groups, app server helpers and Playwright's driver are among them."""
+    import psutil
+
+    alive = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+    return alive
+
+
+def started_since(before: set[int]) -> set[int]:
+    """The live processes a test started and left: this process's children that were not in ``before`` (an
+    earlier ``live_children()``) and every live descendant of theirs. Descendants of the children in ``before``
+    are not counted, since Chromium starts and ends renderer processes of its own at any time."""
+    import psutil
+
+    new = live_children() - before
+    found = set(new)
+    for pid in new:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found |= {c.pid for c in psutil.Process(pid).children(recursive=True) if c.status() != "zombie"}
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -201,12 +236,19 @@ def free_port() -> int:
 
 
 def launch_app(settings, **launch):
-    """Build the app for ``settings`` and serve it on a free local port; returns (demo, url)."""
+    """Build the app for ``settings`` and serve it on a free local port; returns (demo, url). A port another
+    process (a second pytest-xdist worker) took between the probe and the launch is answered by a fresh one."""
     from app.main import build_demo
 
     demo = build_demo(settings)
-    port = free_port()
-    demo.launch(
-        prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch
-    )
-    return demo, f"http://127.0.0.1:{port}/"
+    for attempt in range(3):
+        port = free_port()
+        try:
+            demo.launch(
+                prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch
+            )
+        except OSError:
+            if attempt == 2:
+                raise
+            continue
+        return demo, f"http://127.0.0.1:{port}/"

@@ -2,7 +2,6 @@
 requests are conftest's ``explorer_group``s, shared by the session; the tests that kill, stop or patch explorers,
 and those of the CLI and of scripts, start their own."""
 
-import multiprocessing
 import os
 import signal
 import time
@@ -10,6 +9,7 @@ import time
 import psutil
 import pytest
 import torch
+from conftest import live_children, started_since
 from faults import RaiseOnce
 
 from dex_core import DexDecoder, ar_generate
@@ -104,6 +104,7 @@ def test_a_reused_explorer_group_gives_the_trace_of_a_fresh_one(model, explorer_
     assert running(pids) == []  # closed: every explorer ended
 
 
+@pytest.mark.slow
 def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tokens(model, monkeypatch):
     # the shared-GPU path (every rank agrees to stage; host copies of the rows over gloo), forced on CPU ranks;
     # K=3: the middle rank both receives and sends; a one-token prompt skips the prefill, a longer one uses it
@@ -122,7 +123,9 @@ def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tok
         assert sampled.tokens == ar_generate(model, prompt, 16, temperature=0.9, top_p=0.95, seed=3).tokens
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(model, tmp_path):
+    before = live_children()  # the session's shared groups and browser are children too
     adapter = RaiseOnce(str(tmp_path / "raised"), at=3)
     decoder = DexDecoder(
         model, depths=(2, 4, 6), adapters={2: adapter}, backend="distributed", devices=("cpu",) * 3, threads=1
@@ -132,13 +135,13 @@ def test_a_rank_that_raises_at_round_3_ends_the_call_fast_and_leaves_no_process(
     with pytest.raises(ExplorerError, match="explorer rank 0 failed: RuntimeError: injected fault at call 3"):
         decoder.generate([1, 2, 3, 4], 20)
     assert time.monotonic() - tic < 10
-    assert not decoder.group.alive and multiprocessing.active_children() == [] and running(pids) == []
+    assert not decoder.group.alive and not started_since(before) and running(pids) == []
     # the next call starts a fresh group and is exact again
     result = decoder.generate([1, 2, 3, 4], 20)
     assert result.tokens == ar_generate(model, [1, 2, 3, 4], 20).tokens
     assert set(decoder.group.pids()).isdisjoint(pids)
     decoder.close()
-    assert multiprocessing.active_children() == []
+    assert not started_since(before)
 
 
 def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
@@ -197,6 +200,7 @@ print("exact", dex.generate([3, 1, 4, 1, 5], 12).tokens == ar_generate(model, [3
 """
 
 
+@pytest.mark.slow
 def test_a_plain_script_without_a_main_guard_uses_the_distributed_backend(tmp_path):
     import subprocess
     import sys

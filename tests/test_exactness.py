@@ -148,6 +148,7 @@ def test_one_decoder_serves_several_calls(llama):
     assert b.tokens == ar_generate(llama, [9, 8, 7, 6, 5], 20, temperature=1.0, seed=3).tokens
 
 
+@pytest.mark.slow
 def test_sampled_first_tokens_follow_the_model_softmax():
     """Chi-square goodness of fit of 1500 seeded first tokens against softmax(logits / T)."""
     model = tiny_model("llama", layers=4, vocab=12, seed=3)

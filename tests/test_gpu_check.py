@@ -5,9 +5,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)

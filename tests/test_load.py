@@ -1,28 +1,17 @@
 """The app under concurrent load (bounded: 8 clients, a few requests each, on a tiny model), and the
 distributed backend's bound on live explorer groups."""
 
-import contextlib
 import gc
 import threading
 
 import psutil
 import pytest
-from conftest import tiny_tokenizer
+from conftest import live_children, started_since, tiny_tokenizer
 from test_app import shown_tokens
 
 from dex_core import DexError, ar_generate, encode_prompt, load_model
 
 PROMPTS = ["hello world the prime number", "the number w3 w7", "a prime w12 w40 w41", "world w5 the a"]
-
-
-def children(process) -> set[int]:
-    """The process ids of ``process``'s live children and theirs."""
-    alive = set()
-    for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended meanwhile
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-    return alive
 
 
 def _client(url, worker: int, model, results: list, errors: list) -> None:
@@ -63,7 +52,7 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
 
     url, model = app_server.url, AutoModelForCausalLM.from_pretrained(tiny_dir)
     me = psutil.Process()
-    running = children(me)  # the session's own (its Chromium, explorer groups other tests share)
+    running = live_children()  # the session's own (its Chromium, explorer groups other tests share)
     _client(url, 0, model, [], [])  # warm-up: model loaded, code paths compiled
     gc.collect()
     baseline = me.memory_info().rss
@@ -79,7 +68,7 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
     gc.collect()
     grown = (me.memory_info().rss - baseline) / 2**20
     assert grown < 150, f"RSS grew by {grown:.0f} MB under load"
-    assert not children(me) - running  # the sequential backend starts no process
+    assert not started_since(running)  # the sequential backend starts no process
 
 
 @pytest.mark.slow
@@ -90,8 +79,7 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
     from app.server_state import Runtime
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
-    me = psutil.Process()
-    running = children(me)  # the session's own (its Chromium, explorer groups other tests share)
+    running = live_children()  # the session's own (its Chromium, explorer groups other tests share)
     reference, _ = load_model(str(tiny_dir), device="cpu")
     try:
         # groups are keyed by the resolved settings (RunSettings; which fields tell runs apart: test_stage_load):
@@ -113,7 +101,7 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
                 == ar_generate(reference, ids, 6).tokens
             )
             assert decoder.model is None  # the server holds no weights: each explorer reads its own part
-            alive = children(me) - running
+            alive = started_since(running)
             assert len(alive) == decoder.K, (controls, alive)
         assert groups[3] == groups[2] and len({tuple(g) for g in groups}) == 3
         with pytest.raises(DexError, match="the Analysis runs the whole model in this server's process"):
@@ -134,4 +122,4 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
         assert decoder.group.pids() == groups[3]
     finally:
         runtime.close()
-    assert not children(me) - running
+    assert not started_since(running)
