@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
+from dex_core.config import MAX_SEED
 
 from .handlers import HUSH
 from .inputs import control
@@ -36,7 +37,13 @@ def sampling_controls():
             0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p"
         )
         seed = gr.Number(
-            value=DexConfig.seed, precision=0, label="Seed", interactive=False, elem_id="live-seed"
+            value=DexConfig.seed,
+            precision=0,
+            minimum=0,
+            maximum=MAX_SEED,
+            label="Seed",
+            interactive=False,
+            elem_id="live-seed",
         )
     sample.change(sampling_editable, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
     return sample, temperature, top_k, top_p, seed

@@ -22,6 +22,7 @@ from visualize.markup import esc
 
 from .server_state import Runtime
 from .sessions import COMPACT_FACTOR, REPLAYS, compact
+from .trace_worker import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
 EXAMPLE = "example"
@@ -38,6 +39,12 @@ def views(events) -> viz.Replay | list:
 
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
+
+
+def _visitor(request: gr.Request | None) -> str:
+    """The client address of a request (``app.uploads.visitor``: the trusted proxy's word behind one)."""
+    client = getattr(request, "client", None)
+    return str(getattr(client, "host", "") or "")
 
 
 def _number(value) -> int:
@@ -187,12 +194,13 @@ def clean_message(err: Exception, path: str) -> str:
 
 def read_upload(file) -> Opened:
     """An uploaded trace file, validated against the trace schema and its limits (``dex_core.trace.schema``:
-    uploads are untrusted). Raises ``DexError`` with a message that names the file only by its own name."""
+    uploads are untrusted) in a worker process (``app.trace_worker``). Raises ``DexError`` with a message that
+    names the file only by its own name."""
     if file is None:
         raise DexError("choose a trace file (JSON saved by DEX) first")
     path = _path(file)
     try:
-        events, meta = load_trace(path)
+        events, meta = read_trace(path)  # in a worker process, within its memory and time bounds
     except DexError as err:
         raise DexError(clean_message(err, path)) from None
     origin = f"loaded {Path(path).name!r}"
@@ -210,11 +218,11 @@ def open_upload(runtime: Runtime, file, request: gr.Request = None) -> Opened:
     path = None if file is None else Path(_path(file))
     size = path.stat().st_size if path is not None and path.is_file() else 0
     try:
-        runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size))
+        runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size), _visitor(request))
         opened = read_upload(file)
     finally:
         if path is not None:
-            runtime.files.consumed(path)
+            runtime.uploads.consumed(path)
     runtime.sessions.record(opened.events, size)
     return opened
 

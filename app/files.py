@@ -1,28 +1,25 @@
 """The app's files on disk, and which files its server hands out.
 
 Left alone, Gradio serves every file under its temp folder (``GRADIO_TEMP_DIR``, default ``/tmp/gradio``)
-to anyone who names it, other processes' files included; accepts uploads from anyone (the browser sends
-no session with ``POST /gradio_api/upload``) and keeps them for its cache's time-to-live; and copies each
-file a handler returns under a content hash, served for as long. ``Files`` narrows that:
+to anyone who names it, other processes' files included, and copies each file a handler returns under a
+content hash, served for its cache's time-to-live. ``Files`` narrows that:
 
-- exports (saved traces, GraphML, HTML reports) are written in place in Gradio's temp folder, at
-  ``dex-app-XXXX/<token>/NAME`` with a 128-bit random token, one folder each; an export belongs to the
-  session that made it and is deleted when that session ends or ``file_ttl`` seconds after it was made;
-- the gate (``Gate``, an ASGI middleware) serves from Gradio's temp folder only those exports, while they
-  last, and the files Gradio cached for this app's components; uploads, other processes' files and deep
-  links are refused;
-- uploads are bounded: Gradio's ``max_file_size`` per request, ``upload_mb`` for all uploads still on disk
-  together (one more is refused with 413); an upload goes ``READ_GRACE`` seconds after the Debugger read
-  it, one never loaded after ``file_ttl`` seconds;
-- the ``dex-app-*`` folder is removed when the server stops and at exit, SIGTERM included.
+- the app's folder, ``dex-app-XXXX`` in Gradio's temp folder, holds everything the app writes; a lock file in it
+  (``filelock``) is held while the server lives, and a server that starts deletes the ``dex-app-*`` folders,
+  older than itself, whose lock no live process holds (an earlier server that was killed);
+- exports (saved traces, GraphML, HTML reports) are written at ``dex-app-XXXX/<token>/NAME`` with a 128-bit
+  random token, one folder each; an export belongs to the session that made it and is deleted when that
+  session ends or ``file_ttl`` seconds after it was made;
+- uploads land in ``dex-app-XXXX/uploads/<token>/``, one folder per request (``app.uploads`` counts them);
+- the gate (``app.gate``) serves from Gradio's temp folder only those exports, while they last, and the files
+  Gradio cached for this app's components; uploads, other processes' files and deep links are refused;
+- the app's folder is removed when the server stops and at exit, SIGTERM included.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -32,26 +29,45 @@ import threading
 import time
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from gradio.utils import get_upload_folder
 
-FILE_ROUTE = re.compile(r"/gradio_api/file(?:=|/)(.*)$")
-UPLOAD_ROUTE = re.compile(r"/gradio_api/upload/?$")
-DEEP_LINK = re.compile(r"/gradio_api/deep_link/?$")
-READ_GRACE = 10  # seconds an upload stays after it was read (two visitors who upload one file share its path)
+PREFIX = "dex-app-"
+LOCK = ".lock"
 
 
-def _within(path: Path, folder: Path) -> bool:
+def within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def _remove(path: Path, temp: Path) -> None:
-    """Delete a file and the folder Gradio made for it in ``temp`` when that is left empty."""
+def _remove(path: Path, stop: Path) -> None:
+    """Delete a file and the folders above it, up to ``stop``, that it leaves empty."""
     path.unlink(missing_ok=True)
-    if path.parent != temp:
+    for folder in path.parents:
+        if folder == stop or not within(folder, stop):
+            break
         try:
-            path.parent.rmdir()
+            folder.rmdir()
         except OSError:
-            pass
+            break
+
+
+def sweep_orphans(temp: Path, mine: Path, started: float) -> list[Path]:
+    """Delete the ``dex-app-*`` folders in ``temp``, other than ``mine``, made before ``started`` whose lock no live
+    process holds (their server was killed); returns them."""
+    gone = []
+    for folder in temp.glob(PREFIX + "*"):
+        if folder == mine or not folder.is_dir() or folder.stat().st_mtime >= started:
+            continue
+        probe = FileLock(folder / LOCK, timeout=0)
+        try:
+            probe.acquire()
+        except Timeout:
+            continue  # a live server's
+        probe.release()
+        shutil.rmtree(folder, ignore_errors=True)
+        gone.append(folder)
+    return gone
 
 
 class Files:
@@ -59,27 +75,43 @@ class Files:
         self.settings = settings
         self.blocks = None  # the launched Blocks: the files Gradio cached for its components
         self._root: Path | None = None
+        self._held: FileLock | None = None
         self._lock = threading.Lock()
         self._exports: dict[Path, tuple[str, float]] = {}  # folder -> (session, made at)
-        self._uploads: dict[Path, tuple[int, float]] = {}  # upload -> (bytes, received at)
-        self._arriving = 0  # bytes of uploads being received (their Content-Length)
 
     @property
     def temp(self) -> Path:
         """Gradio's temp folder (uploads, its cache), read where Gradio reads it: ``GRADIO_TEMP_DIR``."""
         return Path(get_upload_folder()).resolve()
 
-    def _folder(self) -> Path:
+    def folder(self) -> Path:
+        """The app's folder, made (and its lock taken, earlier servers' orphans swept) on first use: at the
+        server's start."""
         with self._lock:
             if self._root is None:
+                started = time.time()
                 self.temp.mkdir(parents=True, exist_ok=True)
-                self._root = Path(tempfile.mkdtemp(prefix="dex-app-", dir=self.temp)).resolve()
+                self._root = Path(tempfile.mkdtemp(prefix=PREFIX, dir=self.temp)).resolve()
+                self._held = FileLock(self._root / LOCK)
+                self._held.acquire()
                 atexit.register(self.remove)
+                sweep_orphans(self.temp, self._root, started)
             return self._root
+
+    def upload_folder(self) -> Path:
+        """A fresh folder for one upload request's files."""
+        folder = self.folder() / "uploads" / secrets.token_urlsafe(16)
+        folder.mkdir(parents=True)
+        return folder
+
+    def remove_upload(self, path: Path) -> None:
+        """Delete an upload and the folders it leaves empty, up to the uploads' folder."""
+        if self._root is not None:
+            _remove(path, self._root / "uploads")
 
     def export(self, session: str, name: str) -> Path:
         """A fresh path for a file handed to ``session``'s browser, in a folder of its own."""
-        folder = self._folder() / secrets.token_urlsafe(16)
+        folder = self.folder() / secrets.token_urlsafe(16)
         folder.mkdir()
         with self._lock:
             self._exports[folder] = (session, time.time())
@@ -95,17 +127,14 @@ class Files:
             shutil.rmtree(folder, ignore_errors=True)
 
     def expire(self) -> None:
-        """Delete the exports and the uploads older than ``file_ttl``."""
+        """Delete the exports older than ``file_ttl``."""
         limit = time.time() - self.settings.file_ttl
         with self._lock:
             old = [folder for folder, (_, made) in self._exports.items() if made < limit]
             for folder in old:
                 del self._exports[folder]
-            stale = [path for path, (_, came) in self._uploads.items() if came < limit]
         for folder in old:
             shutil.rmtree(folder, ignore_errors=True)
-        for path in stale:
-            self._delete_upload(path)
 
     def serves(self, path: Path) -> bool:
         """Whether the gate lets ``path`` (resolved, in Gradio's temp folder) out: a live export, or a file
@@ -120,71 +149,21 @@ class Files:
         cached = [files for files in list(blocks.temp_file_sets) if files is not blocks.upload_file_set]
         return any(str(path) in files for files in cached)
 
-    def uploaded_bytes(self) -> int:
-        with self._lock:
-            return sum(size for size, _ in self._uploads.values()) + self._arriving
-
-    def received(self, paths: list[str], length: int) -> None:
-        """Note the files an upload request of ``length`` bytes stored (Gradio's reply lists them; one that
-        Gradio still moves in the background counts as the request's share)."""
-        now, temp = time.time(), self.temp
-        for name in paths:
-            path = Path(name).resolve()
-            if _within(path, temp):
-                size = path.stat().st_size if path.is_file() else length // max(1, len(paths))
-                with self._lock:
-                    self._uploads[path] = (size, now)
-
-    def consumed(self, name: str | Path) -> None:
-        """An upload the app has read: it goes ``READ_GRACE`` seconds later (or ``file_ttl``, if shorter)."""
-        path = Path(name).resolve()
-        with self._lock:
-            if path in self._uploads:
-                size, came = self._uploads[path]
-                grace = min(READ_GRACE, self.settings.file_ttl)
-                self._uploads[path] = (size, min(came, time.time() - self.settings.file_ttl + grace))
-
-    def _delete_upload(self, path: Path) -> None:
-        with self._lock:
-            self._uploads.pop(path, None)
-        _remove(path, self.temp)
-        if self.blocks is not None:
-            self.blocks.upload_file_set.discard(str(path))
-
-    def refusal(self, method: str, route: str, length: int | None) -> tuple[int, str] | None:
-        """(HTTP status, text) for a request the gate refuses; None lets it through to Gradio."""
-        if DEEP_LINK.search(route):
-            return 404, "Not Found"
-        found = FILE_ROUTE.search(route)
-        if found and method in ("GET", "HEAD") and "://" not in found.group(1):
-            path = Path(os.path.abspath(found.group(1))).resolve()
-            if _within(path, self.temp) and not self.serves(path):
-                return 403, "File not allowed: files are served only while the session that made them lasts."
-        if UPLOAD_ROUTE.search(route) and method == "POST":
-            if length is None:
-                return 411, "An upload must say its size (Content-Length)."
-            most = getattr(self.blocks, "max_file_size", None)
-            if most is not None and length > most + 2**20:  # a file's limit, and room for the form around it
-                return 413, f"An upload may be at most {most // 2**20} MB."
-            limit = self.settings.upload_mb * 2**20
-            if self.uploaded_bytes() + length > limit:
-                return 413, (
-                    f"This server holds {self.settings.upload_mb} MB of recent uploads, its limit for all "
-                    "visitors (DEX_UPLOAD_MB); try again in a few minutes."
-                )
-        return None
-
-    def arriving(self, size: int) -> None:
-        with self._lock:
-            self._arriving += size
+    def denies(self, name: str) -> bool:
+        """Whether a file route's path (as requested) is in Gradio's temp folder and not one the app serves."""
+        path = Path(os.path.abspath(name)).resolve()
+        return within(path, self.temp) and not self.serves(path)
 
     def remove(self) -> None:
         """Delete the app's folder and every file in it (the server stopped, or the process exits)."""
         with self._lock:
             root, self._root = self._root, None
+            held, self._held = self._held, None
             self._exports.clear()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+        if held is not None:
+            held.release()
 
     def exit_on_sigterm(self) -> None:
         """Make SIGTERM remove the folder and exit through ``sys.exit`` (so ``atexit`` runs too). Only from
@@ -198,60 +177,3 @@ class Files:
     def _terminated(self, signum, _frame):
         self.remove()
         sys.exit(128 + signum)
-
-
-class Gate:
-    """ASGI middleware in front of Gradio: refuses what ``Files.refusal`` names, counts uploads in flight
-    against the upload budget and notes the files each upload stored."""
-
-    def __init__(self, app, files: Files):
-        self.app, self.files = app, files
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        length = int(length) if length and length.isdigit() else None
-        refused = self.files.refusal(scope["method"], scope["path"], length)
-        if refused is not None:
-            status, text = refused
-            body = text.encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [
-                        (b"content-type", b"text/plain; charset=utf-8"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            return await send({"type": "http.response.body", "body": body})
-        if not (UPLOAD_ROUTE.search(scope["path"]) and scope["method"] == "POST"):
-            return await self.app(scope, receive, send)
-        reply, ok = [], [False]
-
-        async def noting(message):
-            if message["type"] == "http.response.start":
-                ok[0] = message["status"] == 200
-            elif message["type"] == "http.response.body" and ok[0]:
-                reply.append(message.get("body", b""))
-            await send(message)
-
-        self.files.arriving(length)
-        try:
-            await self.app(scope, receive, noting)
-            if ok[0]:
-                self.files.received(_paths(b"".join(reply)), length)
-        finally:
-            self.files.arriving(-length)
-
-
-def _paths(reply: bytes) -> list[str]:
-    """The stored paths an upload's reply lists (a JSON list of strings)."""
-    try:
-        paths = json.loads(reply)
-    except ValueError:
-        return []
-    return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []

@@ -9,6 +9,7 @@ send anything, so every value is checked here and a bad one is a ``DexError`` th
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 
 from dex_core import DecoderOptions, DexConfig, DexError, GenerationOptions
@@ -16,6 +17,7 @@ from dex_core.config import flag
 
 TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
 PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
+INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]{1,40}\s*")  # integer text that an API client may send
 
 
 def control(cls, name: str) -> dict:
@@ -50,6 +52,8 @@ def _whole(value, name: str, cls=None) -> int:
     """A UI number that must be a whole number, within its control's range when ``cls`` declares one."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
+    elif isinstance(value, str) and INTEGER_TEXT.fullmatch(value):
+        number = int(value)  # exactly: not rounded through a float (a seed beyond 2**53 stays itself)
     else:
         number = _real(value, name, "a whole number")
         if number != int(number):

@@ -291,10 +291,7 @@ def _analysis_tab(runtime: Runtime) -> None:
 def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = None) -> gr.Blocks:
     runtime = runtime or Runtime(settings)
     ttl = runtime.settings.session_ttl
-    with SessionBlocks(
-        runtime.sessions, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)
-    ) as demo:
-        demo.runtime = runtime
+    with SessionBlocks(runtime, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
         trace = gr.State(
             [], time_to_live=ttl
         )  # ttl s after it was set; a closed tab frees it at once (app.sessions)

@@ -50,11 +50,23 @@ class AppSettings:
         "MB of server memory for all sessions' traces together; the least recently used session's go first",
         env="DEX_TRACE_MEMORY_MB",
     )
+    visitor_trace_mb: int = option(
+        640,
+        "MB of trace memory the sessions of one visitor (client address) may hold; a load past it drops that "
+        "visitor's own least recently used trace first",
+        env="DEX_VISITOR_TRACE_MB",
+    )
     upload_mb: int = option(
         256,
         "MB of uploads not yet loaded, all visitors together; more are refused until "
         "they are loaded or expire",
         env="DEX_UPLOAD_MB",
+    )
+    visitor_upload_mb: int = option(
+        96,
+        "MB of uploads not yet loaded that one visitor (client address) may hold; more are refused until "
+        "they are loaded or expire",
+        env="DEX_VISITOR_UPLOAD_MB",
     )
     file_ttl: int = option(
         600,
@@ -77,7 +89,16 @@ class AppSettings:
             dtype=self.dtype,
             device=self.device,
         ).device
-        for name in ("max_groups", "queue_size", "session_ttl", "trace_memory_mb", "upload_mb", "file_ttl"):
+        for name in (
+            "max_groups",
+            "queue_size",
+            "session_ttl",
+            "trace_memory_mb",
+            "visitor_trace_mb",
+            "upload_mb",
+            "visitor_upload_mb",
+            "file_ttl",
+        ):
             integer(getattr(self, name), name, 1)
         integer(self.request_seconds, "request_seconds", 0)
 

@@ -24,9 +24,11 @@ from dex_core.runtime.unloaded import UnloadedModel, device_type
 
 from .estimate import SLOW_SECONDS, Learned
 from .files import Files
+from .gate import Calls
 from .inputs import TRACE_TOP
 from .server_settings import AppSettings
 from .sessions import Sessions
+from .uploads import Uploads
 
 WHOLE_MODEL = (
     "{what} runs the whole model in this server's process, and this server runs DEX distributed "
@@ -41,7 +43,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._model = self._tokenizer = self._unloaded = None
         self._groups: OrderedDict[RunSettings, DexDecoder] = OrderedDict()  # least recently used first
-        self.files = Files(self.settings)  # exports, uploads, the file gate
+        self.files = Files(self.settings)  # the app's folder, exports, what the gate serves
+        self.uploads = Uploads(self.settings, self.files)  # uploads, counted from their first byte
+        self.calls = Calls()  # malformed API calls, counted; a flood rate-limited
         self.sessions = Sessions(self.settings, self.files)  # what sessions hold in memory, and its budget
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
         self._one_row: dict[int, dict] = {}  # one-row seconds by proposal-head rows: first estimates

@@ -9,7 +9,8 @@ newer sessions push the session out. ``Sessions`` bounds that:
 - a session idle for ``session_ttl`` seconds is dropped by the sweep (``app.server`` runs it every second);
 - all sessions' traces together stay within ``trace_memory_mb``: a load asks ``admit`` first and the sweep
   checks the traces that grow (live runs); the least recently used sessions' traces go first, and the
-  session's next Debugger action says so (``notice``);
+  session's next Debugger action says so (``notice``); the sessions of one client address (a visitor,
+  ``app.uploads.visitor``) hold at most ``visitor_trace_mb``: a load past it drops that visitor's own first;
 - the sweep drops the large output values Gradio keeps for deep links (the browser has them), and the
   replays of traces no session holds (``REPLAYS``); freed heap pages go back to the OS (``_trim``).
 
@@ -44,6 +45,14 @@ RESERVE_SECONDS = 60  # a load's reservation counts until its trace is in the se
 RECORD_SECONDS = 5  # a size recorded for a loaded trace is kept this long for its session to hold it
 RECENT_SECONDS = 60  # sessions used this recently get their large output values dropped
 LARGE_OUTPUT = 64 * 2**10  # characters of an output value Gradio keeps that the sweep drops
+_BUDGET = (
+    "this session's trace was dropped to free memory: the server keeps {s.trace_memory_mb} MB of traces for all "
+    "visitors together and drops the least recently used first"
+)
+_SLICE = (
+    "this session's trace was dropped to make room for a newer one of yours: the server keeps "
+    "{s.visitor_trace_mb} MB of traces for each visitor (DEX_VISITOR_TRACE_MB)"
+)
 REPLAYS = viz.ReplayCache(size=8)  # the process's replays (Prev/Next/Play); the sweep keeps only held traces'
 
 
@@ -105,6 +114,7 @@ class Sessions:
         self._reserved: dict[str, tuple[int, float]] = {}  # session -> (bytes, when) of a load under way
         self._notices: dict[str, tuple[str, float]] = {}  # session -> (why its trace went, when)
         self._freed = False  # something was let go of since the last sweep's collection
+        self._visitors: dict[str, str] = {}  # session -> the client address it loaded a trace from
 
     @property
     def budget(self) -> int:
@@ -177,53 +187,67 @@ class Sessions:
         }
         return sessions, held, shared
 
-    def enforce(self, keep: str | None = None) -> int:
-        """Drop the least recently used sessions' traces (never ``keep``'s) until all fit the budget; returns
-        how many sessions lost theirs."""
+    def enforce(self, keep: str | None = None, visitor: str | None = None) -> int:
+        """Drop the least recently used sessions' traces (never ``keep``'s) until ``visitor``'s sessions fit its
+        slice and all fit the budget; returns how many sessions lost theirs."""
+        s = self.settings
         with self._lock:
             sessions, _, shared = self._survey()
-            total = shared + sum(size for size, _ in sessions.values())
             holder = self._holder()
             used = holder.time_last_used if holder else {}
             order = sorted(
-                (s for s, (size, _) in sessions.items() if s != keep and size > 0),
-                key=lambda s: used.get(s, datetime.min),
+                (x for x, (size, _) in sessions.items() if x != keep and size > 0),
+                key=lambda x: used.get(x, datetime.min),
             )
             evicted = 0
-            for session in order:
-                if total <= self.budget:
-                    break
-                size, slots = sessions[session]
-                for state, key in slots:
-                    block = state.blocks_config.blocks.get(key)
-                    state.state_data[key] = copy.deepcopy(
-                        getattr(block, "value", None)
-                    )  # a key it has: no resize
-                self._reserved.pop(session, None)
-                self._notices[session] = (
-                    "this session's trace was dropped to free memory: the server keeps "
-                    f"{self.settings.trace_memory_mb} MB of traces for all visitors together "
-                    "and drops the least recently used first",
-                    time.monotonic(),
-                )
-                total -= size
-                evicted += 1
+            if visitor is not None:
+                mine = [x for x in order if self._visitors.get(x) == visitor]
+                total = sum(sessions[x][0] for x in sessions if self._visitors.get(x) == visitor)
+                evicted += self._evict(mine, sessions, total, s.visitor_trace_mb * 2**20, _SLICE.format(s=s))
+            total = shared + sum(size for size, _ in sessions.values())
+            left = [x for x in order if x in sessions and sessions[x][0] > 0]
+            evicted += self._evict(left, sessions, total, self.budget, _BUDGET.format(s=s))
         if evicted:
             self._release()
         return evicted
 
-    def admit(self, session: str, nbytes: int) -> None:
-        """Make room for a trace of about ``nbytes`` that ``session`` is loading: other sessions' least recently
-        used traces go first. DexError when it alone is larger than the budget."""
-        if nbytes > self.budget:
-            raise DexError(
-                f"this trace needs about {nbytes / 2**20:.0f} MB of server memory, more than the "
-                f"{self.settings.trace_memory_mb} MB this server keeps for all visitors' traces "
-                "(DEX_TRACE_MEMORY_MB); view it on your machine with python -m visualize.report"
-            )
+    def _evict(self, order: list[str], sessions: dict, total: int, limit: int, why: str) -> int:
+        """Drop the traces of ``order``'s sessions, first first, until ``total`` fits ``limit``. Under ``_lock``."""
+        evicted = 0
+        for session in order:
+            if total <= limit:
+                break
+            size, slots = sessions[session]
+            for state, key in slots:
+                block = state.blocks_config.blocks.get(key)
+                state.state_data[key] = copy.deepcopy(
+                    getattr(block, "value", None)
+                )  # a key it has: no resize
+            sessions[session] = (0, [])
+            self._reserved.pop(session, None)
+            self._notices[session] = (why, time.monotonic())
+            total -= size
+            evicted += 1
+        return evicted
+
+    def admit(self, session: str, nbytes: int, visitor: str = "") -> None:
+        """Make room for a trace of about ``nbytes`` that ``session`` (of client address ``visitor``) is loading:
+        the visitor's own least recently used traces go first while its sessions pass its slice, then anyone's.
+        DexError when it alone is larger than the slice or the budget."""
+        s = self.settings
+        for limit, name, what in (
+            (s.visitor_trace_mb, "DEX_VISITOR_TRACE_MB", "each visitor's traces"),
+            (s.trace_memory_mb, "DEX_TRACE_MEMORY_MB", "all visitors' traces"),
+        ):
+            if nbytes > limit * 2**20:
+                raise DexError(
+                    f"this trace needs about {nbytes / 2**20:.0f} MB of server memory, more than the {limit} MB "
+                    f"this server keeps for {what} ({name}); view it on your machine with python -m visualize.report"
+                )
         with self._lock:
             self._reserved[session] = (nbytes, time.monotonic())
-        self.enforce(keep=session)
+            self._visitors[session] = visitor
+        self.enforce(keep=session, visitor=visitor)
 
     def notice(self, session: str) -> str | None:
         """Why ``session``'s trace went (once), or None."""
@@ -248,6 +272,7 @@ class Sessions:
         with self._lock:
             self._reserved.pop(session, None)
             self._notices.pop(session, None)
+            self._visitors.pop(session, None)
             if why:
                 self._notices[session] = (why, time.monotonic())
 

@@ -100,6 +100,11 @@ def _verify_arguments(p) -> None:
         choices=DTYPES,
         help="dtype to load it in (default: the trace's; float32 for traces that do not record one)",
     )
+    p.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="fetch the model if it is not present locally (default: refuse; a trace can name any model)",
+    )
     add_flags(p, DexConfig, ("device",))
 
 
@@ -295,7 +300,9 @@ def _plan(args) -> int:
 def _verify(args) -> int:
     events, meta = load_trace(args.trace)
     events = parse_events(events)  # read once, typed from here on
-    model, tokenizer = verifier_model(events, meta, args.model, args.dtype, args.device, log)
+    model, tokenizer = verifier_model(
+        events, meta, args.model, args.dtype, args.device, log, allow_download=args.allow_download
+    )
     cert = verify_trace(events, meta, model=model, dtype=args.dtype)
     start, word = events[0], lambda t: repr(tokenizer.decode([t]))
     for c in cert.uncertified:

@@ -33,6 +33,7 @@ def option(default, help: str, **extra):
 
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+MAX_SEED = 2**64 - 1  # sampling noise is keyed by 64 bits (``sampling.noise_key``): a larger seed would wrap
 DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
 BACKENDS = ("sequential", "distributed", "torchrun")
 ANALYSED_KS = tuple(range(2, 9))  # the values of K that readiness analyses report by default
@@ -93,7 +94,7 @@ class GenerationOptions:
     temperature: float = option(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
     top_k: int | None = option(None, "sample only among the k most likely tokens")
     top_p: float | None = option(None, "sample only within the top-p probability nucleus")
-    seed: int = option(0, "sampling seed; noise is keyed by (seed, position)")
+    seed: int = option(0, "sampling seed, 0 to 2**64 - 1; noise is keyed by (seed, position)")
     eos_token_id: int | tuple[int, ...] | None = option(
         None, "stop after this token id (default: the model's generation config)"
     )
@@ -108,6 +109,11 @@ class GenerationOptions:
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
         self.seed = integer(self.seed, "seed")
+        if not 0 <= self.seed <= MAX_SEED:  # 2**64 would give seed 0's samples, -1 those of 2**64 - 1
+            raise DexError(
+                f"seed must be an integer from 0 to 2**64 - 1 ({MAX_SEED}); a seed outside that range would "
+                f"repeat another seed's samples; got {self.seed}"
+            )
         if isinstance(self.eos_token_id, str):
             self.eos_token_id = parse_ints(self.eos_token_id, "eos_token_id", 0)
         elif self.eos_token_id is not None:

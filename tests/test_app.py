@@ -144,6 +144,12 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
     assert (tmp_path / "debugger.png").stat().st_size > 10_000
 
 
+SEEDS = (
+    "seed must be an integer from 0 to 2**64 - 1 (18446744073709551615); a seed outside that range would repeat "
+    "another seed's samples"
+)
+
+
 @pytest.mark.parametrize(
     "controls,message",
     [
@@ -153,6 +159,9 @@ def test_browser_generates_draws_the_lattice_and_steps_back_in_the_debugger(app_
         ({"sample": True, "top_p": float("nan")}, "top_p must be a finite number"),
         ({"sample": True, "top_k": 1.5}, "top_k must be a whole number"),
         ({"seed": "abc"}, "seed must be a whole number"),
+        ({"seed": 2**64}, f"{SEEDS}; got 18446744073709551616"),  # not seed 0's samples again
+        ({"seed": float(2**64)}, f"{SEEDS}; got 18446744073709551616"),  # as a number box sends it
+        ({"seed": "-1"}, f"{SEEDS}; got -1"),
         ({"depths": "4,2,6"}, "strictly increasing"),
         ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4"),
     ],
@@ -163,6 +172,20 @@ def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message
 
     with pytest.raises(DexError, match=re.escape(message)):
         Controls(**controls).config()
+
+
+def test_the_largest_seed_is_taken_exactly_and_the_seed_box_offers_only_seeds():
+    import gradio as gr
+
+    from app.controls import sampling_controls
+    from app.inputs import Controls
+
+    top = 2**64 - 1
+    sent = (top, str(top), f" {top} ", "+7", 7.0)  # text is read exactly, not through a float (2**64 there)
+    assert [Controls(seed=s).config().seed for s in sent] == [top, top, top, 7, 7]
+    with gr.Blocks():
+        seed = sampling_controls()[-1]
+    assert (seed.minimum, seed.maximum, seed.precision) == (0, top, 0)
 
 
 def test_ui_off_values_map_to_the_library_defaults():

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from conftest import free_port, tiny_model, tiny_tokenizer, tuned
 
+from app.files import LOCK
 from dex_core import DexDecoder, load_trace, save_trace
 
 HEARTBEAT = "1"  # seconds between Gradio's heartbeats: a closed client is noticed within about one
@@ -46,11 +47,13 @@ def small(tmp_path_factory):
     return make_trace(tmp_path_factory.mktemp("traces") / "small.json", 0.7)
 
 
-def visit(url: str, trace: Path):
-    """A session that loads ``trace`` in the Debugger (and draws it, as the page does); returns the client."""
+def visit(url: str, trace: Path, who: str | None = None):
+    """A session that loads ``trace`` in the Debugger (and draws it, as the page does), from the client address
+    ``who`` names (through the trusted local proxy's header) when given; returns the client."""
     from gradio_client import Client, handle_file
 
-    client = Client(url, verbose=False, download_files=False)
+    headers = {"X-Forwarded-For": who} if who else None
+    client = Client(url, verbose=False, download_files=False, headers=headers)
     control, status, box = client.predict(handle_file(str(trace)), api_name="/load")
     assert box is None  # the upload box is emptied, ready for another file
     assert "data-state='finished'" in status, status
@@ -107,6 +110,24 @@ def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app
     shown = clients[-1].predict(1, api_name="/show")[1]
     assert "dbg-empty" not in shown and "dropped" not in shown
     for client in clients:
+        client.close()
+
+
+def test_one_visitors_sessions_keep_within_its_slice_and_drop_their_own_trace_not_anothers(app_server, small):
+    from app.sessions import COMPACT_FACTOR
+
+    demo, url = app_server.demo, app_server.url
+    sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
+    megabytes = -(-2 * each // 2**20)  # one visitor's slice: room for 2 traces
+    assert megabytes * 2**20 // each == 2
+    with tuned(demo.runtime.settings, visitor_trace_mb=megabytes, trace_memory_mb=1024):
+        other = visit(url, small, who="198.51.100.20")
+        mine = [visit(url, small, who="203.0.113.20") for _ in range(3)]
+        usage = sessions.usage()
+        assert [usage.get(c.session_hash, 0) > 0 for c in (other, *mine)] == [True, False, True, True]
+        table = mine[0].predict(1, api_name="/show")[1]
+    assert f"{megabytes} MB of traces for each visitor (DEX_VISITOR_TRACE_MB)" in table
+    for client in (other, *mine):
         client.close()
 
 
@@ -198,47 +219,12 @@ def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(
     assert beside.is_file() and httpx.get(f"{url}gradio_api/file={beside}").status_code in (403, 404)
 
 
-def test_anonymous_uploads_are_bounded_in_total_and_expire(app_server):
-    demo, url = app_server.demo, app_server.url
-
-    def upload(body, name="up.bin"):
-        return httpx.post(f"{url}gradio_api/upload", files={"files": (name, body)})
-
-    with tuned(demo.runtime.settings, upload_mb=1, file_ttl=2):
-        until(lambda: demo.runtime.files.uploaded_bytes() == 0, 5)  # earlier tests' uploads expire
-        first = upload(os.urandom(600_000))
-        assert first.status_code == 200 and Path(first.json()[0]).is_file()
-        refused = upload(os.urandom(600_000), "more.bin")
-        assert refused.status_code == 413 and "DEX_UPLOAD_MB" in refused.text
-        assert until(lambda: not Path(first.json()[0]).exists(), 6)
-        status, text = demo.runtime.files.refusal(
-            "POST", "/gradio_api/upload", 66 * 2**20
-        )  # said before it is sent
-        assert status == 413 and "at most 64 MB" in text
-        assert upload(os.urandom(600_000), "later.bin").status_code == 200
-        chunked = httpx.post(
-            f"{url}gradio_api/upload",
-            content=iter([b"x" * 10]),
-            headers={"content-type": "multipart/form-data; boundary=b"},
-        )
-        assert chunked.status_code == 411
-
-
 def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app_server, small):
     demo, temp = app_server.demo, app_server.temp
     with tuned(demo.runtime.settings, file_ttl=1):
         client = visit(app_server.url, small)
-        assert until(
-            lambda: (
-                not [
-                    p
-                    for p in temp.rglob("*")
-                    if p.is_file() and p.suffix == ".json" and "dex-app-" not in str(p)
-                ]
-            ),
-            6,
-        )
-    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]
+        assert until(lambda: not [p for p in temp.glob("dex-app-*/uploads/**/*") if p.is_file()], 6)
+    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0 and p.name != LOCK]
     client.close()
 
 
@@ -258,9 +244,9 @@ def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no
         pinned = client.predict(handle_file(str(small)), api_name="/load_pinned")
         assert "data-state='finished'" in str(pinned) and "run A pinned: " in str(pinned)
         assert until(
-            lambda: not [p for p in temp.rglob("*.json") if "dex-app-" not in str(p)], 6
-        )  # both deleted
-    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0]  # no empty temp file
+            lambda: not [p for p in temp.glob("dex-app-*/uploads/**/*") if p.is_file()], 6
+        )  # both gone
+    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0 and p.name != LOCK]
     frame = client.predict("round three", api_name="/show")  # a Debugger round as text: clamped, no traceback
     assert "dbg-empty" in str(frame)
     log = capfd.readouterr()
@@ -293,7 +279,11 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
     big = make_trace(tmp_path / "big.json", 20, tokens=700)
     temp, port = tmp_path / "gradio-temp", free_port()
     env = dict(
-        os.environ, GRADIO_TEMP_DIR=str(temp), GRADIO_HEARTBEAT_INTERVAL=HEARTBEAT, DEX_TRACE_MEMORY_MB="2048"
+        os.environ,
+        GRADIO_TEMP_DIR=str(temp),
+        GRADIO_HEARTBEAT_INTERVAL=HEARTBEAT,
+        DEX_TRACE_MEMORY_MB="2048",
+        DEX_VISITOR_TRACE_MB="2048",
     )
     server = subprocess.Popen(
         [sys.executable, "app/main.py", "--model", str(tiny_dir), "--port", str(port)],

@@ -60,6 +60,8 @@ def test_generate_streams_text_and_prints_depth_stats(tiny_dir, tmp_path, capsys
         (["generate", "hello", "--max-new-tokens", "300"], "exceeds the model's context window of 256"),
         (["generate", "hello", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "hello", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["generate", "hello", "--seed", str(2**64)], "seed must be an integer from 0 to 2**64 - 1"),
+        (["generate", "hello", "--seed", "-1"], "seed must be an integer from 0 to 2**64 - 1"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_message(tiny_dir, capsys, argv, message):

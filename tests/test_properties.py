@@ -49,7 +49,7 @@ VALID = {  # decoder options, then generation options, then the prompt
     "temperature": st.one_of(st.just(0.0), st.floats(0.05, 3.0)),
     "top_k": st.one_of(st.none(), st.integers(1, VOCAB + 5)),
     "top_p": st.one_of(st.none(), st.floats(0.05, 1.0)),
-    "seed": st.integers(-(2**70), 2**70),
+    "seed": st.integers(0, 2**64 - 1),
     "eos_token_id": st.one_of(
         st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3)
     ),
@@ -113,7 +113,11 @@ BAD = {  # per field, values that are always wrong (each one a DexError on its o
         st.floats(min_value=1.0, exclude_min=True),
         st.sampled_from([math.nan, "0.5", True, b"1"]),
     ),
-    "seed": st.sampled_from([1.5, 2.0, "abc", "7", None, True, math.nan, math.inf]),
+    "seed": st.one_of(
+        st.integers(max_value=-1),
+        st.integers(min_value=2**64),
+        st.sampled_from([1.5, 2.0, "abc", "7", None, True, math.nan, math.inf]),
+    ),
     "eos_token_id": st.one_of(
         st.integers(max_value=-1),
         st.lists(st.integers(max_value=-1), min_size=1, max_size=3),
@@ -217,7 +221,7 @@ UI_VALID = {  # the Live tab's controls, each value one that the app accepts
     "temperature": st.one_of(st.floats(0.0, 5.0), st.floats(0.0, 5.0).map(str)),
     "top_k": sent_as(st.integers(0, 10**6)),
     "top_p": st.one_of(st.floats(1e-6, 1.0), st.just("1"), st.just(" 0.5 ")),
-    "seed": st.one_of(st.integers(-(2**70), 2**70), sent_as(st.integers(-(2**40), 2**40))),
+    "seed": st.one_of(st.integers(0, 2**64 - 1), sent_as(st.integers(0, 2**40))),
     "max_new_tokens": sent_as(st.integers(1, 512)),
     "prune": st.sampled_from(PRUNE_CHOICES),
 }
@@ -242,7 +246,11 @@ UI_BAD = {  # per control, values that are always refused (the sampling ones wit
         st.floats(min_value=1.0, exclude_min=True),
         st.sampled_from([math.nan, "x", None, True]),
     ),
-    "seed": st.sampled_from([1.5, "abc", "", None, math.nan, math.inf, True]),
+    "seed": st.one_of(
+        sent_as(st.integers(max_value=-1)),
+        st.integers(min_value=2**64),
+        st.sampled_from([1.5, "abc", "", None, math.nan, math.inf, True]),
+    ),
     "max_new_tokens": st.one_of(
         st.integers(max_value=0), st.integers(min_value=513), st.sampled_from([2.5, "nan", None, True, "513"])
     ),
@@ -309,12 +317,20 @@ def test_one_refused_control_value_is_a_dex_error_naming_that_control(name, data
         Controls(**controls).config()
 
 
+SEEDS = (
+    "seed must be an integer from 0 to 2**64 - 1 (18446744073709551615); a seed outside that range would repeat "
+    "another seed's samples"
+)
+
+
 @pytest.mark.parametrize(
     "options,message",
     [
         ({"seed": 1.5}, "seed must be an integer; got 1.5"),
         ({"seed": "abc"}, "seed must be an integer; got 'abc'"),
         ({"seed": None}, "seed must be an integer; got None"),
+        ({"seed": 2**64}, f"{SEEDS}; got 18446744073709551616"),  # not seed 0's noise again
+        ({"seed": -1}, f"{SEEDS}; got -1"),  # not seed 2**64 - 1's
         ({"eos_token_id": "x"}, "eos_token_id must be comma-separated integers"),
         ({"eos_token_id": 1.5}, "eos_token_id must be an integer >= 0; got 1.5"),
         ({"max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 1; got 2.0"),
@@ -383,9 +399,15 @@ def test_options_given_as_something_else_than_their_dataclass_are_dex_errors():
 def test_int_like_values_become_plain_ints_and_text_lists_are_parsed():
     import numpy as np
 
-    options = GenerationOptions(max_new_tokens=np.int64(2), seed=np.int32(-3), eos_token_id=[np.int64(5)])
-    assert (options.max_new_tokens, options.seed, options.eos_token_id) == (2, -3, (5,))
-    assert type(options.max_new_tokens) is int and type(options.eos_token_id[0]) is int
+    options = GenerationOptions(
+        max_new_tokens=np.int64(2), seed=np.uint64(2**64 - 1), eos_token_id=[np.int64(5)]
+    )
+    assert (options.max_new_tokens, options.seed, options.eos_token_id) == (2, 2**64 - 1, (5,))
+    assert (
+        type(options.max_new_tokens) is int
+        and type(options.seed) is int
+        and type(options.eos_token_id[0]) is int
+    )
     assert DecoderOptions(depths="2, 4,6").depths == (2, 4, 6) and DecoderOptions(
         depths=[np.int64(6)]
     ).depths == (6,)

@@ -328,6 +328,11 @@ def test_broken_references_are_refused(valid):
             replaced(valid, ("events", commit_round, "commit", key), value)
         )
     assert "exactly when commit is" in rejected(replaced(valid, ("events", commit_round, "collapse"), None))
+    token = valid["events"][commit_round]["commit"]["token"]  # an edit of commit, not of its copy in commits
+    assert rejected(replaced(valid, ("events", commit_round, "commit", "token"), 500)).endswith(
+        f"events[{commit_round}].commits[0].token must equal events[{commit_round}].commit.token (commit is a "
+        f"copy of the round's first commit); got {token} and 500"
+    )
     ends_twice = replaced(valid, ("events",), valid["events"] + [valid["events"][-1]])
     assert "only the last" in rejected(ends_twice)
 

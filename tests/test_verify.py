@@ -1,7 +1,10 @@
 """dex verify: every committed token is the unmodified model's choice or a near-tie of it, per token."""
 
 import json
+import re
+import shutil
 
+import huggingface_hub
 import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer
@@ -11,6 +14,7 @@ from dex_core.algorithm.sampling import Sampler, tie_gap
 from dex_core.cli import main
 from dex_core.config import GenerationOptions
 from dex_core.runtime.reference import ar_generate, hf_greedy
+from dex_core.tools import verify
 from dex_core.tools.verify import Certificate, certify_tokens, verify_trace
 from dex_core.trace.events import round_commits
 
@@ -211,3 +215,67 @@ def test_dex_verify_refuses_bad_input_with_exit_2(tiny_dir, tmp_path, capsys):
     ]:
         code, lines, err = _verify(capsys, tmp_path / name)
         assert code == 2 and message in err and err.count("dex: error:") == 1 and "Traceback" not in err
+
+
+def test_a_token_outside_the_models_vocabulary_is_named_as_the_cause(llama):
+    trace = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
+    edited = json.loads(
+        json.dumps(trace)
+    )  # as read from a file: commit and its copy commits[0] are two records
+    for e in edited[1:-1]:
+        for c in [e["commit"] or {}, *e["commits"]]:
+            c["token"] = 96 if c.get("index") == 2 else c.get("token")
+    edited[-1]["tokens"][2] = 96
+    outside = "is outside the model's vocabulary of 96 (ids 0 to 95): the trace was made with another model"
+    with pytest.raises(DexError, match=re.escape(f"token id 96 (committed token 2) {outside}")):
+        verify_trace(edited, model=llama)
+    edited[0]["prompt"] = [*PROMPT[:3], 200, *PROMPT[4:]]
+    with pytest.raises(DexError, match=re.escape(f"token id 200 (prompt token 3) {outside}")):
+        verify_trace(edited, model=llama)
+
+
+def _hub_cache(tiny_dir, root, repo: str):
+    """``root`` as a Hugging Face cache holding ``tiny_dir`` as hub model ``repo`` (its layout: refs, snapshots)."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    shutil.copytree(tiny_dir, folder / "snapshots" / commit)
+
+
+def test_dex_verify_fetches_no_model_that_is_not_present_locally_unless_allowed(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    loads = []
+
+    def load_model(spec, **kwargs):  # stands in for the loader: records the call, downloads nothing
+        loads.append((spec, kwargs["local_files_only"]))
+        raise DexError("no network in the tests")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    trace = DexDecoder(tiny_model("llama"), explorers=2).generate(PROMPT, 4).trace
+    save_trace(tmp_path / "stranger.json", trace, {"model": "no-such-org/no-such-model"})
+    with monkeypatch.context() as m:
+        m.setattr(verify, "load_model", load_model)
+        code, _, err = _verify(capsys, tmp_path / "stranger.json")
+        assert code == 2 and not loads and err.count("dex: error:") == 1
+        assert err.strip() == (
+            "dex: error: model 'no-such-org/no-such-model', which the trace names, is not present locally: not "
+            f"in the local Hugging Face cache ({tmp_path / 'hub'}). dex verify downloads a model only when "
+            "asked, since a trace can name any model: pass --allow-download (allow_download=True) to fetch it, "
+            "or --model with a local copy"
+        )
+        with pytest.raises(DexError, match="which the trace names, is not present locally"):
+            verify_trace(tmp_path / "stranger.json")  # the library's default too
+        assert not loads
+        code, _, err = _verify(capsys, tmp_path / "stranger.json", "--allow-download")
+        assert code == 2 and "no network in the tests" in err
+        assert loads == [("no-such-org/no-such-model", False)]
+    # a hub model the cache holds needs no flag, and its load asks the hub nothing
+    _hub_cache(tiny_dir, tmp_path / "hub", "tiny-org/tiny")
+    for name in ("model_info", "repo_info"):
+        monkeypatch.setattr(huggingface_hub.HfApi, name, lambda *a, **k: pytest.fail("asked the hub"))
+    save_trace(tmp_path / "cached.json", trace, {"model": "tiny-org/tiny"})
+    code, lines, err = _verify(capsys, tmp_path / "cached.json")
+    assert code == 0, err
+    assert lines[-1] == "certified: 4 of 4 tokens within the tie gap (worst gap 0)"

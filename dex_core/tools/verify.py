@@ -30,6 +30,7 @@ import torch
 from ..algorithm.sampling import Sampler, tie_gap
 from ..config import DexError, GenerationOptions
 from ..device import dtype_name
+from ..model.checkpoint import missing_locally
 from ..model.load import load_model, resolve_device
 from ..model.view import model_view
 from ..runtime.request import prompt_ids
@@ -170,21 +171,36 @@ def verifier_model(
     dtype: str | None = None,
     device: str | None = None,
     log=None,
+    allow_download: bool = False,
 ):
     """``(model, tokenizer)`` to verify a trace (its events, plain or typed) with: ``spec`` (default: the model its
     meta names) in ``dtype`` (default: the trace's, float32 for traces that do not record one) on ``device``
     ('auto'/None: the trace's device type when it sampled, so its noise can be redrawn; else
-    ``resolve_device('auto')``)."""
+    ``resolve_device('auto')``). A trace's meta can name any model, so one that is not present locally (a hub id
+    not in the Hugging Face cache, a named model not yet fetched) is refused unless ``allow_download``; a local
+    directory or .gguf file always loads."""
     start = _start(events)
-    spec = spec or meta.get("model")
+    given, spec = spec, spec or meta.get("model")
     if not isinstance(spec, str) or not spec.strip():
         raise DexError(
             "the trace does not name its model (no 'model' in its meta); pass the model with --model"
         )
+    if not allow_download and (missing := missing_locally(spec)):
+        raise DexError(
+            f"model {spec!r}{'' if given else ', which the trace names,'} is not present locally: {missing}. "
+            "dex verify downloads a model only when asked, since a trace can name any model: pass "
+            "--allow-download (allow_download=True) to fetch it, or --model with a local copy"
+        )
     if device in (None, "auto"):
         device = start.made_on if start.sampling["temperature"] > 0 else "auto"
     kwargs = {} if log is None else {"log": log}
-    return load_model(spec, dtype=dtype or start.dtype or "float32", device=resolve_device(device), **kwargs)
+    return load_model(
+        spec,
+        dtype=dtype or start.dtype or "float32",
+        device=resolve_device(device),
+        local_files_only=not allow_download,
+        **kwargs,
+    )
 
 
 def _start(events: list) -> StartEvent:
@@ -204,9 +220,11 @@ def verify_trace(
     dtype: str | None = None,
     device: str | None = None,
     log=None,
+    allow_download: bool = False,
 ) -> Certificate:
     """Certify every committed token of a trace (a saved file's path, or its events and meta), DEX or AR.
-    ``model``: an already loaded model in the trace's dtype; else ``verifier_model`` loads one."""
+    ``model``: an already loaded model in the trace's dtype; else ``verifier_model`` loads one (downloading it
+    only with ``allow_download``)."""
     if isinstance(trace, (str, Path)):
         events, meta = load_trace(trace)
     else:
@@ -215,7 +233,7 @@ def verify_trace(
     tokens = trace_tokens(events)
     start = events[0]
     if model is None:
-        model, _ = verifier_model(events, meta, spec, dtype, device, log)
+        model, _ = verifier_model(events, meta, spec, dtype, device, log, allow_download)
     view = model_view(model)
     wanted = dtype or start.dtype
     if wanted is not None and dtype_name(view.dtype) != wanted:
@@ -230,5 +248,19 @@ def verify_trace(
             f"device type's generator; verify it on {start.made_on} (--device {start.made_on}), "
             f"not on {view.device.type}"
         )
+    _within_vocabulary(start.prompt, tokens, view.vocab)
     options = GenerationOptions(max_new_tokens=max(1, len(tokens)), **sampling)
     return certify_tokens(model, start.prompt, tokens, options)
+
+
+def _within_vocabulary(prompt: list[int], tokens: list[int], vocab: int) -> None:
+    """A trace's prompt and committed token ids are ids of the model's vocabulary, or the trace was made with
+    another model (or edited): DexError naming the first id that is not."""
+    for what, ids in (("prompt token", prompt), ("committed token", tokens)):
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise DexError(
+                    f"token id {t} ({what} {i}) is outside the model's vocabulary of {vocab} (ids 0 to "
+                    f"{vocab - 1}): the trace was made with another model, or edited; verify it with the model "
+                    "that made it (--model)"
+                )

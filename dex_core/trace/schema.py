@@ -11,12 +11,11 @@ from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 from ..algorithm.lattice import NodeKind, Via
-from ..config import DEPTH_CHOICES, DTYPES, DexError
+from ..config import DEPTH_CHOICES, DTYPES, MAX_SEED, DexError
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
 MAX_INT = 2**31 - 1  # ids, slots, tokens, positions, layers
-MAX_SEED = 2**64
 MAX_NUMBER = 1e15  # seconds, rates and other measurements
 EVENT_KINDS = ("start", "round", "token", "end")
 Stopped = Literal["eos", "length", "cancelled"]  # why a finished run stopped (``GenerationStats.stop``)
@@ -90,7 +89,7 @@ def _start(lim: TraceLimits) -> dict:
             "temperature": _num(),
             "top_k": _int(0, null=True),
             "top_p": _num(0.0, 1.0, null=True),
-            "seed": _int(-MAX_SEED, MAX_SEED),
+            "seed": _int(0, MAX_SEED),  # as GenerationOptions takes it
         }
     )
     return _record(

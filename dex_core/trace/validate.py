@@ -184,6 +184,27 @@ def _check_references(events: list[dict]) -> None:
             last = event["round"]
 
 
+def _unlike_commit(where: str, commit: dict | None, commits: list) -> DexError:
+    """Why a round's ``commits`` is not its ``commit`` followed by the round's other commits (a chain's)."""
+    if None in commits:
+        return _reject(f"{where}.commits", "must not hold null")
+    if commit is None or not commits:
+        return _reject(
+            f"{where}.commits", "must begin with the round's commit, and be empty when commit is null"
+        )
+    first = commits[0]
+    key = next(
+        k
+        for k in sorted(set(commit) | set(first))
+        if (k in commit, commit.get(k)) != (k in first, first.get(k))
+    )
+    here, there = (f"{r[key]!r:.40}" if key in r else "nothing" for r in (first, commit))
+    return _reject(
+        f"{where}.commits[0].{key}",
+        f"must equal {where}.commit.{key} (commit is a copy of the round's first commit); got {here} and {there}",
+    )
+
+
 def _check_round(
     event: dict, where: str, K: int, seen: set[int], alive: set[int], pipeline: bool
 ) -> set[int]:
@@ -216,12 +237,10 @@ def _check_round(
         event["collapse"],
         event.get("commits", [event["commit"]] * bool(event["commit"])),
     )
-    if (
-        (commit is None) != (collapse is None)
-        or commits[:1] != ([commit] if commit else [])
-        or None in commits
-    ):
-        raise _reject(f"{where}.collapse", "and commits must be given exactly when commit is, commit first")
+    if (commit is None) != (collapse is None):
+        raise _reject(f"{where}.collapse", "must be given exactly when commit is")
+    if commits[:1] != ([commit] if commit else []) or None in commits:
+        raise _unlike_commit(where, commit, commits)
     for c, at in zip(
         commits, ("commit",) if "commits" not in event else (f"commits[{j}]" for j in range(len(commits)))
     ):
