@@ -137,7 +137,9 @@ def test_uploads_are_bounded_in_total_and_one_without_a_size_is_refused(app_serv
         assert chunked.status_code == 411
 
 
-def test_a_killed_servers_folder_is_swept_at_the_next_start_and_a_live_ones_kept(tmp_path, tiny_dir):
+def test_a_killed_servers_folder_is_swept_at_the_next_start_and_a_live_ones_kept(
+    tmp_path, tiny_dir, monkeypatch
+):
     from app.files import Files
     from app.server_settings import AppSettings
 
@@ -162,18 +164,17 @@ os.kill(os.getpid(), signal.SIGKILL)
         ).stdout.strip()
     )
     assert (root / "uploads" / "x" / "left.json").is_file()
-    os.environ["GRADIO_TEMP_DIR"] = str(tmp_path)
-    try:
-        live = Files(AppSettings(model=str(tiny_dir)))
-        kept = live.folder()  # a live server's folder (its lock held by this process)
-        time.sleep(0.05)
-        restarted = Files(AppSettings(model=str(tiny_dir)))
-        restarted.folder()
-        assert not root.exists() and kept.is_dir()
-        restarted.remove()
-        live.remove()
-    finally:
-        del os.environ["GRADIO_TEMP_DIR"]
+    monkeypatch.setenv(
+        "GRADIO_TEMP_DIR", str(tmp_path)
+    )  # set back after the test: the shared app reads it too
+    live = Files(AppSettings(model=str(tiny_dir)))
+    kept = live.folder()  # a live server's folder (its lock held by this process)
+    time.sleep(0.05)
+    restarted = Files(AppSettings(model=str(tiny_dir)))
+    restarted.folder()
+    assert not root.exists() and kept.is_dir()
+    restarted.remove()
+    live.remove()
 
 
 def test_a_trace_of_empty_objects_is_refused_by_the_workers_memory_bound(tmp_path):
