@@ -21,21 +21,26 @@ from .server_state import Runtime
 METRICS = ("probability", "rank")  # the Analysis's depth view colours
 
 
-def _greedy_answer(model, ids, config, deadline: Deadline) -> tuple[list[int], str | None]:
-    """The greedy answer's tokens, and why it ended early (the host's bound), or None."""
+def _greedy_answer(model, ids, config, deadline: Deadline, progress) -> tuple[list[int], str | None]:
+    """The greedy answer's tokens, and why it ended early (the host's bound), or None; ``progress`` (Gradio's)
+    counts its tokens."""
     tokens = []
     for event in ar_stream(model, ids, options=config.generation()):
         if event["event"] == "token":
             tokens.append(event["token"])
+            progress((len(tokens), config.max_new_tokens), desc="the greedy answer", unit="tokens")
             if deadline.reason():
                 return tokens, deadline.reason()
     return tokens, None
 
 
-def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability"):
+def analyse(
+    runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability", progress=gr.Progress()
+):
     """EAD of each token of the greedy answer, the speedups and costs it predicts for K = 2..8, and the
     depth view: the committed token's probability (or rank) at every layer, explored depths marked. An
-    answer cut at the host's bound is analysed as far as it got, and the table says so first."""
+    answer cut at the host's bound is analysed as far as it got, and the table says so first. The page shows
+    each phase as it runs (``progress``): the model's loading, the answer's tokens, the analysis."""
     try:
         if metric not in METRICS:
             raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
@@ -43,11 +48,13 @@ def analyse(runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="pr
         check_text(prompt)
         runtime.need_whole_model("the Analysis")
         ids = runtime.encode(prompt, config.chat)
+        progress(0, desc="loading the model (once per server)")
         model, tokenizer = runtime.model("the Analysis")
         notice = runtime.slow_notice(None, config.max_new_tokens)
         if notice:
             gr.Warning(notice)
-        tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds))
+        tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds), progress)
+        progress(1.0, desc=f"each layer's view of {len(tokens)} tokens (EAD, speedups, the depth view)")
         options = replace(config.decoder(), explorers=runtime.settings.explorers)
         found = analyse_answer(model, ids, tokens, options, tokenizer)
     except DexError as err:

@@ -19,6 +19,16 @@ FIT_PLOTS_JS = """() => {
   }), 500);
 }"""
 
+# Gradio's slider commits a typed round when its number box loses focus (its release event), not on Enter; the
+# round box blurs itself on Enter, so Enter shows the round typed, as Tab does.
+ROUND_ENTER_JS = """() => {
+  if (window.__dexRoundEnter) return;
+  window.__dexRoundEnter = true;
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && e.target.matches && e.target.matches('#dbg-round input[type=number]')) e.target.blur();
+  }, true);
+}"""
+
 # The depth view carries both of its colourings (``visualize.charts.depth_colouring``): the Analysis tab's
 # switch restyles the figure it shows, with no request and no model call.
 DEPTH_COLOURS_JS = """(metric) => {

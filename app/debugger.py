@@ -11,6 +11,7 @@ run, a loaded trace and a bundled one alike.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,20 @@ def _gone(why: str) -> str:
 def show(runtime: Runtime, events, round_no, request: gr.Request = None):
     """``frame`` for a session's step (Prev, Next, slider, timeline): says once why its trace was dropped."""
     return frame(events, round_no, None if events else runtime.sessions.notice(_session(request)))
+
+
+def stepped(events, meta, source: str, round_no, status: str):
+    """The status line after a step (Prev, Next, the round box, the timeline): the round shown and what the trace
+    is. An error an earlier upload left is cleared, since it no longer says what the Debugger shows."""
+    rounds = views(events)
+    if not rounds:
+        return gr.skip()
+    found = re.search(r"data-state='(\w+)'", status or "")
+    state = found.group(1) if found and found.group(1) != "error" else "finished"
+    shown = rounds[_index(rounds, round_no)].round
+    return viz.status_html(
+        state, f"round {shown} of {rounds[0].round}..{rounds[-1].round} · {describe(meta, source)}"
+    )
 
 
 def round_control(rounds, value: int) -> gr.Slider:

@@ -38,7 +38,7 @@ from app import debugger as dbg
 from app import debugger_compare as cmp
 from app import live, page, race
 from app.analysis_tab import analyse
-from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, TIMELINE_JS
+from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
 from app.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
 from app.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
 from app.server import SessionBlocks
@@ -93,7 +93,9 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
     goto = gr.Textbox(visible="hidden", elem_id="dbg-goto")
     goto_b = gr.Button("Open round", visible="hidden", elem_id="dbg-goto-go")
     with gr.Row():
-        lattice = gr.Plot(label="Lattice at this round", elem_id="dbg-lattice", scale=1)
+        lattice = gr.Plot(
+            label="Lattice at this round", elem_id="dbg-lattice", scale=1, show_label=False
+        )  # its title names the round; Gradio's label sat on it
         with gr.Column(scale=1):
             fsm = gr.HTML(elem_id="dbg-fsm")
             table = gr.HTML(elem_id="dbg-table")
@@ -104,11 +106,12 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         **HUSH,
         "preprocess": False,
     }  # round values arrive as sent: the handlers read them (debugger._number)
-    slider.release(show, [trace, slider], frame, **raw)
+    said = (dbg.stepped, [trace, meta, origin, slider, status], status)  # the status line says the step
+    slider.release(show, [trace, slider], frame, **raw).then(*said, **raw)
     for button, delta in ((prev_b, -1), (next_b, +1)):
         step = button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw)
-        step.then(show, [trace, slider], frame, **raw)
-    goto_b.click(show, [trace, goto], frame, **raw)
+        step.then(show, [trace, slider], frame, **raw).then(*said, **raw)
+    goto_b.click(show, [trace, goto], frame, **raw).then(*said, **raw)
     play_b.click(dbg.play, [trace, slider], [playing, timer, *frame], **raw)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
     timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
@@ -198,7 +201,9 @@ def _live_tab(runtime: Runtime, states: list):
     status = gr.HTML(elem_id="live-status")
     text = gr.HTML(label="Output", elem_id="live-text")
     with gr.Row():
-        lattice = gr.Plot(label="Depth × position lattice", elem_id="live-lattice", scale=3)
+        lattice = gr.Plot(
+            label="Depth × position lattice", elem_id="live-lattice", scale=3, show_label=False
+        )  # its title names the round; Gradio's label sat on it
         with gr.Column(scale=2):
             fsm = gr.HTML(elem_id="live-fsm")
             numbers = gr.HTML(elem_id="live-stats")
@@ -288,6 +293,13 @@ def _analysis_tab(runtime: Runtime) -> None:
     metric.change(None, metric, None, js=DEPTH_COLOURS_JS, **QUIET)  # in the page, no model call
 
 
+def _host_bound(seconds: int) -> str:
+    """What the header says of the host's bound on a request's model time (nothing where there is none)."""
+    if not seconds:
+        return ""
+    return f" This host ends a request after {seconds} s of model time, with what it made (`DEX_REQUEST_SECONDS`)."
+
+
 def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = None) -> gr.Blocks:
     runtime = runtime or Runtime(settings)
     ttl = runtime.settings.session_ttl
@@ -306,6 +318,7 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
             "near-tie, marked ≈, checked by `dex verify`). **The answers are the model's own**: a weak answer "
             "is the model's, not DEX's. "
             f"Model: `{runtime.settings.model}`, backend: `{runtime.settings.backend}`."
+            + _host_bound(runtime.settings.request_seconds)
         )
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):
@@ -334,6 +347,7 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
         demo.load(page.example_prompt, None, prompt, **HUSH)  # the prompt of the run the Live panels show
         demo.load(None, js=TIMELINE_JS, **QUIET)
         demo.load(None, js=FIT_PLOTS_JS, **QUIET)
+        demo.load(None, js=ROUND_ENTER_JS, **QUIET)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 

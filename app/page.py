@@ -41,3 +41,26 @@ def example_prompt(request: gr.Request):
         "prompt"
     )
     return prompt if isinstance(prompt, str) and prompt.strip() else gr.skip()
+
+
+CONTROLS = ("slider", "number", "checkbox", "dropdown", "radio")  # the kinds of component a visitor sets
+
+
+def appearance(demo: gr.Blocks) -> dict:
+    """What README's screenshots show of the app besides a run: the header, every control's default (by its
+    element id) and the palette. ``scripts/app_screenshots.py`` records it beside the pictures, and a test fails
+    when the app's differs, so that the pictures are made again when the app changes."""
+    components = demo.get_config_file()["components"]
+    header = next(c["props"]["value"] for c in components if c["type"] == "markdown")
+    controls = {
+        c["props"]["elem_id"]: c["props"].get("value")
+        for c in components
+        if c["type"] in CONTROLS and c["props"].get("elem_id") and c["props"].get("visible") is not False
+    }
+    return {
+        "header": header,
+        "controls": dict(sorted(controls.items())),
+        "stage_colours": list(viz.palette.OKABE_ITO),
+        "status_colours": viz.palette.STATUS_COLORS,
+        "fate_colours": viz.palette.FATE_COLORS,
+    }

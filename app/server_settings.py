@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 from dex_core import DecoderOptions, DexConfig, DexError
 from dex_core.config import DEVICE_HELP, integer, option
 
+HOSTED_SECONDS = 180  # the bound on one request's model time where the app is hosted (a Space)
+
 
 @dataclass
 class AppSettings:
@@ -74,10 +76,10 @@ class AppSettings:
         "server; a download also goes when its session ends",
         env="DEX_FILE_TTL",
     )
-    request_seconds: int = option(
-        180,
-        "seconds of model time one request may take (Live, Race, Analysis); a run "
-        "past it ends with what it made so far (0: no bound)",
+    request_seconds: int | None = option(
+        None,
+        "seconds of model time one request may take (Live, Race, Analysis); a run past it ends with what it made "
+        f"so far (0: no bound; default: {HOSTED_SECONDS} on a Hugging Face Space, none on your own machine)",
         env="DEX_REQUEST_SECONDS",
     )
 
@@ -100,6 +102,8 @@ class AppSettings:
             "file_ttl",
         ):
             integer(getattr(self, name), name, 1)
+        if self.request_seconds is None:  # a bound for strangers sharing a Space; none for one's own run
+            self.request_seconds = HOSTED_SECONDS if os.environ.get("SPACE_ID") else 0
         integer(self.request_seconds, "request_seconds", 0)
 
     @classmethod

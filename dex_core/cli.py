@@ -303,7 +303,7 @@ def _verify(args) -> int:
     model, tokenizer = verifier_model(
         events, meta, args.model, args.dtype, args.device, log, allow_download=args.allow_download
     )
-    cert = verify_trace(events, meta, model=model, dtype=args.dtype)
+    cert = verify_trace(events, meta, model=model, spec=args.model, dtype=args.dtype)
     start, word = events[0], lambda t: repr(tokenizer.decode([t]))
     for c in cert.uncertified:
         print(

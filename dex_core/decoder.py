@@ -12,6 +12,7 @@ from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bou
 from .distributed import torchrun
 from .distributed.group import ExplorerGroup
 from .log import stderr
+from .model.adapters import model_identity
 from .model.cost import ModelCost
 from .model.explorer import Explorer
 from .model.load import load_model
@@ -109,7 +110,9 @@ class DexDecoder:
         if model.device_type == "cpu" and options.devices is None:
             options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
         decoder = cls.__new__(cls)
-        decoder._setup(model.view, settings, options, model.tokenizer, folder=model.folder)
+        decoder._setup(
+            model.view, settings, options, model.tokenizer, folder=model.folder, identity=model.identity
+        )
         return decoder
 
     @classmethod
@@ -122,7 +125,9 @@ class DexDecoder:
             raise SystemExit(0)
         shape = skeleton(group.config, group.view.dtype, group.folder)  # the whole model's shapes, no weights
         decoder = cls.__new__(cls)
-        decoder._setup(model_view(shape), group.settings, options, tokenizer or group.tokenizer, group=group)
+        tokenizer = tokenizer or group.tokenizer
+        identity = model_identity(group.view.model)  # rank 0's part holds the embeddings
+        decoder._setup(model_view(shape), group.settings, options, tokenizer, group=group, identity=identity)
         return decoder
 
     def _setup(
@@ -135,8 +140,10 @@ class DexDecoder:
         model=None,
         folder=None,
         group=None,
+        identity=None,
     ):
         self.options, self.view, self.settings, self.tokenizer = options, view, settings, tokenizer
+        self.identity = identity or model_identity(view.model)  # for the start event (a skeleton's: given)
         self.model = model  # None when explorer processes read the checkpoint themselves
         self.cost_model = ModelCost.of(view.model, settings.adapters, settings.proposal_vocab)
         self.cost = self.cost_model.weights()  # for the trace's start event
@@ -214,7 +221,9 @@ class DexDecoder:
         or draft chain runs, and the trace says so."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         request = dataclasses.replace(make_request(self.view, input_ids, opts), pipeline=pipeline)
-        yield start_event(request, self.view, self.settings, cost=self.cost, device=self._device())
+        yield start_event(
+            request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
+        )
         if self.group is not None:
             for event in self.group.run(request):
                 yield self._add_text(event)

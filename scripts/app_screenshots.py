@@ -5,18 +5,23 @@
 Starts the app in-process, drives it with Playwright in Debian's Chromium (/usr/bin/chromium; no
 browser download) and saves: live.png (a K=4 run), debugger.png (its whole-run timeline and a round),
 compare.png (that run pinned next to a K=2 run), race.png, analysis.png (with the depth heatmap),
-live-k8.png and debugger-k8.png (K=8 with the full, unpruned lattice).
+live-k8.png and debugger-k8.png (K=8 with the full, unpruned lattice); then app.json, what the pictures show of
+the app besides the runs (its header, every control's default, the palette: ``app.page.appearance``), which
+``tests/test_readme.py`` compares with the app's, so that a change to any of them fails until the pictures are
+made again. The runs use the app's own default number of new tokens unless ``--tokens`` says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 from app.main import build_demo
+from app.page import appearance
 from app.server_settings import AppSettings
 
 ARGS = [
@@ -76,7 +81,9 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--model", default="default")
     parser.add_argument("--explorers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="new tokens (default: the app's own default)"
+    )
     parser.add_argument("--k8-tokens", type=int, default=16)
     parser.add_argument("--out", default="docs/screenshots")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
@@ -84,6 +91,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     demo = build_demo(AppSettings(model=args.model, explorers=args.explorers))
+    shown = appearance(demo)
+    args.tokens = args.tokens or shown["controls"]["live-new"]
     demo.runtime.model()  # load before the browser starts waiting
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -118,6 +127,7 @@ def main(argv=None) -> None:
             live(page, out / "live-k8.png", 8, args.k8_tokens, prune="none")
             debugger(page, out / "debugger-k8.png")
             browser.close()
+        (out / "app.json").write_text(json.dumps(shown, indent=2, ensure_ascii=False) + "\n")
     finally:
         demo.close()
 

@@ -72,10 +72,11 @@ def matrix() -> dict[str, dict]:
 
 
 def stripped(trace: list[dict]) -> list[dict]:
-    """A trace without what the clock decides: rounds' timings, the stats' seconds."""
+    """A trace without what the clock decides (rounds' timings, the stats' seconds) and the start's model identity
+    (recorded since these traces were; tests/test_verify.py checks it)."""
     out = []
     for event in trace:
-        event = {k: v for k, v in event.items() if k != "timings"}
+        event = {k: v for k, v in event.items() if k not in ("timings", "model")}
         if "stats" in event:
             event["stats"] = {k: v for k, v in event["stats"].items() if k not in TIMING}
         out.append(event)

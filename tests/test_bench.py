@@ -20,6 +20,7 @@ from dex_core.tools.baselines.speculation import (
     self_spec_layer_forwards,
 )
 from dex_core.tools.bench.bench import BenchConfig
+from dex_core.tools.bench.report import terminal
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -223,6 +224,31 @@ def test_dex_bench_quick_every_row_exact(tmp_path, capsys):
     assert all("| 3/3 | 48/48 (0) |" in line for line in table if line.startswith(("| dex |", "| ar-hf |")))
     assert any(line.startswith("| hf-prompt-lookup | up to 10 looked-up tokens per step") for line in table)
     assert "HF prompt lookup" in text
+
+
+def test_dex_bench_quick_says_with_its_table_and_headline_that_the_model_is_tiny_and_random(tmp_path, capsys):
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["bench", "--quick", "--methods", "ar-hf,dex", "--draft", "none", "--prune", "none"]
+    assert main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    caveat = "a tiny random 6-layer model (--quick): a check of the pipeline, not a result"
+    assert [line for line in lines if line.startswith("synthetic (")] == [
+        f"synthetic (3 prompts, 48 tokens) on {caveat}"
+    ]  # the table's title
+    headline = [line for line in lines if line.startswith("- ")]
+    assert len(headline) == 1 and headline[0].startswith(f"- synthetic, on {caveat}. DEX K=")
+    text = md.read_text()
+    assert (
+        f"**synthetic** (3 prompts, 48 tokens) on {caveat}\n" in text
+        and f"- synthetic, on {caveat}. DEX K=" in text
+    )
+    report = json.loads(out.read_text())
+    real = terminal({**report, "config": {**report["config"], "quick": False}})  # as a real model's run
+    assert (
+        caveat not in real
+        and "\nsynthetic (3 prompts, 48 tokens)\n" in real
+        and "\n- synthetic: DEX K=" in real
+    )
 
 
 def test_dex_bench_rejects_bad_input(capsys):

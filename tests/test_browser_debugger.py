@@ -555,3 +555,59 @@ def test_a_refused_upload_leaves_the_box_empty_and_ready_for_another_file(app_ur
     )
     assert len(labels) >= 8 and apart, labels  # as drawn: no two labels overlap
     assert layout["svg"][0] <= layout["title"][0] and layout["title"][2] <= layout["svg"][2]
+
+
+# the lattice title's box, and the boxes of what could cover it: Plotly's toolbar, Gradio's label and toolbar
+COVERS = """() => { const root = document.querySelector('#dbg-lattice');
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const shown = e => e.getBoundingClientRect().width > 0 && getComputedStyle(e).visibility !== 'hidden';
+  const title = root.querySelector('.gtitle');
+  const others = [...root.querySelectorAll('.modebar, [data-testid=block-label], .icon-button-wrapper, .legend')]
+    .filter(shown).map(box);
+  return {title: box(title), text: title.textContent, others}; }"""
+
+
+def _apart(a, b) -> bool:
+    return a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+
+
+def test_enter_in_the_round_box_shows_that_round_under_a_title_nothing_covers_and_the_status_says_it(
+    app_url, page, tmp_path
+):
+    (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Debugger").click()
+    plot_ready(page, "dbg-lattice")
+    page.locator("#dbg-load input[type=file]").set_input_files(str(tmp_path / "bad.json"))
+    page.wait_for_function("() => document.querySelector('#dbg-status').innerText.includes('not loaded')")
+    box = page.locator("#dbg-round input[type=number]")
+    box.fill("12")
+    box.press("Enter")  # no Tab: the box keeps the focus it had
+    page.wait_for_function(f"() => ({TITLE})().startsWith('Round 12 ')", timeout=30_000)
+    assert "Round 12</b>" in page.inner_html("#dbg-table")
+    page.wait_for_function(
+        "() => document.querySelector('#dbg-status').innerText.includes('round 12 of 1..')"
+    )
+    assert "not loaded" not in page.inner_text("#dbg-status")  # the step replaced the upload's error
+    page.locator("#dbg-lattice").hover()  # Plotly shows its toolbar on hover
+    page.wait_for_timeout(300)
+    seen = page.evaluate(COVERS)
+    assert seen["text"].startswith("Round 12 ") and seen["title"][2] > seen["title"][0]
+    assert seen["others"] and all(_apart(seen["title"], other) for other in seen["others"]), seen
+
+
+def test_the_depth_views_token_labels_stay_apart_at_128_tokens(app_url, page):
+    url, _ = app_url
+    page.goto(url, timeout=60_000)
+    page.get_by_role("tab", name="Analysis").click()
+    page.locator("#an-new input[type=number]").fill("128")
+    page.locator("#an-new input[type=number]").press("Enter")
+    page.locator("#an-go").click()
+    plot_ready(page, "an-depth")
+    boxes = page.evaluate(
+        """() => [...document.querySelectorAll('#an-depth .xtick text')].filter(t => t.textContent)
+        .map(t => { const r = t.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })"""
+    )
+    assert len(boxes) >= 16, boxes  # labelled, at least every 8th token
+    assert all(_apart(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]), boxes

@@ -65,6 +65,46 @@ def test_past_the_hosts_bound_the_status_gives_one_figure_and_names_the_bound_on
     assert 15 <= int(status.rsplit(" ", 1)[1]) <= 25  # 10 more seconds at about one token a second
 
 
+def test_on_a_steady_clock_the_time_left_and_the_near_token_hold_within_10_percent_a_round_after_10():
+    from conftest import tiny_model, tiny_tokenizer
+
+    from dex_core import DexDecoder
+
+    decoder = DexDecoder(tiny_model("llama"), explorers=3, tokenizer=tiny_tokenizer())
+    events = decoder.generate([1, 2, 3, 4], 120).trace
+    made = [len(e["commits"]) for e in events if e["event"] == "round"]  # tokens each round committed
+    clock, per_round = Clock(), 0.05
+    expected = per_round * len(made)
+    pace = Pace(
+        forecast(per_round, 3, 120, None, "p"), K=3, max_new_tokens=120, bound=expected / 2, clock=clock
+    )
+    tokens, figures = 0, []
+    for rounds, n in enumerate(made, 1):
+        clock.now += per_round
+        tokens += n
+        pace.update(rounds=rounds, tokens=tokens)
+        if pace.bounded():
+            figures.append((pace.elapsed() + pace.shown_left(), pace.near_token()))
+    assert len(figures) > 20
+    for (end, near), (next_end, next_near) in zip(figures[10:], figures[11:]):
+        steady = 0.1 + 1e-9  # the bound itself, and a rounding of it
+        assert abs(next_end - end) <= steady * end and abs(next_near - near) <= steady * near, (
+            end,
+            next_end,
+            near,
+        )
+
+
+def test_a_local_run_has_no_host_bound_and_a_space_has_one(monkeypatch):
+    from app.server_settings import HOSTED_SECONDS, AppSettings
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert AppSettings().request_seconds == 0
+    monkeypatch.setenv("SPACE_ID", "someone/dex")
+    assert AppSettings().request_seconds == HOSTED_SECONDS == 180
+    assert AppSettings.from_env({"DEX_REQUEST_SECONDS": "30"}).request_seconds == 30  # a setting wins
+
+
 def test_a_notice_comes_once_when_the_measured_pace_passes_the_slow_threshold(monkeypatch):
     monkeypatch.setattr(estimate, "SLOW_SECONDS", 60)
     clock = Clock()

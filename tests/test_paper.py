@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dex_core.cli import main
-from dex_core.tools.paper.paper import CLAIMS, findings
+from dex_core.tools.paper.paper import CLAIMS, findings, write_paper
 from dex_core.tools.paper.walltime import fit, predict, table1
 from visualize.paper import paper_html
 
@@ -92,6 +92,30 @@ def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama
     assert (
         sum(r["share"] for r in table["rows"]) == pytest.approx(1.0) and parts["communication"]["share"] > 0
     )
+
+
+@pytest.mark.process
+def test_every_quick_finding_says_its_model_is_tiny_and_random_and_real_runs_do_not(paper):
+    _, data = paper
+    caveat = "A tiny random 6-layer model (--quick): a check of the pipeline, not a result. "
+    assert set(data["findings"]) == set(CLAIMS)
+    assert all(text.startswith(caveat) for text in data["findings"].values()), data["findings"]
+    real = findings({**data, "config": {**data["config"], "quick": False}})  # as a real model's run
+    assert real == {k: text[len(caveat) :] for k, text in data["findings"].items()}
+    assert real["fig6"].startswith("Median stable EAD over all sets: layer ") and "tiny random" not in str(
+        real
+    )
+
+
+@pytest.mark.process
+def test_a_relative_out_folder_gets_its_report_drawn(paper, tmp_path, monkeypatch):
+    _, data = paper
+    monkeypatch.chdir(tmp_path)  # the drawing process runs elsewhere: the paths it gets are absolute
+    assert write_paper(data, "rel", log=lambda _: None) == (
+        tmp_path / "rel/paper.json",
+        tmp_path / "rel/paper.html",
+    )
+    assert "Median stable EAD over all sets" in (tmp_path / "rel" / "paper.html").read_text()
 
 
 @pytest.mark.process

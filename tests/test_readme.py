@@ -78,3 +78,20 @@ def test_the_readme_python_snippets_run(monkeypatch, capsys):
     streamed = printed.splitlines()[-1]
     tokenizer, tokens = namespace["tokenizer"], namespace["result"].tokens
     assert len(tokens) == 64 and streamed == "".join(tokenizer.decode([token]) for token in tokens)
+
+
+def test_the_screenshots_show_the_app_as_it_is(monkeypatch):
+    """README's pictures were made of this app: the header, every control's default and the palette they recorded
+    (``scripts/app_screenshots.py`` writes docs/screenshots/app.json) are the app's now. When this fails, make the
+    pictures again with the command in README."""
+    import json
+
+    from app.main import build_demo
+    from app.page import appearance
+    from app.server_settings import AppSettings
+
+    monkeypatch.delenv("SPACE_ID", raising=False)  # a local run, as the script's
+    recorded = json.loads((ROOT / "docs" / "screenshots" / "app.json").read_text())
+    now = json.loads(json.dumps(appearance(build_demo(AppSettings(model="default", explorers=4)))))
+    changed = sorted(k for k in now if recorded.get(k) != now[k])
+    assert not changed, f"the app's {', '.join(changed)} changed since README's screenshots were made"

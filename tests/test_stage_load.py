@@ -31,7 +31,7 @@ from dex_core.model.stage_load import (
     part_bytes,
     skeleton,
 )
-from dex_core.tools.plan import parse_size, plan_ranks
+from dex_core.tools.plan import EXAMPLE_CONFIGS, model_config, parse_size, plan_ranks
 
 ROWS = 512  # the light heads' rows in these tests
 
@@ -292,16 +292,7 @@ def test_a_rank_silent_while_it_loads_is_named_after_start_timeout(sharded):
     assert not started_since(before)
 
 
-LLAMA2_70B = {
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "torch_dtype": "float16",
-}
+LLAMA2_70B = json.loads((EXAMPLE_CONFIGS / "llama-2-70b.json").read_text())  # the shipped example
 
 
 def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, capsys):
@@ -314,8 +305,7 @@ def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, 
     assert [p.weights["layers"] for p in plans] == [10 * layer * 2] * 8 and 17.0e9 < 10 * layer * 2 < 17.2e9
     assert plans[0].weights["embeddings"] == plans[7].weights["head"] == 32000 * h * 2
     assert plans[7].kv == 10 * 2 * 8 * 128 * 8192 * 2  # 4096 tokens + 255 lattice rows: StageCache holds 8192
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(LLAMA2_70B))
+    path = EXAMPLE_CONFIGS / "llama-2-70b.json"
     assert (
         main(
             ["plan", "--config", str(path), "--explorers", "8", "--dtype", "bfloat16", "--gpu-memory", "80GB"]
@@ -331,6 +321,74 @@ def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, 
         main(["plan", "--config", str(path), "--explorers", "8", "--gpus", "4", "--gpu-memory", "80GB"]) == 0
     )
     assert "GPU 3 (ranks 3, 7)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, headline, params",
+    [  # the parameter counts the models' cards and safetensors indexes give
+        ("llama-2-70b.json", "llama: 80 layers, hidden 8192, vocabulary 32000", 68_976_648_192),
+        ("llama-3-8b.json", "llama: 32 layers, hidden 4096, vocabulary 128256", 8_030_261_248),
+        ("qwen3-32b.json", "qwen3: 64 layers, hidden 5120, vocabulary 151936", 32_762_123_264),
+        ("codellama-34b.json", "llama: 48 layers, hidden 8192, vocabulary 32000", 33_743_970_304),
+    ],
+)
+def test_the_shipped_example_configs_plan_their_models_parameters(name, headline, params, capsys):
+    from dex_core.cli import main
+
+    config = model_config(None, str(EXAMPLE_CONFIGS / name))
+    plans = plan_ranks(config, (config.num_hidden_layers,), torch.bfloat16, 16, None)
+    assert sum(plans[0].weights.values()) == 2 * params  # every weight, in bfloat16
+    assert main(["plan", "--config", str(EXAMPLE_CONFIGS / name), "--explorers", "4"]) == 0
+    assert capsys.readouterr().out.startswith(headline)
+
+
+def unreachable_hub(monkeypatch, tmp_path):
+    """A hub that refuses connections at once and an empty Hugging Face cache (huggingface_hub's real calls)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_plan_of_a_hub_id_offline_is_one_line_at_once_naming_the_shipped_config(
+    monkeypatch, tmp_path, capsys
+):
+    from dex_core.cli import main
+
+    unreachable_hub(monkeypatch, tmp_path)
+    tic = time.monotonic()
+    assert main(["plan", "meta-llama/Llama-2-70b-hf"]) == 2
+    assert time.monotonic() - tic < 10
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Retrying" not in err
+    assert "the Hugging Face hub (http://127.0.0.1:9) cannot be reached" in err
+    assert err.strip().endswith(
+        f"or plan from a config.json: dex plan --config {EXAMPLE_CONFIGS}/llama-2-70b.json"
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["plan", "Qwen/Qwen3-8B"]) == 2
+    err = capsys.readouterr().err
+    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in err and err.count("\n") == 1
+    assert err.strip().endswith(f"dex plan --config FILE (examples: {EXAMPLE_CONFIGS})")
+
+
+def test_plan_reads_a_cached_hub_config_without_asking_the_hub(monkeypatch, tmp_path, capsys):
+    import huggingface_hub
+
+    from dex_core.cli import main
+
+    unreachable_hub(monkeypatch, tmp_path)
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "config.json").write_text((EXAMPLE_CONFIGS / "qwen3-32b.json").read_text())
+    monkeypatch.setattr(
+        huggingface_hub, "try_to_load_from_cache", lambda *a, **k: str(snapshot / "config.json")
+    )
+    assert main(["plan", "Qwen/Qwen3-32B", "--explorers", "2"]) == 0
+    assert capsys.readouterr().out.startswith("qwen3: 64 layers, hidden 5120, vocabulary 151936; K=2")
 
 
 def test_plan_refuses_bad_sizes_and_a_missing_model(capsys):

@@ -155,3 +155,22 @@ def test_a_commit_with_no_second_token_saves_without_a_margin(llama, tmp_path):
     assert len(commits) == 4 and all("margin" not in c and c["near_tie"] is False for c in commits)
     save_trace(tmp_path / "k1.json", trace)
     assert load_trace(tmp_path / "k1.json")[0] == json.loads(json.dumps(trace))
+
+
+def test_a_skeletons_start_event_records_its_models_shapes_without_a_fingerprint(llama, tmp_path):
+    import torch
+
+    from dex_core.config import GenerationOptions
+    from dex_core.model.stage_load import skeleton
+    from dex_core.model.view import model_view
+    from dex_core.runtime.request import make_request
+    from dex_core.trace.events import start_event
+
+    view = model_view(skeleton(llama.config, torch.float64))  # the model's shapes on the meta device
+    start = start_event(make_request(view, [4, 8, 15], GenerationOptions(max_new_tokens=4)), view)
+    assert start["model"] == {"model_type": "llama", "num_layers": 6, "hidden_size": 48, "vocab_size": 96}
+    save_trace(tmp_path / "t.json", [start])
+    assert load_trace(tmp_path / "t.json")[0] == [start]  # the fingerprint is optional
+    save_trace(tmp_path / "bad.json", [{**start, "model": {**start["model"], "model_type": "<b>gpt2"}}])
+    with pytest.raises(DexError, match=r"events\[0\].model.model_type must be one of \"llama\""):
+        load_trace(tmp_path / "bad.json")

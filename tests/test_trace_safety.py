@@ -179,6 +179,7 @@ def test_a_missing_key_is_refused_and_named(valid):
                 "cost",
                 "dtype",
                 "device",
+                "model",
                 "draft",
                 "commits",
                 "chains",

@@ -279,3 +279,63 @@ def test_dex_verify_fetches_no_model_that_is_not_present_locally_unless_allowed(
     code, lines, err = _verify(capsys, tmp_path / "cached.json")
     assert code == 0, err
     assert lines[-1] == "certified: 4 of 4 tokens within the tie gap (worst gap 0)"
+
+
+def _embedding_sum(model) -> float:
+    """The embedding fingerprint a trace records: the first 64 x 64 entries' absolute sum."""
+    return float(model.get_input_embeddings().weight.detach()[:64, :64].abs().sum())
+
+
+def _fingerprint(model) -> str:
+    return f"{_embedding_sum(model):.4f}"  # as a refusal prints it
+
+
+def test_dex_verify_refuses_a_trace_made_by_another_model_in_one_line_naming_both(tiny_dir, tmp_path, capsys):
+    made, other = tiny_model("llama"), tiny_model("llama", seed=1)  # one shape, other weights
+    other.save_pretrained(tmp_path / "other")
+    tiny_tokenizer().save_pretrained(tmp_path / "other")
+    capsys.readouterr()  # the save's progress bar
+    trace = DexDecoder(made, explorers=2).generate(PROMPT, 6).trace
+    assert trace[0]["model"] == {
+        "model_type": "llama",
+        "num_layers": 6,
+        "hidden_size": 48,
+        "vocab_size": 96,
+        "fingerprint": pytest.approx(_embedding_sum(made), rel=1e-12),
+    }
+    save_trace(tmp_path / "t.json", trace, {"model": str(tiny_dir)})
+    code, out, err = _verify(capsys, tmp_path / "t.json", "--model", tmp_path / "other")
+    shape = "llama, 6 layers, hidden 48, vocabulary 96, embedding fingerprint"
+    assert code == 2 and out == [] and err.count("\n") == 2  # the load's progress line, then the refusal
+    assert err.splitlines()[-1] == (
+        f"dex: error: the trace was made by another model: {str(tiny_dir)!r} ({shape} {_fingerprint(made)}), "
+        f"not {str(tmp_path / 'other')!r} ({shape} {_fingerprint(other)}); verify it with the model that made "
+        f"it (--model {tiny_dir})"
+    )
+    save_trace(
+        tmp_path / "renamed.json", trace, {"model": str(tmp_path / "other")}
+    )  # the name is the other's
+    code, _, err = _verify(capsys, tmp_path / "renamed.json")
+    assert code == 2 and f"{str(tmp_path / 'other')!r} as it loads now ({shape} {_fingerprint(other)})" in err
+    with pytest.raises(
+        DexError,
+        match=re.escape(
+            "made by another model: a model (llama, 6 layers, hidden 48, vocabulary 96), not the model given "
+            "(qwen3, 6 layers, hidden 48, vocabulary 96); verify it with the model that made it (--model)"
+        ),
+    ):
+        verify_trace(trace, model=tiny_model("qwen3"))
+
+
+def test_an_older_trace_without_the_models_identity_verifies_and_is_checked_by_its_layers(llama, tmp_path):
+    trace = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
+    old = [{k: v for k, v in trace[0].items() if k != "model"}, *trace[1:]]
+    save_trace(tmp_path / "old.json", old)
+    assert verify_trace(tmp_path / "old.json", model=llama).certified == 6
+    with pytest.raises(
+        DexError,
+        match=re.escape(
+            "a model (6 layers), not the model given (llama, 4 layers, hidden 48, vocabulary 96)"
+        ),
+    ):
+        verify_trace(tmp_path / "old.json", model=tiny_model("llama", layers=4))

@@ -236,6 +236,9 @@ def depth_colouring(view: dict, metric: str) -> dict:
     }
 
 
+DEPTH_LABELS = 32  # token labels the depth view's axis shows at most (upright, about 20 px apart at 700 px)
+
+
 def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go.Figure:
     """The logit lens as a heatmap (``dex_core.model.lens.depth_view``): token (x) by layer (y), coloured by the
     committed token's probability (``metric="prob"``) or rank (``"rank"``, 0 = top) at that layer; the
@@ -290,16 +293,21 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
 def _depth_layout(fig: go.Figure, view: dict, texts: dict, colourings: dict) -> go.Figure:
     adapters, tokens = view["adapter_depths"], view["tokens"]
     lens = "logit lens" + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
-    labels = [plot_text(f"{i}: {texts.get(t, str(t))!r}") for i, t in enumerate(tokens)]
+    every = -(-len(tokens) // DEPTH_LABELS)  # a label every ``every`` tokens: at most DEPTH_LABELS, apart
+    shown = list(range(0, len(tokens), every))
+    labels = [plot_text(f"{i}: {texts.get(tokens[i], str(tokens[i]))!r}") for i in shown]
     fig.update_layout(
         title=dict(
             text=f"Depth view: the final token at every layer ({lens}); dashed lines: the explored depths"
         ),
         xaxis=dict(
-            title=dict(text="generated token"),
-            tickvals=list(range(len(tokens))),
+            title=dict(
+                text="generated token"
+                + (f" (a label every {every} tokens; hover shows each)" if every > 1 else "")
+            ),
+            tickvals=shown,
             ticktext=labels,
-            tickangle=-60,
+            tickangle=-90,  # upright: slanted labels of a long answer covered each other
         ),
         yaxis=dict(title=dict(text="layer")),
         height=520,

@@ -233,10 +233,10 @@ def compare_figure(sides: list[RunSide]) -> go.Figure:
     fig.update_layout(
         title=dict(text="Where tokens matched: share of each run's tokens by depth"),
         barmode="group",
-        height=320,
+        height=380,
         plot_bgcolor="white",
-        margin=dict(l=60, r=20, t=50, b=50),
-        legend=dict(orientation="h", y=-0.25),
+        margin=dict(l=60, r=20, t=50, b=120),  # the axis title, then the legend's two rows under it
+        legend=dict(orientation="h", x=0, y=-0.3, yanchor="top"),
         xaxis=dict(title=dict(text="depth (layer) of the explorer that matched"), type="category"),
         yaxis=dict(
             title=dict(text="share of tokens"), tickformat=".0%", rangemode="tozero", gridcolor="#eaecee"

@@ -29,7 +29,7 @@ from .replay import RoundView
 DISCARDED_OPACITY = 0.25
 FIT_PLOT_PX = 400  # the plot area's width labels and markers are fitted for (a figure 510 px wide)
 MIN_COLUMN_PX = 26  # a position's column at least: more positions than fit open zoomed on the anchor
-MARGIN = dict(l=90, r=20, b=40)  # px; the top holds the title's lines and the legend
+MARGIN = dict(l=90, r=44, b=40)  # px; the top holds the title's lines, the right Plotly's toolbar (upright)
 STAGE_HEIGHT_PX = 70  # per stage up to K = 5; larger K share MAX_STAGES_PX
 MAX_STAGES_PX = 320  # K = 8: 40 px a stage, two rows of labels in a cell
 FONT_PX = 11
@@ -362,6 +362,7 @@ def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
         height=round(top + stage_height(K) * K + bottom),
         margin=dict(l=MARGIN["l"], r=MARGIN["r"], t=top, b=bottom),
         plot_bgcolor="white",
+        modebar=dict(orientation="v"),  # in the right margin: laid across the top it covered the title
         dragmode="pan" if more else "zoom",
         legend=dict(
             orientation="h",

@@ -73,9 +73,9 @@ def fig4_figure(data: dict) -> go.Figure:
         rows=1,
         cols=3,
         horizontal_spacing=0.08,
-        subplot_titles=(
-            "left: depth-side speedup by K (measured solid, predicted dotted, uniform replayed dash-dot)",
-            "right-top: full exploration against single exit (replayed)",
+        subplot_titles=(  # in lines a third of the figure wide: on one line each covered the next
+            "left: depth-side speedup by K<br>(measured solid, predicted dotted,<br>uniform replayed dash-dot)",
+            "right-top: full exploration<br>against single exit (replayed)",
             "right-bottom: DECS on and off",
         ),
     )
@@ -107,7 +107,8 @@ def fig4_figure(data: dict) -> go.Figure:
             marker=dict(color=_style(j)["colour"], pattern_shape="" if decs else "/"),
         )
         fig.add_trace(bar, row=1, col=3)
-    fig.update_layout(title=plot_text("Fig. 4: resolution, single exit and DECS"), height=520, **_LAYOUT)
+    fig.update_layout(title=plot_text("Fig. 4: resolution, single exit and DECS"), height=560, **_LAYOUT)
+    fig.update_layout(margin=dict(t=120))  # the title, then the panels' titles of up to three lines
     for col in (1, 2):
         fig.update_xaxes(title_text="K explorers", dtick=1, col=col)
     return fig.update_yaxes(title_text="× (K / rounds per token)", rangemode="tozero", gridcolor="#eaecee")

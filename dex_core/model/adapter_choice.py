@@ -19,18 +19,20 @@ from ..config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
 from .adapters import (
     ASSETS,
     DEFAULT_ADAPTERS,
+    SHAPE_KEYS,
     InducingAdapter,
     adapter_shapes,
     check_tensors,
     header,
     identity_of,
     read_metadata,
+    same_weights,
 )
 
 
 def _mismatch(want: dict, have: dict, name: str) -> str | None:
     """Why adapters trained for model identity ``want`` do not fit a model of identity ``have`` (or None)."""
-    for key in ("model_type", "num_layers", "hidden_size", "vocab_size"):
+    for key in SHAPE_KEYS:
         if want[key] != have[key]:
             return (
                 f"adapters in {name} were trained for a {want['model_type']} model with "
@@ -38,7 +40,7 @@ def _mismatch(want: dict, have: dict, name: str) -> str | None:
                 f"{want['vocab_size']}; this model has {have['num_layers']} layers, hidden size "
                 f"{have['hidden_size']}, vocabulary {have['vocab_size']}"
             )
-    if abs(want["fingerprint"] - have["fingerprint"]) > 1e-2 * max(1.0, abs(want["fingerprint"])):
+    if not same_weights(want["fingerprint"], have["fingerprint"]):
         return (
             f"adapters in {name} were trained for different weights (embedding fingerprint "
             f"{want['fingerprint']:.4f}, this model {have['fingerprint']:.4f})"

@@ -59,6 +59,19 @@ class InducingAdapter(nn.Module):
         return h + (self.alpha * delta).to(h.dtype)
 
 
+SHAPE_KEYS = (
+    "model_type",
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+)  # an identity's shapes; and "fingerprint"
+
+
+def same_weights(want: float, have: float) -> bool:
+    """Whether two identities' embedding fingerprints are one model's: equal within 1% (a dtype cast rounds)."""
+    return abs(want - have) <= 1e-2 * max(1.0, abs(want))
+
+
 def identity(config, embedding_rows: torch.Tensor, vocab_size: int) -> dict:
     """What an adapter file must match: the model's shapes, and a fingerprint of its embedding matrix from its
     first 64 rows (``embedding_rows``, at least 64 x 64 or the whole matrix when smaller)."""
@@ -67,8 +80,16 @@ def identity(config, embedding_rows: torch.Tensor, vocab_size: int) -> dict:
         "num_layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
         "vocab_size": vocab_size,
-        "fingerprint": float(embedding_rows.detach()[:64, :64].double().abs().sum()),
+        "fingerprint": _fingerprint(embedding_rows),
     }
+
+
+def _fingerprint(rows: torch.Tensor) -> float:
+    """The absolute sum of the first 64 x 64 entries, in float64. Gathered (``index_select``), not sliced: a view
+    of an inference tensor, like a tensor-parallel rank's weights, cannot be made outside inference mode."""
+    n, h = min(64, rows.shape[0]), min(64, rows.shape[1])
+    picked = rows.index_select(0, torch.arange(n, device=rows.device))
+    return float(picked.index_select(1, torch.arange(h, device=rows.device)).double().abs().sum())
 
 
 def model_identity(model) -> dict:

@@ -80,6 +80,16 @@ def check_hub(repo_id: str, timeout: float = HUB_TIMEOUT) -> None:
         ) from None
 
 
+def hub_config(repo_id: str) -> Path:
+    """The folder holding hub model ``repo_id``'s ``config.json``: the Hugging Face cache's copy when it holds
+    one (the hub is not asked), else that one file fetched after ``check_hub`` (so an offline or unreachable
+    hub is one clear error at once, not huggingface_hub's retries)."""
+    check_hub(repo_id)  # returns at once when the cache holds the config
+    cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json")
+    path = cached if isinstance(cached, str) else huggingface_hub.hf_hub_download(repo_id, "config.json")
+    return Path(path).parent
+
+
 def is_hub_id(spec) -> bool:
     """Whether model spec ``spec`` names a hub model ('org/name'), not a named model, a .gguf file or a folder."""
     return (

@@ -24,13 +24,14 @@ from ..device import dtype_name, resolve_dtype
 from ..log import quiet
 from ..model.adapter_choice import choose_depths
 from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, read_metadata
-from ..model.checkpoint import is_hub_id, locate
+from ..model.checkpoint import hub_config, is_hub_id, locate
 from ..model.named import shipped_adapters
 from ..model.proposal import proposal_rows
 from ..model.stage_load import StagePart, part_bytes, skeleton
 
 CUDA_CONTEXT = 0.5e9  # bytes a CUDA context and the caching allocator's first blocks take (an estimate)
 MIN_CACHE = 256  # StageCache's first capacity; it doubles from there
+EXAMPLE_CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "configs"  # for --config, offline
 UNITS = {
     "": 1,
     "b": 1,
@@ -67,12 +68,34 @@ def model_config(spec: str | None, config_file: str | None, log=quiet):
         if config_file is not None:
             data = json.loads(Path(config_file).read_text())
             return AutoConfig.for_model(**data)
-        return AutoConfig.from_pretrained(spec if is_hub_id(spec) else locate(spec, log))
+        return AutoConfig.from_pretrained(_hub_folder(spec) if is_hub_id(spec) else locate(spec, log))
     except DexError:
         raise
     except Exception as err:  # config files are untrusted input
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise DexError(f"could not read the model's config ({reason})") from None
+
+
+def example_config(spec: str) -> Path | None:
+    """The shipped example config of hub model ``spec`` (its ``_name_or_path``), if one ships."""
+    for path in sorted(EXAMPLE_CONFIGS.glob("*.json")):
+        if json.loads(path.read_text()).get("_name_or_path", "").lower() == spec.lower():
+            return path
+    return None
+
+
+def _hub_folder(spec: str) -> Path:
+    """Hub model ``spec``'s config folder; offline or unreachable, one line that points at ``--config``."""
+    try:
+        return hub_config(spec)
+    except DexError as err:
+        shipped = example_config(spec)
+        hint = (
+            f"dex plan --config {shipped}"
+            if shipped
+            else f"dex plan --config FILE (examples: {EXAMPLE_CONFIGS})"
+        )
+        raise DexError(f"{err}; or plan from a config.json: {hint}") from None
 
 
 @dataclass(frozen=True)

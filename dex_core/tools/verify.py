@@ -30,6 +30,7 @@ import torch
 from ..algorithm.sampling import Sampler, tie_gap
 from ..config import DexError, GenerationOptions
 from ..device import dtype_name
+from ..model.adapters import SHAPE_KEYS, model_identity, same_weights
 from ..model.checkpoint import missing_locally
 from ..model.load import load_model, resolve_device
 from ..model.view import model_view
@@ -223,8 +224,9 @@ def verify_trace(
     allow_download: bool = False,
 ) -> Certificate:
     """Certify every committed token of a trace (a saved file's path, or its events and meta), DEX or AR.
-    ``model``: an already loaded model in the trace's dtype; else ``verifier_model`` loads one (downloading it
-    only with ``allow_download``)."""
+    ``model``: an already loaded model in the trace's dtype (``spec``: its name, for messages); else
+    ``verifier_model`` loads one (downloading it only with ``allow_download``). A model other than the one that
+    made the trace (``check_model``) is refused before any token is checked."""
     if isinstance(trace, (str, Path)):
         events, meta = load_trace(trace)
     else:
@@ -234,6 +236,7 @@ def verify_trace(
     start = events[0]
     if model is None:
         model, _ = verifier_model(events, meta, spec, dtype, device, log, allow_download)
+    check_model(start, meta, model, spec)
     view = model_view(model)
     wanted = dtype or start.dtype
     if wanted is not None and dtype_name(view.dtype) != wanted:
@@ -264,3 +267,41 @@ def _within_vocabulary(prompt: list[int], tokens: list[int], vocab: int) -> None
                     f"{vocab - 1}): the trace was made with another model, or edited; verify it with the model "
                     "that made it (--model)"
                 )
+
+
+def _described(identity: dict, weights: bool) -> str:
+    """A model's identity in words: its family and shapes (those recorded), and its embedding fingerprint when
+    ``weights`` (two models of one shape)."""
+    words = {"num_layers": "{} layers", "hidden_size": "hidden {}", "vocab_size": "vocabulary {}"}
+    parts = [identity["model_type"]] if "model_type" in identity else []
+    parts += [words[k].format(identity[k]) for k in SHAPE_KEYS[1:] if k in identity]
+    if weights and "fingerprint" in identity:
+        parts.append(f"embedding fingerprint {identity['fingerprint']:.4f}")
+    return ", ".join(parts)
+
+
+def _names(named: str | None, spec: str | None) -> tuple[str, str, str]:
+    """How a refusal names the trace's model (``named``: its meta's) and the model given (``spec``, else the one
+    the meta names), and which ``--model`` to verify with."""
+    given = spec or named
+    if named and named == given:  # the name stayed, the model behind it changed
+        return f"{named!r} as it was then", f"{named!r} as it loads now", " (--model)"
+    made, now = repr(named) if named else "a model", repr(given) if given else "the model given"
+    return made, now, f" (--model {named})" if named else " (--model)"
+
+
+def check_model(start: StartEvent, meta: dict, model, spec: str | None = None) -> None:
+    """The trace was made by ``model`` as far as it recorded its model: the identity in its start event (family,
+    shapes, embedding fingerprint), or in older traces the number of layers; else DexError naming both models:
+    the trace's meta's name and ``spec`` (the model given), with what each is."""
+    have = model_identity(model)
+    want = start.model or {"num_layers": start.num_layers}
+    shapes = all(want[k] == have[k] for k in SHAPE_KEYS if k in want)
+    if shapes and ("fingerprint" not in want or same_weights(want["fingerprint"], have["fingerprint"])):
+        return
+    name = meta.get("model")
+    made, now, hint = _names(name if isinstance(name, str) and name.strip() else None, spec)
+    raise DexError(
+        f"the trace was made by another model: {made} ({_described(want, shapes)}), not {now} "
+        f"({_described(have, shapes)}); verify it with the model that made it{hint}"
+    )

@@ -14,7 +14,10 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     the weights of the model's parts in layer-equivalents (``dex_core.model.cost.ModelCost``): ``{"head",
     "adapter", "proposal"}`` (``proposal`` null when the non-final heads are full), so a viewer can count all the work;
     ``dtype`` (absent in older traces) the model's dtype ("float32", "bfloat16", ...) and ``device``
-    where it ran ("cpu", "cuda:0"), which ``dex verify`` reloads it in and on.
+    where it ran ("cpu", "cuda:0"), which ``dex verify`` reloads it in and on; ``model`` (absent in older
+    traces) the model's identity ``{"model_type", "num_layers", "hidden_size", "vocab_size", "fingerprint"}``
+    (``dex_core.model.adapters.identity``; no fingerprint where the embeddings were not loaded), which
+    ``dex verify`` compares with the model it is given.
 
 ``{"event": "round", "round", "state_before", "state_after", "batches", "nodes", "commit",
    "collapse", "alive", "timings"}`` — one per explorer round (DEX only).
@@ -64,6 +67,7 @@ from pathlib import Path
 
 from ..config import DexError
 from ..device import dtype_name
+from ..model.adapters import SHAPE_KEYS, model_identity
 from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits
 from .validate import parse_trace
 
@@ -95,11 +99,15 @@ def load_trace(path: str | Path, limits: TraceLimits = TRACE_LIMITS) -> tuple[li
     return parse_trace(data, limits)
 
 
-def start_event(request, view, settings=None, *, cost: dict | None = None, device: str | None = None) -> dict:
+def start_event(
+    request, view, settings=None, *, cost: dict | None = None, device: str | None = None, identity=None
+) -> dict:
     """The first event of a trace: ``request`` (a ``dex_core.runtime.request.Request``) on the model of ``view`` (a
     ``ModelView``: its layers, vocabulary and dtype), decoded by AR over the whole model, or by DEX as ``settings``
     (a ``RunSettings``) say. ``cost``: the weights of the model's parts (``ModelCost.weights()``); ``device``: where
-    the token choices were made, recorded with the model's dtype (what ``dex verify`` reloads the model in and on).
+    the token choices were made, recorded with the model's dtype (what ``dex verify`` reloads the model in and on);
+    ``identity``: the model's (``adapters.identity``; default: that of ``view``'s model, a skeleton's without its
+    fingerprint).
     A request that is AR through the stages (``Request.pipeline``, recorded) proposes nothing before the last stage:
     no DECS, adapter, light head, pruning or draft chain, and their cost zero."""
     o, dex = request.options, settings is not None
@@ -120,6 +128,7 @@ def start_event(request, view, settings=None, *, cost: dict | None = None, devic
             ("dtype", None if device is None else dtype_name(view.dtype)),
             ("device", device),
             ("pipeline", request.pipeline or None),
+            ("model", identity or _identity(view.model)),
         )
         if v is not None
     }
@@ -138,6 +147,18 @@ def start_event(request, view, settings=None, *, cost: dict | None = None, devic
         "adapter_depths": sorted(settings.adapters.depths) if proposes else [],
         "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed},
     }
+
+
+def _identity(model) -> dict:
+    """``model``'s identity for the start event: its shapes, and its embedding fingerprint where the embeddings
+    are loaded here whole (not on the meta device, not a tensor-parallel ``DTensor`` whose rows are spread over
+    ranks)."""
+    rows, c = model.get_input_embeddings().weight, model.config
+    if rows.is_meta or hasattr(
+        rows, "placements"
+    ):  # a skeleton, or a tensor-parallel rank's shard: shapes only
+        return dict(zip(SHAPE_KEYS, (c.model_type, c.num_hidden_layers, c.hidden_size, rows.shape[0])))
+    return model_identity(model)
 
 
 def round_timings(expand: list[float], **seconds) -> dict:

@@ -12,6 +12,7 @@ from typing import Literal, get_args
 
 from ..algorithm.lattice import NodeKind, Via
 from ..config import DEPTH_CHOICES, DTYPES, MAX_SEED, DexError
+from ..model.view import SUPPORTED_TYPES
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
@@ -113,9 +114,20 @@ def _start(lim: TraceLimits) -> dict:
             "dtype": {"enum": list(DTYPES)},
             "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"},
             "pipeline": {"type": "boolean"},
+            "model": _record(
+                {
+                    "model_type": {"enum": list(SUPPORTED_TYPES)},
+                    "num_layers": _int(1),
+                    "hidden_size": _int(1),
+                    "vocab_size": _int(1),
+                    "fingerprint": _num(),
+                },
+                optional=("fingerprint",),
+            ),
         },
         optional=(
             "pipeline",
+            "model",
             "adapter_depths",
             "proposal_vocab",
             "depth_choice",

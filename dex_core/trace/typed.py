@@ -39,6 +39,7 @@ class StartEvent:
     dtype: str | None = None
     device: str | None = None
     pipeline: bool = False
+    model: dict | None = None  # the model's identity (dex_core.model.adapters.identity); None in older traces
 
     @property
     def made_on(self) -> str:

@@ -10,6 +10,24 @@ from pathlib import Path
 from ...runtime.console import aligned
 
 
+def quick_caveat(report: dict) -> str | None:
+    """What a ``--quick`` run (``dex bench``, ``dex paper``: ``report`` is either's) says with each of its tables
+    and findings: its model is a tiny random one, so its numbers check the pipeline and show nothing about DEX;
+    None for a run on a real model."""
+    if not report.get("config", {}).get("quick"):
+        return None
+    return (
+        f"a tiny random {report['num_layers']}-layer model (--quick): a check of the pipeline, not a result"
+    )
+
+
+def _set_title(report: dict, set_name: str, rows: list[dict]) -> str:
+    """A set's table title: its name (as given: markdown bolds it), prompts and tokens, and the quick caveat."""
+    caveat = quick_caveat(report)
+    title = f"{set_name} ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)"
+    return title + (f" on {caveat}" if caveat else "")
+
+
 def headline(report: dict) -> list[dict]:
     """Per set, one block: the cheapest DEX row (shipped variant) by cost per token (layer-equivalents,
     memory-bound, heads and adapters included) against AR and best-tuned self-speculation under the same
@@ -78,11 +96,12 @@ def _block(set_name: str, dex: list[dict], rows: dict) -> dict:
 
 def headline_lines(report: dict) -> list[str]:
     """The headline blocks as text."""
-    lines = []
+    lines, caveat = [], quick_caveat(report)
+    lead = f", on {caveat}." if caveat else ":"
     for h in report.get("headline", []):
         full = f"; {h['dex_cost_full_heads']:.2f} with full heads" if h.get("dex_cost_full_heads") else ""
         line = (
-            f"- {h['set']}: DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
+            f"- {h['set']}{lead} DEX K={h['dex_explorers']} {h['dex_depths']} ({h['dex_devices']} devices, proposal "
             f"heads of {h.get('dex_proposal_vocab')} rows): depth-side speedup {h['dex_depth_speedup']:.3f}x (AR "
             f"through the same stages: 1); cost per token {h['dex_cost_per_token']:.2f} layer-equivalents "
             f"(memory-bound, heads and adapters included"
@@ -205,7 +224,7 @@ def markdown(report: dict) -> str:
         rows = [r for r in report["results"] if r["set"] == set_name]
         layers = f"{oracle['layer_forwards_per_token']:.2f}"
         fwd = {"method": "EAD oracle", "configuration": ORACLE, "layer fwd/token (layers only)": layers}
-        lines += [f"**{set_name}** ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)", ""]
+        lines += [_set_title(report, f"**{set_name}**", rows), ""]
         lines += ["| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(c[2](r, False) for c in COLUMNS) + " |" for r in rows]
         lines += ["| " + " | ".join(fwd.get(c[0], "") for c in COLUMNS) + " |", ""]
@@ -231,7 +250,7 @@ def terminal(report: dict, md: str | None = None, out: str | None = None) -> str
         rows = [r for r in report["results"] if r["set"] == set_name]
         cells = [[c[1] for c in shown]] + [[c[2](r, True) for c in shown] for r in rows]
         lines += [
-            f"{set_name} ({rows[0]['prompts']} prompts, {rows[0]['tokens']} tokens)",
+            wrap(_set_title(report, set_name, rows)),
             *aligned(cells, TERMINAL_WIDTH, 1),
             f"EAD oracle: {oracle['layer_forwards_per_token']:.2f} layer forwards per token (stable EAD at every "
             "depth; a reference, not a bound)",

@@ -3,6 +3,8 @@ sentence each, side by side in the report (``findings`` reads the run's data, ``
 
 from __future__ import annotations
 
+from ..bench.report import quick_caveat
+
 MODES = ("greedy", "temperature 1.0")  # the DECS runs' decoding modes (Fig. 4 right-bottom)
 
 CLAIMS = {
@@ -25,7 +27,15 @@ CLAIMS = {
 
 
 def findings(data: dict) -> dict:
-    """One sentence per figure on what this run shows (the report puts it beside the paper's claim)."""
+    """One sentence per figure on what this run shows (the report puts it beside the paper's claim), each led by
+    the quick caveat on a ``--quick`` run (``quick_caveat``: a tiny random model's numbers are no finding)."""
+    caveat = quick_caveat(data)
+    shown = _findings(data)
+    return shown if caveat is None else {k: f"{caveat[0].upper()}{caveat[1:]}. {v}" for k, v in shown.items()}
+
+
+def _findings(data: dict) -> dict:
+    """``findings`` as the run's numbers say them."""
     sets = list(data["fig3"])
     holds = {
         k: sum(bool(data["fig3"][s]["ordering_holds"][k]) for s in sets)

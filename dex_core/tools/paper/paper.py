@@ -304,7 +304,7 @@ def _decs_row(decoder: DexDecoder, sets: dict, refs, n: int, extra: dict, seed: 
 
 def write_paper(data: dict, out: str | Path, log=stderr) -> tuple[Path, Path]:
     """``paper.json`` and ``paper.html`` (drawn by ``python -m visualize.paper`` in its own process) in ``out``."""
-    folder = Path(out)
+    folder = Path(out).resolve()  # the drawing process runs in the repository, not here
     folder.mkdir(parents=True, exist_ok=True)
     json_path, html_path = folder / "paper.json", folder / "paper.html"
     json_path.write_text(json.dumps(data, indent=1))
