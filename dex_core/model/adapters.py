@@ -88,8 +88,9 @@ def _fingerprint(rows: torch.Tensor) -> float:
     """The absolute sum of the first 64 x 64 entries, in float64. Gathered (``index_select``), not sliced: a view
     of an inference tensor, like a tensor-parallel rank's weights, cannot be made outside inference mode."""
     n, h = min(64, rows.shape[0]), min(64, rows.shape[1])
-    picked = rows.index_select(0, torch.arange(n, device=rows.device))
-    return float(picked.index_select(1, torch.arange(h, device=rows.device)).double().abs().sum())
+    with torch.no_grad():  # a value read, not a step of training
+        picked = rows.index_select(0, torch.arange(n, device=rows.device))
+        return float(picked.index_select(1, torch.arange(h, device=rows.device)).double().abs().sum())
 
 
 def model_identity(model) -> dict:
