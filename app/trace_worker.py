@@ -3,13 +3,14 @@
 Reading JSON holds the interpreter's lock for as long as it runs and builds objects many times larger than their
 source (``{}`` costs 64 bytes for its 2), so a trace read in the server froze every visitor's request while it
 parsed and held gigabytes after it was refused. Here a helper process (``python -m app.trace_worker``, started on
-the first upload, ended with the server or when its stdin closes) imports the validator once and forks one worker
-per file: the worker reads and validates it (``dex_core.load_trace``) within ``MEMORY_FACTOR`` times the file of
-address space beyond its start (``RLIMIT_AS``) and ``SECONDS`` of time (``SIGALRM``), writes the validated meta and
-events one per line next to the upload, and exits. The server reads them back a line at a time, so other requests
-run in between, and holds them only once the worker's memory is gone. A file the worker cannot read within its
-bounds is refused with a message naming them. One file is read at a time (``PARSES``), so the workers together
-take at most one file's bound. Forking needs POSIX; the helper is single-threaded, so the fork is safe.
+the first upload, ended with the server or when its stdin closes) imports and compiles the validator once and forks
+one worker per file: the worker reads and validates it (``dex_core.load_trace``) within ``MEMORY_FACTOR`` times the
+file of address space beyond its start, ``MEMORY_FLOOR`` at least (``RLIMIT_AS``), and ``SECONDS`` of time
+(``SIGALRM``), writes the validated meta and events one per line next to the upload, and exits. The server reads
+them back a line at a time, so other requests run in between, and holds them only once the worker's memory is
+gone. A file the worker cannot read within its bounds is refused with a message naming them. One file is read at a
+time (``PARSES``), so the workers together take at most one file's bound. Forking needs POSIX; the helper is
+single-threaded, so the fork is safe.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from pathlib import Path
 import psutil
 
 from dex_core import DexError, load_trace
+from dex_core.trace.validate import prepare
 
 MEMORY_FACTOR = (
     11  # bytes of a worker's memory beyond its start per byte of the file (a DEX trace takes about 9)
 )
-MEMORY_FLOOR = 64 * 2**20  # bytes a worker may always take (a small file's parser, the validator's own)
+MEMORY_FLOOR = (
+    128 * 2**20
+)  # bytes a worker may always take: a small file needs about 64 (the allocator's arenas)
 SECONDS = 120  # a worker still reading after this is ended
 PARSES = threading.Lock()  # one file at a time; also guards the helper
 _helper: list[subprocess.Popen] = []
@@ -86,7 +90,9 @@ def _fork(request: dict) -> dict:
 
 
 def serve() -> None:
-    """The helper: one request per line on stdin, one verdict per line on stdout, until stdin closes."""
+    """The helper: one request per line on stdin, one verdict per line on stdout, until stdin closes. The
+    validators are compiled once, here, so every worker starts with them."""
+    prepare()
     for line in sys.stdin:
         print(json.dumps(_fork(json.loads(line))), flush=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -236,6 +237,18 @@ def _generate(args) -> None:
         print(f"trace saved to {args.trace}")
 
 
+def _serve(args) -> None:
+    """``dex serve``: under torchrun, this rank's part (``dex_core.distributed.serve``); with ``--http`` (outside
+    torchrun), the OpenAI-compatible API over a decoder of the given schedule."""
+    if not args.http or "WORLD_SIZE" in os.environ:
+        return serve.run(args)
+    if args.queue < 0 or args.request_seconds < 0:
+        raise DexError("--queue and --request-seconds must be >= 0")
+    from .tools.openai_server import serve_http  # deferred: FastAPI and uvicorn load only to serve HTTP
+
+    serve_http(from_args(DexConfig, args), args.http, log, args.queue, args.request_seconds)
+
+
 def _train(args) -> None:
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
@@ -324,7 +337,7 @@ def _verify(args) -> int:
 
 COMMANDS = {
     "generate": _generate,
-    "serve": serve.run,
+    "serve": _serve,
     "train-adapters": _train,
     "ead": _ead,
     "bench": _bench,

@@ -342,3 +342,9 @@ def test_quiet_libraries_drops_third_party_warnings_and_keeps_dex_own():
         "from dex_core.distributed.placement",
         "from transformers.generation.utils",
     ]
+
+
+def test_dex_serve_http_refuses_an_address_that_is_not_host_and_port_in_one_line(tiny_dir, capsys):
+    assert main(["serve", "--http", "localhost", "--model", str(tiny_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dex: error: --http takes HOST:PORT, e.g. 127.0.0.1:8000; got 'localhost'"]

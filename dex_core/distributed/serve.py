@@ -25,6 +25,8 @@ from .torchrun import USAGE, join, world
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = (
     "model",
+    "explorers",  # --http only: under torchrun K is the number of ranks
+    "backend",  # --http only: sequential or distributed
     "depths",
     "adapters",
     "decs",
@@ -48,11 +50,28 @@ FLAGS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: lines of stdin")
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve an OpenAI-compatible API there instead of reading prompts (not under torchrun yet: with "
+        "--backend sequential or distributed); docs/SERVING.md",
+    )
+    parser.add_argument("--queue", type=int, default=8, help="--http: requests waiting at most; more get 429")
+    parser.add_argument(
+        "--request-seconds",
+        type=float,
+        default=0,
+        help="--http: model seconds a request may take (0: no bound)",
+    )
     add_flags(parser, DexConfig, FLAGS)
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve the prompts of ``args`` as this torchrun rank."""
+    """Serve the prompts of ``args`` as this torchrun rank (``--http`` is the CLI's: ``tools.openai_server``)."""
+    if args.http:
+        raise DexError(
+            "--http under torchrun is not supported yet: run dex serve --http with --backend distributed"
+        )
     rank, count = world()
     config = from_args(DexConfig, args, explorers=count)
     log = (

@@ -38,6 +38,12 @@ def _validators(limits: TraceLimits) -> dict:
     return {name: fastjsonschema.compile(schema) for name, schema in trace_schemas(limits).items()}
 
 
+def prepare(limits: TraceLimits = TRACE_LIMITS) -> None:
+    """Compile the validators of ``limits`` now, once: a process that forks trace readers (the app's trace worker)
+    gives each of them the compiled code instead of a compilation of its own."""
+    _validators(limits)
+
+
 def _check_schema(doc: dict, limits: TraceLimits) -> None:
     check, prefix = _validators(limits), ""
     try:
