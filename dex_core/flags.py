@@ -50,7 +50,7 @@ def _with_default(f: dataclasses.Field) -> str:
 
 
 def from_args(cls, args: argparse.Namespace, **extra):
-    """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults)."""
-    return cls(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra
-    )
+    """The dataclass ``cls`` from parsed flags (fields without a flag keep their defaults); ``extra`` fields win
+    over flags of the same name (a torchrun launch fixes K to its number of ranks)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **extra})
