@@ -24,6 +24,7 @@ from visualize.markup import esc
 from .server_state import Runtime
 from .sessions import COMPACT_FACTOR, REPLAYS, compact
 from .trace_worker import read_trace
+from .uploads import request_visitor
 
 TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
 EXAMPLE = "example"
@@ -40,12 +41,6 @@ def views(events) -> viz.Replay | list:
 
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or ""
-
-
-def _visitor(request: gr.Request | None) -> str:
-    """The client address of a request (``app.uploads.visitor``: the trusted proxy's word behind one)."""
-    client = getattr(request, "client", None)
-    return str(getattr(client, "host", "") or "")
 
 
 def _number(value) -> int:
@@ -233,7 +228,7 @@ def open_upload(runtime: Runtime, file, request: gr.Request = None) -> Opened:
     path = None if file is None else Path(_path(file))
     size = path.stat().st_size if path is not None and path.is_file() else 0
     try:
-        runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size), _visitor(request))
+        runtime.sessions.admit(_session(request), int(COMPACT_FACTOR * size), request_visitor(request))
         opened = read_upload(file)
     finally:
         if path is not None:

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from .files import Files
-from .uploads import Uploads, visitor
+from .uploads import FORM_ROOM, Uploads, visitor
 
 FILE_ROUTE = re.compile(r"/gradio_api/file(?:=|/)(.*)$")
 UPLOAD_ROUTE = re.compile(r"/gradio_api/upload/?$")
@@ -99,7 +99,7 @@ class Gate:
                 return 411, "An upload must say its size (Content-Length)."
             most = self.uploads.largest()
             if most is not None and length > most:
-                return 413, f"An upload may be at most {(most - 2**20) // 2**20} MB."
+                return 413, f"An upload may be at most {(most - FORM_ROOM) // 2**20} MB."
             if why := self.uploads.refusal(visitor(scope), length):
                 return 413, why
         return None

@@ -24,6 +24,7 @@ from dex_core.trace.schema import TRACE_LIMITS
 from . import trace_worker
 from .gate import Gate
 from .server_state import Runtime
+from .uploads import request_visitor
 
 SWEEP_SECONDS = 1.0
 
@@ -106,7 +107,5 @@ class SessionBlocks(gr.Blocks):
 
     def _malformed(self, fn, kwargs: dict, why: str) -> gr.Error:
         """Count and log (one line) a call to ``fn`` that its inputs make malformed; the error to answer it with."""
-        request = kwargs.get("request")
-        who = str(request.client.host) if getattr(request, "client", None) else "unknown"
-        self.runtime.calls.malformed(who, f"/{fn.api_name}", why)
+        self.runtime.calls.malformed(request_visitor(kwargs.get("request")), f"/{fn.api_name}", why)
         return gr.Error(f"/{fn.api_name} refused this call: {why}", print_exception=False)

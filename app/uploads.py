@@ -60,6 +60,12 @@ def visitor(scope) -> str:
     return str(client[0]) if client else "unknown"
 
 
+def request_visitor(request) -> str:
+    """The same address for a handler's ``gr.Request`` (None outside a request: "unknown")."""
+    client = getattr(request, "client", None)
+    return str(client.host) if getattr(client, "host", None) else "unknown"
+
+
 class Uploads:
     def __init__(self, settings, files):
         self.settings, self.files = settings, files

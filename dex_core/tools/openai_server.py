@@ -117,23 +117,28 @@ def usage(prompt: int, events: list[dict]) -> dict:
     }
 
 
+def _reply(job: Completion, rid: str, served: str, choice: dict, suffix: str = "", **extra) -> dict:
+    """OpenAI's envelope around one ``choice``: a chat completion or a text completion (``suffix``: ".chunk")."""
+    kind = ("chat.completion" if job.chat else "text_completion") + (suffix if job.chat else "")
+    return {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": served,
+        "choices": [choice],
+        **extra,
+    }
+
+
 def _chunk(job: Completion, rid: str, served: str, text: str | None, finish: str | None) -> dict:
-    created = int(time.time())
     if job.chat:
         delta = {} if text is None else {"content": text}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": served,
-            "choices": [choice],
-        }
+        return _reply(job, rid, served, {"index": 0, "delta": delta, "finish_reason": finish}, ".chunk")
     choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-    return {"id": rid, "object": "text_completion", "created": created, "model": served, "choices": [choice]}
+    return _reply(job, rid, served, choice)
 
 
-def _finish(job: Completion, tokens: list[int], text: _Text, end: dict | None) -> str:
+def _finish(text: _Text, end: dict | None) -> str:
     """Why the completion ended, in OpenAI's words: ``stop`` (a stop string or the model's EOS), else ``length``."""
     if text.stopped or (end is not None and end["stats"].get("stop") == "eos"):
         return "stop"
@@ -213,8 +218,7 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
                     gone.set()  # the stop string came: the run ends after this round
             if event["event"] == "end":
                 end = event
-        tokens = [c["token"] for e in seen if e["event"] == "round" for c in round_commits(e)]
-        yield "", _finish(job, tokens, text, end), usage(prompt, [e for e in seen if "event" in e])
+        yield "", _finish(text, end), usage(prompt, seen)
     finally:
         gone.set()
 
@@ -236,27 +240,11 @@ async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.E
 
 
 def _whole(job: Completion, rid: str, served: str, text: str, finish: str, use: dict) -> dict:
-    created = int(time.time())
     if job.chat:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "finish_reason": finish}
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": served,
-            "choices": [choice],
-            "usage": use,
-        }
+        return _reply(job, rid, served, {"index": 0, "message": message, "finish_reason": finish}, usage=use)
     choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": served,
-        "choices": [choice],
-        "usage": use,
-    }
+    return _reply(job, rid, served, choice, usage=use)
 
 
 def address(text: str) -> tuple[str, int]:
