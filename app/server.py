@@ -2,7 +2,8 @@
 ``app.sessions``), and every launch (``python app/main.py``, ``gradio app/main.py``, the tests) adds the
 app's bounds: the gate (``app.gate.Gate``, a FastAPI middleware: files, uploads, malformed calls), the app's
 folder made at the start (sweeping a killed server's) and removed at the end, the sweep of sessions and files
-every ``SWEEP_SECONDS`` (a task of the server's lifespan), and the upload size limit (a trace file's,
+every ``SWEEP_SECONDS`` (a task of the server's lifespan), the OpenAI-compatible API where the settings ask
+for it (``app.openai_routes``), and the upload size limit (a trace file's,
 ``TraceLimits.max_file_bytes``). A call with too few inputs for its endpoint is answered with one line and
 logged in one (``Calls``), not with Gradio's traceback.
 """
@@ -23,6 +24,7 @@ from dex_core.trace.schema import TRACE_LIMITS
 
 from . import trace_worker
 from .gate import Gate
+from .openai_routes import openai_routes
 from .server_state import Runtime
 from .uploads import request_visitor
 
@@ -76,6 +78,8 @@ def launch_options(blocks: SessionBlocks, given: dict) -> dict:
 
     gate = Middleware(Gate, files=runtime.files, uploads=runtime.uploads, calls=runtime.calls)
     app_kwargs["middleware"] = [gate, *app_kwargs.get("middleware", [])]
+    if runtime.settings.openai_api:  # ahead of Gradio's routes, behind the gate
+        app_kwargs["routes"] = [openai_routes(runtime), *app_kwargs.get("routes", [])]
     app_kwargs["lifespan"] = lifespan
     return {**options, "app_kwargs": app_kwargs}
 

@@ -82,6 +82,12 @@ class AppSettings:
         f"so far (0: no bound; default: {HOSTED_SECONDS} on a Hugging Face Space, none on your own machine)",
         env="DEX_REQUEST_SECONDS",
     )
+    openai_api: bool = option(
+        False,
+        "also serve dex serve --http's OpenAI-compatible API on the app's server, under /openai (the sequential "
+        "backend only; one request per visitor; docs/SERVING.md)",
+        env="DEX_OPENAI_API",
+    )
 
     def __post_init__(self):
         self.device = DexConfig(
@@ -105,6 +111,12 @@ class AppSettings:
         if self.request_seconds is None:  # a bound for strangers sharing a Space; none for one's own run
             self.request_seconds = HOSTED_SECONDS if os.environ.get("SPACE_ID") else 0
         integer(self.request_seconds, "request_seconds", 0)
+        if self.openai_api and self.backend != "sequential":
+            raise DexError(
+                "openai_api serves on a decoder of its own beside the app's runs, which only the sequential "
+                f"backend allows (an explorer group runs one request at a time); got backend {self.backend!r}: "
+                "run dex serve --http --backend distributed beside the app instead"
+            )
 
     @classmethod
     def from_env(cls, environ=None) -> AppSettings:
@@ -114,7 +126,17 @@ class AppSettings:
             raw = environ.get(f.metadata.get("env") or "")
             if raw:
                 try:
-                    values[f.name] = int(raw) if "int" in str(f.type) else raw
+                    values[f.name] = _parsed(raw, str(f.type))
                 except ValueError:
-                    raise DexError(f"{f.metadata['env']} must be an integer; got {raw!r}") from None
+                    what = "1 or 0" if str(f.type) == "bool" else "an integer"
+                    raise DexError(f"{f.metadata['env']} must be {what}; got {raw!r}") from None
         return cls(**values)
+
+
+def _parsed(raw: str, kind: str):
+    """An environment variable's text as the setting's type (``kind``: its annotation); ValueError if it is not."""
+    if kind == "bool":
+        if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise ValueError(raw)
+        return raw.lower() in ("1", "true", "yes")
+    return int(raw) if "int" in kind else raw

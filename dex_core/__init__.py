@@ -12,6 +12,7 @@ from .model.view import UnsupportedModelError
 from .runtime.reference import ar_generate, ar_stream, hf_greedy
 from .runtime.request import GenerationConfigWarning, encode_prompt
 from .runtime.results import GenerationResult, GenerationStats
+from .tools.hf_generate import hf_generate_dir
 from .tools.verify import Certificate, certify_tokens, verify_trace
 from .trace.events import TRACE_VERSION, load_trace, save_trace
 
@@ -30,6 +31,8 @@ __all__ = [
     "ar_generate",
     "ar_stream",
     "encode_prompt",
+    "hf_generate_dir",
+    "openai_app",
     "hf_greedy",
     "load_model",
     "load_trace",
@@ -40,3 +43,13 @@ __all__ = [
     "verify_trace",
     "GenerationConfigWarning",
 ]
+
+
+def __getattr__(name: str):
+    """``openai_app``: ``dex_core.tools.openai_server.make_app``, imported on first use (FastAPI and uvicorn load
+    only where HTTP is served)."""
+    if name == "openai_app":
+        from .tools.openai_server import make_app
+
+        return make_app
+    raise AttributeError(f"module 'dex_core' has no attribute {name!r}")

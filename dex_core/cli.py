@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from . import serve as entry
 from .algorithm.sampling import TIE_ULPS
 from .analysis.ead import EadConfig, ead_summary, run_ead
 from .config import DTYPES, ConsoleOptions, DexConfig, DexError
@@ -118,9 +118,11 @@ SUBCOMMANDS = {  # name: (help, description, its arguments)
         _generate_arguments,
     ),
     "serve": (
-        "run as one explorer rank under torchrun (multi-node capable)",
-        f"Run under torchrun, one process per explorer: {serve.USAGE}. Rank 0 reads prompts (--prompt, "
-        "repeatable; else one per line on stdin) and prints each answer and its stats.",
+        "serve DEX: an OpenAI-compatible HTTP API (--http), or prompts as one explorer rank under torchrun",
+        f"With --http HOST:PORT: an OpenAI-compatible API (docs/SERVING.md) on the sequential or distributed "
+        f"schedule, or under torchrun from rank 0. Under torchrun without it, one process per explorer "
+        f"({entry.USAGE}): rank 0 reads prompts (--prompt, repeatable; else one per line on stdin) and prints "
+        "each answer and its stats.",
         serve.add_arguments,
     ),
     "train-adapters": (
@@ -238,15 +240,8 @@ def _generate(args) -> None:
 
 
 def _serve(args) -> None:
-    """``dex serve``: under torchrun, this rank's part (``dex_core.distributed.serve``); with ``--http`` (outside
-    torchrun), the OpenAI-compatible API over a decoder of the given schedule."""
-    if not args.http or "WORLD_SIZE" in os.environ:
-        return serve.run(args)
-    if args.queue < 0 or args.request_seconds < 0:
-        raise DexError("--queue and --request-seconds must be >= 0")
-    from .tools.openai_server import serve_http  # deferred: FastAPI and uvicorn load only to serve HTTP
-
-    serve_http(from_args(DexConfig, args), args.http, log, args.queue, args.request_seconds)
+    """``dex serve``: a torchrun rank, the OpenAI-compatible API (``--http``), or both (``dex_core.serve``)."""
+    entry.run(args)
 
 
 def _train(args) -> None:

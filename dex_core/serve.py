@@ -1,8 +1,49 @@
-"""``python -m dex_core.serve``, the entry point torchrun starts: ``dex_core.distributed.serve``."""
+"""``dex serve`` and ``python -m dex_core.serve`` (the entry point torchrun starts): under torchrun, this rank's
+part of a group (``dex_core.distributed.serve``); with ``--http``, the OpenAI-compatible API
+(``dex_core.tools.openai_server``) over the sequential or distributed schedule, or, under torchrun, on rank 0 while
+every other rank follows its requests."""
 
+import argparse
+import os
 import sys
 
-from .distributed.serve import main
+from .config import DexConfig, DexError
+from .device import exact_float32_matmuls
+from .distributed import serve
+from .distributed.torchrun import USAGE, world
+from .flags import from_args
+from .log import stderr
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve as ``args`` say (``dex_core.distributed.serve.add_arguments``' flags)."""
+    under_torchrun = "WORLD_SIZE" in os.environ
+    if not args.http:
+        return serve.run(args)
+    if args.queue < 0 or args.request_seconds < 0:
+        raise DexError("--queue and --request-seconds must be >= 0")
+    from .tools.openai_server import serve_http  # deferred: FastAPI and uvicorn load only to serve HTTP
+
+    if under_torchrun:  # K is the launch's; rank 0 serves, the others follow (DexDecoder.from_pretrained)
+        rank, count = world()
+        config, log = from_args(DexConfig, args, explorers=count, backend="torchrun"), serve.rank_log(rank)
+    else:
+        config, log = from_args(DexConfig, args), stderr
+    serve_http(config, args.http, log, args.queue, args.request_seconds)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="dex_core.serve", description=f"One DEX explorer per rank: {USAGE}")
+    serve.add_arguments(parser)
+    args = parser.parse_args(argv)
+    exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
+    try:
+        run(args)
+    except DexError as err:
+        print(f"dex serve: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -212,6 +212,22 @@ def test_app_settings_come_from_the_environment_and_are_validated():
         AppSettings.from_env({"DEX_EXPLORERS": "many"})
     with pytest.raises(DexError, match="backend must be one of"):
         AppSettings.from_env({"DEX_BACKEND": "gpu"})
+    assert not AppSettings().openai_api  # the API on the app's server: off unless asked for
+    assert AppSettings.from_env({"DEX_OPENAI_API": "1"}).openai_api
+    assert not AppSettings.from_env({"DEX_OPENAI_API": "0"}).openai_api
+    with pytest.raises(DexError, match="DEX_OPENAI_API must be 1 or 0"):
+        AppSettings.from_env({"DEX_OPENAI_API": "maybe"})
+    with pytest.raises(DexError, match="only the sequential backend allows"):
+        AppSettings.from_env({"DEX_OPENAI_API": "1", "DEX_BACKEND": "distributed"})
+    from types import SimpleNamespace
+
+    from app.server import launch_options
+    from app.server_state import Runtime
+
+    for on in (False, True):  # what a launch mounts ahead of Gradio's routes
+        blocks = SimpleNamespace(runtime=Runtime(AppSettings(model="m", openai_api=on)))
+        routes = launch_options(blocks, {})["app_kwargs"].get("routes", [])
+        assert [r.path for r in routes] == (["/openai"] if on else [])
 
 
 def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_debugger_says_what_to_do():
@@ -368,3 +384,29 @@ def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(
     assert runtime.slow_notice(decoder, 256) is None  # a tiny model is quick at any setting the app offers
     monkeypatch.setattr(rt, "SLOW_SECONDS", 0)
     assert "K=4 × 256 tokens: about" in runtime.slow_notice(decoder, 256)
+
+
+def test_the_openai_api_on_the_apps_server_answers_ars_text_behind_the_gate(app_server, tiny_dir):
+    import httpx
+    from openai import OpenAI
+    from transformers import AutoModelForCausalLM
+
+    base = f"{app_server.url}openai"
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    chunks = list(
+        client.completions.create(
+            model=str(tiny_dir), prompt=PROMPT, max_tokens=12, temperature=0, stream=True
+        )
+    )
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), tiny_tokenizer()
+    ar = ar_generate(model, tokenizer(PROMPT)["input_ids"], 12).tokens
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == tokenizer.decode(ar, skip_special_tokens=True)
+    assert chunks[-1].usage.model_extra["dex"]["explorers"] == 3  # the launch's K
+    assert [m.id for m in client.models.list()] == [str(tiny_dir)]
+    metrics = httpx.get(f"{base}/metrics", timeout=10).text
+    assert 'dex:request_success_total{finished_reason="length"} 1.0' in metrics
+    too_long = httpx.post(
+        f"{base}/v1/completions", json={"model": str(tiny_dir), "prompt": "x", "max_tokens": 513}
+    )
+    assert too_long.status_code == 400 and "between 1 and 512" in too_long.json()["error"]["message"]
+    assert httpx.get(app_server.url, timeout=10).status_code == 200  # Gradio's own routes are still there

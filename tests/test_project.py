@@ -38,6 +38,7 @@ PRINTS = (
     "dex_core/cli.py",
     "dex_core/runtime/console.py",
     "dex_core/distributed/serve.py",
+    "dex_core/serve.py",
     "dex_core/distributed/rank.py",
 )  # the log callback, the entry points and the terminal renderer
 

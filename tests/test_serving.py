@@ -113,6 +113,51 @@ def test_the_distributed_schedule_answers_the_same_stream(llama, tokenizer, expl
     assert len(chunks) == 16 + 1
 
 
+def scrape(url: str) -> dict:
+    """The server's ``/metrics``, parsed by ``prometheus_client``'s own text parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_each_stage_as_the_trace_does(sequential, llama, tokenizer):
+    url, decoder = sequential
+    before = scrape(url)
+    list(
+        client(url).completions.create(model=SERVED, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+    )
+    after = scrape(url)
+    trace = decoder.generate(expected(llama, tokenizer, 24)[0], 24).trace
+    rounds = [e for e in trace if e["event"] == "round"]
+    matched, proposed = [0, 0, 0], [0, 0, 0]
+    for event in rounds:
+        for commit in round_commits(event):
+            matched[commit["matched_stage"]] += 1
+        for node in event["nodes"]:
+            proposed[node["stage"]] += node["token"] >= 0
+    assert matched[0] + matched[1] > 0  # stages before the last matched: the per-stage check can fail
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    depths = decoder.depths
+    per_stage = "dex:spec_decode_num_accepted_tokens_per_stage_total"
+    assert [delta(per_stage, stage=k, depth=depths[k]) for k in range(3)] == matched
+    drafts = "dex:spec_decode_num_draft_tokens_per_stage_total"
+    assert [delta(drafts, stage=k, depth=depths[k]) for k in range(3)] == proposed
+    assert delta("dex:rounds_total") == len(rounds) and delta("dex:generation_tokens_total") == 24
+    assert delta("dex:request_success_total", finished_reason="length") == 1
+    assert delta("dex:time_to_first_token_seconds_count") == 1
+    assert delta("dex:time_per_output_token_seconds_count") == 23
+    assert after[("dex:num_requests_running", ())] == 0
+
+
 BAD = [
     ({"n": 2}, 400, "n must be 1"),
     ({"max_tokens": 0}, 400, "max_tokens must be between 1 and 64"),
@@ -178,3 +223,18 @@ def test_beyond_the_queue_a_request_gets_429_at_once_and_a_client_that_leaves_fr
         ).status_code == 429:
             time.sleep(0.05)
         assert again.status_code == 200 and time.monotonic() - left < 1.5  # a 64-token run would take > 6 s
+
+
+def test_one_client_may_hold_at_most_its_share_of_the_queue():
+    from dex_core.tools.openai_requests import ApiError
+    from dex_core.tools.openai_server import Runner
+
+    runner = Runner(decoder=None, queue=4, seconds=0, per_client=1)
+    runner.admit("10.0.0.1")
+    with pytest.raises(ApiError, match="this client has 1 request") as refused:
+        runner.admit("10.0.0.1")
+    assert refused.value.status == 429
+    runner.admit("10.0.0.2")  # another visitor still gets in
+    runner.release("10.0.0.1")
+    runner.admit("10.0.0.1")  # its slot came back when its run ended
+    assert runner.admitted == 2

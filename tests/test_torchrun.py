@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from conftest import free_port
 
@@ -104,3 +105,35 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.slow  # one torchrun launch of two ranks serving HTTP (about 10 s)
+def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_dir, tmp_path):
+    from openai import OpenAI
+
+    port, torchrun = free_port(), shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    args = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "dex_core.serve", "--http"]
+    args += [f"127.0.0.1:{port}", "--model", str(tiny_dir), "--device", "cpu", "--max-new-tokens", "16"]
+    log = open(tmp_path / "launch.out", "w")
+    launch = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not _answers(f"{url}/health"):
+            assert launch.poll() is None, (tmp_path / "launch.out").read_text()[-3000:]
+            time.sleep(0.5)
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        chunks = list(
+            client.completions.create(
+                model=str(tiny_dir), prompt="hello world", max_tokens=12, temperature=0, stream=True
+            )
+        )
+        ranks = psutil.Process(launch.pid).children(recursive=True)
+    finally:
+        launch.terminate()
+        code = _end([launch], 60)
+    assert code[0] is not None and not [p for p in ranks if p.is_running() and p.status() != "zombie"]
+    model, tokenizer = load_model(str(tiny_dir), device="cpu")
+    ar = ar_generate(model, tokenizer("hello world")["input_ids"], 12).tokens
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == tokenizer.decode(ar, skip_special_tokens=True)
+    assert len(chunks) == 12 + 1 and chunks[-1].usage.model_extra["dex"]["explorers"] == 2

@@ -14,13 +14,12 @@ import argparse
 import sys
 import time
 
-from ..config import DexConfig, DexError
-from ..device import exact_float32_matmuls
+from ..config import DexConfig
 from ..flags import add_flags, from_args
 from ..runtime.console import TextStream, print_report
 from ..runtime.request import encode_prompt, eos_ids, make_request
 from ..trace.events import round_commits, start_event
-from .torchrun import USAGE, join, world
+from .torchrun import join, world
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = (
@@ -53,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http",
         metavar="HOST:PORT",
-        help="serve an OpenAI-compatible API there instead of reading prompts (not under torchrun yet: with "
-        "--backend sequential or distributed); docs/SERVING.md",
+        help="serve an OpenAI-compatible API there instead of reading prompts (under torchrun rank 0 serves; "
+        "outside it, --backend sequential or distributed); docs/SERVING.md",
     )
     parser.add_argument("--queue", type=int, default=8, help="--http: requests waiting at most; more get 429")
     parser.add_argument(
@@ -67,19 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve the prompts of ``args`` as this torchrun rank (``--http`` is the CLI's: ``tools.openai_server``)."""
-    if args.http:
-        raise DexError(
-            "--http under torchrun is not supported yet: run dex serve --http with --backend distributed"
-        )
+    """Serve the prompts of ``args`` as this torchrun rank (``--http`` is the entry point's: ``dex_core.serve``)."""
     rank, count = world()
     config = from_args(DexConfig, args, explorers=count)
-    log = (
-        (lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True))
-        if rank == 0
-        else (lambda line: None)
-    )
-    group = join(config.model, config.decoder(), config.dtype, config.device, log)
+    group = join(config.model, config.decoder(), config.dtype, config.device, rank_log(rank))
     if rank != 0:
         group.follow()
         return
@@ -87,6 +77,13 @@ def run(args: argparse.Namespace) -> None:
         _serve(args, config, group)
     finally:
         group.close()
+
+
+def rank_log(rank: int):
+    """Rank 0 says what happens, on stderr; the other ranks say nothing."""
+    if rank != 0:
+        return lambda line: None
+    return lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True)
 
 
 def _serve(args, config: DexConfig, group) -> None:
@@ -105,20 +102,3 @@ def _serve(args, config: DexConfig, group) -> None:
         print_report(
             event["stats"], start_event(request, view, settings), time.perf_counter() - tic, "distributed"
         )
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dex_core.serve", description=f"One DEX explorer per rank: {USAGE}")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    exact_float32_matmuls()  # once per process: float32 stays float32 (device.py)
-    try:
-        run(args)
-    except DexError as err:
-        print(f"dex serve: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

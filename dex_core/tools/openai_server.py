@@ -19,15 +19,17 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DexError
 from ..decoder import DexDecoder
 from ..runtime.console import TextStream
 from ..trace.events import round_commits
+from .openai_metrics import CONTENT_TYPE, Metrics
 from .openai_requests import ApiError, Completion, parse_request
 
 
@@ -58,39 +60,59 @@ class _Text:
 
 
 class Runner:
-    """Runs one request at a time on the decoder, ``queue`` more waiting; 429 (``ApiError``) beyond."""
+    """Runs one request at a time on the decoder, ``queue`` more waiting and at most ``per_client`` of them
+    (running or waiting) from one client address (None: no such bound); 429 (``ApiError``) beyond."""
 
-    def __init__(self, decoder, queue: int, seconds: float):
-        self.decoder, self.queue, self.seconds = decoder, queue, seconds
+    def __init__(self, decoder, queue: int, seconds: float, per_client: int | None = None):
+        self.decoder, self.queue, self.seconds, self.per_client = decoder, queue, seconds, per_client
         self._model = threading.Lock()
         self._count = threading.Lock()
-        self.admitted = 0
+        self.admitted = self.running = 0
+        self._clients: dict[str, int] = {}
 
-    def admit(self) -> None:
+    def admit(self, client: str = "") -> None:
         with self._count:
             if self.admitted >= 1 + self.queue:
                 raise ApiError(
                     429, "the server is busy: its queue is full; try again shortly", kind="rate_limit_error"
                 )
+            if self.per_client is not None and self._clients.get(client, 0) >= self.per_client:
+                raise ApiError(
+                    429,
+                    f"this client has {self.per_client} request(s) running or waiting already; send the next "
+                    "when one ends",
+                    kind="rate_limit_error",
+                )
             self.admitted += 1
+            self._clients[client] = self._clients.get(client, 0) + 1
 
-    def release(self) -> None:
+    def release(self, client: str = "") -> None:
         with self._count:
             self.admitted -= 1
+            self._clients[client] -= 1
+            if not self._clients[client]:
+                del self._clients[client]
 
     def run(self, job: Completion, emit, gone: threading.Event) -> None:
         """In a worker thread: the run's events to ``emit`` (round by round, then the end's); it ends after the
         round in progress when ``gone`` is set or ``seconds`` passed."""
         with self._model:
-            start = time.monotonic()
-            stream = self.decoder.stream(job.ids, options=job.options)
-            for event in stream:
-                emit(event)
-                late = self.seconds and time.monotonic() - start > self.seconds
-                if event["event"] == "round" and (gone.is_set() or late):
-                    stream.close()
-                    emit({"event": "cut", "why": "gone" if gone.is_set() else "time"})
-                    return
+            self.running = 1
+            try:
+                self._run(job, emit, gone)
+            finally:
+                self.running = 0
+
+    def _run(self, job: Completion, emit, gone: threading.Event) -> None:
+        start = time.monotonic()
+        stream = self.decoder.stream(job.ids, options=job.options)
+        for event in stream:
+            emit(event)
+            late = self.seconds and time.monotonic() - start > self.seconds
+            if event["event"] == "round" and (gone.is_set() or late):
+                stream.close()
+                emit({"event": "cut", "why": "gone" if gone.is_set() else "time"})
+                return
 
 
 def usage(prompt: int, events: list[dict]) -> dict:
@@ -145,11 +167,31 @@ def _finish(text: _Text, end: dict | None) -> str:
     return "length"
 
 
+@dataclass
+class _Served:
+    """What every route of one server shares."""
+
+    tokenizer: object
+    served: str
+    most_tokens: int
+    runner: Runner
+    metrics: Metrics
+
+
 def make_app(
-    decoder, tokenizer, served: str, most_tokens: int = 512, queue: int = 8, seconds: float = 0
+    decoder,
+    tokenizer,
+    served: str,
+    most_tokens: int = 512,
+    queue: int = 8,
+    seconds: float = 0,
+    per_client: int | None = None,
 ) -> FastAPI:
-    """The API over ``decoder`` (its ``tokenizer``), serving the model named ``served``."""
-    app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds)
+    """The API over ``decoder`` (its ``tokenizer``), serving the model named ``served``; the bounds as
+    ``Runner``'s."""
+    app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds, per_client)
+    metrics = Metrics(lambda: runner.running, lambda: runner.admitted - runner.running)
+    api = _Served(tokenizer, served, most_tokens, runner, metrics)
 
     @app.exception_handler(ApiError)
     async def refused(_request, err: ApiError):
@@ -159,58 +201,74 @@ def make_app(
     async def health():
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "dex"}]}
 
-    async def complete(request: Request, chat: bool):
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body must be JSON (UTF-8)") from None
-        job = parse_request(body, tokenizer, served, most_tokens, chat)
-        runner.admit()
-        events, gone, loop = asyncio.Queue(), threading.Event(), asyncio.get_running_loop()
-
-        def work():
-            try:
-                runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone)
-            except Exception as err:  # the run failed (an explorer died): the client is told
-                loop.call_soon_threadsafe(events.put_nowait, {"event": "failed", "why": str(err)[:200]})
-            finally:
-                loop.call_soon_threadsafe(events.put_nowait, None)
-                runner.release()
-
-        threading.Thread(target=work, daemon=True).start()
-        pieces = _pieces(job, tokenizer, events, gone, len(job.ids))
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        if job.stream:
-            return StreamingResponse(_sse(job, rid, served, pieces, gone), media_type="text/event-stream")
-        text, final = "", None
-        async for piece, finish, use in pieces:
-            text, final = text + (piece or ""), (finish, use) if finish else final
-        return _whole(job, rid, served, text, *final)
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await complete(request, chat=False)
+        return await _complete(api, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, chat=True)
+        return await _complete(api, request, chat=True)
 
     return app
 
 
-async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, prompt: int):
+async def _complete(api: _Served, request: Request, chat: bool):
+    """One completion: checked, admitted, run in a worker thread; streamed or answered whole."""
+    arrived = time.monotonic()
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body must be JSON (UTF-8)") from None
+    job = parse_request(body, api.tokenizer, api.served, api.most_tokens, chat)
+    events, gone = _start(api.runner, job, request.client.host if request.client else "")
+    pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    if job.stream:
+        return StreamingResponse(_sse(job, rid, api.served, pieces, gone), media_type="text/event-stream")
+    text, final = "", None
+    async for piece, finish, use in pieces:
+        text, final = text + (piece or ""), (finish, use) if finish else final
+    return _whole(job, rid, api.served, text, *final)
+
+
+def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue, threading.Event]:
+    """Admit ``job`` (429 beyond the bounds) and run it in a worker thread: its events come on the queue (None
+    last); setting the event ends it after the round in progress."""
+    runner.admit(client)
+    events, gone, loop = asyncio.Queue(), threading.Event(), asyncio.get_running_loop()
+
+    def work():
+        try:
+            runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone)
+        except Exception as err:  # the run failed (an explorer died): the client is told
+            loop.call_soon_threadsafe(events.put_nowait, {"event": "failed", "why": str(err)[:200]})
+        finally:
+            loop.call_soon_threadsafe(events.put_nowait, None)
+            runner.release(client)
+
+    threading.Thread(target=work, daemon=True).start()
+    return events, gone
+
+
+async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, tally):
     """(text, None, None) per committed token, then ("", finish_reason, usage); a client that stops reading ends
-    the run (``gone``)."""
-    text, seen, end = _Text(tokenizer, job.stop), [], None
+    the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
+    text, seen, end, reason = _Text(tokenizer, job.stop), [], None, "abort"
     try:
         while (event := await events.get()) is not None:
             seen.append(event)
             if event["event"] == "failed":
+                reason = "error"
                 raise ApiError(500, f"the run failed: {event['why']}", kind="server_error")
+            tally.see(event)
             for commit in round_commits(event) if event["event"] == "round" and not text.stopped else []:
                 piece = text.push(commit["token"])
                 yield piece, None, None
@@ -218,9 +276,11 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
                     gone.set()  # the stop string came: the run ends after this round
             if event["event"] == "end":
                 end = event
-        yield "", _finish(text, end), usage(prompt, seen)
+        reason = _finish(text, end)
+        yield "", reason, usage(tally.prompt, seen)
     finally:
         gone.set()
+        tally.end(reason)
 
 
 async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.Event):
