@@ -194,7 +194,7 @@ def _live_tab(runtime: Runtime, states: list):
                 value=DecoderOptions.prune,
                 label="Lattice pruning",
                 elem_id="live-prune",
-                **{"info": "new branches per round; auto: 1 on CPU, none on GPUs", **ctl.launched(runtime)},
+                **{"info": "rows per stage a round; auto: 2 on CPU, 32 on GPUs", **ctl.launched(runtime)},
             )
         sampling = ctl.sampling_controls()
     gr.Examples(EXAMPLES, inputs=prompt)

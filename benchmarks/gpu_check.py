@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
-from dex_core.analysis.profile import decode_order_seconds, row_blocks
+from dex_core.analysis.profile import decode_order_seconds, row_blocks, row_budget
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
 from dex_core.model.adapters import new_adapters, save_adapters
@@ -226,8 +226,12 @@ def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict
         ]
         for name, shape in shapes.items()
     }
+    budgets = {  # prune="auto"'s rule on this device: the most rows a K = 8 stage runs for <= 10% over one row
+        name: row_budget(timed["tables"][name], shape["layers"] / 8) for name, shape in shapes.items()
+    }
     return timed | {
         "weights": "bfloat16, random (shapes only)" + (", scaled down for a CPU" if quick else ""),
+        "row_budget_k8": budgets,
         "projection": projections,
         "label": "projection: the speed section's measured rounds (rows per explorer per round) replayed on these "
         "timings; bookkeeping left out (dex_core/tools/bench/real_size.py)",
@@ -319,7 +323,10 @@ def real_size_markdown(section: dict, device: str) -> list[str]:
             for k, n in (("layer", 1), ("layer", big), ("head", 1), ("proposal", 1), ("adapter", 1))
         ]
         lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in [*ms, 1000 * t["exchange"][1]]) + " |")
+    budgets = ", ".join(f"{name} {b}" for name, b in section["row_budget_k8"].items())
     lines += [
+        "",
+        f"row budget (prune=auto's rule: the most rows a K = 8 stage runs for at most 10% over one row): {budgets}",
         "",
         f"{section['label']}:",
         "",

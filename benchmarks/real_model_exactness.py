@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--prune",
         default=DecoderOptions.prune,
-        help="lattice pruning: auto (the library's default: 1 on CPU, off on GPUs), none, or a bound B",
+        help="the lattice's row budget: auto (the library's default: 2 on CPU, 32 on GPUs), none, or B",
     )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)

@@ -194,9 +194,9 @@ class DecoderOptions:
     )
     prune: int | str | None = option(
         "auto",
-        "at most this many new branches per round, the most probable "
-        "candidates first (lattice pruning; exact: a pruned branch only loses "
-        "reuse); auto: 1 on CPU explorers, off on accelerators; none: off",
+        "the lattice's row budget: at most this many rows per stage a round, the "
+        "branches most likely to be reused first (exact: a branch left out only "
+        "loses reuse); auto: the device's (2 on CPU, 32 on accelerators); none: unbounded",
         kind=str,
     )
     draft: str | DraftBounds | None = option(

@@ -50,6 +50,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
         rows = real["projection"][name]
         assert [p["K"] for p in rows] == [2, 3]
         t = real["tables"][name]
+        stage = {n: layers / 8 * t["layer"][n] + t["proposal"][n] for n in t["layer"]}  # a K = 8 stage
+        assert real["row_budget_k8"][name] == max(int(n) for n, s in stage.items() if s <= 1.1 * stage["1"])
         for p in rows:  # pipeline AR: every layer and the head at one row, K - 1 hops
             ar = layers * t["layer"]["1"] + t["head"]["1"] + (p["K"] - 1) * t["exchange"]["1"]
             assert abs(p["pipeline_ar_seconds_per_token"] - ar) < 1e-12
@@ -57,4 +59,5 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert (
         "not yet measured on a GPU" in printed
         and "projection: the speed section's measured rounds" in printed
+        and "row budget (prune=auto's rule" in printed
     )

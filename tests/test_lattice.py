@@ -137,52 +137,62 @@ def test_commit_before_the_anchor_is_complete_is_refused():
         lat.validate_and_commit()
 
 
-def test_pruning_starts_the_most_probable_branches_and_never_stops_a_slot():
+def test_the_row_budget_keeps_the_branches_most_likely_reused_and_never_stops_a_slot():
     lat = Lattice(3, 7, 10)
-    lat.insert({n.id: 1 for b in lat.plan_round().batches for n in b}, None)
-    plan = lat.plan_round()  # the root's depth child and position child
+    (root,), _, _ = lat.plan_round().batches
+    lat.insert({root.id: 1}, {root.id: 0.1})  # an unlikely candidate: its branch is reused with 0.1
+    plan = lat.plan_round()  # the root's depth child, and the branch its candidate started
     (branch,), (deeper,), _ = plan.batches
-    lat.insert({branch.id: 2, deeper.id: 2}, {branch.id: 0.2, deeper.id: 0.9})
-    plan = lat.plan_round(prune=1)
-    assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [
-        branch.id
-    ]  # the 0.9 candidate's
-    assert [len(b) for b in plan.batches] == [1, 1, 1]  # depth children are never pruned
+    lat.insert({branch.id: 2, deeper.id: 3}, {branch.id: 0.9, deeper.id: 0.5})
+    plan = lat.plan_round(budget=1)
+    # the branch's own candidate is likelier (0.9 > 0.5), but its path is not: 0.1 x 0.9 against 1 x 0.5
+    assert [n.parent for n in plan.batches[0]] == [deeper.id] and plan.pruned == [branch.id]
+    assert [len(b) for b in plan.batches] == [1, 1, 1]  # depth children are never trimmed
+    assert lat.slots[plan.batches[0][0].slot].score == pytest.approx(0.5)
+    assert lat.nodes[branch.id].position_child is None and branch.id in lat.nodes
+
+
+def test_a_branch_twin_of_a_shallower_stages_scores_zero_and_goes_first():
+    lat = Lattice(4, 7, 10)
+    (root,), *_ = lat.plan_round().batches
+    lat.insert({root.id: 5}, {root.id: 0.3})
+    (branch,), (deeper,), *_ = lat.plan_round().batches
+    lat.insert({branch.id: 6, deeper.id: 5}, {branch.id: 0.2, deeper.id: 0.9})  # stage 1 proposes 5 again
+    plan = lat.plan_round(budget=1)
+    # the twin of the branch stage 0 started with 5 is never reused (first_match picks stage 0): it goes,
+    # although its candidate is the likeliest; the branch's own child (0.3 x 0.2) stays
+    assert plan.pruned == [deeper.id] and [n.parent for n in plan.batches[0]] == [branch.id]
 
 
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}], ids=["greedy", "sampled"])
-def test_pruned_runs_are_exact_and_mark_what_they_pruned(options):
-    """At a bound of 2 new branches a round; the golden traces hold a bound of 1 (K = 2, 3, 4, greedy and sampled)."""
+def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(options):
+    """At a budget of 2 rows a stage, draft chains on (their rows within it); the golden traces hold a budget of 1
+    (K = 2, 3, 4, greedy and sampled)."""
     from dex_core import DexDecoder, ar_generate
     from dex_core.testing import tiny_model
 
-    model, prune = tiny_model("llama").double(), 2
-    result = DexDecoder(model, explorers=4, prune=prune).generate([4, 9, 1, 30], 30, **options)
-    assert result.tokens == ar_generate(model, [4, 9, 1, 30], 30, **options).tokens
+    model, budget = tiny_model("llama").double(), 2
+    prompt = [4, 9, 1, 30, 4, 9, 1, 30, 4, 9]  # it repeats: draft chains find drafts
+    result = DexDecoder(model, explorers=4, prune=budget).generate(prompt, 30, **options)
+    assert result.tokens == ar_generate(model, prompt, 30, **options).tokens
     rounds = [e for e in result.trace if e["event"] == "round"]
+    assert max(len(b) for e in rounds for b in e["batches"]) == budget  # full, and never over
     kinds = {n["id"]: n["kind"] for e in rounds for n in e["nodes"]}
-    started = [
-        [i for i in e["batches"][0] if kinds[i] != "chain"] for e in rounds
-    ]  # draft chains are bounded apart
-    assert max(map(len, started)) <= prune + 1  # new branches (+ a root after a miss)
-    assert sum(len(e["pruned"]) for e in rounds) > 0
+    assert "chain" in kinds.values() and sum(len(e["pruned"]) for e in rounds) > 0
     computed = {n["id"] for e in rounds for n in e["nodes"]}
     assert all(set(e["pruned"]) <= computed for e in rounds)
 
 
-def test_auto_pruning_is_one_branch_on_cpu_off_on_accelerators_and_recorded_in_the_trace():
+def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace():
     from dex_core import DexDecoder
-    from dex_core.runtime.settings import resolve_prune
+    from dex_core.runtime.settings import AUTO_ROWS, resolve_prune
     from dex_core.testing import tiny_model
 
-    assert resolve_prune("auto", ["cpu", "cpu"]) == 1
-    assert (
-        resolve_prune("auto", ["cuda:0", "cuda:1"]) is None
-        and resolve_prune("auto", ["cpu", "cuda:1"]) is None
-    )
-    assert resolve_prune(2, ["cuda:0"]) == 2 and resolve_prune(None, ["cpu"]) is None
+    assert resolve_prune("auto", ["cpu", "cpu"]) == AUTO_ROWS["cpu"] == 2
+    assert resolve_prune("auto", ["cuda:0", "cuda:1"]) == resolve_prune("auto", ["cpu", "cuda:1"]) == 32
+    assert resolve_prune(4, ["cuda:0"]) == 4 and resolve_prune(None, ["cpu"]) is None
     model = tiny_model("llama").double()
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")
-    assert (auto.prune, off.prune) == (1, None)
+    assert (auto.prune, off.prune) == (2, None)
     start = auto.generate([4, 9, 1, 30], 12).trace[0]
-    assert start["prune"] == 1 and "prune" not in off.generate([4, 9, 1, 30], 12).trace[0]
+    assert start["prune"] == 2 and "prune" not in off.generate([4, 9, 1, 30], 12).trace[0]

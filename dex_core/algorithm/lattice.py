@@ -14,11 +14,15 @@ Vocabulary (the paper's §3.2, lattice expansion and commit–collapse):
   costs K rounds. Exact: y is the final-depth token of the slot under the committed prefix.
 
 The round loop drives it: ``plan_round``, compute, ``insert`` the candidates, ``validate_and_commit`` and
-``collapse`` while ``ready``. Pruning (``plan_round(prune=B)``) starts at most B new slots (position children) per
-round, those whose parent's candidate was the most probable first; the root and depth children are never pruned,
-so every slot that exists finishes its stages. A pruned branch only loses reuse: when the matched stage's
-position child was pruned, the next anchor starts from scratch, as after a miss. Which B pays depends on the
-device (``runtime.settings.resolve_prune``). Draft chains (the token axis) are planned beside the lattice by a
+``collapse`` while ``ready``. A row budget (``plan_round(budget=B)``, the ``prune`` option) keeps at most B rows at
+stage 0 a round (``trim``): the root, then the new slots most likely to be reused, by ``Slot.score`` (the product
+of the candidates' probabilities along the path from the anchor; a draft chain's slot takes the chains' measured
+acceptance in place of a probability). Depth children are never trimmed, so every slot that exists finishes its
+stages, and since a stage's rows this round were the stage before's last round, no stage runs more than B rows.
+A branch left out only loses reuse: when the matched stage's position child was trimmed, the next anchor starts
+from scratch, as after a miss. Which B pays depends on the device (``runtime.settings.resolve_prune``). Slots
+keep their children (``Slot.children``), so cutting a chain and collapsing touch only the subtrees involved.
+Draft chains (the token axis) are planned beside the lattice by a
 ``chains.ChainPlanner``, which it calls while it plans, inserts and commits.
 """
 
@@ -46,6 +50,10 @@ class Slot:
     nodes: list[int] = field(default_factory=list)  # node id per computed stage
     drafted: bool = False  # a chain slot: its input token was looked up, not proposed
     chain_child: int | None = None  # the next slot of this slot's chain
+    score: float = (
+        1.0  # the probability that this slot is reused, relative to the anchor's (``Lattice.trim``)
+    )
+    children: list[int] = field(default_factory=list)  # the slots whose parent this is
 
 
 @dataclass
@@ -147,37 +155,49 @@ class Lattice:
         """True when the anchor reached the final stage and its token can be committed."""
         return self.state == self.K
 
-    def plan_round(self, prune: int | None = None) -> RoundPlan:
-        """Materialize the queued children as this round's nodes, grouped by stage; with ``prune``, at most that
-        many position children (the most probable parent candidates first); then the round's draft chains."""
+    def plan_round(self, budget: int | None = None) -> RoundPlan:
+        """Materialize the queued children as this round's nodes, grouped by stage, then the round's draft chains;
+        with ``budget``, at most that many rows at stage 0 (``trim``), hence at every stage."""
         if self.ready():
             raise RuntimeError("the anchor is complete: commit before planning another round")
         state_before = self.state
         self.rounds += 1
         extensions = self.chains.extensions(self) if self.chains else []
-        pruned = self._prune(prune)
-        batches: list[list[Node]] = [[] for _ in range(self.K)]
         new = [self._materialize(child) for child in self.children]
-        for node in new:
-            batches[node.stage].append(node)
         self.children = []
         chains = self.chains.grow(self, extensions, new) if self.chains else []
-        for chain in chains:
-            batches[0] += chain
-            new += chain
-        self._latest = new
-        return RoundPlan(self.rounds, state_before, batches, pruned, [[n.id for n in c] for c in chains])
+        new += [n for chain in chains for n in chain]
+        pruned = self.trim(new, budget) if budget is not None else []
+        batches: list[list[Node]] = [[] for _ in range(self.K)]
+        for node in new:
+            if node.id in self.nodes:
+                batches[node.stage].append(node)
+        self._latest = [n for n in new if n.id in self.nodes]
+        chains = [[n.id for n in chain if n.id in self.nodes] for chain in chains]
+        return RoundPlan(self.rounds, state_before, batches, pruned, [c for c in chains if c])
 
-    def _prune(self, prune: int | None) -> list[int]:
-        """Drop all but ``prune`` queued position children, the most probable parent candidates first; the parents
-        of those dropped."""
-        branches = [c for c in self.children if c.kind == "position"]
-        if prune is None or len(branches) <= prune:
+    def trim(self, new: list[Node], budget: int) -> list[int]:
+        """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the slots most likely to be reused
+        (``Slot.score``: the product of the candidates' probabilities along the path from the anchor, a chain slot
+        the chains' acceptance so far in place of a probability; 0 for a twin of a branch that a shallower stage
+        of the same slot started with the same token, which the commit never picks). A chain slot scores below the
+        slot before it, so no kept slot loses its parent. Returns the nodes whose position child was not started."""
+        heads = [n for n in new if n.stage == 0]
+        if len(heads) <= budget:
             return []
-        ranked = sorted(branches, key=lambda c: (-self.nodes[c.parent].prob, c.parent))
-        cut = {id(c) for c in ranked[prune:]}
-        self.children = [c for c in self.children if id(c) not in cut]
-        return sorted(c.parent for c in ranked[prune:])
+        ranked = sorted(heads, key=lambda n: (n.kind != "root", -self.slots[n.slot].score, n.id))
+        pruned = []
+        for node in sorted(ranked[budget:], key=lambda n: -n.id):  # a chain's deeper slots first
+            slot = self.slots.pop(node.slot)
+            del self.nodes[node.id]
+            parent = self.slots[slot.parent]
+            parent.children.remove(slot.id)
+            if slot.drafted:
+                parent.chain_child = None
+            else:
+                self.nodes[node.parent].position_child = None
+                pruned.append(node.parent)
+        return sorted(pruned)
 
     def _new_node(self, slot: int, stage: int, kind: NodeKind, parent: int | None) -> Node:
         s = self.slots[slot]
@@ -187,9 +207,16 @@ class Lattice:
         self.nodes[node.id] = node
         return node
 
-    def _new_slot(self, position: int, token: int, parent: int | None, drafted: bool = False) -> Slot:
-        path = () if parent is None else self.slots[parent].path
+    def _new_slot(
+        self, position: int, token: int, parent: int | None, drafted: bool = False, odds: float = 1.0
+    ) -> Slot:
+        """A slot under ``parent`` (None: a root); ``odds``: the chance its input is right, given its parent's."""
+        above = None if parent is None else self.slots[parent]
+        path = () if above is None else above.path
         slot = Slot(self._next_slot, position, token, parent, path + (self._next_slot,), drafted=drafted)
+        if above is not None:
+            slot.score = above.score * odds
+            above.children.append(slot.id)
         self.slots[slot.id] = slot
         self._next_slot += 1
         return slot
@@ -203,14 +230,20 @@ class Lattice:
             self.anchor = slot.id
         else:
             parent = self.nodes[child.parent]
-            slot = self._new_slot(self.slots[parent.slot].position + 1, parent.token, parent.slot)
+            above = self.slots[parent.slot]
+            twin = any(self.slots[c].input_token == parent.token for c in above.children)
+            # a twin of a branch a shallower stage of the same slot started is never reused (first_match)
+            slot = self._new_slot(
+                above.position + 1, parent.token, parent.slot, odds=0.0 if twin else parent.prob
+            )
             parent.position_child = self._next_node
         return self._new_node(slot.id, 0, child.kind, child.parent)
 
     def add_chain_slot(self, parent: Node, token: int) -> Node:
         """A chain slot with looked-up input ``token`` after ``parent``'s slot, and its stage-0 node."""
         pslot = self.slots[parent.slot]
-        slot = self._new_slot(pslot.position + 1, token, pslot.id, drafted=True)
+        odds = self.chains.acceptance() if self.chains else 1.0
+        slot = self._new_slot(pslot.position + 1, token, pslot.id, drafted=True, odds=odds)
         pslot.chain_child = slot.id
         return self._new_node(slot.id, 0, "chain", parent.id)
 
@@ -242,14 +275,24 @@ class Lattice:
 
     def cut_chain(self, slot_id: int) -> None:
         """Drop chain slot ``slot_id`` and every slot under it (called before their children are queued)."""
-        gone = {s.id for s in self.slots.values() if slot_id in s.path}
-        self.slots[self.slots[slot_id].parent].chain_child = None
-        nodes = sorted(n.id for n in self.nodes.values() if n.slot in gone)
+        gone = self._subtree(slot_id)
+        parent = self.slots[self.slots[slot_id].parent]
+        parent.chain_child = None
+        parent.children.remove(slot_id)
+        nodes = sorted(n for s in gone for n in self.slots[s].nodes)
         self.cut += nodes
         for n in nodes:
             del self.nodes[n]
         for s in gone:
             del self.slots[s]
+
+    def _subtree(self, slot_id: int) -> list[int]:
+        """``slot_id`` and every slot under it, by the children lists (linear in the subtree)."""
+        out, todo = [], [slot_id]
+        while todo:
+            out.append(todo.pop())
+            todo += self.slots[out[-1]].children
+        return out
 
     def validate_and_commit(self) -> Commit:
         """Commit the anchor's final-stage token y; the branch that survives is the anchor's chain slot fed y, else
@@ -277,11 +320,12 @@ class Lattice:
 
     def collapse(self, commit: Commit) -> Collapse:
         """Keep the next anchor's subtree (its slots' nodes, re-rooted there) and drop every other node."""
-        if self.chains:
-            self.chains.committed(commit.token)
         root = None if commit.next_anchor is None else self.nodes[commit.next_anchor].slot
-        kept_slots = {s.id for s in self.slots.values() if root is not None and root in s.path}
-        kept = sorted(n.id for n in self.nodes.values() if n.slot in kept_slots)
+        kept_slots = set() if root is None else set(self._subtree(root))
+        if self.chains:
+            child = self.slots.get(self.slots[commit.anchor_slot].chain_child)
+            self.chains.committed(commit.token, None if child is None else child.input_token)
+        kept = sorted(n for s in kept_slots for n in self.slots[s].nodes)
         dropped = sorted(
             n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot
         )
@@ -293,6 +337,8 @@ class Lattice:
         else:
             self.anchor = root
             self.children = [c for c in self.children if c.parent in self.nodes]
+            base = self.slots[root].score or 1.0  # scores stay relative to the anchor's
             for slot in self.slots.values():
                 slot.path = slot.path[slot.path.index(root) :]
+                slot.score /= base
         return Collapse(kept=kept, dropped=dropped, kept_slots=kept_slots, state_after=self.state)

@@ -262,6 +262,16 @@ def interpolate(table: dict, rows: int) -> float:
     return sb + (sb - sa) * (rows - b) / (b - a)
 
 
+def row_budget(profile: dict, layers: float, slack: float = 0.10) -> int:
+    """The most rows (of ``ROWS``) a non-final stage of ``layers`` layers runs for at most ``slack`` over one row's
+    time on ``profile``'s device (layers x layer(n) + the light head(n)): ``prune="auto"``'s rule."""
+
+    def stage(n):
+        return layers * profile["layer"][n] + profile["proposal"][n]
+
+    return max(n for n in sorted(profile["layer"]) if stage(n) <= (1 + slack) * stage(1))
+
+
 def exchange_seconds(profile: dict, batch_sizes) -> float:
     """A round's communication on K devices: the largest batch's rows sent, and the candidates gathered."""
     return interpolate(profile["exchange"], max(1, max(batch_sizes)))

@@ -29,7 +29,7 @@ class RunSettings:
     depth_choice: str  # how it was chosen (config.DEPTH_CHOICES)
     adapters: AdapterSet  # inducing adapters at non-final depths
     shortlist: tuple[int, ...] | None  # the light proposal heads' token ids (None: full heads)
-    prune: int | None  # new branches per round at most (None: unpruned)
+    prune: int | None  # the lattice's row budget: rows per stage a round at most (None: unbounded)
     draft: DraftBounds | None  # draft chains' bounds (None: off)
     decs: bool  # depth-coupled sampling
     trace_top: int  # top candidates recorded per lattice node
@@ -77,12 +77,20 @@ def resolve_run(
     )
 
 
+# ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
+# CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
+# accelerators: a roofline projection for a 70B layer in bfloat16 on an H100 (weight reads dominate up to a few
+# hundred rows) until the GPU check measures it (benchmarks/gpu_check.py reports the rule on its real-size shapes).
+AUTO_ROWS = {"cpu": 2, "accelerator": 32}
+
+
 def resolve_prune(prune, device_types) -> int | None:
-    """The bound a decoder uses for option ``prune``: 'auto' is 1 when every explorer runs on CPU and off
-    (None) on accelerators; a number or None is taken as given."""
+    """The row budget a decoder uses for option ``prune``: 'auto' is ``AUTO_ROWS`` of the devices (the CPU's
+    when every explorer runs on one); a number or None (unbounded) is taken as given."""
     if prune != "auto":
         return prune
-    return 1 if all(str(t).split(":")[0] == "cpu" for t in device_types) else None
+    cpu = all(str(t).split(":")[0] == "cpu" for t in device_types)
+    return AUTO_ROWS["cpu" if cpu else "accelerator"]
 
 
 def shortlist_ids(

@@ -9,7 +9,7 @@ A trace is a list of plain JSON-serializable events, in order. Schema version 1:
     ``proposal_vocab`` (DEX only; absent in older traces) the rows of the non-final stages' proposal
     heads, the vocabulary size when they are full; ``depth_choice`` (DEX only) how the depths were
     chosen: "given", "uniform split", or the best set stored with the adapters; ``prune`` (DEX, only
-    when the run pruned) the bound B of new branches per round; ``draft`` (DEX, only with draft chains)
+    when the run had one) its row budget B: rows per stage a round at most; ``draft`` (DEX, only with draft chains)
     their bounds ``{"ngram", "min_ngram", "length", "chains", "rows", "gate"}`` (``DraftBounds``); ``cost`` (DEX)
     the weights of the model's parts in layer-equivalents (``dex_core.model.cost.ModelCost``): ``{"head",
     "adapter", "proposal"}`` (``proposal`` null when the non-final heads are full), so a viewer can count all the work;

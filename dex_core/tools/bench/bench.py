@@ -157,9 +157,9 @@ class BenchConfig:
     )
     prune: tuple[str, ...] = option(
         ("auto",),
-        "DEX lattice pruning bounds to compare, e.g. none,1 ('none' = off; B = "
-        "at most B new branches per round; auto = the library's default: 1 "
-        "on CPU, off on accelerators)",
+        "DEX lattice row budgets to compare, e.g. none,2 ('none' = unbounded; B = "
+        "at most B rows per stage a round, the branches most likely reused first; auto = the library's "
+        "default: 2 on CPU, 32 on accelerators)",
     )
     draft: str = option(
         "none;auto",

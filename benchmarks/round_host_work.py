@@ -1,0 +1,154 @@
+"""Host work per DEX round against K and the lattice's row budget, beside HF ``generate``'s whole token.
+
+    python benchmarks/round_host_work.py --out docs/results/round-host-work.json
+    git worktree add /tmp/dex-head HEAD && python benchmarks/round_host_work.py --baseline /tmp/dex-head
+
+A tiny random Llama of 16 layers, hidden 256 (float32, one torch thread, the sequential schedule) decodes a
+prompt that repeats (so draft chains find drafts) greedily, ``--new`` tokens, draft chains on (``auto``), for each
+K and each ``prune`` (the row budget: ``none``, ``auto``, numbers). Host work per round is all a round does besides
+its stages' layers and heads: the round's time less every explorer's expansion (its ``timings``: token choice,
+DECS masks, planning and inserting, commits, collapses, the trace records, the link). Beside it, HF
+``generate``'s time per token on the same model and prompt (``generate`` of ``--new`` tokens less that of one,
+over ``--new`` - 1: its prefill left out), and the ratio of the two. Per setting, of ``--repeat`` runs the one with
+the least host work (the least disturbed); the first round (after the prefill) is left out. Also reported: rounds
+per token and the most rows any round ran. ``--baseline DIR`` measures the ``dex_core`` of another checkout in a
+child process beside this one (its ``prune`` may mean something else: the baseline's own meaning is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SPANS = ("decode", "masks", "plan", "commit", "collapse", "trace", "communication")
+
+
+def model_and_prompt(seed: int = 0):
+    import torch
+
+    from dex_core.testing import tiny_model
+
+    model = tiny_model(
+        "llama", layers=16, hidden_size=256, intermediate_size=512, num_attention_heads=8,
+        num_key_value_heads=4, vocab=512, seed=seed, max_position_embeddings=1024,
+    ).to(torch.float32)  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    piece = torch.randint(0, 512, (24,), generator=g).tolist()
+    return model, piece * 4
+
+
+def hf_token_seconds(model, prompt: list[int], new: int, repeat: int) -> float:
+    """HF greedy ``generate``'s seconds per token after the first (the least of ``repeat``)."""
+    import torch
+
+    ids = torch.tensor([prompt])
+
+    def timed(n):
+        tic = time.perf_counter()
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n
+        )
+        return time.perf_counter() - tic
+
+    timed(2)  # warm-up
+    return min((timed(new) - timed(1)) / (new - 1) for _ in range(repeat))
+
+
+def dex_run(model, prompt: list[int], new: int, K: int, prune) -> dict:
+    from dex_core import DexDecoder
+
+    decoder = DexDecoder(model, explorers=K, prune=prune, draft="auto", proposal_vocab="full")
+    rounds = [e for e in decoder.stream(prompt, new) if e["event"] == "round"]
+    tokens = sum(len(e.get("commits") or ([e["commit"]] if e["commit"] else [])) for e in rounds)
+    later = rounds[1:]
+    host = [e["timings"]["round"] - sum(e["timings"]["expand"]) for e in later]
+    return {
+        "host": statistics.fmean(host),
+        **{span: statistics.fmean(e["timings"][span] for e in later) for span in SPANS},
+        "rounds_per_token": len(rounds) / max(1, tokens),
+        "most_rows": max(sum(len(b) for b in e["batches"]) for e in rounds),
+        "budget": decoder.prune,
+    }
+
+
+def run(explorers: list[int], prunes: list[str], new: int, repeat: int) -> dict:
+    import torch
+
+    import dex_core
+
+    torch.set_num_threads(1)
+    model, prompt = model_and_prompt()
+    hf = hf_token_seconds(model, prompt, new, repeat)
+    rows = []
+    for K in explorers:
+        for prune in prunes:
+            value = None if prune == "none" else prune if prune == "auto" else int(prune)
+            runs = [dex_run(model, prompt, new, K, value) for _ in range(repeat)]
+            best = min(runs, key=lambda r: r["host"])
+            rows.append({"K": K, "prune": prune, **best, "host/hf_token": best["host"] / hf})
+    source = os.path.dirname(os.path.dirname(os.path.abspath(dex_core.__file__)))
+    return {"source": source, "hf_token_seconds": hf, "new": new, "rows": rows}
+
+
+def table(result: dict, title: str) -> str:
+    head = ["K", "prune", "budget", "most rows", "rounds/tok", "host ms", *SPANS, "host/HF tok"]
+    lines = [
+        f"{title} ({result['source']}): HF generate {result['hf_token_seconds'] * 1e3:.2f} ms a token; per round, ms",
+        "  ".join(f"{h:>11}" for h in head),
+    ]
+    for r in result["rows"]:
+        cells = [r["K"], r["prune"], r["budget"], r["most_rows"], f"{r['rounds_per_token']:.2f}"]
+        cells += [
+            f"{r['host'] * 1e3:.2f}",
+            *(f"{r[s] * 1e3:.2f}" for s in SPANS),
+            f"{r['host/hf_token']:.3f}",
+        ]
+        lines.append("  ".join(f"{c!s:>11}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--explorers", default="2,4,8")
+    parser.add_argument("--prune", default="none,auto,1", help="row budgets, comma-separated")
+    parser.add_argument("--new", type=int, default=48)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline", help="also measure the dex_core of this checkout (before/after)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    results = {}
+    if args.baseline:
+        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--explorers",
+                args.explorers,
+                "--prune",
+                args.prune,
+            ]
+            cmd += ["--new", str(args.new), "--repeat", str(args.repeat), "--out", tmp.name]
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+            with open(tmp.name) as f:
+                results["before"] = json.load(f)["after"]
+        print(table(results["before"], "before"), flush=True)
+    explorers = [int(k) for k in args.explorers.split(",")]
+    results["after"] = run(explorers, args.prune.split(","), args.new, args.repeat)
+    print(table(results["after"], "after" if args.baseline else "this tree"))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
