@@ -28,10 +28,10 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from baseline import measured_in
 
 ENGINE = ("plan", "masks", "commit", "collapse", "trace")
 PARTS = (*ENGINE, "replay", "stream")
@@ -142,25 +142,8 @@ def main(argv=None) -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     results = {}
     if args.baseline:
-        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-            cmd = [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--contexts",
-                args.contexts,
-                "--new",
-                str(args.new),
-                "--explorers",
-                str(args.explorers),
-                "--repeat",
-                str(args.repeat),
-                "--out",
-                tmp.name,
-            ]
-            env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
-            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-            with open(tmp.name) as f:
-                results["before"] = json.load(f)["after"]
+        argv = ["--contexts", args.contexts, "--new", str(args.new), "--explorers", str(args.explorers)]
+        results["before"] = measured_in(args.baseline, __file__, [*argv, "--repeat", str(args.repeat)])
         print(table(results["before"], "before"), flush=True)
     results["after"] = run(contexts, args.new, args.explorers, args.repeat)
     print(table(results["after"], "after" if args.baseline else "this tree"))

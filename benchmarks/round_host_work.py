@@ -21,10 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from baseline import measured_in
 
 SPANS = ("decode", "masks", "plan", "commit", "collapse", "trace", "communication")
 
@@ -126,20 +126,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = {}
     if args.baseline:
-        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-            cmd = [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--explorers",
-                args.explorers,
-                "--prune",
-                args.prune,
-            ]
-            cmd += ["--new", str(args.new), "--repeat", str(args.repeat), "--out", tmp.name]
-            env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
-            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-            with open(tmp.name) as f:
-                results["before"] = json.load(f)["after"]
+        argv = ["--explorers", args.explorers, "--prune", args.prune, "--new", str(args.new)]
+        results["before"] = measured_in(args.baseline, __file__, [*argv, "--repeat", str(args.repeat)])
         print(table(results["before"], "before"), flush=True)
     explorers = [int(k) for k in args.explorers.split(",")]
     results["after"] = run(explorers, args.prune.split(","), args.new, args.repeat)

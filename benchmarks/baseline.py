@@ -1,0 +1,20 @@
+"""``--baseline DIR`` for the benchmark scripts: the same script run in a child process that imports ``dex_core``
+(and ``visualize``) from DIR, a checkout of another revision (e.g. ``git worktree add /tmp/dex-head HEAD``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def measured_in(checkout: str, script: str, argv: list[str]) -> dict:
+    """What ``script`` (run with ``argv`` and ``--out FILE``) wrote under "after", measured on ``checkout``'s code."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
+        command = [sys.executable, os.path.abspath(script), *argv, "--out", tmp.name]
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        with open(tmp.name) as f:
+            return json.load(f)["after"]
