@@ -726,6 +726,7 @@ def long_chain_trace(rounds: int = 3):
         explorers=8,
         tokenizer=tiny_tokenizer(),
         draft="length=30,rows=32,gate=0",
+        prune=32,  # room for chains of 30 rows and a branch or two beside them
     )
     events = []
     for event in decoder.stream([4, 8, 15, 16, 23, 42, 7, 9] * 6, 32):
@@ -756,7 +757,7 @@ def test_a_k8_round_of_30_positions_labels_half_its_nodes_apart_opens_near_the_a
     from visualize.fit import text_px
     from visualize.lattice import FIT_PLOT_PX, MARGIN, TITLE_PX
 
-    trace = long_chain_trace()
+    trace = long_chain_trace(rounds=1)  # a chain of 30 slots beside the root (later rounds add 31 branches on it)
     wide = [
         v for v in replay(trace) if max(n["position"] - v.commit_position for n in v.nodes.values()) >= 29
     ]
