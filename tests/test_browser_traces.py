@@ -132,7 +132,9 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
         box = page.locator("#dbg-lattice .scatterlayer .point").first.bounding_box(timeout=10_000)
         if box:  # hover a node so Plotly draws its hover label (None while the plot redraws)
             page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        plots.append(page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent"))
+        plots.append(
+            page.evaluate("() => document.querySelector('#dbg-lattice .js-plotly-plot').textContent")
+        )
     assert_nothing_ran(page, dialogs)
     assert "<img src=x" in page.evaluate("() => document.querySelector('#dbg-text').innerText")
     assert any(re.search(r"<(scr|img|svg|a h)", plot) for plot in plots)  # markup drawn as text

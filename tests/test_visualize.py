@@ -757,7 +757,9 @@ def test_a_k8_round_of_30_positions_labels_half_its_nodes_apart_opens_near_the_a
     from visualize.fit import text_px
     from visualize.lattice import FIT_PLOT_PX, MARGIN, TITLE_PX
 
-    trace = long_chain_trace(rounds=1)  # a chain of 30 slots beside the root (later rounds add 31 branches on it)
+    trace = long_chain_trace(
+        rounds=1
+    )  # a chain of 30 slots beside the root (later rounds add 31 branches on it)
     wide = [
         v for v in replay(trace) if max(n["position"] - v.commit_position for n in v.nodes.values()) >= 29
     ]
