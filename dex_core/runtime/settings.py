@@ -1,7 +1,7 @@
 """A run's exploration settings, resolved once into one frozen record: ``RunSettings``.
 
 ``DexDecoder`` resolves the options of a run (``DecoderOptions``) against the model here, once: the exploration
-set, the inducing adapters, the light proposal heads' shortlist, the pruning bound for the devices, the draft
+set, the inducing adapters, the light proposal heads' shortlist, the row budget for the devices, the draft
 bounds, DECS and the trace's top candidates, and the dtype. The record is what every schedule runs: the
 sequential one builds its explorers from it, ``ExplorerGroup`` sends it to its explorer processes as it is,
 and ``dex serve``'s rank 0 resolves it and broadcasts it to the other torchrun ranks. Sampling is a request's

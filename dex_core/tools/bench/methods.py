@@ -102,7 +102,7 @@ def _tune_selectors(bench, tune: list) -> dict:
 
 
 def dex_decoders(bench, explorations) -> dict:
-    """One DexDecoder per configuration: (method, depths, adapters used, DECS, pruning bound, draft) -> decoder."""
+    """One DexDecoder per configuration: (method, depths, adapters used, DECS, row budget, draft) -> decoder."""
     cfg, adapters = bench.cfg, bench.adapters
     variants = (
         [(bool(adapters), True)]
