@@ -76,8 +76,9 @@ def generate(
     options = _options(config, len(ids), seed)
     with warnings.catch_warnings():  # the config was read above, setting by setting
         warnings.simplefilter("ignore", GenerationConfigWarning)
-        tokens = _run(DexDecoder(model, **dex), ids, options, stopping_criteria, streamer)
-    sequences = torch.tensor([ids + tokens], dtype=torch.long, device=torch.as_tensor(inputs).device)
+        device = torch.as_tensor(inputs).device  # the prompt's: what generate returns and its criteria read
+        tokens = _run(DexDecoder(model, **dex), ids, options, (stopping_criteria, device), streamer)
+    sequences = torch.tensor([ids + tokens], dtype=torch.long, device=device)
     if not config.return_dict_in_generate:
         return sequences
     from transformers.generation.utils import GenerateDecoderOnlyOutput  # deferred: seconds to import
@@ -128,18 +129,21 @@ def _options(config, prompt: int, seed: int) -> GenerationOptions:
     return GenerationOptions(max_new_tokens=most, seed=seed, eos_token_id=eos, **sample)
 
 
-def _run(decoder: DexDecoder, ids: list[int], options, stopping_criteria, streamer) -> list[int]:
-    """The committed tokens, asking ``stopping_criteria`` after each; ``streamer`` gets them as they come."""
+def _run(decoder: DexDecoder, ids: list[int], options, criteria, streamer) -> list[int]:
+    """The committed tokens, asking the stopping criteria (``criteria``: them and the device of the sequences they
+    read) after each; ``streamer`` gets them as they come, on the host as ``generate`` gives them."""
+    stopping_criteria, device = criteria
     if streamer is not None:
-        streamer.put(torch.tensor([ids]))
+        streamer.put(torch.tensor([ids], device="cpu"))
     tokens, stream = [], decoder.stream(ids, options=options)
     try:
         for event in stream:
             for commit in round_commits(event) if event["event"] == "round" else []:
                 tokens.append(commit["token"])
                 if streamer is not None:
-                    streamer.put(torch.tensor([commit["token"]]))
-                if stopping_criteria and bool(stopping_criteria(torch.tensor([ids + tokens]), None).all()):
+                    streamer.put(torch.tensor([commit["token"]], device="cpu"))
+                sequences = torch.tensor([ids + tokens], device=device) if stopping_criteria else None
+                if stopping_criteria and bool(stopping_criteria(sequences, None).all()):
                     return tokens
     finally:
         stream.close()
