@@ -40,6 +40,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -165,7 +166,7 @@ def weights_label(dtype: str) -> str:
     return "float32 (as loaded)" if dtype == "float32" else f"{dtype} (a copy rounded from float32)"
 
 
-def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
+def speed(model, prompts, Ks, adapters, tokens, dtype: str, prune="auto") -> list[dict]:
     """HF greedy and DEX per K, after one warm-up each, timed on the device's clock; each DEX row keeps its runs'
     rows per explorer per round (``batch_sizes``) for the real-size projection."""
     model = in_dtype(model, dtype)
@@ -181,7 +182,7 @@ def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
     ar_tokens = sum(len(t) for t in hf)
     rows.append({"method": "AR (HF generate)", "tokens_per_second": ar_tokens / ar_seconds, "vs_ar": 1.0})
     for K in Ks:
-        dex = decoder(model, K, adapters)
+        dex = decoder(model, K, adapters, prune=prune)
         results, seconds = timed(lambda p: dex.generate(p, tokens))
         n = sum(len(r.tokens) for r in results)
         projected = sum(r.stats.projected_seconds + r.stats.prefill_seconds for r in results)
@@ -197,6 +198,7 @@ def speed(model, prompts, Ks, adapters, tokens, dtype: str) -> list[dict]:
                 "projected_vs_ar": (n / projected) / (ar_tokens / ar_seconds),
                 "identical_to_ar": [r.tokens for r in results] == hf,
                 "batch_sizes": [b for r in results for b in r.stats.batch_sizes],
+                "host_seconds_per_round": sum(r.stats.bookkeeping_seconds for r in results) / max(1, rounds),
                 "tokens": n,
             }
         )
@@ -212,17 +214,24 @@ def profile(model, repeats: int, rows_counts) -> dict:
     return table
 
 
-def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict:
-    """The real-size shapes timed on ``device`` and DEX-1/K against pipeline AR projected from the speed
-    section's measured rounds (``dex_core.tools.bench.real_size``); ``quick``: shapes scaled down, a shorter context."""
+def real_size(runs: list[dict], device, quick: bool, repeats: int) -> dict:
+    """The real-size shapes timed on ``device`` and DEX-1/K projected against pipeline AR and tensor parallelism
+    from measured runs' rounds (``runs``: speed rows with ``batch_sizes``; ``dex_core.tools.bench.real_size``);
+    ``quick``: shapes scaled down, a shorter context."""
     shapes = {name: scaled(s) if quick else s for name, s in SHAPES.items()}
+    ranks = sorted({len(r["batch_sizes"][0]) for r in runs})
     timed = time_shapes(
-        shapes, device, context=256 if quick else 2048, repeats=repeats, rows=ROWS[:4] if quick else ROWS
+        shapes,
+        device,
+        context=256 if quick else 2048,
+        repeats=repeats,
+        rows=ROWS[:4] if quick else ROWS,
+        ranks=ranks,
     )
     projections = {
         name: [
-            project(timed["tables"][name], shape["layers"], r["batch_sizes"], r["tokens"])
-            for r in speed_rows[1:]
+            project(timed["tables"][name], shape["layers"], r) | {"run": r["method"], "source": r["source"]}
+            for r in runs
         ]
         for name, shape in shapes.items()
     }
@@ -233,9 +242,20 @@ def real_size(speed_rows: list[dict], device, quick: bool, repeats: int) -> dict
         "weights": "bfloat16, random (shapes only)" + (", scaled down for a CPU" if quick else ""),
         "row_budget_k8": budgets,
         "projection": projections,
-        "label": "projection: the speed section's measured rounds (rows per explorer per round) replayed on these "
-        "timings; bookkeeping left out (dex_core/tools/bench/real_size.py)",
+        "label": "projection: measured rounds (rows per explorer per round, host work per round) replayed on these "
+        "timings (formulas: dex_core/tools/bench/real_size.py)",
     }
+
+
+def replayed_runs(report: dict, label: str, others: list[str]) -> list[dict]:
+    """The DEX speed rows of ``report`` and of each earlier report in ``others`` (``--rounds-from``), each named
+    by where its rounds were measured."""
+    runs = [r | {"source": label} for r in report.get("speed", [])[1:]]
+    for path in others:
+        old = json.loads(Path(path).read_text())
+        where = f"{old['model']} on {old['device']}, {old['speed_dtype']} ({Path(path).name})"
+        runs += [r | {"source": where} for r in old["speed"][1:]]
+    return runs
 
 
 def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
@@ -263,25 +283,46 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
 
 
 def markdown(report: dict) -> str:
+    """The report's sections as markdown tables, the failed ones with their errors."""
+    lines = [f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})"]
+    parts = {
+        "exactness": exactness_markdown,
+        "speed": lambda r: speed_markdown(r, report["speed_dtype"]),
+        "profile": profile_markdown,
+        "real_size": lambda r: real_size_markdown(r, report["device"]),
+        "distributed": lambda r: ["", f"distributed: {json.dumps(r)}"],
+    }
+    for name, part in parts.items():
+        if name in report:
+            lines += part(report[name])
+    for name, error in report.get("errors", {}).items():
+        lines += ["", f"section {name} FAILED:", "", "```", error.rstrip(), "```"]
+    return "\n".join(lines)
+
+
+def exactness_markdown(section: dict) -> list[str]:
     lines = [
-        f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})",
         "",
         "| exactness | weights | prompts | DEX = AR ref | DEX = HF | AR ref = HF | certified | worst gap |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in report["exactness"].items():
+    for name, r in section.items():
         hf = ("n/a (sampled)",) * 2 if "sampled" in name else (r["dex_eq_hf"], r["ar_eq_hf"])
         lines.append(
             f"| {name} | {r['weights']} | {r['prompts']} | {r['dex_eq_ar']} | {hf[0]} | {hf[1]} | "
             f"{r['certified']} of {r['tokens']} | {r['worst_gap']:.3g} |"
         )
-    lines += [
+    return lines
+
+
+def speed_markdown(section: list[dict], dtype: str) -> list[str]:
+    lines = [
         "",
-        f"| speed ({weights_label(report['speed_dtype'])}) | tokens/s | vs AR | rounds/token | drafted | projected "
+        f"| speed ({weights_label(dtype)}) | tokens/s | vs AR | rounds/token | drafted | projected "
         "tokens/s (exchange left out) | projected vs AR |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in report["speed"]:
+    for r in section:
         projected = (
             f"{r['projected_tokens_per_second']:.1f} | {r['projected_vs_ar']:.2f}"
             if "projected_vs_ar" in r
@@ -291,58 +332,90 @@ def markdown(report: dict) -> str:
             f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f} | "
             f"{r.get('rounds_per_token', 1.0):.2f} | {r.get('drafted_share', 0.0):.0%} | {projected} |"
         )
-    names = list(next(iter(report["profile"].values())))
-    lines += [
+    return lines
+
+
+def profile_markdown(section: dict) -> list[str]:
+    names = list(next(iter(section.values())))
+    lines = [
         "",
         f"profile of this model ({weights_label('float32')}):",
         "",
         "| rows | " + " | ".join(f"{n} (ms)" for n in names) + " |",
         "|---" * (len(names) + 1) + "|",
     ]
-    for n, r in report["profile"].items():
+    for n, r in section.items():
         lines.append(f"| {n} | " + " | ".join(f"{1000 * r[k]:.3f}" for k in names) + " |")
-    lines += real_size_markdown(report["real_size"], report["device"])
-    lines += ["", f"distributed: {json.dumps(report['distributed'])}"]
-    return "\n".join(lines)
+    return lines
 
 
 def real_size_markdown(section: dict, device: str) -> list[str]:
-    """The real-size timings (ms at 1 row, and the layer at 64) and the projection, labelled as one."""
+    """The real-size timings (ms at 1 row, and the layer at the most rows) and the projection, labelled as one."""
     where = " — on a CPU: not yet measured on a GPU" if device.startswith("cpu") else ""
     big = max(section["rows"])
     lines = [
         "",
-        f"real size ({section['weights']}; context {section['context']} tokens; exchange {section['link']}){where}:",
+        f"real size ({section['weights']}; context {section['context']} tokens){where}:",
         "",
-        f"| shape | layer 1 row (ms) | layer {big} rows | head 1 | light head 1 | adapter 1 | exchange 1 |",
-        "|---|---|---|---|---|---|---|",
+        f"| shape | layer 1 row (ms) | layer {big} rows | head 1 | light head 1 | adapter 1 | "
+        + " | ".join(f"TP={T} layer shard 1" for T in section["ranks"])
+        + " | links (exchange 1 row / p2p / all-reduce, ms) |",
+        "|---" * (7 + len(section["ranks"])) + "|",
     ]
     for name, t in section["tables"].items():
         ms = [
             1000 * t[k][n]
             for k, n in (("layer", 1), ("layer", big), ("head", 1), ("proposal", 1), ("adapter", 1))
         ]
-        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in [*ms, 1000 * t["exchange"][1]]) + " |")
+        ms += [1000 * t["tp"][T]["layer"] for T in section["ranks"]]
+        links = "; ".join(
+            f"{W} ranks ({v['backend']}): {1000 * v['exchange'][1]:.3f} / {1000 * v['p2p']:.3f} / "
+            f"{1000 * v['all_reduce']:.3f}"
+            for W, v in t["links"].items()
+        )
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in ms) + f" | {links} |")
     budgets = ", ".join(f"{name} {b}" for name, b in section["row_budget_k8"].items())
     lines += [
         "",
         f"row budget (prune=auto's rule: the most rows a K = 8 stage runs for at most 10% over one row): {budgets}",
         "",
-        f"{section['label']}:",
+        f"{section['label']}; ms per token, compute + host + link:",
         "",
-        "| shape | K | DEX-1/K ms/token | pipeline AR ms/token | speedup |",
+        "| shape | rounds of | K | widest stage | DEX-1/K | pipeline AR | TP=K | DEX vs AR | DEX vs TP | "
+        "vs AR, vs TP (compute only) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    lines.append("|---|---|---|---|---|")
     for name, rows in section["projection"].items():
         for p in rows:
-            lines.append(
-                f"| {name} | {p['K']} | {1000 * p['dex_seconds_per_token']:.2f} | "
-                f"{1000 * p['pipeline_ar_seconds_per_token']:.2f} | {p['speedup']:.2f} |"
-            )
+            lines.append(projection_line(name, p))
     return lines
 
 
-def main(argv=None) -> int:
+def projection_line(name: str, p: dict) -> str:
+    """One projection row: each method's terms in ms per token and DEX's speedups."""
+
+    def terms(t):
+        parts = " + ".join(f"{1000 * t[k]:.2f}" for k in ("compute", "host", "link") if k in t)
+        return f"{1000 * t['total']:.2f} ({parts})"
+
+    if p["dex"] is None:
+        dex = speedups = "not projected: a round ran more rows than measured"
+    else:
+        dex = terms(p["dex"])
+        speedups = (
+            f"{p['speedup_over_pipeline_ar']:.2f} | {p['speedup_over_tensor_parallel']:.2f} | "
+            f"{p['speedup_over_pipeline_ar_compute_only']:.2f}, {p['speedup_over_tensor_parallel_compute_only']:.2f}"
+        )
+    return (
+        f"| {name} | {p['run']} ({p['source']}) | {p['K']} | {p['widest_stage_rows']} | {dex} | "
+        f"{terms(p['pipeline_ar'])} | {terms(p['tensor_parallel'])} | {speedups} |"
+    )
+
+
+SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed")
+
+
+def arguments(argv):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -357,49 +430,102 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--explorers", default="2,4,8", help="values of K")
     parser.add_argument(
+        "--prune", default="auto", help="the speed section's row budget: auto, a number, none"
+    )
+    parser.add_argument(
         "--speed-dtype",
         default=None,
         help="dtype of the speed section (default: bfloat16 on CUDA, float32 on the CPU)",
     )
     parser.add_argument("--repeats", type=int, default=20, help="profile repeats per block")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help="which sections to run, comma-separated"
+    )
+    parser.add_argument(
+        "--rounds-from",
+        action="append",
+        default=[],
+        help="an earlier report (--out) whose speed rows' rounds the real-size section replays too (a GPU machine "
+        "that cannot fetch the default model replays its rounds measured elsewhere)",
+    )
     parser.add_argument("--out")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
-    exact_float32_matmuls()  # once per process: float32 stays float32 (dex_core/device.py)
     args.explorers = [int(k) for k in args.explorers.split(",")]
+    args.prune = None if args.prune == "none" else args.prune if args.prune == "auto" else int(args.prune)
+    args.sections = args.sections.split(",")
+    if unknown := set(args.sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}; the sections are {', '.join(SECTIONS)}")
     if args.quick:
         args.prompts, args.max_new_tokens, args.explorers, args.repeats = 2, 8, [2, 3], 2
+    return args
+
+
+def run_sections(args, report: dict, model, prompts, adapters, device, save) -> None:
+    """Each asked-for section into ``report``, saved after each; a section that fails is recorded (its error's
+    last lines) and the next one runs, so that one broken section on a lent GPU loses nothing else."""
+    K = max(args.explorers)
+    work = {
+        "exactness": lambda: exactness(model, prompts, K, adapters, args.max_new_tokens),
+        "speed": lambda: speed(
+            model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"], args.prune
+        ),
+        "profile": lambda: profile(model, args.repeats, ROWS[:3] if args.quick else ROWS),
+        "real_size": lambda: real_size(
+            replayed_runs(report, f"{report['model']} here", args.rounds_from),
+            device,
+            args.quick,
+            args.repeats,
+        ),
+        "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
+    }
+    for name in args.sections:  # in the order asked
+        tic = time.perf_counter()
+        try:
+            report[name] = work[name]()
+        except Exception:  # noqa: BLE001 - recorded in the report, which says the check failed
+            report.setdefault("errors", {})[name] = traceback.format_exc(limit=-6)
+        report.setdefault("section_seconds", {})[name] = time.perf_counter() - tic
+        save()
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    exact_float32_matmuls()  # once per process: float32 stays float32 (dex_core/device.py)
     device = resolve_device(args.device)
     tic = time.perf_counter()
+    report = {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "model": "tiny random" if args.quick else args.model,
+        "torch": torch.__version__,
+        "speed_dtype": args.speed_dtype or ("bfloat16" if device.type == "cuda" else "float32"),
+        "max_new_tokens": args.max_new_tokens,
+        "explorers": args.explorers,
+        "prune": args.prune,
+    }
+
+    def save():
+        report["seconds"] = time.perf_counter() - tic
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="dex-gpu-check-") as folder:
         model, prompts, adapters = setup(args, device, Path(folder))
-        report = {
-            "device": torch.cuda.get_device_name(device)
-            if device.type == "cuda"
-            else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-            "model": "tiny random" if args.quick else args.model,
-            "torch": torch.__version__,
-            "speed_dtype": args.speed_dtype or ("bfloat16" if device.type == "cuda" else "float32"),
-            "max_new_tokens": args.max_new_tokens,
-            "explorers": args.explorers,
-        }
-        report["exactness"] = exactness(model, prompts, max(args.explorers), adapters, args.max_new_tokens)
-        report["speed"] = speed(
-            model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"]
-        )
-        report["profile"] = profile(model, args.repeats, ROWS[:3] if args.quick else ROWS)
-        report["real_size"] = real_size(report["speed"], device, args.quick, args.repeats)
-        report["distributed"] = distributed(model, prompts, adapters, args.max_new_tokens, args.quick)
-    report["seconds"] = time.perf_counter() - tic
+        run_sections(args, report, model, prompts, adapters, device, save)
     text = markdown(report)
     print(text)
-    for path, content in ((args.out, json.dumps(report, indent=1)), (args.markdown, text + "\n")):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(content)
-    ok = all(r["certified"] == r["tokens"] for r in report["exactness"].values()) and report["exactness"][
-        "float32 greedy"
-    ]["dex_eq_ar"] == len(prompts)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text + "\n")
+    exact = report.get("exactness")
+    ok = "errors" not in report and (
+        exact is None
+        or all(r["certified"] == r["tokens"] for r in exact.values())
+        and exact["float32 greedy"]["dex_eq_ar"] == len(prompts)
+    )
     return 0 if ok else 1
 
 

@@ -196,7 +196,7 @@ class DecoderOptions:
         "auto",
         "the lattice's row budget: at most this many rows per stage a round, the "
         "branches most likely to be reused first (exact: a branch left out only "
-        "loses reuse); auto: the device's (2 on CPU, 32 on accelerators); none: unbounded",
+        "loses reuse); auto: the device's (2 on CPU, 64 on accelerators); none: unbounded",
         kind=str,
     )
     draft: str | DraftBounds | None = option(

@@ -246,22 +246,3 @@ def test_a_runs_cost_read_from_its_trace_is_the_decoders_own_count_and_a_trace_w
         ar=6.0,
         whole=False,
     )
-
-
-def test_the_real_size_projection_replays_measured_rounds_on_the_stage_timings():
-    """dex_core/tools/bench/real_size.py: each round lasts its slowest explorer (L/K layers, its head, an adapter off
-    the final stage) plus the exchange of its largest batch; pipeline AR walks all L layers, the head and K - 1 hops."""
-    from dex_core.tools.bench.real_size import project
-
-    tables = {
-        "layer": {1: 1.0, 2: 1.5},
-        "head": {1: 4.0, 2: 5.0},
-        "proposal": {1: 2.0, 2: 2.5},
-        "adapter": {1: 0.5, 2: 0.75},
-        "exchange": {1: 0.25, 2: 0.5},
-    }
-    got = project(tables, 8, [[1, 0], [1, 1], [2, 1]], tokens=2)
-    # rounds: max(4 + 2 + 0.5, 0) + 0.25; max(6.5, 4 + 4) + 0.25; max(4 * 1.5 + 2.5 + 0.75, 8) + 0.5
-    assert got["dex_seconds_per_token"] == (6.75 + 8.25 + 9.75) / 2
-    assert got["pipeline_ar_seconds_per_token"] == 8 * 1.0 + 4.0 + 0.25
-    assert got["K"] == 2 and got["speedup"] == 12.25 / 12.375

@@ -42,22 +42,89 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     printed = capsys.readouterr().out
     assert "| bfloat16 greedy | bfloat16 (a copy rounded from float32) | 2 |" in printed
     real = report["real_size"]
-    assert set(real["tables"]) == {"Llama-2-70B", "CodeLlama-34B", "Qwen3-32B"}
+    assert set(real["tables"]) == {"Llama-2-70B", "CodeLlama-34B", "Qwen3-32B"} and real["ranks"] == [2, 3]
     for tables in real["tables"].values():
-        assert set(tables) == {"layer", "head", "proposal", "adapter", "exchange"}
-        assert all(sorted(map(int, t)) == [1, 2, 4, 8] and min(t.values()) > 0 for t in tables.values())
+        assert set(tables) == {"layer", "head", "proposal", "adapter", "tp", "links"}
+        for name in ("layer", "head", "proposal", "adapter"):
+            assert sorted(map(int, tables[name])) == [1, 2, 4, 8] and min(tables[name].values()) > 0
+        for W in ("2", "3"):  # the links timed among 2 and 3 gloo processes, the tensor-parallel shards
+            link = tables["links"][W]
+            assert link["ranks"] == int(W) and link["backend"] == "gloo" and link["p2p"] > 0
+            assert link["all_reduce"] > 0 and sorted(map(int, link["exchange"])) == [1, 2, 4, 8]
+            assert tables["tp"][W]["layer"] > 0 and tables["tp"][W]["head"] > 0
     for name, layers in (("Llama-2-70B", 80), ("CodeLlama-34B", 48), ("Qwen3-32B", 64)):
         rows = real["projection"][name]
-        assert [p["K"] for p in rows] == [2, 3]
+        assert [p["K"] for p in rows] == [2, 3] and all(p["source"] == "tiny random here" for p in rows)
         t = real["tables"][name]
         stage = {n: layers / 8 * t["layer"][n] + t["proposal"][n] for n in t["layer"]}  # a K = 8 stage
         assert real["row_budget_k8"][name] == max(int(n) for n, s in stage.items() if s <= 1.1 * stage["1"])
-        for p in rows:  # pipeline AR: every layer and the head at one row, K - 1 hops
-            ar = layers * t["layer"]["1"] + t["head"]["1"] + (p["K"] - 1) * t["exchange"]["1"]
-            assert abs(p["pipeline_ar_seconds_per_token"] - ar) < 1e-12
-            assert p["speedup"] == p["pipeline_ar_seconds_per_token"] / p["dex_seconds_per_token"]
+        for p, run in zip(
+            rows, report["speed"][1:]
+        ):  # the formulas on the measured tables (module docstring)
+            K = str(p["K"])
+            link, tp = t["links"][K], t["tp"][K]
+            assert p["pipeline_ar"]["total"] == pytest.approx(
+                layers * t["layer"]["1"] + t["head"]["1"] + (p["K"] - 1) * link["p2p"]
+            )
+            assert p["tensor_parallel"]["total"] == pytest.approx(
+                layers * tp["layer"] + tp["head"] + (2 * layers + 1) * link["all_reduce"]
+            )
+            rounds = len(run["batch_sizes"])
+            assert p["dex"]["host"] == pytest.approx(run["host_seconds_per_round"] * rounds / run["tokens"])
+            assert run["host_seconds_per_round"] > 0 and p["widest_stage_rows"] <= 8
+            assert p["speedup_over_pipeline_ar"] == pytest.approx(
+                p["pipeline_ar"]["total"] / p["dex"]["total"]
+            )
     assert (
         "not yet measured on a GPU" in printed
-        and "projection: the speed section's measured rounds" in printed
+        and "projection: measured rounds" in printed
         and "row budget (prune=auto's rule" in printed
+        and "FAILED" not in printed
     )
+
+
+def test_the_projection_adds_every_term_as_its_formula_says():
+    from dex_core.tools.bench.real_size import project
+
+    tables = {  # seconds, made up so that each term can be computed by hand
+        "layer": {1: 1.0, 2: 2.0, 4: 3.0},
+        "head": {1: 10.0, 2: 11.0, 4: 12.0},
+        "proposal": {1: 0.5, 2: 0.6, 4: 0.8},
+        "adapter": {1: 0.1, 2: 0.2, 4: 0.3},
+        "tp": {2: {"layer": 0.6, "head": 5.0}},
+        "links": {2: {"exchange": {1: 0.05, 2: 0.06, 4: 0.08}, "p2p": 0.02, "all_reduce": 0.03}},
+    }
+    run = {"batch_sizes": [[2, 1], [4, 3]], "tokens": 2, "host_seconds_per_round": 0.25}
+    got = project(tables, 4, run)  # 4 layers on K = 2 explorers: 2 each
+    # round 1: stage 0 = 2 x 2.0 + 0.6 + 0.2 = 4.8, stage 1 = 2 x 1.0 + 10 = 12 -> 12
+    # round 2: stage 0 = 2 x 3.0 + 0.8 + 0.3 = 7.1, stage 1 = 2 x 2.5 + 11.5 = 16.5 (3 rows: between 2 and 4)
+    assert got["dex"]["compute"] == pytest.approx((12 + 16.5) / 2)
+    assert got["dex"]["host"] == pytest.approx(0.25 * 2 / 2)
+    assert got["dex"]["link"] == pytest.approx((0.06 + 0.08) / 2)  # each round's widest stage's rows
+    assert got["dex"]["total"] == pytest.approx(14.25 + 0.25 + 0.07)
+    assert got["pipeline_ar"] == pytest.approx({"compute": 4 * 1.0 + 10.0, "link": 1 * 0.02, "total": 14.02})
+    assert got["tensor_parallel"] == pytest.approx(
+        {"compute": 4 * 0.6 + 5.0, "link": (2 * 4 + 1) * 0.03, "total": 7.67}
+    )
+    assert got["speedup_over_pipeline_ar"] == pytest.approx(14.02 / 14.57)
+    assert got["speedup_over_tensor_parallel"] == pytest.approx(7.67 / 14.57)
+    assert got["speedup_over_tensor_parallel_compute_only"] == pytest.approx(7.4 / 14.25)
+    assert got["widest_stage_rows"] == 4
+    wide = project(tables, 4, run | {"batch_sizes": [[5, 1]]})  # past the measured rows: not extrapolated
+    assert wide["dex"] is None and "speedup_over_pipeline_ar" not in wide
+    assert wide["pipeline_ar"]["total"] == pytest.approx(14.02)
+
+
+def test_a_tensor_parallel_shard_divides_heads_width_and_vocabulary():
+    from dex_core.tools.bench.real_size import SHAPES, shard
+
+    llama = shard(SHAPES["Llama-2-70B"], 8)
+    assert (llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"]) == (8, 1, 128)
+    assert (llama["intermediate_size"], llama["vocab_size"], llama["hidden_size"]) == (3584, 4000, 8192)
+    qwen = shard(SHAPES["Qwen3-32B"], 3)  # rounded up: the largest shard sets the pace
+    assert (qwen["num_attention_heads"], qwen["num_key_value_heads"], qwen["intermediate_size"]) == (
+        24,
+        3,
+        8534,
+    )
+    assert qwen["vocab_size"] == 50646 and qwen["head_dim"] == 128

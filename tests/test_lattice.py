@@ -189,7 +189,7 @@ def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace():
     from dex_core.testing import tiny_model
 
     assert resolve_prune("auto", ["cpu", "cpu"]) == AUTO_ROWS["cpu"] == 2
-    assert resolve_prune("auto", ["cuda:0", "cuda:1"]) == resolve_prune("auto", ["cpu", "cuda:1"]) == 32
+    assert resolve_prune("auto", ["cuda:0", "cuda:1"]) == resolve_prune("auto", ["cpu", "cuda:1"]) == 64
     assert resolve_prune(4, ["cuda:0"]) == 4 and resolve_prune(None, ["cpu"]) is None
     model = tiny_model("llama").double()
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")

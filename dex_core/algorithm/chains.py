@@ -31,9 +31,6 @@ class ChainPlanner:
         self.bounds, self.stop = bounds, stop_position
         self.lookup = PromptLookup(list(context), bounds.ngram)
         self.room = 0  # chain rows still free this round
-        self.accepted = self.rejected = (
-            0  # chain slots committed / dropped (cut, or gone at a collapse) so far
-        )
 
     def extensions(self, lattice) -> list[tuple]:
         """At the start of a round: the chains whose last slot still finds a draft (at most ``chains``, shallowest
@@ -115,16 +112,6 @@ class ChainPlanner:
         child = lattice.slots.get(anchor.chain_child)
         return child.nodes[0] if child is not None and child.input_token == token else None
 
-    def acceptance(self) -> float:
-        """The chance that a chain slot's input is right once the slot before it commits, as measured so far (the
-        commits whose slot had a chain slot after it; add-one smoothed, so below 1): a row budget ranks chain
-        slots by it."""
-        return (self.accepted + 1) / (self.accepted + self.rejected + 2)
-
-    def committed(self, token: int, drafted_next: int | None = None) -> None:
-        """``token`` was committed; ``drafted_next``: the input of the chain slot after the committed one (None:
-        there was none), right when it is ``token``."""
+    def committed(self, token: int) -> None:
+        """``token`` was committed: the lookup's context grows by it."""
         self.lookup.extend(token)
-        if drafted_next is not None:
-            self.accepted += drafted_next == token
-            self.rejected += drafted_next != token

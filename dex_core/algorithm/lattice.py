@@ -16,8 +16,10 @@ Vocabulary (the paper's §3.2, lattice expansion and commit–collapse):
 The round loop drives it: ``plan_round``, compute, ``insert`` the candidates, ``validate_and_commit`` and
 ``collapse`` while ``ready``. A row budget (``plan_round(budget=B)``, the ``prune`` option) keeps at most B rows at
 stage 0 a round (``trim``): the root, then the new slots most likely to be reused, by ``Slot.score`` (the product
-of the candidates' probabilities along the path from the anchor; a draft chain's slot takes the chains' measured
-acceptance in place of a probability). Depth children are never trimmed, so every slot that exists finishes its
+of the candidates' probabilities along the path from the anchor; a draft chain's slot scores as the slot before
+it: a chain that copies the context goes on copying, so given its predecessor it is about as likely reused, and
+ranked below that acceptance's average, chain rows lost to depth branches that are reused less often — measured in
+docs/BENCHMARKS.md, "The row budget by reuse"). Depth children are never trimmed, so every slot that exists finishes its
 stages, and since a stage's rows this round were the stage before's last round, no stage runs more than B rows.
 A branch left out only loses reuse: when the matched stage's position child was trimmed, the next anchor starts
 from scratch, as after a miss. Which B pays depends on the device (``runtime.settings.resolve_prune``). Slots
@@ -179,9 +181,9 @@ class Lattice:
     def trim(self, new: list[Node], budget: int) -> list[int]:
         """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the slots most likely to be reused
         (``Slot.score``: the product of the candidates' probabilities along the path from the anchor, a chain slot
-        the chains' acceptance so far in place of a probability; 0 for a twin of a branch that a shallower stage
-        of the same slot started with the same token, which the commit never picks). A chain slot scores below the
-        slot before it, so no kept slot loses its parent. Returns the nodes whose position child was not started."""
+        its predecessor's; 0 for a twin of a branch that a shallower stage of the same slot started with the same
+        token, which the commit never picks). A slot scores at most its parent's and ties go to the older node, so
+        no kept slot loses its parent. Returns the nodes whose position child was not started."""
         heads = [n for n in new if n.stage == 0]
         if len(heads) <= budget:
             return []
@@ -242,8 +244,9 @@ class Lattice:
     def add_chain_slot(self, parent: Node, token: int) -> Node:
         """A chain slot with looked-up input ``token`` after ``parent``'s slot, and its stage-0 node."""
         pslot = self.slots[parent.slot]
-        odds = self.chains.acceptance() if self.chains else 1.0
-        slot = self._new_slot(pslot.position + 1, token, pslot.id, drafted=True, odds=odds)
+        slot = self._new_slot(
+            pslot.position + 1, token, pslot.id, drafted=True
+        )  # scored as its parent (trim)
         pslot.chain_child = slot.id
         return self._new_node(slot.id, 0, "chain", parent.id)
 
@@ -323,8 +326,7 @@ class Lattice:
         root = None if commit.next_anchor is None else self.nodes[commit.next_anchor].slot
         kept_slots = set() if root is None else set(self._subtree(root))
         if self.chains:
-            child = self.slots.get(self.slots[commit.anchor_slot].chain_child)
-            self.chains.committed(commit.token, None if child is None else child.input_token)
+            self.chains.committed(commit.token)
         kept = sorted(n for s in kept_slots for n in self.slots[s].nodes)
         dropped = sorted(
             n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot

@@ -24,45 +24,22 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from ..device import dtype_name
-from ..distributed.rank import init_options
 from ..log import stderr
 from ..model.adapters import model_identity
 from ..model.explorer import Explorer
 from ..model.proposal import ProposalHead
 from ..model.view import model_view
-from ..runtime.clock import Clock
+from ..runtime.clock import Clock, decode_order_seconds
+from .collectives import link_seconds
 
 ROWS = (1, 2, 4, 8, 16)
 TABLES = ("layer", "head", "proposal", "exchange")  # {rows: seconds} each
 CACHE = Path(os.environ.get("DEX_CACHE", Path.home() / ".cache" / "dex")) / "profiles"
-
-
-@torch.inference_mode()  # no autograd bookkeeping in what is timed: a decode records none
-def decode_order_seconds(blocks: dict, repeats: int, clock: Clock) -> dict:
-    """Median seconds of each of ``blocks`` ({name: fn}) on ``clock``'s device, after one warm-up pass.
-
-    Each repeat runs every block once, in the given order, as a decode does: the same call repeated in a
-    loop runs from the caches its previous call warmed and looks several times faster than it is.
-    """
-    for fn in blocks.values():
-        fn()
-    times: dict = {name: [] for name in blocks}
-    for _ in range(repeats):
-        for name, fn in blocks.items():
-            start = clock.stamp()
-            fn()
-            times[name].append(clock.since(start))  # on CUDA: once the device has run fn's kernels
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 @torch.inference_mode()
@@ -120,85 +97,12 @@ def link_devices(device) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-def _exchange_rank() -> None:
-    """Body of one of the two processes ``exchange_profile`` starts (argv: rank folder hidden dtype repeats
-    device rows): the rows go over NCCL between GPUs, gloo on CPU; the candidates always over gloo."""
-
-    rank, folder, hidden, dtype, repeats = (
-        int(sys.argv[1]),
-        Path(sys.argv[2]),
-        int(sys.argv[3]),
-        sys.argv[4],
-        int(sys.argv[5]),
-    )
-    device, row_counts = torch.device(sys.argv[6]), [int(n) for n in sys.argv[7].split(",")]
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.set_num_threads(1)
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=(folder / "store").as_uri(),
-        rank=rank,
-        world_size=2,
-        **init_options(backend, str(device)),
-    )
-    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
-    clock, result = Clock(device), {}
-    for n in row_counts:
-        rows = torch.zeros(n, hidden, dtype=getattr(torch, dtype), device=device)  # (n, hidden)
-        packed = torch.zeros(
-            n + 1, 11, dtype=torch.int64, device="cpu"
-        )  # the control tensor stays on the host
-        gathered = [torch.empty_like(packed) for _ in range(2)]
-
-        def round_trip():
-            op = dist.P2POp(dist.isend, rows, 1) if rank == 0 else dist.P2POp(dist.irecv, rows, 0)
-            for w in dist.batch_isend_irecv([op]):
-                w.wait()  # on NCCL: the current stream waits for the transfer, which the clock then includes
-            dist.all_gather(gathered, packed, group=ctrl)
-
-        result[n] = decode_order_seconds({n: round_trip}, repeats, clock)[n]
-    if rank == 0:
-        (folder / "exchange.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
 def exchange_profile(
     hidden: int, dtype: torch.dtype, repeats: int, devices: tuple[str, str], rows=ROWS
 ) -> dict:
-    """{rows: seconds} of one round's exchange between two fresh processes on ``devices`` (``_exchange_rank``)."""
-    with tempfile.TemporaryDirectory(prefix="dex-profile-") as folder:
-        entry = "from dex_core.analysis.profile import _exchange_rank; _exchange_rank()"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    entry,
-                    str(r),
-                    folder,
-                    str(hidden),
-                    dtype_name(dtype),
-                    str(repeats),
-                    devices[r],
-                    ",".join(map(str, rows)),
-                ],
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-            for r in range(2)
-        ]
-        try:
-            codes = [p.wait(timeout=300) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        if any(codes):
-            raise RuntimeError(f"the exchange profile's processes failed (exit codes {codes})")
-        return {int(k): v for k, v in json.loads((Path(folder) / "exchange.json").read_text()).items()}
+    """{rows: seconds} of one round's exchange between two fresh processes on ``devices``
+    (``collectives.link_seconds``)."""
+    return link_seconds([hidden], dtype, repeats, devices, rows)[hidden]["exchange"]
 
 
 def _device_name(device: torch.device) -> str:

@@ -7,6 +7,7 @@ another tile the stream's timeline, so they add up to the wall time. On CPU, ``t
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Hashable
@@ -62,3 +63,21 @@ class Clock:
     def seconds(self, name: Hashable) -> float:
         """``read(name)`` as one number (0 when the span did not run)."""
         return self.read(name).get(name, 0.0)
+
+
+@torch.inference_mode()  # no autograd bookkeeping in what is timed: a decode records none
+def decode_order_seconds(blocks: dict, repeats: int, clock: Clock) -> dict:
+    """Median seconds of each of ``blocks`` ({name: fn}) on ``clock``'s device, after one warm-up pass.
+
+    Each repeat runs every block once, in the given order, as a decode does: the same call repeated in a
+    loop runs from the caches its previous call warmed and looks several times faster than it is.
+    """
+    for fn in blocks.values():
+        fn()
+    times: dict = {name: [] for name in blocks}
+    for _ in range(repeats):
+        for name, fn in blocks.items():
+            start = clock.stamp()
+            fn()
+            times[name].append(clock.since(start))  # on CUDA: once the device has run fn's kernels
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -79,9 +79,9 @@ def resolve_run(
 
 # ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
 # CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
-# accelerators: a roofline projection for a 70B layer in bfloat16 on an H100 (weight reads dominate up to a few
-# hundred rows) until the GPU check measures it (benchmarks/gpu_check.py reports the rule on its real-size shapes).
-AUTO_ROWS = {"cpu": 2, "accelerator": 32}
+# accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
+# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check").
+AUTO_ROWS = {"cpu": 2, "accelerator": 64}
 
 
 def resolve_prune(prune, device_types) -> int | None:

@@ -159,7 +159,7 @@ class BenchConfig:
         ("auto",),
         "DEX lattice row budgets to compare, e.g. none,2 ('none' = unbounded; B = "
         "at most B rows per stage a round, the branches most likely reused first; auto = the library's "
-        "default: 2 on CPU, 32 on accelerators)",
+        "default: 2 on CPU, 64 on accelerators)",
     )
     draft: str = option(
         "none;auto",

@@ -1,32 +1,43 @@
-"""Real-size layers on the device at hand: what DEX's rounds and pipeline AR's tokens would take at 34B-70B.
+"""Real-size layers on the device at hand: what DEX's rounds, pipeline AR's tokens and tensor parallelism's tokens
+would take at 34B-70B.
 
 A 135M model's layers say nothing about a 70B model's rounds, and a 70B model does not fit the machines this
 project is checked on. So ``time_shapes`` builds, for each of ``SHAPES`` (the published shapes of
 Llama-2-70B, CodeLlama-34B and Qwen3-32B), one decoder layer with the model's embedding, final norm and LM head
 — random weights created on the device in bfloat16, nothing downloaded — and times with ``Clock`` (CUDA
 events on a GPU), at 1..64 rows after a ``context``-token context, in a decode's order
-(``profile.decode_order_seconds``, under ``torch.inference_mode``): the layer, the full head, a light
-proposal head of ``PROPOSAL_ROWS`` rows and an inducing adapter (m = 2h). ``profile`` times the exchange of
-one round's hidden rows between two ranks on the link the device has.
+(``decode_order_seconds``, under ``torch.inference_mode``): the layer, the full head, a light proposal head of
+``PROPOSAL_ROWS`` rows and an inducing adapter (m = 2h); then one row through a tensor-parallel rank's shard of the
+layer and of the head (``shard``: heads, MLP width and vocabulary / T) for each T. The links are timed among W
+fresh processes for each W (``analysis.collectives.link_seconds``: NCCL when W GPUs are visible, else gloo through
+the host, the link of explorers sharing a GPU): a round's exchange of n rows, one row's point-to-point send, one
+row's all-reduce.
 
-``project`` then replays a measured run's rounds (``GenerationStats.batch_sizes``: rows per explorer per
-round, of the default model on this machine) on those timings, explorer k holding L/K of the real model's
-L layers — a **projection**, labelled as one:
+``project`` replays a measured run's rounds (``batch_sizes``: rows per explorer per round, and its measured host
+work per round) on those timings, explorer k holding L_k = L/K of the real model's L layers — a **projection**,
+labelled as one, term by term:
 
-    DEX-1/K per token = sum over rounds of [max_k (L_k layer(n_k) + head_k(n_k) + adapter(n_k)) + exchange(max_k n_k)]
-                        / tokens          (head_k: the full head at the final stage, else the light head)
-    pipeline AR per token = L layer(1) + head(1) + (K - 1) exchange(1)
-                        (one token walks the K stages on the same K devices; the token's way back is left out)
+    DEX-1/K per token = [ sum over rounds of max_k stage_k(n_k)                     (compute)
+                          + rounds x host                                          (host: measured per round)
+                          + sum over rounds of exchange_K(max_k n_k) ] / tokens     (link: at K ranks)
+        stage_k(n) = L_k layer(n) + head_k(n) + adapter(n)   (head_k: the full head at the last stage, else the
+                     light head; no adapter at the last stage)
+    pipeline AR per token = L layer(1) + head(1)  +  (K - 1) p2p(1)
+    tensor parallel (T = K) per token = L layer_T(1) + head_T(1)  +  (2 L + 1) all_reduce_T(1)
+        (two all-reduces a layer, after attention and after the MLP; one more gathers the head shards' choice)
 
-Bookkeeping (host work per round) is left out of both and said so. ``scaled`` shrinks every shape for a CPU
-(the suite runs the section so that it cannot rot before a GPU runs it).
+Rows are read between measured points only: a run with a round past the measured rows is not projected. The
+baselines' host work is left out (which favours them), and so is the token's way back to the first stage in
+pipeline AR. ``scaled`` shrinks every shape for a CPU (the suite runs the section so that it cannot rot before a
+GPU runs it).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...analysis.profile import decode_order_seconds, exchange_profile, interpolate, link_devices, row_blocks
+from ...analysis.collectives import link_seconds
+from ...analysis.profile import decode_order_seconds, interpolate, row_blocks
 from ...config import resolve_depths
 from ...model.adapters import InducingAdapter
 from ...runtime.clock import Clock
@@ -68,22 +79,37 @@ def one_layer_model(shape: dict, device, dtype=torch.bfloat16):
     # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = {k: v for k, v in shape.items() if k not in ("model_type", "layers")}
     config = AutoConfig.for_model(
-        shape["model_type"],
-        num_hidden_layers=1,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        **fields,
+        shape["model_type"], num_hidden_layers=1, max_position_embeddings=8192, tie_word_embeddings=False
     )
+    for key, value in shape.items():  # set after the check of a whole model's shape: a shard's heads need not
+        if key not in ("model_type", "layers"):  # divide its hidden size
+            setattr(config, key, value)
+    if isinstance(
+        getattr(config, "rope_parameters", None), dict
+    ):  # transformers 5 reads rope_theta from there
+        config.rope_parameters = dict(config.rope_parameters, rope_theta=shape["rope_theta"])
     torch.manual_seed(0)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
-def time_shape(shape: dict, device, context: int, repeats: int, rows=ROWS) -> dict:
+def shard(shape: dict, ranks: int) -> dict:
+    """One tensor-parallel rank's share of a layer of ``shape`` over ``ranks`` devices (Megatron's split): query
+    and key/value heads, the MLP's width and the vocabulary divided (rounded up: the largest shard sets the pace; at
+    least one key/value head, whole query groups), the hidden size and head size kept."""
+    part = dict(shape, head_dim=shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"]))
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        part[field] = max(1, -(-shape[field] // ranks))
+    groups = part["num_key_value_heads"]  # whole query groups per key/value head
+    part["num_attention_heads"] = -(-part["num_attention_heads"] // groups) * groups
+    return part
+
+
+def time_shape(shape: dict, device, context: int, repeats: int, rows=ROWS, tp=()) -> dict:
     """{table: {rows: seconds}} of one layer (``layer``), the full head (``head``), a light head (``proposal``)
-    and an adapter (``adapter``) of ``shape`` on ``device`` in bfloat16."""
+    and an adapter (``adapter``) of ``shape`` on ``device`` in bfloat16; and ``tp``: {T: {"layer": s, "head": s}},
+    one row through a tensor-parallel rank's shard of the layer and of the head (``shard``) for each T."""
     model = one_layer_model(shape, device)
     hidden = shape["hidden_size"]
     adapter = InducingAdapter(hidden, 2 * hidden, device=model.device, dtype=model.dtype).eval()
@@ -96,27 +122,55 @@ def time_shape(shape: dict, device, context: int, repeats: int, rows=ROWS) -> di
         for name in tables:
             tables[name][n] = seconds["layer 0" if name == "layer" else name]
     del model
+    tables["tp"] = {}
+    for T in tp:
+        part = one_layer_model(shard(shape, T), device)
+        seconds = decode_order_seconds(row_blocks(part, 1, 1, context=context), repeats, clock)
+        tables["tp"][T] = {"layer": seconds["layer 0"], "head": seconds["head"]}
+        del part
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return tables
 
 
-def time_shapes(shapes: dict, device, context: int = 2048, repeats: int = 20, rows=ROWS) -> dict:
-    """Every shape timed (``time_shape``), and the exchange of one round's rows per hidden size."""
-    out = {name: time_shape(shape, device, context, repeats, rows) for name, shape in shapes.items()}
-    link = link_devices(device)
-    exchanges = {
-        h: exchange_profile(h, torch.bfloat16, repeats, link, rows)
-        for h in {s["hidden_size"] for s in shapes.values()}
+def rank_devices(device, ranks: int) -> list[str]:
+    """Where ``ranks`` explorers (or tensor-parallel ranks) would run from ``device``: one GPU each when that many
+    are visible, else CPU processes (gloo: the rows staged through the host, as explorers sharing a GPU do)."""
+    if torch.device(device).type == "cuda" and torch.cuda.device_count() >= ranks:
+        return [f"cuda:{r}" for r in range(ranks)]
+    return ["cpu"] * ranks
+
+
+def time_shapes(
+    shapes: dict, device, context: int = 2048, repeats: int = 20, rows=ROWS, ranks=(2, 4, 8)
+) -> dict:
+    """Every shape timed (``time_shape``, with a tensor-parallel shard per rank count; the first one twice, the
+    first pass a warm-up), and the links at each of ``ranks`` (``collectives.link_seconds``) per hidden size."""
+    first = next(iter(shapes.values()))
+    time_shape(first, device, context, repeats, rows, tp=ranks)  # unrecorded: the first shape a process times
+    # ran 30-50x slow on the H200 (43-70 ms a layer against 1.4; docs/BENCHMARKS.md, "The GPU check")
+    out = {
+        name: time_shape(shape, device, context, repeats, rows, tp=ranks) for name, shape in shapes.items()
     }
+    hiddens = sorted({s["hidden_size"] for s in shapes.values()})
+    links = {W: link_seconds(hiddens, torch.bfloat16, repeats, rank_devices(device, W), rows) for W in ranks}
     for name, shape in shapes.items():
-        out[name]["exchange"] = exchanges[shape["hidden_size"]]
-    return {"tables": out, "link": list(link), "context": context, "rows": list(rows)}
+        out[name]["links"] = {W: links[W][shape["hidden_size"]] for W in ranks}
+    return {"tables": out, "context": context, "rows": list(rows), "ranks": list(ranks)}
 
 
-def project(tables: dict, layers: int, rounds_batch_sizes: list[list[int]], tokens: int) -> dict:
-    """Per-token seconds of DEX-1/K (the measured rounds replayed) and pipeline AR on K devices (module docstring)."""
-    K = len(rounds_batch_sizes[0])
+def measured(table: dict, rows: int) -> float:
+    """Seconds at ``rows`` from a {rows: seconds} table, between measured points only (never extrapolated)."""
+    if rows > max(table):
+        raise ValueError(f"{rows} rows is past the {max(table)} measured; measure more rows")
+    return interpolate(table, rows)
+
+
+def project(tables: dict, layers: int, run: dict) -> dict:
+    """Per-token seconds of DEX-1/K (``run``'s measured rounds replayed), pipeline AR and tensor parallelism on
+    the same K devices, term by term (module docstring); None for DEX when a round ran more rows than measured."""
+    rounds, K = run["batch_sizes"], len(run["batch_sizes"][0])
+    links, tokens = tables["links"][K], max(1, run["tokens"])
     depths = resolve_depths(layers, explorers=K)  # the uniform split, as DEX's default
     counts = [d - p for d, p in zip(depths, (0, *depths[:-1]))]
 
@@ -124,16 +178,32 @@ def project(tables: dict, layers: int, rounds_batch_sizes: list[list[int]], toke
         if n == 0:
             return 0.0
         final = k == K - 1
-        head = interpolate(tables["head" if final else "proposal"], n)
+        extra = 0.0 if final else measured(tables["adapter"], n)
         return (
-            counts[k] * interpolate(tables["layer"], n)
-            + head
-            + (0.0 if final else interpolate(tables["adapter"], n))
+            counts[k] * measured(tables["layer"], n)
+            + measured(tables["head" if final else "proposal"], n)
+            + extra
         )
 
-    dex = sum(
-        max(stage(k, n) for k, n in enumerate(b)) + interpolate(tables["exchange"], max(1, max(b)))
-        for b in rounds_batch_sizes
-    ) / max(1, tokens)
-    ar = layers * tables["layer"][1] + tables["head"][1] + (K - 1) * tables["exchange"][1]
-    return {"K": K, "dex_seconds_per_token": dex, "pipeline_ar_seconds_per_token": ar, "speedup": ar / dex}
+    widest = max(max(b) for b in rounds)
+    ar = {"compute": layers * tables["layer"][1] + tables["head"][1], "link": (K - 1) * links["p2p"]}
+    tp_shard = tables["tp"][K]
+    tp = {
+        "compute": layers * tp_shard["layer"] + tp_shard["head"],
+        "link": (2 * layers + 1) * links["all_reduce"],
+    }
+    out = {"K": K, "widest_stage_rows": widest, "pipeline_ar": ar, "tensor_parallel": tp, "dex": None}
+    if widest <= max(tables["layer"]):
+        out["dex"] = {
+            "compute": sum(max(stage(k, n) for k, n in enumerate(b)) for b in rounds) / tokens,
+            "host": run["host_seconds_per_round"] * len(rounds) / tokens,
+            "link": sum(measured(links["exchange"], max(1, max(b))) for b in rounds) / tokens,
+        }
+    for name in ("dex", "pipeline_ar", "tensor_parallel"):
+        if out[name] is not None:
+            out[name]["total"] = sum(out[name].values())
+    if out["dex"] is not None:
+        for name in ("pipeline_ar", "tensor_parallel"):
+            out[f"speedup_over_{name}"] = out[name]["total"] / out["dex"]["total"]
+            out[f"speedup_over_{name}_compute_only"] = out[name]["compute"] / out["dex"]["compute"]
+    return out
