@@ -29,7 +29,7 @@ from .runtime.console import TextStream, print_report
 from .runtime.request import check_text, encode_prompt, no_chat_template
 from .tools.bench.bench import BenchConfig, run_bench
 from .tools.bench.report import terminal, write_outputs
-from .tools.paper.paper import PaperConfig, run_paper, write_paper
+from .tools.paper.paper import PROGRESS, PaperConfig, run_paper, write_paper
 from .tools.plan import PlanConfig, run_plan
 from .tools.train import TrainConfig, train_adapters
 from .tools.verify import verifier_model, verify_trace
@@ -83,7 +83,12 @@ def _bench_arguments(p) -> None:
 
 def _paper_arguments(p) -> None:
     add_flags(p, PaperConfig)
-    p.add_argument("--out", required=True, help="folder for paper.json and paper.html")
+    p.add_argument(
+        "--out",
+        required=True,
+        help=f"folder for paper.json and paper.html; while a run is unfinished it keeps {PROGRESS} there, and "
+        "the same command started again resumes from it",
+    )
 
 
 def _plan_arguments(p) -> None:
@@ -250,7 +255,7 @@ def _train(args) -> None:
     model, tokenizer = load_model(args.model, dtype="float32", device=args.device)  # the trainer autocasts
     facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     print(
-        f"adapters for depths {list(cfg.depths)} saved to {args.out}: {facts['tokens']} tokens, "
+        f"adapters for depths {list(facts['depths'])} saved to {args.out}: {facts['tokens']} tokens, "
         f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}"
     )
     if facts.get("stopped_early"):
@@ -296,7 +301,8 @@ def _bench(args) -> None:
 
 def _paper(args) -> None:
     cfg = from_args(PaperConfig, args)
-    write_paper(run_paper(cfg, log), args.out, log)
+    write_paper(run_paper(cfg, log, args.out), args.out, log)
+    Path(args.out, PROGRESS).unlink(missing_ok=True)  # the report is whole: nothing is left to resume
 
 
 def _plan(args) -> int:

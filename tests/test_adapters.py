@@ -377,3 +377,20 @@ def test_an_interrupted_training_saves_its_last_checkpoint_and_the_same_command_
     assert read_metadata(out)["training"]["steps"] == 2 and ckpt.is_file()
     facts = train_adapters(model, None, cfg, out, ckpt, progress=False, windows=windows(100))
     assert facts["steps"] == 6 and "stopped_early" not in facts
+
+
+def test_named_depth_grids_resolve_on_the_models_layers_and_train_there(tmp_path):
+    from dex_core.config import adapter_depths, parse_adapter_depths
+
+    inner = (4, 5, 6, 8, 9, 10, 12, 13, 15, 18, 19, 20, 22, 23, 24, 25, 26, 27)  # of the splits for K = 2..8
+    assert adapter_depths("uniform", 30) == inner
+    assert adapter_depths("uniform:2-4", 30) == (8, 10, 15, 20, 23)  # the K = 2, 3, 4 splits' inner depths
+    assert adapter_depths("all", 6) == (1, 2, 3, 4, 5) and adapter_depths("4,8", 30) == (4, 8)
+    for bad, said in (("uniform:1-3", "K >= 2"), ("uniform:5-3", "range of K"), ("all:2-3", "no range")):
+        with pytest.raises(DexError, match=said):
+            parse_adapter_depths(bad)
+    model = tiny_model("llama").float()  # 6 layers: K = 2 splits at 3, K = 3 at 2, 4 and K = 4 at 2, 3, 5
+    cfg = TrainConfig(depths="uniform:2-4", tokens=16 * 2, seq_len=16, batch=1, bf16=False)
+    out = tmp_path / "grid.safetensors"
+    facts = train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle([torch.arange(16)]))
+    assert facts["depths"] == (2, 3, 4, 5) and sorted(load_adapters(out, model)) == [2, 3, 4, 5]

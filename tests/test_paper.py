@@ -2,11 +2,17 @@
 the run, and a report that opens from disk in Chromium with every figure drawn."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from dex_core.cli import main
-from dex_core.tools.paper.paper import CLAIMS, findings, write_paper
+from dex_core.tools.paper.paper import CLAIMS, PROGRESS, findings, write_paper
 from dex_core.tools.paper.walltime import fit, predict, table1
 from visualize.paper import paper_html
 
@@ -154,3 +160,54 @@ def test_the_report_opens_offline_with_every_figure_drawn(paper, page):
     ]  # the figure draws the JSON's numbers
     # tables: Fig. 5 (a row per AR and DEX row of the set), Appendix B (a row per DEX row); Table 1 not run
     assert predicted == 2 + len(data["fig5"]["synthetic"]) + len(data["appendix_b"]["synthetic"]["rows"])
+
+
+# wall-clock figures, which differ between any two runs
+MEASURED = ("seconds", "tokens_per_second", "projected_tokens_per_second", "speedup_vs_ar")
+
+
+@pytest.mark.slow  # a quick paper run killed part-way, then finished (about a minute)
+@pytest.mark.process
+def test_a_paper_run_killed_mid_run_resumes_and_ends_with_the_rows_of_an_uninterrupted_run(
+    paper, tmp_path, capsys
+):
+    _, whole = paper
+    out = tmp_path / "report"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "dex_core.cli", "paper", "--quick", "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:  # killed (no clean-up runs) as soon as its first prompt set is kept
+        while not (out / PROGRESS).exists() and run.poll() is None:
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+        assert run.wait(30) == -signal.SIGKILL, "the run ended before it could be killed"
+    finally:
+        run.kill()
+    kept = json.loads((out / PROGRESS).read_text())["pieces"]
+    assert list(kept) == ["eval:synthetic"] and not (out / "paper.json").exists()
+    assert main(["paper", "--quick", "--out", str(out)]) == 0
+    assert f"resuming from {out / PROGRESS}: 1 pieces finished (eval:synthetic)" in capsys.readouterr().err
+    resumed = json.loads((out / "paper.json").read_text())
+    assert not (out / PROGRESS).exists()  # the report is whole: nothing left to resume
+
+    def rows(data):
+        return [{k: v for k, v in r.items() if k not in MEASURED} for r in data["bench"]["results"]]
+
+    assert rows(resumed) == rows(whole) and len(rows(whole)) == 6  # AR, DEX at K = 2 and 3, three selectors
+    for key in ("oracle", "answers"):
+        assert resumed["bench"][key] == whole["bench"][key]
+    assert resumed["decs"] == whole["decs"] and resumed["fig6"] == whole["fig6"]
+
+
+def test_the_resolution_finding_says_where_a_finer_k_falls_below_a_coarser_one():
+    from dex_core.tools.paper.claims import ordering
+
+    # 0.01 below the coarser K is within the slack
+    assert ordering({2: 1.20, 3: 1.19, 4: 1.50}).startswith("The ordering holds")
+    assert ordering({2: 1.18, 3: 1.05, 4: 1.50, 5: 1.06}) == (
+        "The ordering breaks: K=3 (1.05×) falls below K=2 (1.18×), K=5 (1.06×) falls below K=4 (1.50×)."
+    )

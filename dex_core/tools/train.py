@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import DexError, flag, option, parse_depths
+from ..config import DexError, adapter_depths, flag, option, parse_adapter_depths
 from ..data.ranking import token_ranking
 from ..data.sets import sharegpt_split
 from ..model.adapter_choice import load_adapters
@@ -55,7 +55,11 @@ def bf16_default(device: torch.device) -> bool:
 
 @dataclass
 class TrainConfig:
-    depths: tuple[int, ...] = option((8, 15, 23), "non-final depths to train adapters for, e.g. 8,15,23")
+    depths: tuple[int, ...] | str = option(
+        (8, 15, 23),
+        "non-final depths to train adapters for: a list (8,15,23), 'all' (every non-final depth) or "
+        "'uniform[:A-B]' (the non-final depths of the uniform splits for K = A..B, 2-8 by default)",
+    )
     tokens: int = option(200_000, "training tokens (steps = tokens / (batch x seq-len x accum))")
     seq_len: int = option(192, "tokens per packed training window")
     batch: int = option(
@@ -97,7 +101,7 @@ class TrainConfig:
     checkpoint_every: int = option(25, "steps between checkpoints (with --checkpoint)")
 
     def __post_init__(self):
-        self.depths = parse_depths(self.depths)
+        self.depths = parse_adapter_depths(self.depths)
         self.bf16 = None if self.bf16 is None else flag(self.bf16, "bf16")
         if self.tokens <= 0 or self.seq_len < 8 or self.batch < 1 or self.accum < 1 or not self.lr > 0:
             raise DexError("tokens, seq_len (>= 8), batch, accum and lr must be positive")
@@ -317,10 +321,12 @@ def train_adapters(
     ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
     """
     L = model.config.num_hidden_layers
-    if any(not 1 <= d < L for d in cfg.depths):
-        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(cfg.depths)}")
+    depths = adapter_depths(cfg.depths, L)  # a named grid is this model's depths from here on
+    if any(not 1 <= d < L for d in depths):
+        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(depths)}")
     device = model.model.norm.weight.device  # training runs where the model is; the adapters are built there
-    cfg = replace(cfg, bf16=bf16_default(device) if cfg.bf16 is None else cfg.bf16)  # decided for this device
+    bf16 = bf16_default(device) if cfg.bf16 is None else cfg.bf16  # decided for this device
+    cfg = replace(cfg, depths=depths, bf16=bf16)
     torch.manual_seed(cfg.seed)
     model.eval().requires_grad_(False)
     ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None

@@ -38,6 +38,7 @@ The EAD oracle (mean stable EAD) is a reference line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -74,6 +75,7 @@ from ...runtime.clock import Clock
 from ...runtime.request import encode_item
 from ..baselines.tensor_parallel import tp_size
 from ..verify import Certificate, certify_tokens
+from .finished import Finished
 from .methods import dex_decoders, runners, tensor_parallel, tp_row, tune
 from .report import headline
 from .rows import SetContext, result_row
@@ -293,9 +295,13 @@ def _explorations(cfg: BenchConfig, model) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sets))
 
 
-def run_bench(cfg: BenchConfig, log=stderr, bench: Bench | None = None) -> dict:
+def run_bench(
+    cfg: BenchConfig, log=stderr, bench: Bench | None = None, finished: Finished | None = None
+) -> dict:
     """Run every method over every prompt set; return the report (``results`` rows, oracle, tuning, and HF
-    greedy's ``answers`` per set). ``bench``: the model and its parts loaded already (``Bench.load(cfg)``)."""
+    greedy's ``answers`` per set). ``bench``: the model and its parts loaded already (``Bench.load(cfg)``);
+    ``finished``: the sets an earlier, stopped run finished (read back, not run again) and where each set goes
+    as it finishes."""
     bench = bench or Bench.load(cfg, log)
     too_many = [K for K in cfg.explorers if K > bench.L]
     if too_many:
@@ -326,7 +332,7 @@ def run_bench(cfg: BenchConfig, log=stderr, bench: Bench | None = None) -> dict:
         for run in methods.values():
             run(next(iter(sets.values()))[0], min(8, cfg.max_new_tokens))
         for name, prompts in sets.items():
-            _run_set(bench, report, name, prompts, methods, decoders)
+            _add_set(report, name, _finished_set(bench, report, name, prompts, methods, decoders, finished))
     finally:
         for decoder in [*decoders.values(), group]:
             if decoder is not None:
@@ -335,8 +341,28 @@ def run_bench(cfg: BenchConfig, log=stderr, bench: Bench | None = None) -> dict:
     return report
 
 
-def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict, decoders: dict) -> None:
-    """Every method on the set's prompts, interleaved prompt by prompt; its rows and EAD oracle into ``report``."""
+def _finished_set(bench: Bench, report: dict, name: str, prompts: list, methods, decoders, finished) -> dict:
+    """Set ``name``'s results: read back when ``finished`` (a ``Finished`` or None) has them, else run and kept."""
+    piece = f"{bench.cfg.split}:{name}"
+    if finished is not None and piece in finished:
+        bench.log(f"{name}: finished by an earlier run ({finished.path}), read back")
+        return finished.get(piece)
+    done = _run_set(bench, report, name, prompts, methods, decoders)
+    if finished is not None:
+        finished.put(piece, done)
+    return done
+
+
+def _add_set(report: dict, name: str, done: dict) -> None:
+    """One set's rows, EAD oracle and HF greedy answers (``_run_set``'s) into ``report``."""
+    report["results"].extend(done["results"])
+    report["oracle"][name], report["answers"][name] = done["oracle"], done["answers"]
+
+
+def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict, decoders: dict) -> dict:
+    """Every method on the set's prompts, interleaved prompt by prompt: the set's rows, EAD oracle and answers
+    (``report`` read for its tuning and profile), as plain JSON values (what a resumed run reads back is what
+    this run hands on)."""
     cfg, model = bench.cfg, bench.model
     bench.log(f"{name}: {len(prompts)} prompts x {cfg.max_new_tokens} new tokens")
     clock, outs = Clock(model.device), {k: [] for k in methods}
@@ -353,8 +379,7 @@ def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict
         .double()
         .mean()
     )
-    report["oracle"][name] = {"layer_forwards_per_token": stable, "speedup": bench.L / stable}
-    report["answers"][name] = ctx.refs
+    rows = []
     for key in methods:
         row = result_row(key, outs[key], ctx)
         cert = Certificate.combine(certify_tokens(model, p, o[0]) for p, o in zip(prompts, outs[key]))
@@ -371,7 +396,9 @@ def _run_set(bench: Bench, report: dict, name: str, prompts: list, methods: dict
         )
         if key == "ar-tp":
             row.update(tp_row(outs[key]))
-        report["results"].append(row)
+        rows.append(row)
+    oracle = {"layer_forwards_per_token": stable, "speedup": bench.L / stable}
+    return json.loads(json.dumps({"results": rows, "oracle": oracle, "answers": ctx.refs}))
 
 
 def _context(bench: Bench, report: dict, prompts: list, refs: list, decoders: dict) -> SetContext:

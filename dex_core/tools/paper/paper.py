@@ -54,6 +54,7 @@ from ...model.lens import layer_candidates
 from ...runtime.reference import ar_generate
 from ..baselines.selectors import uniform_exits
 from ..bench.bench import Bench, BenchConfig, run_bench
+from ..bench.finished import Finished
 from .claims import CLAIMS, MODES, findings
 from .walltime import fit, predict, table1
 
@@ -102,11 +103,24 @@ class PaperConfig:
         return BenchConfig(**{**fields, **changes})
 
 
-def run_paper(cfg: PaperConfig, log=stderr) -> dict:
-    """Run the matrix and compute every figure's data (``paper.json``'s content)."""
+PROGRESS = "paper.progress.json"  # in --out while a run is unfinished: what it finished (``Finished``)
+
+
+def run_paper(cfg: PaperConfig, log=stderr, out: str | Path | None = None) -> dict:
+    """Run the matrix and compute every figure's data (``paper.json``'s content). With ``out`` (the report's
+    folder) each finished prompt set and phase is kept in ``out/paper.progress.json`` as it ends, and a run of the
+    same options started again reads those back instead of running them (a report on a GPU box runs for hours)."""
     bench_cfg = cfg.bench()
     bench = Bench.load(bench_cfg, log)
-    report = run_bench(bench_cfg, log, bench)
+    finished = None
+    if out is not None:
+        key = {"config": asdict(cfg), "model": bench_cfg.model, "adapter_depths": sorted(bench.adapters)}
+        finished = Finished(Path(out) / PROGRESS, key)
+        if len(finished):
+            log(
+                f"resuming from {finished.path}: {len(finished)} pieces finished ({', '.join(finished.pieces)})"
+            )
+    report = run_bench(bench_cfg, log, bench, finished)
     sets = {name: bench.prompts(name, bench_cfg.prompts, "eval") for name in bench_cfg.sets}
     lenses = {name: _lenses(bench, sets[name], report["answers"][name]) for name in sets}
     data = {
@@ -124,23 +138,33 @@ def run_paper(cfg: PaperConfig, log=stderr) -> dict:
         "claims": CLAIMS,
         "fig3": {name: _fig3(report, name) for name in sets},
         "fig4": {name: _fig4(report, name, lenses[name], bench_cfg.explorers) for name in sets},
-        "decs": _decs(bench, cfg, sets, report["answers"]),
+        "decs": _piece(finished, "decs", lambda: _decs(bench, cfg, sets, report["answers"])),
         "fig6": {name: {k: _histogram(v, bench.L) for k, v in lenses[name].items()} for name in sets},
         "fig5": {name: _fig5(report, name) for name in sets},
-        "appendix_b": _appendix_b(bench, cfg, report, log),
-        "table1": None if cfg.quick else _table1(bench, cfg, sets),
+        "appendix_b": _appendix_b(bench, cfg, report, log, finished),
+        "table1": None if cfg.quick else _piece(finished, "table1", lambda: _table1(bench, cfg, sets)),
         "bench": report,
     }
     data["findings"] = findings(data)
     return data
 
 
-def _appendix_b(bench: Bench, cfg: PaperConfig, report: dict, log) -> dict:
+def _piece(finished: Finished | None, name: str, compute):
+    """Phase ``name``'s data: read back from ``finished`` when an earlier run ended it, else computed and kept."""
+    if finished is not None and name in finished:
+        return finished.get(name)
+    value = json.loads(json.dumps(compute()))  # as a resumed run reads it back
+    if finished is not None:
+        finished.put(name, value)
+    return value
+
+
+def _appendix_b(bench: Bench, cfg: PaperConfig, report: dict, log, finished: Finished | None = None) -> dict:
     """The walltime model fitted per set on the tune split (AR and DEX measured there the same way) and its
     prediction of each eval-split DEX row's measured speedup (``tools.paper.walltime``)."""
     tune_cfg = cfg.bench(split="tune", prompts=cfg.tune_prompts, methods=("ar-hf", "dex"), profile=False)
     log(f"Appendix B: AR and DEX on {tune_cfg.prompts} tune-split prompts per set, to fit the walltime model")
-    tune = run_bench(tune_cfg, log, replace(bench, cfg=tune_cfg))
+    tune = run_bench(tune_cfg, log, replace(bench, cfg=tune_cfg), finished)
     tau = one_row_seconds(bench.model, min(8192, bench.model.config.vocab_size))["layer"]
     out = {}
     for name in report["oracle"]:
