@@ -388,50 +388,6 @@ def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -
     return tuple(-(-(i + 1) * num_layers // k) for i in range(k))
 
 
-DEPTH_GRIDS = ("all", "uniform")  # named sets of adapter depths (``adapter_depths``)
-
-
-def parse_adapter_depths(spec) -> tuple[int, ...] | str:
-    """Adapter depths as given: integers ('4,8,12' or a sequence), or a named grid — 'all' (every non-final
-    depth) or 'uniform' / 'uniform:A-B' (the non-final depths of the uniform splits for K = A..B; 2-8 when not
-    given) — kept as text until the model's layer count is known (``adapter_depths``)."""
-    if isinstance(spec, str) and spec.strip().split(":")[0].strip().lower() in DEPTH_GRIDS:
-        name, _, span = spec.strip().lower().partition(":")
-        if name == "all" and span:
-            raise DexError(f"'all' takes no range; got {spec!r:.80}")
-        if name == "uniform":
-            _uniform_span(span or f"{ANALYSED_KS[0]}-{ANALYSED_KS[-1]}")
-        return f"{name}:{span}" if span else name
-    return parse_depths(spec)
-
-
-def _uniform_span(span: str) -> range:
-    low, sep, high = span.partition("-")
-    try:
-        first, last = int(low), int(high if sep else low)
-    except ValueError:
-        first = last = 0
-    if not 2 <= first <= last:
-        raise DexError(
-            f"a uniform grid takes a range of K like uniform:2-8 (K >= 2); got uniform:{span!r:.40}"
-        )
-    return range(first, last + 1)
-
-
-def adapter_depths(spec, num_layers: int) -> tuple[int, ...]:
-    """The non-final depths a named grid or a list of adapter depths (``parse_adapter_depths``) means for a model
-    of ``num_layers`` layers, e.g. L = 30: 'uniform' -> 4, 5, 6, 8, 9, 10, 12, 13, 15, 18, ..., 27 (18 depths),
-    'all' -> 1..29."""
-    spec = parse_adapter_depths(spec)
-    if isinstance(spec, tuple):
-        return spec
-    name, _, span = spec.partition(":")
-    if name == "all":
-        return tuple(range(1, num_layers))
-    ks = [k for k in _uniform_span(span or f"{ANALYSED_KS[0]}-{ANALYSED_KS[-1]}") if k <= num_layers]
-    return tuple(sorted({d for k in ks for d in resolve_depths(num_layers, explorers=k)[:-1]}))
-
-
 def stage_bounds(depths, stage: int) -> tuple[int, int]:
     """Layers [start, stop) of stage ``stage`` of exploration set ``depths``."""
     return (0 if stage == 0 else depths[stage - 1]), depths[stage]

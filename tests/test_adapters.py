@@ -380,7 +380,7 @@ def test_an_interrupted_training_saves_its_last_checkpoint_and_the_same_command_
 
 
 def test_named_depth_grids_resolve_on_the_models_layers_and_train_there(tmp_path):
-    from dex_core.config import adapter_depths, parse_adapter_depths
+    from dex_core.model.depth_grids import adapter_depths, parse_adapter_depths
 
     inner = (4, 5, 6, 8, 9, 10, 12, 13, 15, 18, 19, 20, 22, 23, 24, 25, 26, 27)  # of the splits for K = 2..8
     assert adapter_depths("uniform", 30) == inner

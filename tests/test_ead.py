@@ -87,3 +87,27 @@ def test_best_exploration_set_is_the_cheapest_under_rounds_times_longest_stage()
         assert best["depths"][-1] == L and len(best["depths"]) == K
     out = analyse(cands, tokens, explorers=[2, 3], best=True)
     assert all(p["best_gain"] >= 1.0 for p in out["predicted"])
+
+
+def test_the_local_search_for_a_best_set_keeps_every_inner_depth_within_the_adapters(monkeypatch):
+    import dex_core.analysis.ead as ead
+
+    gen = torch.Generator().manual_seed(1)
+    T, L = 80, 12
+    tokens = torch.randint(0, 50, (T,), generator=gen)
+    cands = torch.randint(0, 50, (T, L, 4), generator=gen)
+    ready = torch.randint(1, L + 1, (T,), generator=gen)
+    for layer in range(L):
+        cands[:, layer, 0] = torch.where(layer + 1 >= ready, tokens, cands[:, layer, 0])
+    within = [2, 3, 5, 7, 8, 10]  # the uniform K = 4 split (3, 6, 9) has 6 and 9 outside it
+    monkeypatch.setattr(ead, "EXHAUSTIVE_LIMIT", 1)  # C(6, 3) = 20 sets: the local search, not every set
+    best = best_depths(cands, tokens, 4, within=within)
+    assert set(best["depths"][:-1]) <= set(within) and best["depths"][-1] == L
+    every = [
+        set_cost(cands, tokens, c + (L,))["layer_times_per_token"] for c in itertools.combinations(within, 3)
+    ]
+    start = ead._start(L, 4, within)  # the uniform split moved onto the adapters' depths
+    assert start == (3, 5, 8, 12) and ead._start(30, 4, [9, 18, 27]) == (9, 18, 27, 30)
+    assert (
+        best["layer_times_per_token"] == min(every) < set_cost(cands, tokens, start)["layer_times_per_token"]
+    )

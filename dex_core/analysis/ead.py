@@ -161,24 +161,34 @@ def best_depths(
     def cost_of(depths):
         return set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
 
-    pool = sorted(within) if within is not None else range(1, L)
+    pool = sorted(within) if within is not None else list(range(1, L))
     if math.comb(len(pool), explorers - 1) <= EXHAUSTIVE_LIMIT:
         sets = (tuple(c) + (L,) for c in itertools.combinations(pool, explorers - 1))
         return min((cost_of(s) for s in sets), key=lambda r: (r[key], r["depths"]))
-    best = cost_of(resolve_depths(L, explorers=explorers))
+    best = cost_of(_start(L, explorers, pool))
     improved = True
-    while improved:  # move one boundary at a time while that lowers the cost
+    while improved:  # move one boundary at a time (to a depth of the pool) while that lowers the cost
         improved = False
         for i in range(explorers - 1):
             for step in (-3, -2, -1, 1, 2, 3):
-                depths = list(best["depths"])
-                depths[i] += step
-                if not (depths[i - 1] if i else 0) < depths[i] < depths[i + 1]:
+                depths, j = list(best["depths"]), pool.index(best["depths"][i]) + step
+                if not 0 <= j < len(pool) or not (depths[i - 1] if i else 0) < pool[j] < depths[i + 1]:
                     continue
+                depths[i] = pool[j]
                 trial = cost_of(depths)
                 if trial[key] < best[key] - 1e-12:
                     best, improved = trial, True
     return best
+
+
+def _start(L: int, explorers: int, pool) -> tuple[int, ...]:
+    """The uniform split, each inner depth moved to the nearest free depth of ``pool`` (kept increasing)."""
+    chosen = []
+    for d in resolve_depths(L, explorers=explorers)[:-1]:
+        left = [p for p in pool if not chosen or p > chosen[-1]]
+        room = len(left) - (explorers - 2 - len(chosen))  # a depth left for every boundary still to place
+        chosen.append(min(left[:room], key=lambda p: (abs(p - d), p)))
+    return (*chosen, L)
 
 
 def analyse(

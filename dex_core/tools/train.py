@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import DexError, adapter_depths, flag, option, parse_adapter_depths
+from ..config import DexError, flag, option
 from ..data.ranking import token_ranking
 from ..data.sets import sharegpt_split
 from ..model.adapter_choice import load_adapters
 from ..model.adapters import new_adapters, save_adapters
+from ..model.depth_grids import adapter_depths, parse_adapter_depths
 from ..model.proposal import ProposalHead
 from ..model.view import model_view
 from ..runtime.request import chat_ids, eos_ids
