@@ -183,7 +183,7 @@ def test_training_can_start_from_an_adapter_file(tmp_path):
         3: 0.25,
         5: 0.5,
     }
-    with pytest.raises(DexError, match="another bottleneck"):
+    with pytest.raises(DexError, match="depth 2 .the nearest to 2. has bottleneck 96, not --bottleneck 8"):
         train_adapters(
             model,
             None,
@@ -394,3 +394,35 @@ def test_named_depth_grids_resolve_on_the_models_layers_and_train_there(tmp_path
     out = tmp_path / "grid.safetensors"
     facts = train_adapters(model, None, cfg, out, progress=False, windows=itertools.cycle([torch.arange(16)]))
     assert facts["depths"] == (2, 3, 4, 5) and sorted(load_adapters(out, model)) == [2, 3, 4, 5]
+
+
+def test_a_merged_file_keeps_each_depths_adapter_and_bottleneck_and_runs_exact(tmp_path):
+    from dex_core.model.adapter_choice import adapter_set, merge_adapters
+
+    model = tiny_model("llama").double()
+    wide, narrow = new_adapters(model, [2, 4], bottleneck=16), new_adapters(model, [1, 2, 3], bottleneck=8)
+    for d, a in [*wide.items(), *narrow.items()]:
+        a.alpha.data.fill_(0.5 + d / 8 + a.up.out_features / 100)  # which file a depth came from is visible
+    paths = [tmp_path / "wide.safetensors", tmp_path / "narrow.safetensors"]
+    save_adapters(paths[0], wide, model, {"tokens": 1})
+    save_adapters(paths[1], narrow, model, {"tokens": 2})
+    out = tmp_path / "merged.safetensors"
+    assert merge_adapters(out, paths, model) == {2: 0, 4: 0, 1: 1, 3: 1}
+    meta = read_metadata(out)
+    assert meta["bottlenecks"] == {1: 8, 2: 16, 3: 8, 4: 16}
+    assert [p["depths"] for p in meta["training"]["merged"]] == [[2, 4], [1, 3]]
+    loaded = load_adapters(out, model)
+    assert {d: (a.up.out_features, round(float(a.alpha), 3)) for d, a in loaded.items()} == {
+        1: (8, 0.705),
+        2: (16, 0.91),
+        3: (8, 0.955),
+        4: (16, 1.16),
+    }
+    per_adapter = {m: 48 + 2 * 48 * m + m + 48 + 1 for m in (8, 16)}  # hidden 48: norm, W1, b1, W2, b2, alpha
+    assert adapter_set(str(out), model, (1, 3, 6)).size == per_adapter[8]  # the widest adapter kept
+    assert adapter_set(str(out), model, (2, 3, 6)).size == per_adapter[16]
+    decoder = DexDecoder(model, depths=(1, 2, 3, 6), adapters=str(out), prune="none")
+    assert decoder.generate([3, 5, 7], 12).tokens == ar_generate(model, [3, 5, 7], 12).tokens
+    bad = _file_like(tmp_path, model, "bad", metadata={"bottlenecks": {"5": 8}})
+    with pytest.raises(DexError, match=r"bottlenecks for depths \[5\], where it has no adapter"):
+        read_metadata(bad)

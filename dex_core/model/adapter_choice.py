@@ -19,6 +19,7 @@ from ..config import DEPTH_CHOICES, DexError, adapter_file, resolve_depths
 from .adapters import (
     ASSETS,
     DEFAULT_ADAPTERS,
+    RANKING,
     SHAPE_KEYS,
     InducingAdapter,
     adapter_shapes,
@@ -27,6 +28,7 @@ from .adapters import (
     identity_of,
     read_metadata,
     same_weights,
+    save_adapters,
 )
 
 
@@ -134,9 +136,10 @@ def adapter_set(spec, model, depths=None) -> AdapterSet:
         raise DexError(reason)
     check_tensors(path, meta, header(path)[1])
     kept = tuple(d for d in meta["depths"] if depths is None or d in depths[:-1])
-    size = sum(
-        math.prod(shape)
-        for shape in adapter_shapes(meta["identity"]["hidden_size"], meta["bottleneck"]).values()
+    hidden = meta["identity"]["hidden_size"]
+    size = max(  # the largest adapter kept: the cost model charges each adapter as that one (an upper bound)
+        (sum(math.prod(s) for s in adapter_shapes(hidden, meta["bottlenecks"][d]).values()) for d in kept),
+        default=0,
     )
     return AdapterSet(kept, str(path), None, size)
 
@@ -156,6 +159,28 @@ def rewrite_adapters(path, model, tensors=None, metadata=None) -> None:
     load_adapters(path, model)  # every check of the file and of its fit to ``model``
     raw, _ = header(path)
     save_file({**load_file(str(path)), **(tensors or {})}, str(path), metadata={**raw, **(metadata or {})})
+
+
+def merge_adapters(out, files, model) -> dict[int, int]:
+    """One adapter file at ``out`` holding every depth of ``files`` (checked for ``model``), each depth from the
+    first file that has it, each with its own bottleneck; the token ranking and training facts of each part kept
+    (the ranking of the first file that has one). Returns {depth: the index of the file it came from}."""
+    taken, adapters, parts, ranking = {}, {}, [], None
+    for i, path in enumerate(files):
+        loaded = load_adapters(path, model)
+        fresh = {d: a for d, a in loaded.items() if d not in adapters}
+        adapters.update(fresh)
+        taken.update(dict.fromkeys(fresh, i))
+        parts.append({"file": Path(path).name, "depths": sorted(fresh), **read_metadata(path)["training"]})
+        ranking = ranking if ranking is not None else adapter_ranking_of(path)
+    save_adapters(out, dict(sorted(adapters.items())), model, {"merged": parts}, ranking)
+    return taken
+
+
+def adapter_ranking_of(path):
+    """The token ranking tensor stored in adapter file ``path``, or None."""
+    with safe_open(str(path), "pt") as fh:
+        return fh.get_tensor(RANKING) if RANKING in fh.keys() else None
 
 
 def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
@@ -202,7 +227,7 @@ def _build(path: Path, depths, device, dtype) -> dict[int, InducingAdapter]:
             for d in depths:
                 adapter = InducingAdapter(
                     meta["identity"]["hidden_size"],
-                    meta["bottleneck"],
+                    meta["bottlenecks"][d],
                     meta["activation"],
                     meta["eps"],
                     device=device,

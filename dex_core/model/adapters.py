@@ -5,7 +5,8 @@
 The adapted hidden state goes through the model's own final norm and LM head to propose a candidate.
 Adapters change only which branch survives a commit, never the committed token. A set of adapters is
 saved as one safetensors file whose metadata records the model it belongs to (layer count, hidden and
-vocabulary size, an embedding fingerprint), the depths, and how it was trained; loading it for
+vocabulary size, an embedding fingerprint), the depths (each with its bottleneck when a merged file mixes them), and
+how it was trained; loading it for
 another model is a clear error. So is a file that is not a complete DEX adapter file (corrupt, truncated,
 another program's safetensors, tensors missing or of the wrong shape): every check reads only the
 file's header, before any tensor is loaded or any module built. Which adapters a run uses, and loading a file for a
@@ -130,6 +131,7 @@ def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: d
     if ranking is not None:
         tensors[RANKING] = torch.as_tensor(ranking, device="cpu").to(torch.int32).contiguous()
     first = next(iter(adapters.values()))
+    widths = {int(d): a.up.out_features for d, a in sorted(adapters.items())}
     meta = {
         "format": "dex-adapters",
         "version": "1",
@@ -140,6 +142,8 @@ def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: d
         "eps": str(first.eps),
         "training": json.dumps(training),
     }
+    if len(set(widths.values())) > 1:  # a merged file: each depth's own bottleneck
+        meta["bottlenecks"] = json.dumps({str(d): m for d, m in widths.items()})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=meta)
 
@@ -250,6 +254,7 @@ def read_metadata(path) -> dict:
                 f"{path} has invalid DEX adapter metadata {key!r} ({str(err)[:120]}); "
                 f"save it again with 'dex train-adapters'"
             ) from None
+    out["bottlenecks"] = _widths(path, meta, out)
     if out["depths"][-1] >= out["identity"]["num_layers"]:
         raise DexError(
             f"{path} has adapters at depths {out['depths']}, but its model has only "
@@ -258,13 +263,29 @@ def read_metadata(path) -> dict:
     return out
 
 
+def _widths(path, meta: dict, out: dict) -> dict[int, int]:
+    """Each depth's bottleneck: the file's ``bottleneck``, or a merged file's own per depth (``bottlenecks``)."""
+    try:
+        given = _typed(json.loads(meta.get("bottlenecks", "{}")), dict)
+        given = {int(d): _positive(int)(str(m)) for d, m in given.items()}
+    except (TypeError, ValueError, OverflowError) as err:
+        raise DexError(
+            f"{path} has invalid DEX adapter metadata 'bottlenecks' ({str(err)[:120]}); "
+            "save it again with 'dex train-adapters'"
+        ) from None
+    stray = sorted(set(given) - set(out["depths"]))
+    if stray:
+        raise DexError(f"{path} gives bottlenecks for depths {stray}, where it has no adapter")
+    return {d: given.get(d, out["bottleneck"]) for d in out["depths"]}
+
+
 def check_tensors(path, meta: dict, shapes: dict[str, tuple[int, ...]]) -> None:
     """DexError unless ``path`` holds every tensor its metadata promises, with the right shape."""
     hidden = meta["identity"]["hidden_size"]
     want = {
         f"{d}.{k}": shape
         for d in meta["depths"]
-        for k, shape in adapter_shapes(hidden, meta["bottleneck"]).items()
+        for k, shape in adapter_shapes(hidden, meta["bottlenecks"][d]).items()
     }
     if RANKING in shapes:
         want[RANKING] = (meta["identity"]["vocab_size"],)

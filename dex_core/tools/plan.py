@@ -121,8 +121,8 @@ def _adapter_bytes(spec: str, config, itemsize: int) -> int:
     if spec == "trained":
         hidden, bottleneck = config.get_text_config().hidden_size, 2 * config.get_text_config().hidden_size
     else:
-        meta = read_metadata(adapter_file(spec))
-        hidden, bottleneck = meta["identity"]["hidden_size"], meta["bottleneck"]
+        meta = read_metadata(adapter_file(spec))  # a merged file's widest adapter: an upper bound per rank
+        hidden, bottleneck = meta["identity"]["hidden_size"], max(meta["bottlenecks"].values())
     count = sum(int(torch.Size(s).numel()) for s in adapter_shapes(hidden, bottleneck).values())
     return count * itemsize
 

@@ -228,13 +228,13 @@ def _initial_adapters(model, cfg: TrainConfig) -> dict:
     adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
     if cfg.init:
         start = load_adapters(cfg.init, model)
-        if (
-            start
-            and next(iter(start.values())).up.out_features != next(iter(adapters.values())).up.out_features
-        ):
-            raise DexError(f"--init {cfg.init} has another bottleneck than --bottleneck")
         for d, a in adapters.items():
             nearest = min(start, key=lambda s: (abs(s - d), s))
+            if start[nearest].up.out_features != a.up.out_features:
+                raise DexError(
+                    f"--init {cfg.init}: its adapter at depth {nearest} (the nearest to {d}) has bottleneck "
+                    f"{start[nearest].up.out_features}, not --bottleneck {a.up.out_features}"
+                )
             a.load_state_dict({k: v.float() for k, v in start[nearest].state_dict().items()})
     return adapters
 
