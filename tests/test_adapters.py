@@ -1,6 +1,7 @@
 """Inducing adapters: file round trip with model identity, use in DEX, and training."""
 
 import itertools
+import json
 import re
 
 import pytest
@@ -426,3 +427,18 @@ def test_a_merged_file_keeps_each_depths_adapter_and_bottleneck_and_runs_exact(t
     bad = _file_like(tmp_path, model, "bad", metadata={"bottlenecks": {"5": 8}})
     with pytest.raises(DexError, match=r"bottlenecks for depths \[5\], where it has no adapter"):
         read_metadata(bad)
+
+
+def test_the_shipped_file_has_a_best_set_for_every_k_on_its_own_depths():
+    """The default model's file (read from its header alone): a set for every K = 2..8, each of K stages ending at
+    layer 30 whose inner depths all carry an adapter (a stage without one would explore through the plain lens)."""
+    from dex_core.model.adapters import header
+
+    meta = read_metadata(DEFAULT_ADAPTERS)
+    best = {int(k): v for k, v in json.loads(header(DEFAULT_ADAPTERS)[0]["best_sets"]).items()}
+    assert sorted(best) == list(range(2, 9))
+    for K, depths in best.items():
+        assert len(depths) == K and depths[-1] == 30 and set(depths[:-1]) <= set(meta["depths"]), (K, depths)
+    assert {meta["bottlenecks"][d] for d in (9, 18, 27)} == {1152} and min(
+        meta["bottlenecks"].values()
+    ) == 288
