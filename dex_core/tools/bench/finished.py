@@ -52,7 +52,3 @@ class Finished:
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_text(json.dumps({"key": self.key, "pieces": self.pieces}))
         os.replace(partial, self.path)
-
-    def remove(self) -> None:
-        """The run is written whole: its progress file goes."""
-        self.path.unlink(missing_ok=True)
