@@ -271,7 +271,7 @@ def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_p
 
 @pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
 @pytest.mark.process
-def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_removes_the_folder(
+def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_64_mb_and_sigterm_removes_the_folder(
     tiny_dir, small, tmp_path
 ):
     import psutil
@@ -311,8 +311,12 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_40_mb_and_sigterm_r
         held = rss() - base
         for client in clients:
             client.close()
-        # CPython's allocator would keep 50-150 MB; up to 60 s, as a loaded CI machine notices closed tabs late
-        freed = until(lambda: rss() - base <= 40 * 2**20, 60)
+        # the server frees through the system allocator with two arenas (app/main.py; CPython's own allocator kept
+        # 50-150 MB here, glibc's per-thread arenas 42-47 MB; two arenas -1 to +46 MB: docs/HOSTING.md)
+        environ = psutil.Process(server.pid).environ()
+        assert environ.get("PYTHONMALLOC") == "malloc" and environ.get("MALLOC_ARENA_MAX") == "2"
+        # at most 64 MB, a tenth of what the sessions held; up to 60 s, as a loaded CI machine notices closed tabs late
+        freed = until(lambda: rss() - base <= min(64 * 2**20, held / 10), 60)
         print(
             f"4 sessions of a {big.stat().st_size / 2**20:.1f} MB trace: +{held / 2**20:.0f} MB held, "
             f"+{(rss() - base) / 2**20:.0f} MB after they closed (+{(rss() - fresh) / 2**20:.0f} MB over the "
