@@ -49,6 +49,7 @@ from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.analysis.profile import decode_order_seconds, row_blocks, row_budget
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
+from dex_core.host_reads import HostReads
 from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
 from dex_core.runtime.clock import Clock
@@ -282,6 +283,31 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
     }
 
 
+def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
+    """Host reads a round (``dex_core.host_reads``: tensor reads into Python and CUDA event syncs) of the
+    sequential schedule at K on this device, greedy with the row budget and draft chains on; the distributed
+    schedule's are counted per rank on CPU by tests/test_host_reads.py, on the same code path."""
+    dex, per_round, places = decoder(model, K, adapters), [], {}
+    for prompt in prompts:
+        events = dex.stream(prompt, tokens)
+        while True:
+            with HostReads() as counted:
+                event = next(events, None)
+            if event is None:
+                break
+            if event["event"] == "round":
+                per_round.append(counted.count)
+                for (name, place), n in counted.by_place().items():
+                    places[f"{name} at {place}"] = places.get(f"{name} at {place}", 0) + n
+    return {
+        "explorers": K,
+        "rounds": len(per_round),
+        "most_reads_a_round": max(per_round),
+        "mean_reads_a_round": sum(per_round) / len(per_round),
+        "where": places,
+    }
+
+
 def markdown(report: dict) -> str:
     """The report's sections as markdown tables, the failed ones with their errors."""
     lines = [f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})"]
@@ -291,6 +317,7 @@ def markdown(report: dict) -> str:
         "profile": profile_markdown,
         "real_size": lambda r: real_size_markdown(r, report["device"]),
         "distributed": lambda r: ["", f"distributed: {json.dumps(r)}"],
+        "host_reads": lambda r: ["", f"host reads a round: {json.dumps(r)}"],
     }
     for name, part in parts.items():
         if name in report:
@@ -412,7 +439,7 @@ def projection_line(name: str, p: dict) -> str:
     )
 
 
-SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed")
+SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads")
 
 
 def arguments(argv):
@@ -478,6 +505,7 @@ def run_sections(args, report: dict, model, prompts, adapters, device, save) -> 
             args.repeats,
         ),
         "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
+        "host_reads": lambda: host_reads(model, prompts, K, adapters, args.max_new_tokens),
     }
     for name in args.sections:  # in the order asked
         tic = time.perf_counter()

@@ -49,3 +49,35 @@ class SlowLoad(torch.nn.Module):
 class Silent(SlowLoad):
     """An identity adapter that hangs the loading of the explorer process that receives it: its first tensor
     waits ``seconds`` before it is placed, and the process says nothing meanwhile."""
+
+
+def host_reads_of_rank(rank: int, folder: str, prompt: list, new: int, out) -> None:
+    """One explorer rank of a real 2-rank gloo world (a spawned process), running DEX's distributed schedule with
+    its real link: puts (rank, host reads in each round, the tokens) on queue ``out``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dex_core import DexDecoder, GenerationOptions
+    from dex_core.distributed.rank import connect, init_world, serve_request
+    from dex_core.host_reads import HostReads
+    from dex_core.runtime.request import make_request
+    from dex_core.testing import tiny_model
+
+    torch.set_num_threads(1)
+    decoder = DexDecoder(tiny_model("llama", layers=8, seed=0), explorers=2, prune="auto", trace_top=5)
+    data, _ = init_world("cpu", f"file://{folder}/rendezvous", rank, 2, timedelta(seconds=60))
+    link = connect(decoder.view, rank, 2, data, "cpu", decoder.settings.trace_top, 30.0)
+    request = make_request(decoder.view, prompt, GenerationOptions(max_new_tokens=new))
+    events = serve_request(decoder.view, decoder.explorers[rank], link, request, decoder.settings)
+    reads, tokens = [], None
+    while True:
+        with HostReads() as counted:
+            event = next(events, None)
+        if event is None:
+            break
+        if event["event"] == "round":
+            reads.append(counted.count)
+        tokens = event.get("tokens", tokens)
+    out.put((rank, reads, tokens))
+    dist.destroy_process_group()

@@ -37,6 +37,11 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert sorted(map(int, report["profile"])) == [1, 2, 4]
     assert set(report["profile"]["1"]) == {"layer 0", "layer 3", "head", "proposal"}
     assert report["distributed"]["identical_to_sequential"] == report["distributed"]["prompts"] == 2
+    reads = report["host_reads"]  # every round read once: its choices, in one transfer
+    assert reads["rounds"] > 2 and reads["most_reads_a_round"] == reads["mean_reads_a_round"] == 1
+    assert list(reads["where"]) == [next(iter(reads["where"]))] and "readback.py" in next(
+        iter(reads["where"])
+    )
     assert exact["float32 greedy"]["weights"] == "float32 (as loaded)"
     assert exact["bfloat16 greedy"]["weights"] == "bfloat16 (a copy rounded from float32)"
     printed = capsys.readouterr().out

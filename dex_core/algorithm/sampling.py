@@ -107,7 +107,6 @@ class Sampler:
         self.top_p = top_p
         self.seed = seed
         self._rows: dict[int, torch.Tensor] = {}
-        self._head, self._index = None, {}  # the light head whose id -> column map is cached
 
     @property
     def greedy(self) -> bool:
@@ -178,7 +177,5 @@ class Sampler:
 
     def _columns(self, head, rows: list[int], cols: list[int]) -> tuple[list[int], list[int]]:
         """DECS-masked token ids -> a light head's columns (ids outside its shortlist dropped), on the host."""
-        if self._head is not head:  # one read of the shortlist per head, not one per round
-            self._head, self._index = head, {t: c for c, t in enumerate(head.ids.tolist())}
-        kept = [(r, self._index[c]) for r, c in zip(rows, cols) if c in self._index]
+        kept = [(r, head.columns[c]) for r, c in zip(rows, cols) if c in head.columns]
         return [r for r, _ in kept], [c for _, c in kept]

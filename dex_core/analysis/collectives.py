@@ -7,7 +7,8 @@ times on rank 0, for each hidden size, in a decode's order (``runtime.clock.deco
 every block once):
 
 - ``exchange[n]``: one round of ``DistLink`` at W ranks: every rank r < W - 1 sends n hidden rows to rank r + 1
-  (all the pairs at once), then all ranks all-gather a small int64 candidates tensor on gloo;
+  (all the pairs at once), then all ranks all-gather the round's choices (``runtime.readback``'s float64 rows,
+  n + 1 of them, on the same group and device) and read them to the host once;
 - ``p2p``: one hidden row from rank 0 to rank 1 (a pipeline's hop: AR on W stages makes W - 1 of them a token);
 - ``all_reduce``: one hidden row summed over the W ranks (tensor parallelism makes two a layer).
 
@@ -29,8 +30,11 @@ import torch.distributed as dist
 from ..device import dtype_name
 from ..distributed.rank import init_options
 from ..runtime.clock import Clock, decode_order_seconds
+from ..runtime.readback import pack_columns
 
-CONTROL_COLUMNS = 11  # the candidates tensor's columns (what DistLink gathers a round, per row)
+CONTROL_COLUMNS = pack_columns(
+    5
+)  # the columns DistLink gathers a round per row, with the app's 5 trace candidates
 
 
 def backend_of(devices) -> str:
@@ -39,14 +43,12 @@ def backend_of(devices) -> str:
     return "nccl" if distinct and all(torch.device(d).type == "cuda" for d in devices) else "gloo"
 
 
-def _blocks(rank: int, world: int, hidden: int, dtype, device, row_counts, ctrl) -> dict:
+def _blocks(rank: int, world: int, hidden: int, dtype, device, row_counts) -> dict:
     """{name: fn} of the timed blocks at this rank for one hidden size (module docstring)."""
 
     def exchange(n: int):
         rows = torch.zeros(n, hidden, dtype=dtype, device=device)  # (n, hidden)
-        packed = torch.zeros(
-            n + 1, CONTROL_COLUMNS, dtype=torch.int64
-        )  # the control tensor stays on the host
+        packed = torch.zeros(n + 1, CONTROL_COLUMNS, dtype=torch.float64, device=device)  # (n + 1, columns)
         gathered = [torch.empty_like(packed) for _ in range(world)]
         inbox = torch.empty_like(rows)
 
@@ -55,7 +57,8 @@ def _blocks(rank: int, world: int, hidden: int, dtype, device, row_counts, ctrl)
             ops += [dist.P2POp(dist.irecv, inbox, rank - 1)] if rank > 0 else []
             for work in dist.batch_isend_irecv(ops):
                 work.wait()  # on NCCL: the current stream waits for the transfer, which the clock then includes
-            dist.all_gather(gathered, packed, group=ctrl)
+            dist.all_gather(gathered, packed)
+            torch.stack(gathered).tolist()  # the round's one read
 
         return run
 
@@ -92,10 +95,9 @@ def _rank() -> None:
         world_size=world,
         **init_options(backend, str(device)),
     )
-    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None
     blocks = {}
     for hidden in hiddens:
-        blocks.update(_blocks(rank, world, hidden, dtype, device, row_counts, ctrl))
+        blocks.update(_blocks(rank, world, hidden, dtype, device, row_counts))
     seconds = decode_order_seconds(blocks, repeats, Clock(device))
     if rank == 0:
         result = {

@@ -2,9 +2,13 @@
 
 Explorer k posts its output rows to explorer k + 1 as soon as its layers are done, before its head and token choice
 (non-blocking ``batch_isend_irecv`` on the data group: NCCL on GPUs, gloo on CPU), so the transfer overlaps the
-head; then every rank all-gathers each stage's candidates (one small int64 tensor on a gloo control group: token ids
-as integers, probabilities and seconds as their float64 bit patterns), so every rank keeps an identical copy of the
-lattice bookkeeping. Every wait has a timeout: a dead peer surfaces in about a second, a hung one at ``op_timeout``.
+head; then every rank all-gathers each stage's choices (``runtime.readback``'s float64 rows, padded to the round's
+widest batch, on the data group: NCCL from device memory on GPUs, gloo on CPU, the same code) and reads them to
+the host in one transfer, the round's one sync, so every rank keeps an identical copy of the lattice bookkeeping.
+On NCCL the received rows are waited for on the stream only (the all-gather, queued after them on the same
+communicator, is what the host waits for). Ranks that share a GPU (rows staged through the host over gloo) read
+their own choices to the host first: two reads a round. Every wait has a timeout: a dead peer surfaces in about
+a second, a hung one at ``op_timeout``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ..device import to_device
-from ..runtime.links import LocalLink, StageOutput
+from ..runtime.links import LocalLink
+from ..runtime.readback import Choice, StageOutput, pack_columns, unpack
 
 
 class DistLink(LocalLink):
@@ -47,7 +52,9 @@ class DistLink(LocalLink):
         self.timeout = timedelta(seconds=op_timeout)
         self._posted = None  # (works, receive buffer) of this round's hidden rows
 
-    def _wait(self, works, what: str = "an exchange with its peers", data: bool = True) -> None:
+    def _wait(
+        self, works, what: str = "an exchange with its peers", data: bool = True, block: bool = True
+    ) -> None:
         """Wait for ``works`` (sends, receives, an all-gather) at most ``op_timeout`` in all; ``data``: they
         are on the data group (NCCL when this rank is on a GPU), else on the gloo control group.
 
@@ -56,13 +63,14 @@ class DistLink(LocalLink):
         only makes the current stream wait for the transfer. On CPU gloo's ``wait(timeout)`` blocks on a
         condition variable and wakes at completion; a poll there would take a core from the peers (and
         gloo's send/recv works report completion only once waited for). A timeout raises ``TimeoutError``
-        naming this rank and ``what`` it waited for.
+        naming this rank and ``what`` it waited for. ``block=False`` on CUDA: the stream waits, the host does not
+        (a later blocking wait on the same communicator covers the timeout).
         """
         tic = time.perf_counter()
         deadline = tic + self.timeout.total_seconds()
         cuda = data and self.device.type == "cuda"
         try:
-            if cuda and not self._poll(works, deadline):
+            if cuda and block and not self._poll(works, deadline):
                 raise TimeoutError(self._timed_out(what))
             for w in works:  # on CUDA: the current stream waits for the (completed) transfer
                 if cuda:
@@ -138,63 +146,47 @@ class DistLink(LocalLink):
         out = e.prefill(h)
         self._swap(out, 0)
 
-    def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
+    def exchange(self, plan, choices: dict[int, Choice]) -> dict[int, StageOutput]:
         if self.progress is not None:
             self.progress(plan.round)
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
         works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
         self._posted = None
         came = f"the hidden rows from rank {self.rank - 1}" if rows is not None else None
-        self._wait(works, came or f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged)
+        self._wait(
+            works, came or f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged, block=False
+        )
         if rows is not None:  # staged: host -> device from pinned memory, no sync; the stream orders its use
             self.hidden.update(zip((n.id for n in prev), rows.to(self.device, non_blocking=True)))
-        width = max(len(b) for b in plan.batches)
-        packed = _pack(
-            outputs.get(self.rank), width, self.top, self.cancel is not None and self.cancel.is_set()
-        )
+        width, mine = max(len(b) for b in plan.batches), choices.get(self.rank)
+        cancel = self.cancel is not None and self.cancel.is_set()
+        packed = self._packed(mine, width, cancel)
         gathered = [torch.empty_like(packed) for _ in range(self.count)]
-        self._wait(
-            [dist.all_gather(gathered, packed, group=self.ctrl, async_op=True)],
-            "the candidates all-gather",
-            data=False,
-        )
-        self.cancelled = any(int(g[width, 1]) > 0 for g in gathered)
+        work = dist.all_gather(gathered, packed, async_op=True)
+        self._wait([work], "the candidates all-gather", data=not self.staged)
+        rows = torch.stack(gathered).tolist()  # the round's one read: every stage's choices
+        self.cancelled = any(r[width][1] > 0 for r in rows)
         return {
-            k: outputs[k] if k == self.rank else _unpack(gathered[k], len(batch), width, self.top)
+            k: unpack(
+                rows[k][: len(batch)], self.top, mine.hidden if k == self.rank else None, rows[k][width][0]
+            )
             for k, batch in enumerate(plan.batches)
             if batch
         }
 
-
-def _pack(mine: StageOutput | None, width: int, top: int, cancel: bool) -> torch.Tensor:
-    """One stage's choices for the control all-gather, as one int64 tensor on the host (gloo), floats as their
-    float64 bit patterns: per node token, probability, margin, tie gap, top ids, top probabilities; in the last row
-    the expansion seconds and whether this rank's caller asked to stop."""
-    packed = torch.full((width + 1, 4 + 2 * top), -1, dtype=torch.int64, device="cpu")
-    if mine is not None:
-        n = len(mine.tokens)
-        floats = list(zip(mine.probs or [1.0] * n, mine.margins or [0.0] * n, mine.tie_gaps or [0.0] * n))
-        packed[:n, 0] = to_device(mine.tokens, "cpu")
-        packed[:n, 1:4] = to_device(floats, "cpu", torch.float64).view(torch.int64)
-        if top and all(mine.top):  # a stage that proposes nothing has no candidates (left -1: none)
-            packed[:n, 4 : 4 + top] = to_device([[t for t, _ in row] for row in mine.top], "cpu")
-            probs = to_device([[p for _, p in row] for row in mine.top], "cpu", torch.float64)
-            packed[:n, 4 + top :] = probs.view(torch.int64)
-        packed[width, 0] = to_device([mine.seconds], "cpu", torch.float64).view(torch.int64)[0]
-    packed[width, 1] = int(cancel)
-    return packed
-
-
-def _unpack(g: torch.Tensor, n: int, width: int, top: int) -> StageOutput:
-    """Another stage's choices from its packed tensor (``_pack``) for its ``n`` nodes."""
-    probs, margins, gaps = g[:n, 1:4].contiguous().view(torch.float64).T.tolist()
-    ids, top_probs = g[:n, 4 : 4 + top].tolist(), g[:n, 4 + top :].contiguous().view(torch.float64).tolist()
-    return StageOutput(
-        tokens=g[:n, 0].tolist(),
-        top=[[(t, p) for t, p in zip(i, ps) if t >= 0] for i, ps in zip(ids, top_probs)],
-        hidden=None,
-        seconds=float(g[width, :1].contiguous().view(torch.float64)),
-        probs=probs,
-        margins=margins,
-        tie_gaps=gaps,
-    )
+    def _packed(self, mine: Choice | None, width: int, cancel: bool) -> torch.Tensor:
+        """This rank's choices for the all-gather: (width + 1, columns) float64 in ``readback``'s layout on the
+        data group's device (the host when staged), its last row this rank's expansion seconds and whether its
+        caller asked to stop. The seconds are what the clock has without waiting for the device (on CUDA the
+        expansion the device has not passed yet is reported in a later round's row, and counted in the run's
+        totals at its end)."""
+        where = torch.device("cpu") if self.staged else self.device
+        packed = torch.full(
+            (width + 1, pack_columns(self.top)), float("nan"), dtype=torch.float64, device=where
+        )
+        seconds = 0.0
+        if mine is not None:
+            packed[: len(mine.pack)] = mine.pack.cpu() if self.staged else mine.pack  # staged: the one read
+            seconds = mine.seconds(False)
+        packed[width, :2] = to_device([seconds, float(cancel)], where, torch.float64)
+        return packed

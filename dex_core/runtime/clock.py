@@ -40,13 +40,19 @@ class Clock:
         finally:
             self._spans.append((name, start, self.stamp()))
 
-    def read(self, name: Hashable | None = None) -> dict:
-        """Seconds per span name (only ``name`` when given) since the last read of those spans; on CUDA
-        this waits until the device has passed the last of them."""
+    def read(self, name: Hashable | None = None, wait: bool = True) -> dict:
+        """Seconds per span name (only ``name`` when given) since the last read of those spans. On CUDA, with
+        ``wait`` this waits until the device has passed the last of them (no wait when it has: ``query``);
+        without, it takes only the spans the device has passed and leaves the rest to a later read, so a
+        round's timings never stop the host (they may then count in the next round's)."""
         taken = [s for s in self._spans if name is None or s[0] == name]
-        self._spans = [s for s in self._spans if not (name is None or s[0] == name)]
-        if self.cuda and taken:
+        if self.cuda and taken and not wait:
+            done = [s[2].query() for s in taken]  # the stream passes events in order: a prefix is done
+            taken = taken[: done.index(False)] if False in done else taken
+        elif self.cuda and taken and not taken[-1][2].query():
             taken[-1][2].synchronize()
+        gone = {id(s) for s in taken}
+        self._spans = [s for s in self._spans if id(s) not in gone]
         seconds: dict = defaultdict(float)
         for key, start, stop in taken:
             seconds[key] += start.elapsed_time(stop) / 1000 if self.cuda else stop - start
@@ -60,9 +66,10 @@ class Clock:
         stop.synchronize()
         return start.elapsed_time(stop) / 1000
 
-    def seconds(self, name: Hashable) -> float:
-        """``read(name)`` as one number (0 when the span did not run)."""
-        return self.read(name).get(name, 0.0)
+    def seconds(self, name: Hashable, wait: bool = True) -> float:
+        """``read(name, wait)`` as one number (0 when the span did not run, or without ``wait`` has not ended on
+        the device yet)."""
+        return self.read(name, wait).get(name, 0.0)
 
 
 @torch.inference_mode()  # no autograd bookkeeping in what is timed: a decode records none

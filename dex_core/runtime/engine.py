@@ -20,7 +20,8 @@ from ..model.explorer import Explorer
 from ..model.view import ModelView
 from ..trace.events import collapse_record, commit_record, end_event, node_record, round_event, round_timings
 from .clock import Clock
-from .links import Link, StageOutput
+from .links import Link
+from .readback import Choice, StageOutput
 from .request import Request
 from .results import GenerationStats
 from .settings import RunSettings
@@ -66,8 +67,8 @@ def run_rounds(
         with run.clock.span("round"):
             plan = plan_round(run)  # the nodes (ETKs) of FSM state q, by stage
             masked = decs_masks(run, plan)  # DECS: the tokens shallower stages of each slot proposed
-            outputs = {e.index: explore(run, e, plan, masked) for e in run.explorers if plan.batches[e.index]}
-            outputs = run.link.exchange(plan, outputs)  # H_q, Z_q: every stage's choices, on every rank
+            choices = {e.index: explore(run, e, plan, masked) for e in run.explorers if plan.batches[e.index]}
+            outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
             while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q); a chain may go on
@@ -78,6 +79,7 @@ def run_rounds(
         event["timings"] = round_seconds(run, outputs)  # read from the clock once the round is over
         account(run, event["timings"], plan)  # the round's seconds and batch sizes into the run's stats
         yield event
+    account_rest(run)
     run.stats.finish(len(run.tokens), run.clock.since(run.begun))
     yield end_event(run.tokens, run.stats)
 
@@ -130,8 +132,8 @@ def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
     }
 
 
-def explore(run: Run, e: Explorer, plan: RoundPlan, masked: dict[int, list[int]]) -> StageOutput:
-    """Explorer ``e``'s round: expand its batch, then choose its tokens."""
+def explore(run: Run, e: Explorer, plan: RoundPlan, masked: dict[int, list[int]]) -> Choice:
+    """Explorer ``e``'s round: expand its batch, then choose its tokens (on its device, read by the link)."""
     batch = plan.batches[e.index]
     hidden, logits = expand(run, e, plan)
     if logits is None:  # AR through the stages: only the last one chooses
@@ -209,22 +211,28 @@ def margin(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
     return {}
 
 
+SPANS = ("prefill", "plan", "masks", "decode", "trace", "commit", "collapse", "round")
+
+
 def round_seconds(run: Run, outputs: Outputs) -> dict:
-    """The round's ``timings``: the clock's spans (read after the round), each explorer's expansion and the link's
-    new waiting."""
-    seconds = {
-        "prefill": 0.0,
-        "plan": 0.0,
-        "masks": 0.0,
-        "decode": 0.0,
-        "trace": 0.0,
-        "commit": 0.0,
-        "collapse": 0.0,
-        **{k: v for k, v in run.clock.read().items() if not isinstance(k, tuple)},
-    }
+    """The round's ``timings``: the clock's spans, read after the round without waiting for the device (on CUDA a
+    span it has not passed yet counts in a later round's, or in ``account_rest``), each explorer's expansion (read
+    with the round's choices) and the link's new waiting."""
+    seconds = {name: run.clock.seconds(name, wait=False) for name in SPANS}
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]
     return round_timings(expand, communication=communication, **seconds)
+
+
+def account_rest(run: Run) -> None:
+    """Count in the run's stats the spans the device had not passed when the rounds were read (CUDA only)."""
+    rest = run.clock.read()
+    for k in range(run.settings.K):
+        run.stats.compute_seconds[k] += rest.get(("expand", k), 0.0)
+    run.stats.bookkeeping_seconds += sum(
+        rest.get(name, 0.0) for name in ("masks", "plan", "commit", "collapse")
+    )
+    run.stats.round_seconds += rest.get("round", 0.0)
 
 
 def account(run: Run, timings: dict, plan: RoundPlan) -> None:

@@ -9,33 +9,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from ..device import to_device
-
-
-@dataclass
-class StageOutput:
-    """What one explorer produced in one round, for a batch of n nodes (host values: read from the
-    device in one transfer)."""
-
-    tokens: list[int]  # chosen candidate per node
-    top: list[list[tuple[int, float]]]  # per node, the best candidates at this depth: (token, probability)
-    hidden: torch.Tensor | None  # (n, hidden) stage output, for the depth children (None at the last stage)
-    seconds: float  # expansion time (layers + LM head), masks excluded
-    probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
-    margins: list[float] | None = None  # final stage: each node's top-1 minus top-2 score
-    tie_gaps: list[float] | None = None  # final stage: the dtype's tie gap at each node's top logit
+from .readback import Choice, StageOutput, read_round, top_of, unpack
 
 
 class Link(Protocol):
     """What the round loop (``runtime.engine``, ``runtime.stage``) asks of the link between explorers.
 
     A round on one process: its explorers take their inputs (``inputs``), post their output rows as soon as their
-    layers are done (``post``), and ``exchange`` then gives every stage's choices to every process; the lattice's
+    layers are done (``post``), and ``exchange`` then gives every stage's choices to every process, read to
+    the host once (the round's one sync on a GPU); the lattice's
     cuts and collapses tell the link which rows to ``keep``.
     """
 
@@ -54,9 +41,10 @@ class Link(Protocol):
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         """Explorer ``rank``'s output rows ``hidden`` (n, hidden) of ``plan`` are ready, before its head runs."""
 
-    def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
-        """This process's stages' ``outputs`` in, every stage of ``plan`` with a batch out (stage index -> output);
-        the rows the next stage needs are held for its ``inputs``."""
+    def exchange(self, plan, choices: dict[int, Choice]) -> dict[int, StageOutput]:
+        """This process's stages' ``choices`` (on their devices) in, every stage of ``plan`` with a batch out
+        (stage index -> output, host values: read in one transfer a round); the rows the next stage needs are
+        held for its ``inputs``."""
 
     def keep(self, node_ids) -> None:
         """Drop every held row whose node is not in ``node_ids`` (after a cut or a collapse)."""
@@ -87,10 +75,13 @@ class LocalLink:
         """Explorer ``rank``'s output rows are ready (before its head); the local link keeps them in
         ``exchange``."""
 
-    def exchange(self, plan, outputs: dict[int, StageOutput]) -> dict[int, StageOutput]:
-        for k, out in outputs.items():
-            if out.hidden is not None:
-                self.hidden.update(zip((n.id for n in plan.batches[k]), out.hidden))
+    def exchange(self, plan, choices: dict[int, Choice]) -> dict[int, StageOutput]:
+        rows = dict(zip(choices, read_round([c.pack for c in choices.values()])))
+        outputs = {}
+        for k, c in choices.items():
+            if c.hidden is not None:
+                self.hidden.update(zip((n.id for n in plan.batches[k]), c.hidden))
+            outputs[k] = unpack(rows[k], top_of(c.pack.shape[1]), c.hidden, c.seconds(True))
         return outputs
 
     def keep(self, node_ids) -> None:

@@ -1,0 +1,101 @@
+"""A round's read-back: what each explorer chose, packed on its device, and read to the host once a round.
+
+A stage's choices (``Choice.pack``) are rows of float64 on its device, one per lattice node, in one fixed layout:
+token, probability, margin, tie gap, then ``top`` candidate ids and their probabilities (``pack_columns``); NaN
+where a value is not made (no pruning: no probability; non-final stages: no margin), -1 for an absent candidate.
+Every stage's rows of a round are read to the host in one transfer (``read_round``: one sync on a GPU, not one
+per explorer) and become ``StageOutput``s, the host values the lattice and the trace take in. The distributed
+link all-gathers the same layout across ranks (``distributed.link``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+PACK_FIXED = 4  # token, probability, margin, tie gap; then ``top`` candidate ids and their probabilities
+
+
+@dataclass
+class StageOutput:
+    """What one explorer produced in one round, for a batch of n nodes (host values, read in the round's one
+    transfer)."""
+
+    tokens: list[int]  # chosen candidate per node
+    top: list[list[tuple[int, float]]]  # per node, the best candidates at this depth: (token, probability)
+    hidden: torch.Tensor | None  # (n, hidden) stage output, for the depth children (None at the last stage)
+    seconds: float  # expansion time (layers + LM head), masks excluded
+    probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
+    margins: list[float] | None = None  # final stage: each node's top-1 minus top-2 score
+    tie_gaps: list[float] | None = None  # final stage: the dtype's tie gap at each node's top logit
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One explorer's choices of a round, still on its device: ``pack`` (n, ``pack_columns(top)``), its output
+    rows ``hidden`` for the next stage (None at the last), and ``seconds(wait)``, the clock's reading of its
+    expansion (``runtime.clock.Clock.seconds``), taken once the round has been read."""
+
+    pack: torch.Tensor
+    hidden: torch.Tensor | None
+    seconds: Callable[[bool], float]
+
+
+def pack_columns(top: int) -> int:
+    """Columns of one node's row for ``top`` trace candidates."""
+    return PACK_FIXED + 2 * top
+
+
+def top_of(columns: int) -> int:
+    """The trace candidates a row of ``columns`` holds."""
+    return (columns - PACK_FIXED) // 2
+
+
+def pack(n: int, top: int, device, tokens, values=(None, None, None), candidates=None) -> torch.Tensor:
+    """(n, ``pack_columns(top)``) float64 on ``device``: ``tokens``, ``values`` (probability, margin, tie gap: each
+    (n,) or None) and ``candidates`` ((n, t) ids, (n, t) probabilities, t <= top, or None); NaN or -1 elsewhere."""
+    out = torch.full((n, pack_columns(top)), float("nan"), dtype=torch.float64, device=device)
+    out[:, PACK_FIXED : PACK_FIXED + top] = -1
+    out[:, 0] = tokens
+    for col, column in enumerate(values, start=1):
+        if column is not None:
+            out[:, col] = column
+    if candidates is not None:
+        ids, probs = candidates
+        out[:, PACK_FIXED : PACK_FIXED + ids.shape[1]] = ids
+        out[:, PACK_FIXED + top : PACK_FIXED + top + ids.shape[1]] = probs
+    return out
+
+
+def read_round(packs: list[torch.Tensor]) -> list[list[list[float]]]:
+    """Every pack's rows on the host, in one transfer (the packs moved to the last one's device first)."""
+    if not packs:
+        return []
+    device = packs[-1].device
+    rows = torch.cat([p.to(device, non_blocking=True) for p in packs]).tolist()  # the round's one read
+    out, at = [], 0
+    for p in packs:
+        out.append(rows[at : at + len(p)])
+        at += len(p)
+    return out
+
+
+def unpack(rows: list[list[float]], top: int, hidden, seconds: float) -> StageOutput:
+    """A stage's ``StageOutput`` from its rows (``pack``'s layout, read to the host)."""
+    end = PACK_FIXED + top
+
+    def column(c: int):
+        return None if not rows or math.isnan(rows[0][c]) else [r[c] for r in rows]
+
+    return StageOutput(
+        tokens=[int(r[0]) for r in rows],
+        top=[[(int(t), p) for t, p in zip(r[PACK_FIXED:end], r[end:]) if t >= 0] for r in rows],
+        hidden=hidden,
+        seconds=seconds,
+        probs=column(1),
+        margins=column(2),
+        tie_gaps=column(3),
+    )

@@ -1,0 +1,79 @@
+"""One host read per rank per round: the round's choices reach the host in one transfer on the sequential schedule and
+on the distributed one (a real gloo world of two spawned processes), whatever the row budget, draft chains,
+sampling or trace candidates; ``HostReads`` counts what a GPU would wait for."""
+
+import torch
+import torch.multiprocessing as mp
+from conftest import tiny_model
+
+from dex_core import DexDecoder
+from dex_core.host_reads import HostReads
+from dex_core.runtime.reference import ar_generate, hf_greedy
+
+PROMPT = [3, 5, 7, 9, 3, 5, 7, 9, 3, 5]  # repeats: draft chains find drafts
+
+
+def rounds_reads(decoder, prompt, new: int, **options) -> tuple[list[int], list[int]]:
+    """Host reads counted in each round of a sequential run, and its tokens."""
+    events, reads, tokens = decoder.stream(prompt, new, **options), [], None
+    while True:
+        with HostReads() as counted:
+            event = next(events, None)
+        if event is None:
+            return reads, tokens
+        if event["event"] == "round":
+            reads.append(counted.count)
+        tokens = event.get("tokens", tokens)
+
+
+def test_the_counter_sees_every_kind_of_host_read_and_restores_cuda_events():
+    original = torch.cuda.Event.synchronize
+    t = torch.arange(4.0)
+    with HostReads() as counted:
+        t.tolist(), t[1].item(), int(t[2]), float(t[3]), t.cpu(), [0, 1][t[1].long()]
+        if t[1] > 0:
+            assert torch.cuda.Event.synchronize is not original
+        torch.cat([t, t]).sum()  # no read: stays a tensor
+    assert [name for name, _ in counted.where] == [
+        "tolist", "item", "__int__", "__float__", "cpu", "__index__", "__bool__",
+    ]  # fmt: skip
+    assert counted.where[0][1].startswith("test_host_reads.py:") and torch.cuda.Event.synchronize is original
+
+
+def test_a_sequential_round_reads_the_host_once_at_any_k_budget_or_sampling():
+    model = tiny_model("llama", layers=8, seed=0)
+    for K, options in ((4, {"prune": "auto"}), (8, {"prune": "none", "trace_top": 5}), (8, {"prune": 3})):
+        decoder = DexDecoder(model, explorers=K, **options)
+        reads, tokens = rounds_reads(decoder, PROMPT, 20)
+        assert reads and set(reads) == {1}, (K, options, reads)
+        assert tokens == hf_greedy(model, PROMPT, 20)
+    sampled = DexDecoder(model, explorers=4, prune="auto")
+    reads, tokens = rounds_reads(sampled, PROMPT, 16, temperature=0.8, top_k=20, seed=3)
+    assert (
+        set(reads) == {1}
+        and tokens == ar_generate(model, PROMPT, 16, temperature=0.8, top_k=20, seed=3).tokens
+    )
+
+
+def test_a_distributed_round_reads_the_host_once_on_every_rank(tmp_path):
+    import faults
+
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    procs = [
+        context.Process(target=faults.host_reads_of_rank, args=(rank, str(tmp_path), PROMPT, 16, out))
+        for rank in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        results = sorted(out.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            p.kill()
+    model = tiny_model("llama", layers=8, seed=0)
+    for rank, reads, tokens in results:
+        assert reads and set(reads) == {1}, (rank, reads)
+        assert tokens == hf_greedy(model, PROMPT, 16)
+    assert len(results[0][1]) == len(results[1][1])  # the same rounds on both ranks
