@@ -1,5 +1,8 @@
 """Every depth ready (issue 43): depth-side speedup and cost per K from a ``dex ead`` report, checked by real runs.
 
+    dex ead --adapters FILE --split tune --sets humaneval,chat --prompts 20 --max-new-tokens 128 \
+        --best-within-adapters --out docs/results/ead-dense-tune.json
+    python scripts/ship_adapters.py FILE docs/results/ead-dense-tune.json       # stores each K's best set
     dex ead --adapters FILE,default,none --sets humaneval,chat --prompts 20 --max-new-tokens 128 \
         --best-within-adapters --out docs/results/ead-dense.json
     python benchmarks/depth_readiness.py docs/results/ead-dense.json --adapters FILE --measure 2 \
@@ -7,7 +10,7 @@
 
 For each adapter choice of the report and each K = 2..8 (pooled over its sets; greedy, DECS, no pruning, no
 draft chains): the uniform split (K = 2 within 4 within 8: nested) and the set a decoder takes for K (the file's
-stored best set, else the uniform split), each with
+stored best set — chosen on the tune split, measured here on the eval split — else the uniform split), each with
 
 - the depth-side speedup K / (rounds per token), replayed from every layer's candidates on HF greedy's answers:
   what a DEX run with that set measures (``dex_core.analysis.ead``; tests/test_ead.py proves the rule);
@@ -70,8 +73,9 @@ def table(run: dict, cost: ModelCost, decoder_sets: dict) -> list[dict]:
 
 
 def _same_or_best(p: dict, chosen) -> dict | None:
-    """The report's result for set ``chosen`` of K: the uniform split's or the best set's (else None)."""
-    for result in (p["uniform"], p.get("best", {})):
+    """The report's result for set ``chosen`` of K: the file's stored set's, the uniform split's or the best
+    set's (else None)."""
+    for result in (p.get("stored", {}), p["uniform"], p.get("best", {})):
         if result.get("depths") == list(chosen):
             return result
     return None

@@ -3,9 +3,10 @@
     python scripts/ship_adapters.py runs/adapters.safetensors runs/ead.json [--explorers 2,3,4] [--model gemma3-270m]
     python scripts/ship_adapters.py my-adapters.safetensors ead.json --model ./my-model --store-only
 
-``runs/ead.json`` is the report of ``dex ead --adapters FILE --best-within-adapters --out ...`` on the
-same file: for each K, the exploration set with the lowest cost per token (heads and adapters
-included, pooled over its prompt sets) is recorded in the file (``DexDecoder(explorers=K)`` then uses
+``runs/ead.json`` is the report of ``dex ead --adapters FILE --split tune --best-within-adapters --out ...``
+on the same file: for each K, the exploration set with the lowest cost per token (heads and adapters
+included, pooled over its prompt sets) among those at least as fast depth-side as the previous K's minus
+0.02 (``dex_core.analysis.best_sets``) is recorded in the file (``DexDecoder(explorers=K)`` then uses
 it), the ranking of the light proposal heads is stored, and the file is copied to
 ``assets/adapters/`` under the named model's name (``NamedModel.adapters``), where ``adapters="auto"`` finds it.
 With ``--store-only`` (any model spec: your own model's adapters) the file keeps both and is copied nowhere.
@@ -55,6 +56,7 @@ def main(argv=None) -> int:
         print(
             f"K={K}: {b['depths']}, {b['cost_per_token']:.2f} LE/token ({b['cost_share_of_ar']:.3f} of AR's), "
             f"depth-side speedup {b['depth_speedup']:.3f}x"
+            + ("" if b.get("floor_met", True) else f" (below the floor {b['floor']:.3f}: the fastest set)")
         )
     model, tokenizer = load_model(args.model, device="cpu")  # only its identity is checked
     store_ranking(args.adapters, model, token_ranking(tokenizer, model.config.vocab_size))

@@ -7,7 +7,9 @@ import torch
 from conftest import tiny_model
 
 from dex_core import DexDecoder
-from dex_core.analysis.ead import analyse, best_depths, layer_matches, matched_stages, set_cost
+from dex_core.analysis import best_sets
+from dex_core.analysis.best_sets import best_depths, ordered_best
+from dex_core.analysis.ead import analyse, layer_matches, matched_stages, scorer, set_cost
 from dex_core.model.adapters import new_adapters
 from dex_core.model.lens import layer_candidates
 
@@ -69,45 +71,78 @@ def test_dex_matches_at_the_predicted_stage_with_and_without_decs():
             assert result.stats.matched_stages == omega[:, [d - 1 for d in depths]].float().argmax(1).tolist()
 
 
-def test_best_exploration_set_is_the_cheapest_under_rounds_times_longest_stage():
-    gen = torch.Generator().manual_seed(0)
-    T, L = 60, 6
+def _ranked(seed: int, T: int, L: int):
+    """Random rankings where each token becomes every layer's top candidate from a random depth on."""
+    gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 50, (T,), generator=gen)
     cands = torch.randint(0, 50, (T, L, 4), generator=gen)
     ready = torch.randint(1, L + 1, (T,), generator=gen)  # layers >= ready rank the token first
     for layer in range(L):
         cands[:, layer, 0] = torch.where(layer + 1 >= ready, tokens, cands[:, layer, 0])
+    return cands, tokens
+
+
+def test_best_exploration_set_is_the_cheapest_under_rounds_times_longest_stage():
+    L = 6
+    cands, tokens = _ranked(0, 60, L)
+    score, key = scorer(cands, tokens)
     for K in (2, 3):
-        best = best_depths(cands, tokens, K)
+        best = best_depths(score, L, K, key)
         every = [
             set_cost(cands, tokens, c + (L,))["layer_times_per_token"]
             for c in itertools.combinations(range(1, L), K - 1)
         ]
         assert best["layer_times_per_token"] == min(every)
         assert best["depths"][-1] == L and len(best["depths"]) == K
-    out = analyse(cands, tokens, explorers=[2, 3], best=True)
+    out = analyse(cands, tokens, explorers=[2, 3], best=True, tolerance=-1)
     assert all(p["best_gain"] >= 1.0 for p in out["predicted"])
 
 
-def test_the_local_search_for_a_best_set_keeps_every_inner_depth_within_the_adapters(monkeypatch):
-    import dex_core.analysis.ead as ead
+def test_the_best_sets_are_the_cheapest_chain_in_which_no_k_is_slower_than_the_previous(monkeypatch):
+    L, ks, tol = 10, [2, 3, 4, 5], best_sets.ORDER_TOLERANCE
+    cands, tokens = _ranked(0, 80, L)
+    score, key = scorer(cands, tokens)
+    free = ordered_best(score, L, ks, key, tolerance=-1)
+    assert free[5]["depth_speedup"] < free[4]["depth_speedup"] - 0.1  # the cheapest K = 5 set is slower
+    ordered = {p["explorers"]: p["best"] for p in analyse(cands, tokens, ks, best=True)["predicted"]}
+    every = {K: [score(c + (L,)) for c in itertools.combinations(range(1, L), K - 1)] for K in ks}
+    chains = {
+        (tuple(r["depths"]),): (r[key], r["depth_speedup"]) for r in every[2]
+    }  # every chain, by brute force
+    for K in ks[1:]:
+        chains = {
+            path + (tuple(r["depths"]),): (total + r[key], r["depth_speedup"])
+            for path, (total, speed) in chains.items()
+            for r in every[K]
+            if r["depth_speedup"] >= speed - tol
+        }
+        assert (
+            ordered[K]["floor_met"] and ordered[K]["depth_speedup"] >= ordered[K - 1]["depth_speedup"] - tol
+        )
+    assert sum(ordered[K][key] for K in ks) == pytest.approx(min(t for t, _ in chains.values()))
+    assert any(ordered[K]["depths"] != free[K]["depths"] for K in ks)  # the free sets break the order
+    monkeypatch.setattr(best_sets, "EXHAUSTIVE_LIMIT", 1)  # the local search keeps the order too
+    local = ordered_best(score, L, ks, key)
+    for K in ks[1:]:
+        assert local[K]["floor_met"] and local[K]["depth_speedup"] >= local[K - 1]["depth_speedup"] - tol
+    assert sum(local[K][key] for K in ks) >= sum(ordered[K][key] for K in ks) - 1e-9
 
-    gen = torch.Generator().manual_seed(1)
-    T, L = 80, 12
-    tokens = torch.randint(0, 50, (T,), generator=gen)
-    cands = torch.randint(0, 50, (T, L, 4), generator=gen)
-    ready = torch.randint(1, L + 1, (T,), generator=gen)
-    for layer in range(L):
-        cands[:, layer, 0] = torch.where(layer + 1 >= ready, tokens, cands[:, layer, 0])
+
+def test_the_local_search_for_a_best_set_keeps_every_inner_depth_within_the_adapters(monkeypatch):
+    L = 12
+    cands, tokens = _ranked(1, 80, L)
+    score, key = scorer(cands, tokens)
     within = [2, 3, 5, 7, 8, 10]  # the uniform K = 4 split (3, 6, 9) has 6 and 9 outside it
-    monkeypatch.setattr(ead, "EXHAUSTIVE_LIMIT", 1)  # C(6, 3) = 20 sets: the local search, not every set
-    best = best_depths(cands, tokens, 4, within=within)
+    monkeypatch.setattr(
+        best_sets, "EXHAUSTIVE_LIMIT", 1
+    )  # C(6, 3) = 20 sets: the local search, not every set
+    best = best_depths(score, L, 4, key, within=within)
     assert set(best["depths"][:-1]) <= set(within) and best["depths"][-1] == L
     every = [
         set_cost(cands, tokens, c + (L,))["layer_times_per_token"] for c in itertools.combinations(within, 3)
     ]
-    start = ead._start(L, 4, within)  # the uniform split moved onto the adapters' depths
-    assert start == (3, 5, 8, 12) and ead._start(30, 4, [9, 18, 27]) == (9, 18, 27, 30)
+    start = best_sets._start(L, 4, within)  # the uniform split moved onto the adapters' depths
+    assert start == (3, 5, 8, 12) and best_sets._start(30, 4, [9, 18, 27]) == (9, 18, 27, 30)
     assert (
         best["layer_times_per_token"] == min(every) < set_cost(cands, tokens, start)["layer_times_per_token"]
     )

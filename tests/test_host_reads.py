@@ -77,3 +77,36 @@ def test_a_distributed_round_reads_the_host_once_on_every_rank(tmp_path):
         assert reads and set(reads) == {1}, (rank, reads)
         assert tokens == hf_greedy(model, PROMPT, 16)
     assert len(results[0][1]) == len(results[1][1])  # the same rounds on both ranks
+
+
+class FakeEvent:
+    """A CUDA event's protocol on the host: ``done`` says whether the device has passed it."""
+
+    def __init__(self, at: float, done: bool):
+        self.at, self.done, self.synced = at, done, 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.synced += 1
+        self.done = True
+
+    def elapsed_time(self, later) -> float:
+        return (later.at - self.at) * 1000.0
+
+
+def test_on_cuda_a_rounds_timings_never_wait_and_a_final_read_waits_only_for_what_is_left():
+    from dex_core.runtime.clock import Clock
+
+    clock = Clock("cpu")
+    clock.cuda = True  # the CUDA path, on events the test controls
+    first = [FakeEvent(0.0, True), FakeEvent(0.5, True)]
+    second = [FakeEvent(1.0, True), FakeEvent(1.25, False)]  # the device has not passed its end yet
+    clock._spans = [("expand", *first), ("expand", *second)]
+    assert clock.seconds("expand", wait=False) == 0.5  # the first span only; the second stays for later
+    assert second[1].synced == 0 and len(clock._spans) == 1
+    assert clock.read() == {"expand": 0.25} and second[1].synced == 1  # waited for, once, at the end
+    clock._spans = [("decode", FakeEvent(2.0, True), FakeEvent(2.5, True))]
+    done = clock._spans[0][2]
+    assert clock.read() == {"decode": 0.5} and done.synced == 0  # passed already: no wait

@@ -19,14 +19,12 @@ token, against L for AR. Counting all the work (``dex_core.model.cost``, memory-
 with c_k(1) stage k's layers, proposal head (light at non-final stages with a shortlist, whose misses the
 rankings then include) and adapter: max(c_final, M) + (R(X) - 1) M per token, M = max_{k<K-1} c_k(1), as
 every non-final explorer may work in every round but the final one holds the commit position's row only,
-once per token. ``best_depths`` finds the set of K stages that minimises it (exhaustively when there are
-few sets, else by local search from the uniform split).
+once per token. ``best_sets`` finds, for each K, the cheapest set of K stages that is not slower
+depth-side than the previous K's (``analyse(best=True)``).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -49,15 +47,14 @@ from ..config import (
 from ..data.ranking import token_ranking
 from ..data.sets import PROMPT_SETS, prompt_set
 from ..log import stderr
-from ..model.adapter_choice import resolve_adapters
+from ..model.adapter_choice import resolve_adapters, stored_sets
 from ..model.cost import ModelCost
 from ..model.lens import layer_candidates
 from ..model.load import load_model
 from ..model.proposal import adapter_ranking, proposal_rows
 from ..runtime.reference import hf_greedy
 from ..runtime.request import encode_item
-
-EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this many, else local search
+from .best_sets import ORDER_TOLERANCE, ordered_best
 
 
 def matches(candidates: torch.Tensor, tokens) -> torch.Tensor:
@@ -139,56 +136,13 @@ def set_cost(
     return out
 
 
-def best_depths(
-    candidates: torch.Tensor,
-    tokens,
-    explorers: int,
-    decs: bool = True,
-    lengths=None,
-    cost=None,
-    adapter_depths=(),
-    within=None,
-) -> dict:
-    """The exploration set of ``explorers`` stages with the lowest cost per token (``cost`` given) or
-    R(X) * longest stage; with ``within``, only sets whose non-final depths all lie in it."""
-    L = candidates.shape[1]
-    if not 1 <= explorers <= L or (within is not None and explorers - 1 > len(within)):
-        raise DexError(
-            f"explorers must lie in 1..{L if within is None else len(within) + 1}; got {explorers}"
-        )
-    key = "layer_times_per_token" if cost is None else "cost_per_token"
+def scorer(candidates: torch.Tensor, tokens, decs: bool = True, lengths=None, cost=None, adapter_depths=()):
+    """``set_cost`` of a set on these rankings (what ``best_sets`` searches with), and the key it minimises."""
 
-    def cost_of(depths):
+    def score(depths) -> dict:
         return set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
 
-    pool = sorted(within) if within is not None else list(range(1, L))
-    if math.comb(len(pool), explorers - 1) <= EXHAUSTIVE_LIMIT:
-        sets = (tuple(c) + (L,) for c in itertools.combinations(pool, explorers - 1))
-        return min((cost_of(s) for s in sets), key=lambda r: (r[key], r["depths"]))
-    best = cost_of(_start(L, explorers, pool))
-    improved = True
-    while improved:  # move one boundary at a time (to a depth of the pool) while that lowers the cost
-        improved = False
-        for i in range(explorers - 1):
-            for step in (-3, -2, -1, 1, 2, 3):
-                depths, j = list(best["depths"]), pool.index(best["depths"][i]) + step
-                if not 0 <= j < len(pool) or not (depths[i - 1] if i else 0) < pool[j] < depths[i + 1]:
-                    continue
-                depths[i] = pool[j]
-                trial = cost_of(depths)
-                if trial[key] < best[key] - 1e-12:
-                    best, improved = trial, True
-    return best
-
-
-def _start(L: int, explorers: int, pool) -> tuple[int, ...]:
-    """The uniform split, each inner depth moved to the nearest free depth of ``pool`` (kept increasing)."""
-    chosen = []
-    for d in resolve_depths(L, explorers=explorers)[:-1]:
-        left = [p for p in pool if not chosen or p > chosen[-1]]
-        room = len(left) - (explorers - 2 - len(chosen))  # a depth left for every boundary still to place
-        chosen.append(min(left[:room], key=lambda p: (abs(p - d), p)))
-    return (*chosen, L)
+    return score, ("layer_times_per_token" if cost is None else "cost_per_token")
 
 
 def analyse(
@@ -201,23 +155,28 @@ def analyse(
     cost=None,
     adapter_depths=(),
     within=None,
+    stored=None,
+    tolerance: float = ORDER_TOLERANCE,
 ) -> dict:
     """EADs, predicted speedups for the uniform split of each K (paper S_X, and DEX's K / rounds per
-    token without and with DECS), the oracle S_EAD, and with ``best`` the best set of each K.
-    ``lengths``: the token counts of the generations pooled in ``candidates`` (default: one)."""
+    token without and with DECS), the oracle S_EAD; with ``best`` the best set of each K (``best_sets``:
+    the cheapest, at least the previous K's depth-side speedup minus ``tolerance``); with ``stored``
+    (``{K: depths}``, an adapter file's sets) those sets too. ``lengths``: the token counts of the
+    generations pooled in ``candidates`` (default: one)."""
     omega = matches(candidates, tokens)
     T, L = omega.shape
     layers = torch.arange(1, L + 1, device=omega.device)
     ead = torch.where(omega, layers, L + 1).min(dim=1).values  # (T,)
     ead_stable = torch.where(~omega, layers, 0).max(dim=1).values + 1  # the first layer after the last miss
+    score, key = scorer(candidates, tokens, decs, lengths, cost, adapter_depths)
+    ks = [K for K in explorers if K <= L]
+    chosen = ordered_best(score, L, ks, key, within, tolerance) if best else {}
     predicted = []
-    for K in explorers:
-        if K > L:
-            break
+    for K in ks:
         depths = resolve_depths(L, explorers=K)
         bounds = torch.tensor(depths, device=omega.device)
         ceil = bounds[torch.searchsorted(bounds, ead_stable)]
-        uniform = set_cost(candidates, tokens, depths, decs, lengths, cost, adapter_depths)
+        uniform = score(depths)
         no_decs = set_cost(candidates, tokens, depths, False, lengths) if decs else uniform
         row = {
             "explorers": K,
@@ -227,19 +186,10 @@ def analyse(
             "decs": decs,
             "uniform": uniform,
         }
-        if best:
-            row["best"] = best_depths(
-                candidates,
-                tokens,
-                K,
-                decs,
-                lengths,
-                cost,
-                adapter_depths,
-                within if within is None or K - 1 <= len(within) else None,
-            )
-            key = "layer_times_per_token" if cost is None else "cost_per_token"
-            row["best_gain"] = uniform[key] / row["best"][key]
+        if K in chosen:
+            row["best"], row["best_gain"] = chosen[K], uniform[key] / chosen[K][key]
+        if stored and K in stored:
+            row["stored"] = score(tuple(stored[K]))
         predicted.append(row)
     return {
         "num_layers": L,
@@ -285,12 +235,19 @@ class EadConfig:
         "adapter choices to compare on the same answers, comma-separated: auto, default, none or files",
     )
     sets: tuple[str, ...] = option(("humaneval", "chat"), "prompt sets: " + ", ".join(PROMPT_SETS))
-    prompts: int = option(20, "prompts per set, from its eval split")
+    prompts: int = option(20, "prompts per set")
+    split: str = option(
+        "eval", "the sets' split: eval (held out, the acceptance's) or tune (to choose sets on)"
+    )
     max_new_tokens: int = option(GenerationOptions.max_new_tokens, "new tokens per prompt (greedy)")
     explorers: tuple[int, ...] = option(ANALYSED_KS, "values of K")
     decs: bool = option(True, "predict with depth-coupled sampling")
     best: bool = option(True, "search the best exploration set per K")
     best_within_adapters: bool = option(False, "search only sets whose non-final depths carry adapters")
+    order_tolerance: float = option(
+        ORDER_TOLERANCE,
+        "each K's best set keeps at least the previous K's depth-side speedup minus this (negative: no floor)",
+    )
     proposal_vocab: str = option(
         "auto",
         "rows of the non-final light proposal heads: N, full or auto (8192 "
@@ -309,6 +266,8 @@ class EadConfig:
             raise DexError(f"unknown prompt set(s) {bad}; choose from {', '.join(PROMPT_SETS)}")
         self.explorers = parse_ints(self.explorers, "explorers")
         self.proposal_vocab = rows_option(self.proposal_vocab)
+        if self.split not in ("eval", "tune"):
+            raise DexError(f"split must be eval or tune; got {self.split!r}")
         if self.prompts < 1 or self.max_new_tokens < 1:
             raise DexError("prompts and max_new_tokens must be positive")
 
@@ -316,7 +275,7 @@ class EadConfig:
 def run_ead(cfg: EadConfig, log=stderr) -> dict:
     """Greedy answers, generated once, analysed under every adapter choice, per set and pooled; costs
     per token from ``dex_core.model.cost`` with the light proposal heads of ``proposal_vocab`` rows."""
-    prompts = {name: prompt_set(name, cfg.prompts) for name in cfg.sets}
+    prompts = {name: prompt_set(name, cfg.prompts, cfg.split) for name in cfg.sets}
     model, tokenizer = load_model(cfg.model, device=cfg.device)
     if max(cfg.explorers) > model.config.num_hidden_layers:
         raise DexError(
@@ -330,43 +289,51 @@ def run_ead(cfg: EadConfig, log=stderr) -> dict:
             ids = encode_item(tokenizer, item)
             answers[name].append((ids, hf_greedy(model, ids, cfg.max_new_tokens)))
             log(f"{name} {i + 1}/{len(items)}: {len(answers[name][-1][1])} tokens")
-    report = {"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "decs": cfg.decs, "runs": []}
-    vocab = model.lm_head.out_features
+    report = {
+        "model": cfg.model,
+        "split": cfg.split,
+        "max_new_tokens": cfg.max_new_tokens,
+        "decs": cfg.decs,
+        "order_tolerance": cfg.order_tolerance,
+        "runs": [],
+    }
     for adapter_name, adapters in chosen.items():
-        rows = proposal_rows(cfg.proposal_vocab, vocab)
-        ranking = adapter_ranking(adapter_name, model) if rows < vocab else None
-        shortlist = (
-            None
-            if rows >= vocab
-            else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
-        )
-        cost, depths = ModelCost.of(model, adapters, rows), sorted(adapters)
-        within = depths if cfg.best_within_adapters and depths else None
-        run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
-        pooled = ([], [], [])
-        for name, pairs in answers.items():
-            log(f"adapters {adapter_name}: every depth's candidates on the {len(pairs)} {name} answers")
-            cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
-            toks = [t for _, out in pairs for t in out]
-            lengths = [len(out) for _, out in pairs]
-            run["sets"][name] = analyse(
-                torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, cost, depths, within
-            )
-            for acc, part in zip(pooled, (cands, toks, lengths)):
-                acc.extend(part)
-        run["all"] = analyse(
-            torch.cat(pooled[0]),
-            pooled[1],
-            cfg.explorers,
-            cfg.decs,
-            cfg.best,
-            pooled[2],
-            cost,
-            depths,
-            within,
-        )
-        report["runs"].append(run)
+        report["runs"].append(_adapter_run(cfg, model, tokenizer, adapter_name, adapters, answers, log))
     return report
+
+
+def _adapter_run(cfg: EadConfig, model, tokenizer, adapter_name: str, adapters, answers: dict, log) -> dict:
+    """One adapter choice's analysis of the answers: per prompt set and pooled."""
+    vocab = model.lm_head.out_features
+    rows = proposal_rows(cfg.proposal_vocab, vocab)
+    ranking = adapter_ranking(adapter_name, model) if rows < vocab else None
+    shortlist = (
+        None
+        if rows >= vocab
+        else (ranking if ranking is not None else token_ranking(tokenizer, vocab))[:rows]
+    )
+    cost, depths = ModelCost.of(model, adapters, rows), sorted(adapters)
+    within = depths if cfg.best_within_adapters and depths else None
+    run = {"adapters": adapter_name, "adapter_depths": depths, "proposal_vocab": rows, "sets": {}}
+    stored = stored_sets(adapter_name, model)
+    if stored:
+        run["stored_sets"] = {K: list(v) for K, v in sorted(stored.items())}
+    more = (cost, depths, within)
+    extra = {"stored": stored, "tolerance": cfg.order_tolerance}
+    pooled = ([], [], [])
+    for name, pairs in answers.items():
+        log(f"adapters {adapter_name}: every depth's candidates on the {len(pairs)} {name} answers")
+        cands = [layer_candidates(model, ids, out, adapters, shortlist=shortlist) for ids, out in pairs]
+        toks = [t for _, out in pairs for t in out]
+        lengths = [len(out) for _, out in pairs]
+        run["sets"][name] = analyse(
+            torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, *more, **extra
+        )
+        for acc, part in zip(pooled, (cands, toks, lengths)):
+            acc.extend(part)
+    cands, toks, lengths = pooled
+    run["all"] = analyse(torch.cat(cands), toks, cfg.explorers, cfg.decs, cfg.best, lengths, *more, **extra)
+    return run
 
 
 def ead_summary(report: dict) -> list[str]:
@@ -388,13 +355,18 @@ def ead_summary(report: dict) -> list[str]:
                     line += f"; cost {u['cost_per_token']:.2f} LE/token ({u['cost_share_of_ar']:.3f} of AR's)"
                 if "best" in p and "cost_per_token" in p["best"]:
                     line += (
-                        f"; best {p['best']['depths']}: {p['best']['cost_per_token']:.2f} LE/token "
+                        f"; best {p['best']['depths']}: K/rounds {p['best']['depth_speedup']:.3f}x, "
+                        f"{p['best']['cost_per_token']:.2f} LE/token "
                         f"({p['best']['cost_share_of_ar']:.3f} of AR's, {p['best_gain']:.3f}x uniform)"
                     )
                 elif "best" in p:
                     line += (
                         f"; best {p['best']['depths']}: pipeline {p['best']['pipeline_speedup']:.3f}x vs "
                         f"uniform {p['uniform']['pipeline_speedup']:.3f}x ({p['best_gain']:.3f}x)"
+                    )
+                if "stored" in p:
+                    line += (
+                        f"; the file's {p['stored']['depths']}: K/rounds {p['stored']['depth_speedup']:.3f}x"
                     )
                 lines.append(line)
     return lines

@@ -192,21 +192,26 @@ def store_best_sets(path, model, best: dict[int, list[int]]) -> None:
     )
 
 
+def stored_sets(spec, model) -> dict[int, tuple[int, ...]]:
+    """``{K: depths}``: the best sets recorded with the adapter file that choice ``spec`` names (else none)."""
+    path = named_file(spec, model)
+    raw = header(path)[0].get("best_sets") if path is not None else None
+    try:
+        sets = json.loads(raw) if raw else {}
+        return {int(k): tuple(int(d) for d in v) for k, v in sets.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
 def choose_depths(model, options) -> tuple[tuple[int, ...], str]:
     """The exploration set of decoder ``options`` and how it was chosen: explicit ``depths`` win; else
     the best set for K recorded with the adapter file ('auto'/'default'/a file), else the uniform split."""
     L = identity_of(model)["num_layers"]
     if options.depths is not None:
         return resolve_depths(L, options.depths), DEPTH_CHOICES[0]
-    path = named_file(options.adapters, model)
-    if path is not None:
-        raw = header(path)[0].get("best_sets")
-        try:
-            best = json.loads(raw)[str(options.explorers)] if raw else None
-        except (ValueError, KeyError, TypeError):
-            best = None
-        if best is not None:
-            return resolve_depths(L, best), DEPTH_CHOICES[1]
+    best = stored_sets(options.adapters, model).get(options.explorers)
+    if best is not None:
+        return resolve_depths(L, best), DEPTH_CHOICES[1]
     return resolve_depths(L, explorers=options.explorers), DEPTH_CHOICES[2]
 
 
