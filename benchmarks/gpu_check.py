@@ -49,7 +49,7 @@ from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.analysis.profile import decode_order_seconds, row_blocks, row_budget
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
-from dex_core.host_reads import HostReads
+from dex_core.host_reads import reads_per_event
 from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
 from dex_core.runtime.clock import Clock
@@ -289,12 +289,7 @@ def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     schedule's are counted per rank on CPU by tests/test_host_reads.py, on the same code path."""
     dex, per_round, places = decoder(model, K, adapters), [], {}
     for prompt in prompts:
-        events = dex.stream(prompt, tokens)
-        while True:
-            with HostReads() as counted:
-                event = next(events, None)
-            if event is None:
-                break
+        for event, counted in reads_per_event(dex.stream(prompt, tokens)):
             if event["event"] == "round":
                 per_round.append(counted.count)
                 for (name, place), n in counted.by_place().items():

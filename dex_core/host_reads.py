@@ -10,6 +10,8 @@ the counter is open. A ``.to("cpu")`` is a read too but is not seen by name; the
     with HostReads() as reads:
         ...
     reads.count, reads.where  # how many, and (name, caller file:line) of each
+
+    for event, reads in reads_per_event(decoder.stream(prompt, 32)): ...  # a round's reads with its event
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -73,3 +76,14 @@ class HostReads(TorchFunctionMode):
 def _inside_torch(filename: str) -> bool:
     """Frames of this counter and of torch itself, skipped to name the caller that read."""
     return filename == __file__ or f"{os.sep}torch{os.sep}" in filename
+
+
+def reads_per_event(events: Iterable) -> Iterator[tuple[object, HostReads]]:
+    """Each item of ``events`` (a DEX stream: one event a round) with the host reads made while it was produced."""
+    events = iter(events)
+    while True:
+        with HostReads() as counted:
+            event = next(events, None)
+        if event is None:
+            return
+        yield event, counted

@@ -60,7 +60,7 @@ def host_reads_of_rank(rank: int, folder: str, prompt: list, new: int, out) -> N
 
     from dex_core import DexDecoder, GenerationOptions
     from dex_core.distributed.rank import connect, init_world, serve_request
-    from dex_core.host_reads import HostReads
+    from dex_core.host_reads import reads_per_event
     from dex_core.runtime.request import make_request
     from dex_core.testing import tiny_model
 
@@ -71,11 +71,7 @@ def host_reads_of_rank(rank: int, folder: str, prompt: list, new: int, out) -> N
     request = make_request(decoder.view, prompt, GenerationOptions(max_new_tokens=new))
     events = serve_request(decoder.view, decoder.explorers[rank], link, request, decoder.settings)
     reads, tokens = [], None
-    while True:
-        with HostReads() as counted:
-            event = next(events, None)
-        if event is None:
-            break
+    for event, counted in reads_per_event(events):
         if event["event"] == "round":
             reads.append(counted.count)
         tokens = event.get("tokens", tokens)

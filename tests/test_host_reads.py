@@ -7,7 +7,7 @@ import torch.multiprocessing as mp
 from conftest import tiny_model
 
 from dex_core import DexDecoder
-from dex_core.host_reads import HostReads
+from dex_core.host_reads import HostReads, reads_per_event
 from dex_core.runtime.reference import ar_generate, hf_greedy
 
 PROMPT = [3, 5, 7, 9, 3, 5, 7, 9, 3, 5]  # repeats: draft chains find drafts
@@ -15,15 +15,12 @@ PROMPT = [3, 5, 7, 9, 3, 5, 7, 9, 3, 5]  # repeats: draft chains find drafts
 
 def rounds_reads(decoder, prompt, new: int, **options) -> tuple[list[int], list[int]]:
     """Host reads counted in each round of a sequential run, and its tokens."""
-    events, reads, tokens = decoder.stream(prompt, new, **options), [], None
-    while True:
-        with HostReads() as counted:
-            event = next(events, None)
-        if event is None:
-            return reads, tokens
+    reads, tokens = [], None
+    for event, counted in reads_per_event(decoder.stream(prompt, new, **options)):
         if event["event"] == "round":
             reads.append(counted.count)
         tokens = event.get("tokens", tokens)
+    return reads, tokens
 
 
 def test_the_counter_sees_every_kind_of_host_read_and_restores_cuda_events():

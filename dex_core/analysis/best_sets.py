@@ -27,7 +27,7 @@ import math
 from ..config import DexError, resolve_depths
 
 EXHAUSTIVE_LIMIT = 5000  # exploration sets searched exhaustively up to this many, else local search
-ORDER_TOLERANCE = 0.0  # how much slower depth-side than the previous K's a K's set may be, on the data it is chosen on
+ORDER_TOLERANCE = 0.0  # how much slower depth-side a K's set may be than the previous K's, where chosen
 CHAINS = 24  # the cheapest chains whose sets, plus one depth, start the local search of the next K
 PENALTY = 1e9  # the cost added to a chain that breaks the order (taken only when no chain keeps it)
 
