@@ -289,3 +289,25 @@ def test_both_links_meet_the_contract_the_round_loop_relies_on():
         for m in methods:
             ours, contract = inspect.signature(getattr(made, m)), inspect.signature(getattr(Link, m))
             assert list(ours.parameters) == list(contract.parameters)[1:], (type(made).__name__, m)
+
+
+def test_rank_0_sends_its_events_in_batches_of_the_batch_window_and_slow_rounds_and_the_end_at_once():
+    from dex_core.distributed import rank as rank_module
+
+    sent, now, window = [], [0.0], rank_module.BATCH_SECONDS
+    batch = rank_module.EventBatch(lambda *msg: sent.append(msg), 7, clock=lambda: now[0])
+
+    def at(t: float, kind: str = "round") -> list:
+        now[0] = t
+        batch.add({"event": kind, "t": t})
+        return [(k, rid, [e["t"] for e in events]) for k, rid, events in sent]
+
+    assert at(0.3 * window) == at(0.6 * window) == []  # fast rounds: held
+    assert at(window) == [("events", 7, [0.3 * window, 0.6 * window, window])]  # the window passed: they go
+    assert at(3 * window)[-1] == ("events", 7, [3 * window])  # a slow round goes at once
+    assert len(at(3.1 * window)) == 2 and at(3.2 * window, "end")[-1] == (
+        "events",
+        7,
+        [3.1 * window, 3.2 * window],
+    )
+    assert batch.events == []

@@ -3,12 +3,12 @@
 The parent (``DexDecoder(..., backend="distributed")``) starts K rank processes that run
 ``dex_core.rank.main`` (fresh interpreters, as torchrun starts its ranks), so they never re-import the caller's
 ``__main__``: a plain script without a ``__main__`` guard works. It talks to each over an authenticated local
-connection: one start message (the run's ``RunSettings`` and where the rank's part of the model comes from),
-then typed ``Request``s; it receives rank 0's trace events. It writes no weights anywhere: ranks read their
-own tensors from the checkpoint (``DexDecoder.from_pretrained``: the parent holds config and tokenizer only),
-or, for a model built in memory, receive their part's tensors over the connection. The processes idle between
-calls and end with ``close()``, at interpreter exit, or by themselves within a second of the parent's
-death (idle or busy).
+connection: one start message (the run's ``RunSettings`` and where the rank's part of the model comes from), then
+typed ``Request``s; it receives rank 0's trace events, in batches (``rank.EventBatch``). It writes no weights
+anywhere: ranks read their own tensors from the checkpoint (``DexDecoder.from_pretrained``: the parent holds config
+and tokenizer only), or, for a model built in memory, receive their part's tensors over the connection. The
+processes idle between calls and end with ``close()``, at interpreter exit, or by themselves within a second of the
+parent's death (idle or busy).
 
 Starting is bounded by silence, not by a flat deadline: each rank reports its loading progress (bytes of its
 part placed) at least every ``REPORT_SECONDS``; a rank silent for ``start_timeout`` while loading is named and
@@ -326,18 +326,18 @@ class ExplorerGroup:
         finished = False
         try:
             while True:
-                kind, key, event = self._get(self._check_run)
-                if kind == "event" and key == rid:
+                kind, key, events = self._get(self._check_run)
+                for event in events if kind == "events" and key == rid else ():  # rank 0's batches
                     finished = event["event"] == "end"
                     yield event
-                    if finished:
-                        return
+                if finished:
+                    return
         finally:
             if not finished and self._procs is not None:  # the caller stopped early: stop the ranks too
                 self._send_all(("cancel", rid))
                 while self._procs is not None:
-                    kind, key, event = self._get(self._check_run)
-                    if kind == "event" and key == rid and event["event"] == "end":
+                    kind, key, events = self._get(self._check_run)
+                    if kind == "events" and key == rid and events[-1]["event"] == "end":
                         break
 
     def _send_all(self, msg) -> None:

@@ -7,7 +7,8 @@ is authenticated with a key the parent passes in the environment). Its parent se
 run's settings (``RunSettings``), where its part of the model comes from (``PartSource``: a checkpoint folder
 it reads its own tensors from, or the tensors themselves for a model built in memory) and how to join. The
 rank builds its part (``dex_core.model.stage_load``), reporting progress as the bytes arrive, joins
-torch.distributed and then serves typed ``Request``s until told to close. It ends itself within a second
+torch.distributed and then serves typed ``Request``s until told to close; rank 0 sends the trace events
+in batches (``EventBatch``). It ends itself within a second
 when its parent dies, idle or busy.
 """
 
@@ -214,6 +215,28 @@ def serve_request(view, explorer, link, request: Request, settings: RunSettings)
         yield from run_rounds(view, settings, [explorer], link, request)
 
 
+BATCH_SECONDS = 0.02  # rank 0 sends its trace events at most this late (the end event at once)
+
+
+class EventBatch:
+    """Rank 0's trace events to its parent, a batch at a time: a message (pickled, sent, received, unpickled) each
+    round would cost the round loop and the parent a wake-up per round (rounds of a GPU stage last about a
+    millisecond). An event goes at once when ``BATCH_SECONDS`` have passed since the last message (so a round
+    slower than that is never held back), else with the next one that does, or with the end event."""
+
+    def __init__(self, send, request_id: int, clock=time.monotonic):
+        self.send, self.id, self.clock = send, request_id, clock
+        self.events: list[dict] = []
+        self.last = clock()
+
+    def add(self, event: dict) -> None:
+        self.events.append(event)
+        now = self.clock()
+        if event["event"] == "end" or now - self.last >= BATCH_SECONDS:
+            self.send("events", self.id, self.events)
+            self.events, self.last = [], now
+
+
 class _Cancel:
     """Set by the parent for one request id; the link asks ``is_set()`` each round."""
 
@@ -342,6 +365,7 @@ def _serve(conn, rank: int, send) -> None:
     while (msg := inbox.get())[0] == "request":
         request = msg[1]
         cancel.current = request.id
+        batch = EventBatch(send, request.id)
         for event in serve_request(view, explorer, link, request, start.settings):
             if rank == 0:
-                send("event", request.id, event)
+                batch.add(event)
