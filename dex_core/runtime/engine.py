@@ -25,7 +25,7 @@ from .readback import Choice, StageOutput
 from .request import Request
 from .results import GenerationStats
 from .settings import RunSettings
-from .stage import choose, expand, passed_on
+from .stage import choose_round, expand
 
 Outputs = dict[int, StageOutput]  # stage index -> what that explorer produced this round
 
@@ -67,7 +67,9 @@ def run_rounds(
         with run.clock.span("round"):
             plan = plan_round(run)  # the nodes (ETKs) of FSM state q, by stage
             masked = decs_masks(run, plan)  # DECS: the tokens shallower stages of each slot proposed
-            choices = {e.index: explore(run, e, plan, masked) for e in run.explorers if plan.batches[e.index]}
+            choices = explore(
+                run, plan, masked
+            )  # every explorer: expand its batch, choose its tokens (on device)
             outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
@@ -132,13 +134,11 @@ def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
     }
 
 
-def explore(run: Run, e: Explorer, plan: RoundPlan, masked: dict[int, list[int]]) -> Choice:
-    """Explorer ``e``'s round: expand its batch, then choose its tokens (on its device, read by the link)."""
-    batch = plan.batches[e.index]
-    hidden, logits = expand(run, e, plan)
-    if logits is None:  # AR through the stages: only the last one chooses
-        return passed_on(run, e, batch, hidden)
-    return choose(run, e, batch, logits, [masked[n.id] for n in batch], hidden)
+def explore(run: Run, plan: RoundPlan, masked: dict[int, list[int]]) -> dict[int, Choice]:
+    """Every explorer this process runs expands its batch; then they choose their tokens (those sharing a head
+    together), on their devices, for the link to read."""
+    expanded = {e.index: expand(run, e, plan) for e in run.explorers if plan.batches[e.index]}
+    return choose_round(run, plan, expanded, masked)
 
 
 def insert(run: Run, plan: RoundPlan, outputs: Outputs) -> None:

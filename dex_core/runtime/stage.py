@@ -38,12 +38,36 @@ def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
         return h_out, e.propose(h_out) if proposes else None
 
 
-def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden: torch.Tensor) -> Choice:
-    """The batch's tokens (final stage: the model's own choice; else DECS-masked by ``masked``) and what the trace
-    and pruning need of them, packed on the device for the link's one read of the round."""
-    s, sampler = run.settings, run.sampler
+def choose_round(run, plan, expanded: dict, masked: dict[int, list[int]]) -> dict[int, Choice]:
+    """Every local explorer's choices of the round (``expanded``: stage index -> (hidden, logits) from ``expand``).
+    Explorers that share a head (every non-final one on the sequential schedule) choose together: one set of
+    kernels for all their rows, not one per explorer; what each row gets is what it would get alone."""
+    groups, local = {}, {e.index: e for e in run.explorers}
+    for k, (hidden, logits) in expanded.items():
+        e = local[k]
+        if logits is not None:
+            groups.setdefault((e.final, id(e.head), logits.shape[-1]), []).append((e, hidden, logits))
+    choices = {
+        k: passed_on(run, k, plan.batches[k], hidden)
+        for k, (hidden, logits) in expanded.items()
+        if logits is None  # AR through the stages: only the last one chooses
+    }
+    for members in groups.values():
+        choices.update(choose(run, plan, members, masked))
+    return dict(sorted(choices.items()))
+
+
+def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, Choice]:
+    """The tokens of explorers ``members`` ((explorer, hidden, logits), one head between them) for their batches
+    (final stage: the model's own choice; else DECS-masked by ``masked``) and what the trace and pruning need of
+    them, packed on the device for the link's one read of the round."""
+    s, sampler, e = run.settings, run.sampler, members[0][0]
+    batch = [n for m in members for n in plan.batches[m[0].index]]
     with run.clock.span("decode"):
-        decision = sampler.decide(logits, [n.position for n in batch], e.final, masked, e.head)
+        logits = members[0][2] if len(members) == 1 else torch.cat([m[2] for m in members])
+        decision = sampler.decide(
+            logits, [n.position for n in batch], e.final, [masked[n.id] for n in batch], e.head
+        )
         top = min(s.trace_top, logits.shape[-1])
         probs = top_probs = top_ids = None
         if s.prune is not None or top:  # unfiltered, at the sampling temperature; with a light head within it
@@ -56,16 +80,20 @@ def choose(run, e, batch, logits: torch.Tensor, masked: list[list[int]], hidden:
             top_ids = top_ids if e.head is None else e.head.ids[top_ids]
         values, candidates = (probs, decision.margins, decision.gaps), (top_ids, top_probs) if top else None
         rows = pack(len(batch), s.trace_top, logits.device, decision.tokens, values, candidates)
-    return Choice(rows, None if e.final else hidden, _expand_seconds(run, e))
+    parts = rows.split([len(plan.batches[m[0].index]) for m in members])
+    return {
+        m[0].index: Choice(part, None if m[0].final else m[1], _expand_seconds(run, m[0].index))
+        for m, part in zip(members, parts)
+    }
 
 
-def passed_on(run, e, batch, hidden: torch.Tensor) -> Choice:
-    """What a stage that proposes nothing produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
+def passed_on(run, k: int, batch, hidden: torch.Tensor) -> Choice:
+    """What stage ``k``, proposing nothing, produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
     rows = pack(len(batch), run.settings.trace_top, hidden.device, NO_PROPOSAL)
-    return Choice(rows, hidden, _expand_seconds(run, e))
+    return Choice(rows, hidden, _expand_seconds(run, k))
 
 
-def _expand_seconds(run, e) -> Callable[[bool], float]:
+def _expand_seconds(run, k: int) -> Callable[[bool], float]:
     """Explorer ``e``'s expansion seconds this round, read once the link has read the round (``wait``: on CUDA,
     wait for the device if it has not passed the span yet; else what the device has passed, the rest later)."""
-    return partial(run.clock.seconds, ("expand", e.index))
+    return partial(run.clock.seconds, ("expand", k))
