@@ -32,9 +32,8 @@ from ..distributed.rank import init_options
 from ..runtime.clock import Clock, decode_order_seconds
 from ..runtime.readback import pack_columns
 
-CONTROL_COLUMNS = pack_columns(
-    5
-)  # the columns DistLink gathers a round per row, with the app's 5 trace candidates
+# the columns DistLink gathers a round per row, with the app's 5 trace candidates
+CONTROL_COLUMNS = pack_columns(5)
 
 
 def backend_of(devices) -> str:

@@ -62,9 +62,8 @@ class ProposalHead:
         self.bias = None if rows[1] is None else rows[1].contiguous()
         self.index = torch.full((view.vocab,), -1, dtype=torch.long, device=view.device)
         self.index[self.ids] = torch.arange(len(ids), device=view.device)
-        self.columns = {
-            t: c for c, t in enumerate(ids.tolist())
-        }  # token id -> column, on the host (DECS masks)
+        # token id -> column, on the host: what DECS masks through this head
+        self.columns = {t: c for c, t in enumerate(ids.tolist())}
 
     def __len__(self) -> int:
         return len(self.ids)

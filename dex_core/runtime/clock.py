@@ -7,10 +7,11 @@ another tile the stream's timeline, so they add up to the wall time. On CPU, ``t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from contextlib import contextmanager
 
 import torch
@@ -40,15 +41,14 @@ class Clock:
         finally:
             self._spans.append((name, start, self.stamp()))
 
-    def read(self, name: Hashable | None = None, wait: bool = True) -> dict:
-        """Seconds per span name (only ``name`` when given) since the last read of those spans. On CUDA, with
-        ``wait`` this waits until the device has passed the last of them (no wait when it has: ``query``);
+    def read(self, names: Collection[Hashable] | None = None, wait: bool = True) -> dict:
+        """Seconds per span name (only those in ``names`` when given) since the last read of those spans. On CUDA,
+        with ``wait`` this waits until the device has passed the last of them (no wait when it has: ``query``);
         without, it takes only the spans the device has passed and leaves the rest to a later read, so a
         round's timings never stop the host (they may then count in the next round's)."""
-        taken = [s for s in self._spans if name is None or s[0] == name]
-        if self.cuda and taken and not wait:
-            done = [s[2].query() for s in taken]  # the stream passes events in order: a prefix is done
-            taken = taken[: done.index(False)] if False in done else taken
+        taken = [s for s in self._spans if names is None or s[0] in names]
+        if self.cuda and taken and not wait:  # the stream passes events in order: the done ones are a prefix
+            taken = list(itertools.takewhile(lambda s: s[2].query(), taken))
         elif self.cuda and taken and not taken[-1][2].query():
             taken[-1][2].synchronize()
         gone = {id(s) for s in taken}
@@ -67,9 +67,9 @@ class Clock:
         return start.elapsed_time(stop) / 1000
 
     def seconds(self, name: Hashable, wait: bool = True) -> float:
-        """``read(name, wait)`` as one number (0 when the span did not run, or without ``wait`` has not ended on
+        """``read((name,), wait)`` as one number (0 when the span did not run, or without ``wait`` has not ended on
         the device yet)."""
-        return self.read(name, wait).get(name, 0.0)
+        return self.read((name,), wait).get(name, 0.0)
 
 
 @torch.inference_mode()  # no autograd bookkeeping in what is timed: a decode records none

@@ -67,9 +67,7 @@ def run_rounds(
         with run.clock.span("round"):
             plan = plan_round(run)  # the nodes (ETKs) of FSM state q, by stage
             masked = decs_masks(run, plan)  # DECS: the tokens shallower stages of each slot proposed
-            choices = explore(
-                run, plan, masked
-            )  # every explorer: expand its batch, choose its tokens (on device)
+            choices = explore(run, plan, masked)  # expand every batch, choose its tokens on the device
             outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
@@ -218,7 +216,8 @@ def round_seconds(run: Run, outputs: Outputs) -> dict:
     """The round's ``timings``: the clock's spans, read after the round without waiting for the device (on CUDA a
     span it has not passed yet counts in a later round's, or in ``account_rest``), each explorer's expansion (read
     with the round's choices) and the link's new waiting."""
-    seconds = {name: run.clock.seconds(name, wait=False) for name in SPANS}
+    read = run.clock.read(SPANS, wait=False)
+    seconds = {name: read.get(name, 0.0) for name in SPANS}
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]
     return round_timings(expand, communication=communication, **seconds)
@@ -227,12 +226,14 @@ def round_seconds(run: Run, outputs: Outputs) -> dict:
 def account_rest(run: Run) -> None:
     """Count in the run's stats the spans the device had not passed when the rounds were read (CUDA only)."""
     rest = run.clock.read()
-    for k in range(run.settings.K):
-        run.stats.compute_seconds[k] += rest.get(("expand", k), 0.0)
-    run.stats.bookkeeping_seconds += sum(
-        rest.get(name, 0.0) for name in ("masks", "plan", "commit", "collapse")
+    t = round_timings(
+        [rest.get(("expand", k), 0.0) for k in range(run.settings.K)],
+        communication=0.0,
+        **{name: rest.get(name, 0.0) for name in SPANS},
     )
-    run.stats.round_seconds += rest.get("round", 0.0)
+    run.stats.compute_seconds = [a + b for a, b in zip(run.stats.compute_seconds, t["expand"])]
+    run.stats.bookkeeping_seconds += t["bookkeeping"]
+    run.stats.round_seconds += t["round"]
 
 
 def account(run: Run, timings: dict, plan: RoundPlan) -> None:

@@ -46,7 +46,8 @@ def choose_round(run, plan, expanded: dict, masked: dict[int, list[int]]) -> dic
     for k, (hidden, logits) in expanded.items():
         e = local[k]
         if logits is not None:
-            groups.setdefault((e.final, id(e.head), logits.shape[-1]), []).append((e, hidden, logits))
+            key = (e.final, id(e.head), logits.shape[-1], logits.device)  # one device: they can be one batch
+            groups.setdefault(key, []).append((e, hidden, logits))
     choices = {
         k: passed_on(run, k, plan.batches[k], hidden)
         for k, (hidden, logits) in expanded.items()
@@ -94,6 +95,6 @@ def passed_on(run, k: int, batch, hidden: torch.Tensor) -> Choice:
 
 
 def _expand_seconds(run, k: int) -> Callable[[bool], float]:
-    """Explorer ``e``'s expansion seconds this round, read once the link has read the round (``wait``: on CUDA,
+    """Explorer ``k``'s expansion seconds this round, read once the link has read the round (``wait``: on CUDA,
     wait for the device if it has not passed the span yet; else what the device has passed, the rest later)."""
     return partial(run.clock.seconds, ("expand", k))
