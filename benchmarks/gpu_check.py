@@ -22,6 +22,9 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
    visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
    mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
    (``--quick``) two gloo processes.
+6. host reads: reads of tensor values into Python a round (at most one), with where each was made.
+7. compiled: the stage step eager and through ``torch.compile`` (default, and ``reduce-overhead``: CUDA graphs),
+   tokens identical, tokens/s after a warm-up, compilations made, new (op, shape) pairs after warm-up (eager).
 
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
 architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
@@ -54,6 +57,7 @@ from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
 from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
+from dex_core.shapes import OpShapes, after_first_round
 from dex_core.testing import tiny_model
 from dex_core.tools.bench.real_size import SHAPES, project, scaled, time_shapes
 from dex_core.tools.verify import Certificate, certify_tokens
@@ -303,6 +307,48 @@ def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     }
 
 
+def ran(dex, prompt, tokens: int, shapes: OpShapes | None) -> list[int]:
+    """The tokens of one run, and with ``shapes`` the (op, shape) pairs of its rounds after the first (the prefill's
+    follow the prompt's length) recorded in it."""
+    events = dex.stream(prompt, tokens)
+    if shapes is not None:
+        events = after_first_round(events, shapes)
+    return list(events)[-1]["tokens"]
+
+
+def compiled(model, prompts, K: int, adapters, tokens, modes=("default", "reduce-overhead")) -> dict:
+    """The stage step eager and through ``torch.compile`` in each of ``modes`` (``reduce-overhead``: CUDA graphs)
+    at K with the row budget, greedy: tokens against HF greedy, seconds on the device's clock after a warm-up
+    run (the compilations), the compilations each mode made, and the (op, shape) pairs the timed runs ran that
+    the warm-up had not, the first round of each run left out (``shapes.OpShapes``; eager only: a dispatch mode
+    does not run beside a compiled frame)."""
+    clock, rows, reference = Clock(model.device), [], [hf_greedy(model, p, tokens) for p in prompts]
+    for mode in ("eager", *modes):
+        dex = decoder(model, K, adapters)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        if mode != "eager":
+            for e in dex.explorers:
+                e.compile_step(mode=mode)
+        eager = mode == "eager"  # a dispatch mode and a compiled frame do not mix: shapes are counted eagerly
+        warm, shapes = (OpShapes(), OpShapes()) if eager else (None, None)
+        tic = clock.stamp()
+        ran(dex, prompts[0], tokens, warm)
+        warm_seconds, start = clock.since(tic), clock.stamp()
+        results = [ran(dex, p, tokens, shapes) for p in prompts]
+        seconds = clock.since(start)
+        rows.append(
+            {
+                "mode": mode,
+                "identical_to_ar": results == reference,
+                "tokens_per_second": sum(map(len, results)) / seconds,
+                "warm_up_seconds": warm_seconds,
+                "compilations": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+                "new_op_shapes_after_warm_up": None if shapes is None else len(shapes.seen - warm.seen),
+            }
+        )
+    return {"explorers": K, "runs": rows}
+
+
 def markdown(report: dict) -> str:
     """The report's sections as markdown tables, the failed ones with their errors."""
     lines = [f"# GPU check: {report['device']} ({report['model']}, torch {report['torch']})"]
@@ -313,6 +359,7 @@ def markdown(report: dict) -> str:
         "real_size": lambda r: real_size_markdown(r, report["device"]),
         "distributed": lambda r: ["", f"distributed: {json.dumps(r)}"],
         "host_reads": lambda r: ["", f"host reads a round: {json.dumps(r)}"],
+        "compiled": lambda r: ["", f"compiled stage step: {json.dumps(r)}"],
     }
     for name, part in parts.items():
         if name in report:
@@ -434,7 +481,7 @@ def projection_line(name: str, p: dict) -> str:
     )
 
 
-SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads")
+SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads", "compiled")
 
 
 def arguments(argv):
@@ -501,6 +548,7 @@ def run_sections(args, report: dict, model, prompts, adapters, device, save) -> 
         ),
         "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
         "host_reads": lambda: host_reads(model, prompts, K, adapters, args.max_new_tokens),
+        "compiled": lambda: compiled(model, prompts, K, adapters, args.max_new_tokens),
     }
     for name in args.sections:  # in the order asked
         tic = time.perf_counter()

@@ -208,6 +208,11 @@ class DecoderOptions:
     trace_top: int = option(
         0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)"
     )
+    compile: bool = option(
+        False,
+        "each stage's step through torch.compile (fullgraph, static shapes): one compilation per bucket of rows, "
+        "then no Python between its kernels; minutes of warm-up, for long runs on GPUs",
+    )
     backend: str = option(
         "sequential",
         "sequential (all explorers in one process), distributed "

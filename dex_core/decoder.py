@@ -162,6 +162,9 @@ class DexDecoder:
             Explorer(view, k, self.K, *stage_bounds(settings.depths, k), self._adapters.get(d), head)
             for k, d in enumerate(settings.depths)
         ]
+        if settings.compile:
+            for e in self.explorers:
+                e.compile_step()
 
     depths = property(lambda self: self.settings.depths)
     depth_choice = property(lambda self: self.settings.depth_choice)

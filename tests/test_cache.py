@@ -5,15 +5,23 @@ import torch
 from dex_core.model.cache import StageCache
 
 
+def write(cache, keys, values, layer):
+    """A batch's keys and values written after the cache's entries, as an explorer writes them."""
+    n, q = len(cache), keys.shape[2]
+    cache.reserve(n + q)
+    cache.write_at(torch.arange(n, n + q))
+    return cache.update(keys, values, layer)
+
+
 def filled(n_committed=3, slots=(10, 11, 12, 13), capacity=4):
     cache = StageCache([4, 5], kv_heads=2, head_dim=3, dtype=torch.float64, capacity=capacity)
     total = n_committed + len(slots)
     kv = torch.arange(total, dtype=torch.float64)[None, None, :, None].expand(1, 2, total, 3)
     for layer in (4, 5):
-        cache.update(kv[:, :, :n_committed], -kv[:, :, :n_committed], layer)
+        write(cache, kv[:, :, :n_committed], -kv[:, :, :n_committed], layer)
     cache.extend_committed(n_committed)
     for layer in (4, 5):
-        k, v = cache.update(kv[:, :, n_committed:], -kv[:, :, n_committed:], layer)
+        k, v = write(cache, kv[:, :, n_committed:], -kv[:, :, n_committed:], layer)
     cache.extend(list(slots), [7 + i for i in range(len(slots))])
     return cache, k, v
 
@@ -22,10 +30,11 @@ def ids(cache, layer=4):
     return cache._keys[layer][0, 0, : len(cache), 0].long().tolist()
 
 
-def test_update_returns_all_entries_and_grows_past_capacity():
+def test_update_returns_every_entry_of_the_capacity_and_grows_to_a_bucket():
     cache, k, v = filled(capacity=2)
-    assert k.shape == (1, 2, 7, 3) and cache.capacity >= 7
+    assert k.shape == (1, 2, 8, 3) and cache.capacity == 8  # 7 entries: the bucket of 8
     assert ids(cache) == list(range(7)) and torch.equal(v, -k)
+    assert (k[:, :, 7:] == 0).all()  # never written: zeros, not garbage (attention reads the whole capacity)
 
 
 def test_commit_moves_the_anchor_entry_and_keeps_only_kept_slots():
@@ -38,7 +47,7 @@ def test_commit_moves_the_anchor_entry_and_keeps_only_kept_slots():
 
 
 def test_keep_leaves_the_unchanged_prefix_in_place():
-    cache, _, _ = filled()
+    cache, _, _ = filled(capacity=32)  # room for a move's bucket: nothing reallocated
     before = cache._keys[4].data_ptr()
     cache.keep([0, 1, 2, 3, 6], committed=4)
     assert ids(cache) == [0, 1, 2, 3, 6] and cache.slots == [13]
@@ -65,7 +74,7 @@ def entry_ids(cache, layer=5):
 def grow(cache, ids, slots, positions):
     kv = torch.tensor(ids, dtype=torch.float64)[None, None, :, None].expand(1, 2, len(ids), 3)
     for layer in (4, 5):
-        cache.update(kv, -kv, layer)
+        write(cache, kv, -kv, layer)
     cache.extend(slots, positions)
 
 
@@ -137,4 +146,7 @@ def test_a_commit_names_only_lattice_entries_however_long_the_context(monkeypatc
         cache, _, _ = filled(n_committed=context, slots=(10, 11, 12, 13), capacity=8)
         cache.commit(slot=11, kept_slots={13})
         assert entry_ids(cache) == list(range(context)) + [context + 1, context + 3]
-    assert sizes == [2, 2]  # the moved entries only: 11's and 13's, never the committed prefix
+    assert sizes == [
+        32,
+        32,
+    ]  # the moved entries' bucket (2 -> 16 sources, 16 destinations), whatever the context

@@ -42,6 +42,12 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert list(reads["where"]) == [next(iter(reads["where"]))] and "readback.py" in next(
         iter(reads["where"])
     )
+    runs = {r["mode"]: r for r in report["compiled"]["runs"]}  # the compiled stage step beside the eager one
+    assert list(runs) == ["eager", "default", "reduce-overhead"] and all(
+        r["identical_to_ar"] for r in runs.values()
+    )
+    assert runs["eager"]["new_op_shapes_after_warm_up"] == 0 and runs["eager"]["compilations"] == 0
+    assert 0 < runs["default"]["compilations"] <= 3 * 2  # K = 3 explorers, buckets of 1 and 2 rows
     assert exact["float32 greedy"]["weights"] == "float32 (as loaded)"
     assert exact["bfloat16 greedy"]["weights"] == "bfloat16 (a copy rounded from float32)"
     printed = capsys.readouterr().out

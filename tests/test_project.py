@@ -20,7 +20,14 @@ FORBIDDEN = {
 LAYERS = (
     (
         "foundation",
-        ("dex_core.config", "dex_core.device", "dex_core.log", "dex_core.flags", "dex_core.testing"),
+        (
+            "dex_core.config",
+            "dex_core.device",
+            "dex_core.log",
+            "dex_core.flags",
+            "dex_core.testing",
+            "dex_core.shapes",
+        ),
     ),
     ("algorithm", ("dex_core.algorithm",)),
     ("data", ("dex_core.data",)),
@@ -234,6 +241,7 @@ def test_the_algorithm_imports_no_model_code_and_reads_no_files():
     assert {t for m in algorithm for t in graph.successors(m)} <= {
         "dex_core.config",
         "dex_core.device",
+        "dex_core.shapes",
         *algorithm,
     }
     libraries = set().union(*(outside[m] for m in algorithm))

@@ -1,28 +1,36 @@
-"""Tree masks built incrementally (committed part kept between rounds) equal masks built from scratch."""
+"""Tree masks built on the device from a fixed-size table equal the masks of the definition, entry by entry, and
+the table's size depends only on the buckets (rows, lattice region, path width)."""
 
 import random
 
 import pytest
 import torch
 
+from dex_core.device import to_device
 from dex_core.model.cache import StageCache
 from dex_core.model.explorer import TreeMask
+from dex_core.shapes import bucket
 
 
-def reference(committed, slots, positions, paths, queries, window, dtype):
-    """The mask of the definition, one entry at a time: committed entries are visible, lattice entries
-    when their slot is on the node's path; under a window only when query - key < window."""
+def reference(committed, slots, positions, paths, queries, window, rows, capacity):
+    """The visibility of the definition, one entry at a time: committed entries are visible, lattice entries when
+    their slot is on the node's path; under a window only when query - key < window; padding rows see the
+    committed prefix only; columns past the lattice and the batch, nothing."""
     keys = list(range(committed)) + positions + queries
     owners = [None] * committed + slots + [p[-1] for p in paths]
-    low = torch.finfo(dtype).min
-    rows = [
+    paths = paths + [()] * (rows - len(paths))
+    queries = queries + [queries[0]] * (rows - len(queries))
+    return torch.tensor(
         [
-            0.0 if (j < committed or owners[j] in path) and (window is None or q - keys[j] < window) else low
-            for j in range(len(keys))
+            [
+                j < len(keys)
+                and (j < committed or owners[j] in path)
+                and (window is None or q - keys[j] < window)
+                for j in range(capacity)
+            ]
+            for path, q in zip(paths, queries)
         ]
-        for path, q in zip(paths, queries)
-    ]
-    return torch.tensor(rows, dtype=dtype)[None, None]
+    )
 
 
 def lattice(rng, committed, depth):
@@ -37,33 +45,50 @@ def lattice(rng, committed, depth):
     return slots, positions, paths, queries
 
 
-@pytest.mark.parametrize("window", [None, 1, 5, 12, 40])
+@pytest.mark.parametrize("windows", [[None], [5], [1, 12, None]])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_incremental_masks_equal_masks_built_from_scratch(window, dtype):
-    rng, masks, committed, longest = random.Random(window or 0), TreeMask(window, dtype, "cpu"), 3, 0
-    cache = StageCache([0], kv_heads=1, head_dim=1, dtype=dtype)
-    for step in range(400):
-        if step % 100 == 99:
-            committed = rng.randint(0, 20)  # a new request after a reset
-        elif rng.random() < 0.6:
-            committed += rng.choice([1, 1, 1, 2, 30])  # commits, now and then a long prefill
-        cache.committed, longest = committed, max(longest, committed)
+def test_masks_from_the_table_equal_the_definition(windows, dtype):
+    rng, tree = random.Random(len(windows)), TreeMask(windows, dtype, "cpu")
+    cache, committed, low = StageCache([0], kv_heads=1, head_dim=1, dtype=dtype), 3, torch.finfo(dtype).min
+    for step in range(150):
+        committed += rng.choice([0, 1, 1, 2, 30])  # commits, now and then a long prefill
+        cache.committed = committed
         cache.slots, cache.positions, paths, queries = lattice(rng, committed, depth=6)
         if step % 7 == 0:  # a node behind the committed prefix still gets the mask of the definition
             queries[0] = max(0, committed - rng.randint(1, 8))
-        mask = masks.build(cache, paths, queries)
-        want = reference(committed, cache.slots, cache.positions, paths, queries, window, dtype)
-        assert mask.shape == want.shape and torch.equal(mask, want), f"step {step}"
-    assert longest > 300 and torch.isfinite(mask).all()
+        rows = bucket(len(paths))
+        table = tree.table(cache, rows, [p[-1] for p in paths], paths, queries)
+        cache.reserve(committed + tree.region)
+        positions, at, masks = tree.build(to_device(table, "cpu"), rows, cache.capacity)
+        assert positions.tolist()[: len(queries)] == queries
+        assert at.tolist() == list(range(len(cache), len(cache) + rows))  # the batch goes after every entry
+        for w in windows:
+            want = reference(committed, cache.slots, cache.positions, paths, queries, w, rows, cache.capacity)
+            assert torch.equal(
+                masks[w][0, 0], torch.zeros(want.shape, dtype=dtype).masked_fill(~want, low)
+            ), f"step {step}, window {w}"
+    assert committed > 300 and cache.capacity >= committed
 
 
-def test_a_round_writes_only_lattice_columns_when_nothing_was_committed():
-    cache = StageCache([0], kv_heads=1, head_dim=1, dtype=torch.float32)
-    cache.committed, cache.slots, cache.positions = 2000, [7], [2000]
-    masks = TreeMask(None, torch.float32, "cpu")
-    first = masks.build(cache, [(7, 8)], [2001])
-    masks.buf[:, :2000] = 1.0  # a rebuild of the committed part would overwrite this marker
-    again = masks.build(cache, [(7, 9), (10,)], [2001, 2001])
-    low = torch.finfo(torch.float32).min
-    assert again.data_ptr() == first.data_ptr() and (again[0, 0, :, :2000] == 1.0).all()
-    assert again[0, 0, :, 2000:].tolist() == [[0.0, 0.0, low], [low, low, 0.0]]
+def test_the_table_of_a_batch_has_the_size_of_its_buckets_whatever_the_lattice():
+    tree, cache = (
+        TreeMask([None], torch.float32, "cpu"),
+        StageCache([0], kv_heads=1, head_dim=1, dtype=torch.float32),
+    )
+    sizes = set()
+    for committed, slots, paths in [
+        (5, [7, 8], [(7, 9), (10,)]),
+        (90, [], [(11,)]),
+        (91, [11, 12, 13], [(11, 14)]),
+    ]:
+        cache.committed, cache.slots, cache.positions = committed, slots, [committed] * len(slots)
+        sizes.add(len(tree.table(cache, 2, [p[-1] for p in paths], paths, [committed] * len(paths))))
+    assert sizes == {2 + 2 * tree.width + 2 * tree.region + 2}
+    cache.slots = list(
+        range(200, 240)
+    )  # a larger lattice: the region grows to the next bucket and stays there
+    tree.table(cache, 2, [9], [(9,)], [91])
+    assert tree.region == 64
+    cache.slots = []
+    tree.table(cache, 2, [9], [(9,)], [91])
+    assert tree.region == 64

@@ -28,6 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from ..device import to_device
+from ..shapes import bucket, padded
+
+DECS_WIDTH = (
+    8  # the least width of the DECS table: K - 1 shallower candidates a row at most, K <= 9 in one bucket
+)
 
 _MASK64 = (1 << 64) - 1
 
@@ -156,13 +161,8 @@ class Sampler:
         DECS-masked ids. Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
         (``head.index``: id -> column, or -1). Nothing here waits for the device."""
         scores = self.scores(logits, final)
-        if masked and any(masked):
-            rows = [i for i, m in enumerate(masked) for _ in m]
-            cols = [t for m in masked for t in m]
-            if head is not None:
-                rows, cols = self._columns(head, rows, cols)
-            scores = scores.clone()
-            scores[to_device(rows, scores.device), to_device(cols, scores.device)] = float("-inf")
+        if masked and (any(masked) or not final):
+            scores = self._masked(scores, masked, head)
         if not self.greedy:
             noise = self.noise(positions, scores)
             scores = scores + (noise if head is None else noise[:, head.ids])
@@ -175,7 +175,14 @@ class Sampler:
         margins = top[:, 0] - top[:, -1]
         return Decision(picked, margins, tie_gap(logits.dtype, logits.float().amax(dim=-1), self.temperature))
 
-    def _columns(self, head, rows: list[int], cols: list[int]) -> tuple[list[int], list[int]]:
-        """DECS-masked token ids -> a light head's columns (ids outside its shortlist dropped), on the host."""
-        kept = [(r, head.columns[c]) for r, c in zip(rows, cols) if c in head.columns]
-        return [r for r, _ in kept], [c for _, c in kept]
+    @staticmethod
+    def _masked(scores: torch.Tensor, masked: list[list[int]], head) -> torch.Tensor:
+        """``scores`` with each row's DECS-masked ids at -inf (a light head's columns; ids outside its shortlist
+        dropped): one scatter over a table of a fixed width (a bucket), its padding aimed at a spare column."""
+        n, columns = scores.shape
+        if head is not None:
+            masked = [[head.columns[t] for t in m if t in head.columns] for m in masked]
+        width = bucket(max(map(len, masked)), DECS_WIDTH)
+        index = to_device([padded(m, width, columns) for m in masked], scores.device)  # (n, width)
+        spare = torch.cat([scores, scores.new_zeros(n, 1)], dim=1)
+        return spare.scatter_(1, index, float("-inf"))[:, :columns]

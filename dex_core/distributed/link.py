@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..device import to_device
 from ..runtime.links import LocalLink
 from ..runtime.readback import Choice, StageOutput, pack_columns, unpack
+from ..shapes import bucket
 
 
 class DistLink(LocalLink):
@@ -136,9 +137,13 @@ class DistLink(LocalLink):
             None if buf is None else buf.to(self.device, non_blocking=True)
         )  # staged: host -> device, no sync
 
-    def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
+    def _expected(self, plan) -> tuple[list, int]:
+        """The previous stage's batch of ``plan`` and the rows (its bucket) that come with it."""
         prev = plan.batches[self.rank - 1] if self.rank > 0 else []
-        self._posted = self._start(hidden, len(prev))
+        return prev, bucket(len(prev)) if prev else 0
+
+    def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
+        self._posted = self._start(hidden, self._expected(plan)[1])
 
     def prefill(self, explorers, view, tokens: list[int]) -> None:
         (e,) = explorers
@@ -149,16 +154,16 @@ class DistLink(LocalLink):
     def exchange(self, plan, choices: dict[int, Choice]) -> dict[int, StageOutput]:
         if self.progress is not None:
             self.progress(plan.round)
-        prev = plan.batches[self.rank - 1] if self.rank > 0 else []
-        works, rows = self._posted if self._posted is not None else self._start(None, len(prev))
+        prev, coming = self._expected(plan)
+        works, rows = self._posted if self._posted is not None else self._start(None, coming)
         self._posted = None
         came = f"the hidden rows from rank {self.rank - 1}" if rows is not None else None
         self._wait(
             works, came or f"the hidden rows to reach rank {self.rank + 1}", data=not self.staged, block=False
         )
         if rows is not None:  # staged: host -> device from pinned memory, no sync; the stream orders its use
-            self.hidden.update(zip((n.id for n in prev), rows.to(self.device, non_blocking=True)))
-        width, mine = max(len(b) for b in plan.batches), choices.get(self.rank)
+            self.hold([n.id for n in prev], rows.to(self.device, non_blocking=True))
+        width, mine = max(bucket(len(b)) for b in plan.batches), choices.get(self.rank)
         cancel = self.cancel is not None and self.cancel.is_set()
         packed = self._packed(mine, width, cancel)
         gathered = [torch.empty_like(packed) for _ in range(self.count)]

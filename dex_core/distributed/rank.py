@@ -76,6 +76,8 @@ def open_part(settings: RunSettings, source: PartSource, rank: int, device: str,
     adapter = settings.adapters.build([depth], device, dtype).get(depth)
     head = None if stage.head_rows is None else ProposalHead(view, settings.shortlist, stage.head_rows)
     explorer = Explorer(view, rank, settings.K, *stage_bounds(settings.depths, rank), adapter, head)
+    if settings.compile:
+        explorer.compile_step()
     return view, explorer, {"read": stage.read, "bytes": stage.bytes}
 
 

@@ -2,12 +2,15 @@
 
 A stage owns only some decoder layers, so it keeps its own small cache object that Hugging Face
 attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
-Entries live in preallocated buffers (grown by doubling): ``update`` writes the batch after the
-current entries and returns views over everything; ``extend``/``extend_committed`` then account for
-the batch once every layer of the stage has run. ``retain(lattice, promote)`` compacts after a
-collapse: the committed prefix stays where it is and only lattice entries are named, moved and
-counted, so a commit costs O(lattice entries), not O(context). ``keep(indices)`` is the general form
-(any order of any entries) and costs O(len(indices)).
+Entries live in preallocated buffers of a fixed capacity (a ``shapes.bucket``, grown only by ``reserve``):
+``update`` writes the batch at the entries ``write_at`` named, on the device (``index_copy_``, so the indices
+are tensor values, not shapes), and returns the whole buffers: attention runs over every entry of the capacity and
+the caller's mask hides those that are not visible, so a round's shapes do not change as the context grows.
+``extend``/``extend_committed`` then account for the batch once every layer of the stage has run.
+``retain(lattice, promote)`` compacts after a collapse: the committed prefix stays where it is and only lattice
+entries are named and moved (a gather and an ``index_copy_`` of a bucket of entries), so a commit costs
+O(lattice entries), not O(context). ``keep(indices)`` is the general form (any order of any entries) and costs
+O(len(indices)).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..device import to_device
+from ..shapes import bucket
+
+MOVE_LEAST = 16  # the least bucket of entries a compaction moves
 
 
 class StageCache:
@@ -29,11 +35,13 @@ class StageCache:
     ):
         self.layer_ids = list(layer_ids)
         self._shape = (1, kv_heads, capacity, head_dim)
-        self._keys = {i: torch.empty(self._shape, dtype=dtype, device=device) for i in layer_ids}
-        self._values = {i: torch.empty(self._shape, dtype=dtype, device=device) for i in layer_ids}
+        # zeros, not empty: attention reads every entry of the capacity (masked ones too, and 0 x NaN is NaN)
+        self._keys = {i: torch.zeros(self._shape, dtype=dtype, device=device) for i in layer_ids}
+        self._values = {i: torch.zeros(self._shape, dtype=dtype, device=device) for i in layer_ids}
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
         self.positions: list[int] = []  # absolute token position of each lattice entry
+        self.at: torch.Tensor | None = None  # (q,) the entries the next ``update`` writes, on the device
 
     def __len__(self) -> int:
         return self.committed + len(self.slots)
@@ -42,28 +50,29 @@ class StageCache:
     def capacity(self) -> int:
         return self._shape[2]
 
-    def _reserve(self, needed: int) -> None:
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` entries: the capacity grows to their bucket (entries copied), never shrinks."""
         if needed <= self.capacity:
             return
-        capacity = self.capacity
-        while capacity < needed:
-            capacity *= 2
-        n = len(self)
+        capacity, old_capacity = bucket(needed), self.capacity
         for store in (self._keys, self._values):
             for i, old in store.items():
-                new = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
-                new[:, :, :n] = old[:, :, :n]
+                new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
+                new[:, :, :old_capacity] = old
                 store[i] = new
         self._shape = (self._shape[0], self._shape[1], capacity, self._shape[3])
 
+    def write_at(self, at: torch.Tensor) -> None:
+        """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity."""
+        self.at = at
+
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write a batch's keys/values (1, kv_heads, q, head_dim) after the current entries."""
-        n, q = len(self), key.shape[2]
-        self._reserve(n + q)
+        """Write a batch's keys/values (1, kv_heads, q, head_dim) at the entries ``write_at`` named; every entry
+        of the capacity back (the mask says which are visible)."""
         k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
-        k_buf[:, :, n : n + q] = key
-        v_buf[:, :, n : n + q] = value
-        return k_buf[:, :, : n + q], v_buf[:, :, : n + q]
+        k_buf.index_copy_(2, self.at, key)
+        v_buf.index_copy_(2, self.at, value)
+        return k_buf, v_buf
 
     def extend_committed(self, count: int) -> None:
         """Account for a batch of committed-prefix tokens (prefill); needs an empty lattice."""
@@ -77,12 +86,21 @@ class StageCache:
         self.positions.extend(positions)
 
     def _move(self, start: int, src: list[int]) -> None:
-        """Entries ``src`` (in that order) become entries ``start``, ``start + 1``, ... of every layer."""
-        if src:
-            index = to_device(src, next(iter(self._keys.values())).device)
-            for store in (self._keys, self._values):
-                for buf in store.values():
-                    buf[:, :, start : start + len(src)] = buf[:, :, index]
+        """Entries ``src`` (in that order) become entries ``start``, ``start + 1``, ... of every layer: one gather
+        and one ``index_copy_`` of a bucket of entries, the padding moving entries past the last onto themselves
+        (distinct from every destination, and read before anything is written)."""
+        if not src:
+            return
+        size = bucket(len(src), MOVE_LEAST)
+        self.reserve(start + size)
+        stay = list(range(start + len(src), start + size))
+        index = to_device(
+            src + stay + list(range(start, start + size)), next(iter(self._keys.values())).device
+        )
+        src_index, dst_index = index[:size], index[size:]
+        for store in (self._keys, self._values):
+            for buf in store.values():
+                buf.index_copy_(2, dst_index, buf.index_select(2, src_index))
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:
         """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first

@@ -1,11 +1,16 @@
 """One depth explorer: the decoder layers of one stage, their tree KV cache, and candidate proposal.
 
 Explorer k owns layers (d_{k-1}, d_k]. Each round it runs a batch of exploration tokens as one
-sequence of length n with an explicit additive mask: a node attends to the committed prefix, to the
+sequence with an explicit additive mask: a node attends to the committed prefix, to the
 entries of the slots on its own branch (its prefix inside the lattice) and to itself. Positions go to
 the rotary embedding per token. Its output hidden states feed the depth children on explorer k + 1;
 its candidates come from hidden -> adapter (non-final depths only) -> final norm -> LM head (at non-final
 depths a light head may score only a shortlist of the vocabulary: ``dex_core.model.proposal``).
+
+The round's device work is the *stage step* (``Explorer.step``): rows in, rows out, from a batch padded to a
+bucket of rows (``dex_core.shapes``), a mask table of fixed size (``TreeMask``) and a cache of fixed capacity, so
+its ops and shapes repeat from round to round: a GPU can capture it, and ``compile_step`` compiles it once per
+bucket. The layers attend through ``dex_sdpa`` where the model runs SDPA (``model.attention``: no ``repeat_kv``).
 """
 
 from __future__ import annotations
@@ -13,111 +18,99 @@ from __future__ import annotations
 import torch
 
 from ..device import to_device
+from ..shapes import bucket, padded
 from .cache import StageCache
 from .view import ModelView
 
-
-def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean visibility matrix (q, k) -> the additive mask (1, 1, q, k): 0 where visible, else the
-    dtype's most negative finite value (finite, so a bfloat16/float16 score plus the mask never makes NaN)."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+RECOMPILES = 256  # dynamo's compilations of the stage step, all explorers and buckets of a process together
+EMPTY, NO_SLOT = -1, -2  # a table's slot for an entry no node sees; its path filler (never equal to a slot)
 
 
 class TreeMask:
-    """The additive tree masks of one stage's lattice batches under one attention window, on ``device``.
+    """The additive tree masks of one stage's batches, built on the stage's device from a fixed-size table.
 
-    Entry j is visible to node i if it is committed, or a lattice entry (existing or in this batch)
-    whose slot lies on node i's path; with a sliding window, only if position_i - position_j < window.
-    A batch's mask is [committed columns | lattice columns]. The committed columns are the same for
-    every node and round (all visible; under a window w the first ``committed - w + 1`` are hidden),
-    so they stay in a buffer between rounds and change only where the committed prefix grew; a round
-    writes its lattice columns and, under a window, the few committed columns near the window's edge
-    that differ per node. Per round that is O(nodes × lattice), not O(nodes × context).
+    Entry j is visible to node i if it is committed, or a lattice entry (existing or in this batch) whose slot
+    lies on node i's path; with a sliding window w, only if position_i - position_j < w. The host writes one
+    table per batch (``table``): the rows' positions, their paths (``width`` slots each) and the slots and
+    positions of the cache's lattice region (``region`` entries from the first lattice entry: the existing ones,
+    then the batch's), the committed length and the cache's length; ``build`` turns it into the positions, the
+    entries the batch writes and one mask (1, 1, rows, capacity) per window, with tensor ops of fixed shapes
+    (the committed prefix at positions 0, 1, ... in order, so its columns need no table). ``region`` and
+    ``width`` are buckets that only grow: after a run's first rounds a stage's tables keep their size, and a
+    batch of ``rows`` (a bucket) always runs the same ops on the same shapes.
     """
 
-    def __init__(self, window: int | None, dtype: torch.dtype, device):
-        self.window, self.dtype, self.device = window, dtype, torch.device(device)
+    def __init__(self, windows: list, dtype: torch.dtype, device):
+        self.windows, self.dtype, self.device = windows, dtype, torch.device(device)
         self.low = torch.finfo(dtype).min  # finite: a bfloat16/float16 score plus the mask never makes NaN
-        self.buf = torch.zeros(0, 0, dtype=dtype, device=self.device)  # (rows, columns), committed part kept
-        self.committed = 0  # the committed length the buffer's committed part is built for
-        self.band = (0, 0, 0)  # (first, stop, rows) committed columns the last batch wrote per node
+        self.region, self.width = REGION_LEAST, WIDTH_LEAST
 
-    def _hidden(self, committed: int) -> int:
-        """Leading committed columns hidden from every node at a position of at least ``committed`` (every
-        lattice node; ``build`` writes the exact columns of any other node into its band)."""
-        return 0 if self.window is None else max(0, committed - self.window + 1)
-
-    def _reset(self, rows: int, columns: int, committed: int) -> None:
-        rows = max(16, 1 << (rows - 1).bit_length(), self.buf.shape[0])  # powers of two, never shrinking
-        columns = max(256, 1 << (columns - 1).bit_length(), self.buf.shape[1])
-        self.buf = torch.zeros(rows, columns, dtype=self.dtype, device=self.device)
-        self.buf[:, : self._hidden(committed)] = self.low
-        self.committed, self.band = committed, (0, 0, 0)
-
-    def _advance(self, committed: int) -> None:
-        """Back to the committed part of ``self.committed`` (undo the last band), then grow it to ``committed``."""
-        first, stop, rows = self.band
-        hidden, now = self._hidden(self.committed), self._hidden(committed)
-        if min(stop, hidden) > first:
-            self.buf[:rows, first : min(stop, hidden)] = self.low
-        if stop > max(first, hidden):
-            self.buf[:rows, max(first, hidden) : stop] = 0
-        if committed > self.committed:
-            self.buf[:, self.committed : committed] = 0  # former lattice columns, now committed
-        if now > hidden:
-            self.buf[:, hidden:now] = self.low
-        self.committed, self.band = committed, (0, 0, 0)
-
-    def build(self, cache: StageCache, paths: list[tuple[int, ...]], positions: list[int]) -> torch.Tensor:
-        """Additive mask (1, 1, n, len(cache) + n) of a batch of n lattice nodes; a view of the buffer,
-        valid until the next ``build``."""
-        n, m, committed, window = len(paths), len(cache.slots), cache.committed, self.window
-        total = committed + m + n
-        if n > self.buf.shape[0] or total > self.buf.shape[1] or committed < self.committed:
-            self._reset(n, total, committed)
-        else:
-            self._advance(committed)
-        width = max(len(p) for p in paths)
-        host = (
-            cache.slots + [p[-1] for p in paths] + [s for p in paths for s in (*p, *(-1,) * (width - len(p)))]
+    def table(
+        self, cache: StageCache, rows: int, slots: list[int], paths: list, positions: list[int]
+    ) -> list:
+        """The host table of a batch of ``len(slots)`` nodes run as ``rows`` rows (``positions``: where each node's
+        input token sits; ``paths``: its slots from the anchor down, itself last); its size depends only on
+        ``rows``, ``region`` and ``width``."""
+        n, lattice = len(slots), cache.slots
+        self.region = max(self.region, bucket(len(lattice) + rows))
+        self.width = max(self.width, bucket(max(len(p) for p in paths)))
+        fill = rows - n
+        return (
+            padded(positions, rows, positions[0])
+            + [s for p in paths for s in padded(list(p), self.width, NO_SLOT)]
+            + [NO_SLOT] * (fill * self.width)
+            + padded(lattice + slots, self.region, EMPTY)
+            + padded(cache.positions + positions, self.region, 0)
+            + [cache.committed, len(cache)]
         )
-        if window is not None:
-            host += positions + cache.positions + positions
-        data = to_device(host, self.device)  # one transfer: slots, paths, [query and key positions]
-        slots, padded = data[: m + n], data[m + n : m + n + n * width].view(n, width)  # (m + n,), (n, width)
-        visible = (padded[:, :, None] == slots).any(dim=1)  # (n, m + n)
-        if window is not None:
-            query = data[m + n + n * width : m + 2 * n + n * width, None]  # (n, 1)
-            visible &= (query - data[m + 2 * n + n * width :]) < window
-            hidden = self._hidden(
-                committed
-            )  # columns [first, stop) may differ per node; outside, the buffer holds
-            first = min(hidden, max(0, min(min(positions) - window + 1, committed)))
-            stop = max(hidden, min(committed, max(positions) - window + 1))
-            if stop > first:
-                band = self.buf[:n, first:stop]  # (n, stop - first)
-                band.zero_()
-                band.masked_fill_(query - torch.arange(first, stop, device=self.device) >= window, self.low)
-                self.band = (first, stop, n)
-        block = self.buf[:n, committed:total]  # (n, m + n)
-        block.fill_(self.low)
-        block.masked_fill_(visible, 0)
-        return self.buf[None, None, :n, :total]
+
+    def build(self, data: torch.Tensor, rows: int, capacity: int):
+        """A table (``table``, on the device) -> the rows' positions (rows,), the entries they write (rows,) and
+        the mask of each window, {window: (1, 1, rows, capacity)}."""
+        width, region = self.width, self.region
+        positions = data[:rows]
+        paths = data[rows : rows + rows * width].view(rows, width)
+        at = rows + rows * width
+        slots, keys = data[at : at + region], data[at + region : at + 2 * region]
+        committed, length = data[at + 2 * region], data[at + 2 * region + 1]
+        lattice = committed + torch.arange(region, device=self.device)  # the region's columns
+        columns = torch.arange(capacity, device=self.device)
+        on_path = (paths[:, :, None] == slots[None, None, :]).any(dim=1)  # (rows, region)
+        masks = {}
+        for w in self.windows:
+            prefix = (columns < committed)[None, :]  # (1, capacity)
+            seen = on_path
+            if w is not None:
+                prefix = prefix & (positions[:, None] - columns[None, :] < w)
+                seen = seen & (positions[:, None] - keys[None, :] < w)
+            region = torch.zeros(rows, capacity, dtype=torch.bool, device=self.device)
+            visible = prefix | region.index_copy_(
+                1, lattice, seen
+            )  # the region's columns are past the prefix
+            mask = torch.zeros(rows, capacity, dtype=self.dtype, device=self.device)
+            masks[w] = mask.masked_fill_(~visible, self.low)[None, None]
+        return positions, length + torch.arange(rows, device=self.device), masks
 
 
-def causal_mask(start: int, count: int, window: int | None, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive causal mask (1, 1, count, start + count) for committed tokens at start..start+count-1."""
+REGION_LEAST, WIDTH_LEAST = 16, 8  # the least lattice region and path width of a tree mask's table
+
+
+def causal_mask(start: int, count: int, window: int | None, dtype: torch.dtype, device, columns: int):
+    """Additive causal mask (1, 1, count, columns) for committed tokens at start..start+count-1 over a cache of
+    ``columns`` entries (those past the tokens hidden)."""
     q = torch.arange(start, start + count, device=device)[:, None]
-    k = torch.arange(start + count, device=device)[None, :]
+    k = torch.arange(columns, device=device)[None, :]
     visible = k <= q
     if window is not None:
         visible &= (q - k) < window
-    return _additive(visible, dtype)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
 class Explorer:
-    """Explorer ``index`` of ``count``, running layers [start, stop) of ``view``."""
+    """Explorer ``index`` of ``count``, running layers [start, stop) of ``view``; ``compile``: its stage step
+    through ``torch.compile(fullgraph=True, dynamic=False)`` (one compilation per bucket of rows, region and
+    capacity)."""
 
     def __init__(
         self, view: ModelView, index: int, count: int, start: int, stop: int, adapter=None, head=None
@@ -130,15 +123,26 @@ class Explorer:
         self.head = None if self.final else head  # a ProposalHead, or None: the full LM head
         self.cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device)
         self._windows = sorted({view.windows[i] for i in self.layer_ids}, key=lambda w: (w is None, w))
-        self._tree_masks = {w: TreeMask(w, view.dtype, view.device) for w in self._windows}
+        self.tree = TreeMask(self._windows, view.dtype, view.device)
         self._rope_types = {view.rope_types[i] for i in self.layer_ids}
+        self.step = self._step  # the stage step: eager, or compiled by ``compile_step``
 
-    def reset(self) -> None:
+    def compile_step(self, **options) -> None:
+        """Run the stage step through ``torch.compile(fullgraph=True, dynamic=False, **options)``. Every explorer's
+        step is one function to dynamo, compiled once per explorer and bucket: its recompile limit is raised to
+        ``RECOMPILES`` (fullgraph raises at the limit rather than run eagerly)."""
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILES)
+        self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options)
+
+    def reset(self, context: int = 0) -> None:
+        """A fresh run of about ``context`` tokens (prompt and new ones): the cache emptied and sized for them."""
         self.cache.reset()
+        self.cache.reserve(context + 2 * self.tree.region)
 
-    def _forward(self, hidden: torch.Tensor, positions: list[int], masks: dict) -> torch.Tensor:
+    def _forward(self, hidden: torch.Tensor, pos: torch.Tensor, masks: dict) -> torch.Tensor:
+        """The stage's layers over rows (n, hidden) at positions ``pos`` (1, n)."""
         view = self.view
-        pos = to_device([positions], view.device)
         h = hidden[None]  # (1, n, hidden)
         rope = view.rotary(h, pos, self._rope_types)
         for i in self.layer_ids:
@@ -149,23 +153,37 @@ class Explorer:
                 position_embeddings=rope[view.rope_types[i]],
                 use_cache=True,
                 **{view.cache_kwarg: self.cache},
+                **view.layer_kwargs,
             )
             h = out[0] if isinstance(out, tuple) else out
         return h[0]
 
+    def _step(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """The stage step: a batch's rows (rows, hidden) and its mask table (``TreeMask.table``, on the device)
+        through the stage's layers. Tensor ops of shapes fixed by the buckets alone: what a GPU captures."""
+        positions, at, masks = self.tree.build(table, hidden.shape[0], self.cache.capacity)
+        self.cache.write_at(at)
+        return self._forward(hidden, positions[None], masks)
+
     @torch.no_grad()
     def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """Run committed prompt tokens (n, hidden) at the next positions; return their outputs."""
-        start, n = self.cache.committed, hidden.shape[0]
-        masks = {w: causal_mask(start, n, w, self.view.dtype, self.view.device) for w in self._windows}
-        out = self._forward(hidden, list(range(start, start + n)), masks)
+        start, n, device = self.cache.committed, hidden.shape[0], self.view.device
+        self.cache.reserve(start + n + 2 * self.tree.region)
+        columns = self.cache.capacity
+        masks = {w: causal_mask(start, n, w, self.view.dtype, device, columns) for w in self._windows}
+        positions = torch.arange(start, start + n, device=device)
+        self.cache.write_at(positions)
+        out = self._forward(hidden, positions[None], masks)
         self.cache.extend_committed(n)
         return out
 
-    def masks(self, paths: list[tuple[int, ...]], positions: list[int]) -> dict:
-        """The tree masks of a batch of lattice nodes, one per attention window of this stage's layers
-        (views of this explorer's mask buffers: valid until its next ``masks`` call)."""
-        return {w: m.build(self.cache, paths, positions) for w, m in self._tree_masks.items()}
+    def table(self, rows: int, slots: list[int], positions: list[int], paths: list) -> torch.Tensor:
+        """The mask table of a batch of ``len(slots)`` nodes run as ``rows`` rows, on the device (one transfer), the
+        cache grown first if the batch or the table's region would not fit."""
+        host = self.tree.table(self.cache, rows, slots, paths, positions)
+        self.cache.reserve(self.cache.committed + self.tree.region)
+        return to_device(host, self.view.device)
 
     @torch.no_grad()
     def expand(
@@ -174,12 +192,13 @@ class Explorer:
         slots: list[int],
         positions: list[int],
         paths: list[tuple[int, ...]],
-        masks: dict | None = None,
+        table: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run a batch of lattice nodes (n, hidden) whose input tokens sit at ``positions`` (``masks``:
-        ``self.masks(paths, positions)``, when the caller built them already)."""
-        masks = self.masks(paths, positions) if masks is None else masks
-        out = self._forward(hidden, positions, masks)
+        """Run a batch of lattice nodes whose input tokens sit at ``positions``: ``hidden`` (rows, hidden) holds
+        their rows first, then padding (rows >= len(slots): a bucket keeps the shapes fixed); all rows come back.
+        ``table``: ``self.table(...)`` of the batch, when the caller made it already."""
+        table = self.table(hidden.shape[0], slots, positions, paths) if table is None else table
+        out = self.step(hidden, table)
         self.cache.extend(slots, positions)
         return out
 

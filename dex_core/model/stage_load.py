@@ -5,8 +5,7 @@ Explorer k of exploration set X = (d_0 < ... < d_{K-1}) holds (``StagePart``):
 - the decoder layers (d_{k-1}, d_k];
 - the final norm (every explorer proposes through it);
 - the LM head: whole on the final explorer; on a non-final one whole, or only the shortlist's rows when it
-  proposes through a light head (``dex_core.model.proposal``);
-- explorer 0 also the embeddings.
+  proposes through a light head (``dex_core.model.proposal``); explorer 0 also the embeddings.
 A tied head (the embedding matrix) is read once. Checkpoint keys are mapped to the model's own keys by
 transformers' own loading rules (``get_model_conversion_mapping``: renamed keys, and converted ones such as
 per-expert weights that the model fuses into one tensor), so a part holds exactly what ``from_pretrained``
@@ -29,6 +28,7 @@ from safetensors.torch import save as save_bytes
 
 from ..config import DexError, stage_bounds
 from .adapters import identity
+from .attention import register_tree_attention
 from .checkpoint import Checkpoint
 
 CHUNK_BYTES = 64 * 2**20  # a tensor is moved to its device in pieces of at most this size, each one reported
@@ -40,6 +40,7 @@ def skeleton(config, dtype: torch.dtype, folder=None):
     # deferred: transformers takes seconds to import (docs/ARCHITECTURE.md, Imports)
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    register_tree_attention()  # a config that model_view switched names ``dex_sdpa``
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if folder is not None:

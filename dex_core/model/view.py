@@ -13,16 +13,18 @@ model's view of the head), so candidates, margins and tie gaps are the model's o
 
 Everything else a family does (fused QKV and partial rotary in Phi-3, OLMo 2's norm placement, attention
 soft-capping, residual and attention multipliers, mixture-of-experts routing) happens inside its layers,
-which DEX calls as they are."""
+which DEX calls as they are. A model on SDPA is switched to ``dex_sdpa`` (``model.attention``: the same attention for
+every other caller; for the explorers' tree batches, grouped by KV head instead of ``repeat_kv``)."""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..config import DexError
+from .attention import TREE_KWARG, use_tree_attention
 
 SUPPORTED_TYPES = (
     "llama",
@@ -86,6 +88,9 @@ class ModelView:
     embed_multiplier: float | None = None  # Granite's embedding_multiplier
     logits_divisor: float | None = None  # Granite's logits_scaling
     softcap: float | None = None  # Gemma's final_logit_softcapping
+    layer_kwargs: dict = field(
+        default_factory=dict
+    )  # what explorers pass their layers besides (attention.TREE_KWARG)
 
     @property
     def layers(self):
@@ -146,4 +151,5 @@ def model_view(model) -> ModelView:
         embed_multiplier=getattr(cfg, "embedding_multiplier", None),
         logits_divisor=getattr(cfg, "logits_scaling", None),
         softcap=getattr(cfg, "final_logit_softcapping", None),
+        layer_kwargs={TREE_KWARG: True} if use_tree_attention(model) else {},
     )

@@ -109,7 +109,7 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request, 
     )
     run.begun = clock.stamp()
     for e in explorers:
-        e.reset()
+        e.reset(len(prompt) + o.max_new_tokens)
     link.reset()
     with clock.span("prefill"):
         if len(prompt) > 1:

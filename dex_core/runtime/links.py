@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from ..device import to_device
+from ..shapes import padded
 from .readback import Choice, StageOutput, read_round, top_of, unpack
 
 
@@ -35,8 +36,9 @@ class Link(Protocol):
     def prefill(self, explorers, view, tokens: list[int]) -> None:
         """The prompt's ``tokens`` (all but its last) through every stage this process runs, in order."""
 
-    def inputs(self, parents: list[int]) -> torch.Tensor:
-        """(n, hidden): the rows the previous stage produced for depth parents ``parents`` (node ids)."""
+    def inputs(self, parents: list[int], rows: int) -> torch.Tensor:
+        """(rows, hidden): the rows the previous stage produced for depth parents ``parents`` (node ids), padded to
+        ``rows`` (the batch's bucket)."""
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         """Explorer ``rank``'s output rows ``hidden`` (n, hidden) of ``plan`` are ready, before its head runs."""
@@ -54,12 +56,12 @@ class LocalLink:
     """All explorers in one process (deterministic; tests, debugger, CPU demos)."""
 
     def __init__(self):
-        self.hidden: dict[int, torch.Tensor] = {}  # node id -> stage output awaiting its depth child
+        self.held: dict[int, tuple[torch.Tensor, int]] = {}  # node id -> (its stage's output rows, its row)
         self.comm_seconds = 0.0
         self.cancelled = False  # set when a participant asked to stop early
 
     def reset(self) -> None:
-        self.hidden = {}
+        self.held = {}
         self.comm_seconds = 0.0
         self.cancelled = False
 
@@ -68,8 +70,20 @@ class LocalLink:
         for e in explorers:
             h = e.prefill(h)
 
-    def inputs(self, parents: list[int]) -> torch.Tensor:
-        return torch.stack([self.hidden.pop(p) for p in parents])
+    def hold(self, node_ids, hidden: torch.Tensor) -> None:
+        """A stage's output rows ``hidden`` (rows, hidden), the first ``len(node_ids)`` of them those nodes'."""
+        self.held.update((i, (hidden, row)) for row, i in enumerate(node_ids))
+
+    def inputs(self, parents: list[int], rows: int) -> torch.Tensor:
+        """(rows, hidden): the parents' rows, then copies of the first up to ``rows`` (a bucket). The parents of a
+        stage's batch are the previous stage's nodes of the round before: one gather from its rows."""
+        held = [self.held.pop(p) for p in parents]
+        source = held[0][0]
+        if any(h is not source for h, _ in held):  # not one stage's rows: row by row (no fixed shapes)
+            return torch.stack(padded([h[r] for h, r in held], rows, held[0][0][held[0][1]]))
+        return source.index_select(
+            0, to_device(padded([r for _, r in held], rows, held[0][1]), source.device)
+        )
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         """Explorer ``rank``'s output rows are ready (before its head); the local link keeps them in
@@ -79,10 +93,11 @@ class LocalLink:
         rows = dict(zip(choices, read_round([c.pack for c in choices.values()])))
         outputs = {}
         for k, c in choices.items():
+            batch = plan.batches[k]
             if c.hidden is not None:
-                self.hidden.update(zip((n.id for n in plan.batches[k]), c.hidden))
-            outputs[k] = unpack(rows[k], top_of(c.pack.shape[1]), c.hidden, c.seconds(True))
+                self.hold([n.id for n in batch], c.hidden)
+            outputs[k] = unpack(rows[k][: len(batch)], top_of(c.pack.shape[1]), c.hidden, c.seconds(True))
         return outputs
 
     def keep(self, node_ids) -> None:
-        self.hidden = {i: h for i, h in self.hidden.items() if i in node_ids}
+        self.held = {i: h for i, h in self.held.items() if i in node_ids}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..shapes import bucket
+
 PACK_FIXED = 4  # token, probability, margin, tie gap; then ``top`` candidate ids and their probabilities
 
 
@@ -71,16 +73,18 @@ def pack(n: int, top: int, device, tokens, values=(None, None, None), candidates
 
 
 def read_round(packs: list[torch.Tensor]) -> list[list[list[float]]]:
-    """Every pack's rows on the host, in one transfer (the packs moved to the last one's device first)."""
+    """Every pack's rows on the host, in one transfer: copied one after the other into a buffer of a bucket of rows
+    on the last pack's device (the same shapes whichever explorers ran), then read at once."""
     if not packs:
         return []
-    device = packs[-1].device
-    rows = torch.cat([p.to(device, non_blocking=True) for p in packs]).tolist()  # the round's one read
-    out, at = [], 0
+    rows = [len(p) for p in packs]
+    buffer = packs[-1].new_empty(bucket(sum(rows)), packs[-1].shape[1])
+    at = 0
     for p in packs:
-        out.append(rows[at : at + len(p)])
+        buffer[at : at + len(p)].copy_(p, non_blocking=True)
         at += len(p)
-    return out
+    values = buffer.tolist()  # the round's one read
+    return [values[sum(rows[:i]) : sum(rows[: i + 1])] for i in range(len(packs))]
 
 
 def unpack(rows: list[list[float]], top: int, hidden, seconds: float) -> StageOutput:

@@ -15,23 +15,26 @@ import torch
 
 from ..algorithm.lattice import NO_PROPOSAL
 from ..device import to_device
+from ..shapes import bucket, padded
 from .readback import Choice, pack
 
 
 def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Explorer ``e``'s batch through its stage: its output rows (n, hidden), posted to the next explorer before its
-    head runs, and the candidate logits (n, vocab), or (n, N) with a light head; None where the stage proposes
-    nothing (a non-final stage of AR through the stages, ``Request.pipeline``)."""
+    """Explorer ``e``'s batch through its stage, as a bucket of rows (``shapes.bucket``; the padding after the nodes):
+    its output rows (rows, hidden), posted to the next explorer before its head runs, and the candidate logits
+    (rows, vocab), or (rows, N) with a light head; None where the stage proposes nothing (a non-final stage of AR
+    through the stages, ``Request.pipeline``)."""
     batch = plan.batches[e.index]
-    inputs = [n.position - 1 for n in batch]  # where each node's input token sits
+    rows, inputs = bucket(len(batch)), [n.position - 1 for n in batch]  # where each node's input token sits
+    slots = [n.slot for n in batch]
     with run.clock.span("masks"):
-        masks = e.masks([run.lattice.slots[n.slot].path for n in batch], inputs)
+        table = e.table(rows, slots, inputs, [run.lattice.slots[s].path for s in slots])
     with run.clock.span(("expand", e.index)):
         if e.index == 0:
-            h_in = run.view.embed(to_device([n.input_token for n in batch], run.view.device))
+            h_in = run.view.embed(to_device(padded([n.input_token for n in batch], rows, 0), run.view.device))
         else:
-            h_in = run.link.inputs([n.parent for n in batch])
-        h_out = e.expand(h_in, [n.slot for n in batch], inputs, None, masks)  # (n, hidden)
+            h_in = run.link.inputs([n.parent for n in batch], rows)
+        h_out = e.expand(h_in, slots, inputs, None, table)  # (rows, hidden)
         if not e.final:
             run.link.post(plan, e.index, h_out)  # the rows travel while the head runs
         proposes = e.final or not run.request.pipeline
@@ -61,14 +64,19 @@ def choose_round(run, plan, expanded: dict, masked: dict[int, list[int]]) -> dic
 def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, Choice]:
     """The tokens of explorers ``members`` ((explorer, hidden, logits), one head between them) for their batches
     (final stage: the model's own choice; else DECS-masked by ``masked``) and what the trace and pruning need of
-    them, packed on the device for the link's one read of the round."""
+    them, packed on the device for the link's one read of the round; every row of the buckets chosen (the padding
+    repeats its batch's first position and masks nothing)."""
     s, sampler, e = run.settings, run.sampler, members[0][0]
-    batch = [n for m in members for n in plan.batches[m[0].index]]
+    sizes = [m[2].shape[0] for m in members]
+    total, positions, masks = bucket(sum(sizes)), [], []
+    for (m, _, _), rows in zip(members, sizes):
+        batch = plan.batches[m.index]
+        positions += padded([n.position for n in batch], rows, batch[0].position)
+        masks += padded([masked[n.id] for n in batch], rows, [])
     with run.clock.span("decode"):
-        logits = members[0][2] if len(members) == 1 else torch.cat([m[2] for m in members])
-        decision = sampler.decide(
-            logits, [n.position for n in batch], e.final, [masked[n.id] for n in batch], e.head
-        )
+        logits = joined([m[2] for m in members], total)
+        positions, masks = padded(positions, total, positions[0]), padded(masks, total, [])
+        decision = sampler.decide(logits, positions, e.final, masks, e.head)
         top = min(s.trace_top, logits.shape[-1])
         probs = top_probs = top_ids = None
         if s.prune is not None or top:  # unfiltered, at the sampling temperature; with a light head within it
@@ -80,17 +88,29 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
             top_probs, top_ids = p.topk(top, dim=-1)
             top_ids = top_ids if e.head is None else e.head.ids[top_ids]
         values, candidates = (probs, decision.margins, decision.gaps), (top_ids, top_probs) if top else None
-        rows = pack(len(batch), s.trace_top, logits.device, decision.tokens, values, candidates)
-    parts = rows.split([len(plan.batches[m[0].index]) for m in members])
+        rows = pack(len(positions), s.trace_top, logits.device, decision.tokens, values, candidates)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return {
-        m[0].index: Choice(part, None if m[0].final else m[1], _expand_seconds(run, m[0].index))
-        for m, part in zip(members, parts)
+        m[0].index: Choice(rows[at : at + n], None if m[0].final else m[1], _expand_seconds(run, m[0].index))
+        for m, at, n in zip(members, starts, sizes)
     }
+
+
+def joined(parts: list[torch.Tensor], total: int) -> torch.Tensor:
+    """``parts`` (each (rows, columns)) one after the other in a (``total``, columns) tensor, zeros after them: the
+    rows of every explorer that chooses with one head, in a bucket whatever the explorers that ran this round."""
+    if len(parts) == 1 and parts[0].shape[0] == total:
+        return parts[0]
+    out, at = parts[0].new_zeros(total, parts[0].shape[1]), 0
+    for part in parts:
+        out[at : at + part.shape[0]].copy_(part)
+        at += part.shape[0]
+    return out
 
 
 def passed_on(run, k: int, batch, hidden: torch.Tensor) -> Choice:
     """What stage ``k``, proposing nothing, produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
-    rows = pack(len(batch), run.settings.trace_top, hidden.device, NO_PROPOSAL)
+    rows = pack(hidden.shape[0], run.settings.trace_top, hidden.device, NO_PROPOSAL)
     return Choice(rows, hidden, _expand_seconds(run, k))
 
 
