@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import array
+
 import torch
 
 from .config import DTYPES, DexError
@@ -61,8 +63,13 @@ def resolve_dtype(spec, device_type: str, config=None) -> torch.dtype:
 
 
 def to_device(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """``values`` (a list, possibly nested) as a ``dtype`` tensor on ``device``, without a host sync."""
+    """``values`` (a list, possibly nested) as a ``dtype`` tensor on ``device``, without a host sync. A flat list of
+    ints becomes a tensor through a C array (``torch.frombuffer``: a few times faster than ``torch.tensor`` on a
+    list, which reads it item by item; DEX moves a few of these every round)."""
     device = torch.device(device)
+    if dtype == torch.long and values and type(values) is list and type(values[0]) is int:
+        host = torch.frombuffer(array.array("q", values), dtype=torch.long)  # the array lives as long as it
+        return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype, device=device)
     staged = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=True)

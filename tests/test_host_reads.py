@@ -100,10 +100,10 @@ def test_on_cuda_a_rounds_timings_never_wait_and_a_final_read_waits_only_for_wha
     clock.cuda = True  # the CUDA path, on events the test controls
     first = [FakeEvent(0.0, True), FakeEvent(0.5, True)]
     second = [FakeEvent(1.0, True), FakeEvent(1.25, False)]  # the device has not passed its end yet
-    clock._spans = [("expand", *first), ("expand", *second)]
+    clock._spans = {"expand": [tuple(first), tuple(second)]}
     assert clock.seconds("expand", wait=False) == 0.5  # the first span only; the second stays for later
-    assert second[1].synced == 0 and len(clock._spans) == 1
+    assert second[1].synced == 0 and len(clock._spans["expand"]) == 1
     assert clock.read() == {"expand": 0.25} and second[1].synced == 1  # waited for, once, at the end
-    clock._spans = [("decode", FakeEvent(2.0, True), FakeEvent(2.5, True))]
-    done = clock._spans[0][2]
+    clock._spans = {"decode": [(FakeEvent(2.0, True), FakeEvent(2.5, True))]}
+    done = clock._spans["decode"][0][1]
     assert clock.read() == {"decode": 0.5} and done.synced == 0  # passed already: no wait

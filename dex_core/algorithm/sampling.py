@@ -132,7 +132,7 @@ class Sampler:
     def scores(self, logits: torch.Tensor, final: bool) -> torch.Tensor:
         """Logits -> the scores (float32, or float64 for a float64 model) whose argmax (plus noise when
         sampling) is the token."""
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
         if self.greedy:
             return logits
         scores = logits / self.temperature
@@ -157,8 +157,8 @@ class Sampler:
         masked: list[list[int]] | None = None,
         head=None,
     ) -> Decision:
-        """Tokens for logits at ``positions`` (and, at the final depth, their margins); ``masked[i]`` are
-        DECS-masked ids. Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
+        """Tokens for logits at ``positions`` (None when greedy: no noise rows) and, at the final depth, their
+        margins; ``masked[i]`` are DECS-masked ids. Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
         (``head.index``: id -> column, or -1). Nothing here waits for the device."""
         scores = self.scores(logits, final)
         if masked and (any(masked) or not final):
@@ -166,7 +166,7 @@ class Sampler:
         if not self.greedy:
             noise = self.noise(positions, scores)
             scores = scores + (noise if head is None else noise[:, head.ids])
-        picked = scores.argmax(dim=-1)
+        picked = scores.max(dim=-1).indices  # the first of equal maxima, as argmax (half its time on a CPU)
         if head is not None:
             return Decision(head.ids[picked])
         if not final:
@@ -179,10 +179,11 @@ class Sampler:
     def _masked(scores: torch.Tensor, masked: list[list[int]], head) -> torch.Tensor:
         """``scores`` with each row's DECS-masked ids at -inf (a light head's columns; ids outside its shortlist
         dropped): one scatter over a table of a fixed width (a bucket), its padding aimed at a spare column."""
-        n, columns = scores.shape
+        columns = scores.shape[1]
         if head is not None:
             masked = [[head.columns[t] for t in m if t in head.columns] for m in masked]
         width = bucket(max(map(len, masked)), DECS_WIDTH)
-        index = to_device([padded(m, width, columns) for m in masked], scores.device)  # (n, width)
-        spare = torch.cat([scores, scores.new_zeros(n, 1)], dim=1)
+        flat = [t for m in masked for t in padded(m, width, columns)]
+        index = to_device(flat, scores.device).view(len(masked), width)
+        spare = torch.nn.functional.pad(scores, (0, 1))  # the spare column, last
         return spare.scatter_(1, index, float("-inf"))[:, :columns]

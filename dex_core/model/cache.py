@@ -34,10 +34,13 @@ class StageCache:
         capacity: int = 256,
     ):
         self.layer_ids = list(layer_ids)
-        self._shape = (1, kv_heads, capacity, head_dim)
-        # zeros, not empty: attention reads every entry of the capacity (masked ones too, and 0 x NaN is NaN)
-        self._keys = {i: torch.zeros(self._shape, dtype=dtype, device=device) for i in layer_ids}
-        self._values = {i: torch.zeros(self._shape, dtype=dtype, device=device) for i in layer_ids}
+        # every layer's keys and values in one buffer (2, layers, 1, kv_heads, capacity, head_dim): a compaction
+        # moves them all with one gather and one copy; zeros, not empty: attention reads every entry of the
+        # capacity (masked ones too, and 0 x NaN is NaN)
+        self._kv = torch.zeros(
+            (2, len(layer_ids), 1, kv_heads, capacity, head_dim), dtype=dtype, device=device
+        )
+        self._views()
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
         self.positions: list[int] = []  # absolute token position of each lattice entry
@@ -48,19 +51,21 @@ class StageCache:
 
     @property
     def capacity(self) -> int:
-        return self._shape[2]
+        return self._kv.shape[4]
+
+    def _views(self) -> None:
+        """Each layer's keys and values (1, kv_heads, capacity, head_dim), views of the one buffer."""
+        self._keys = {i: self._kv[0, j] for j, i in enumerate(self.layer_ids)}
+        self._values = {i: self._kv[1, j] for j, i in enumerate(self.layer_ids)}
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: the capacity grows to their bucket (entries copied), never shrinks."""
         if needed <= self.capacity:
             return
-        capacity, old_capacity = bucket(needed), self.capacity
-        for store in (self._keys, self._values):
-            for i, old in store.items():
-                new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
-                new[:, :, :old_capacity] = old
-                store[i] = new
-        self._shape = (self._shape[0], self._shape[1], capacity, self._shape[3])
+        old = self._kv
+        self._kv = old.new_zeros((*old.shape[:4], bucket(needed), old.shape[5]))
+        self._kv[:, :, :, :, : old.shape[4]] = old
+        self._views()
 
     def write_at(self, at: torch.Tensor) -> None:
         """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity."""

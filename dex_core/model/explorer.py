@@ -178,12 +178,13 @@ class Explorer:
         self.cache.extend_committed(n)
         return out
 
-    def table(self, rows: int, slots: list[int], positions: list[int], paths: list) -> torch.Tensor:
-        """The mask table of a batch of ``len(slots)`` nodes run as ``rows`` rows, on the device (one transfer), the
-        cache grown first if the batch or the table's region would not fit."""
+    def table(self, rows: int, slots: list[int], positions: list[int], paths: list) -> list[int]:
+        """The mask table of a batch of ``len(slots)`` nodes run as ``rows`` rows, on the host (``TreeMask.table``; the
+        caller moves it to the device, the tables of a round's explorers together), the cache grown first if the
+        batch or the table's region would not fit."""
         host = self.tree.table(self.cache, rows, slots, paths, positions)
         self.cache.reserve(self.cache.committed + self.tree.region)
-        return to_device(host, self.view.device)
+        return host
 
     @torch.no_grad()
     def expand(
@@ -196,8 +197,9 @@ class Explorer:
     ) -> torch.Tensor:
         """Run a batch of lattice nodes whose input tokens sit at ``positions``: ``hidden`` (rows, hidden) holds
         their rows first, then padding (rows >= len(slots): a bucket keeps the shapes fixed); all rows come back.
-        ``table``: ``self.table(...)`` of the batch, when the caller made it already."""
-        table = self.table(hidden.shape[0], slots, positions, paths) if table is None else table
+        ``table``: ``self.table(...)`` of the batch on the device, when the caller made it already."""
+        if table is None:
+            table = to_device(self.table(hidden.shape[0], slots, positions, paths), self.view.device)
         out = self.step(hidden, table)
         self.cache.extend(slots, positions)
         return out

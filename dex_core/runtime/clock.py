@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Collection, Hashable
 from contextlib import contextmanager
 
@@ -23,7 +22,9 @@ class Clock:
     def __init__(self, device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self._spans: list[tuple[Hashable, object, object]] = []
+        self._spans: dict[
+            Hashable, list[tuple[object, object]]
+        ] = {}  # name -> its unread (start, stop), in order
 
     def stamp(self):
         """A point in time: a recorded CUDA event on the device's stream, or the host's clock."""
@@ -39,24 +40,30 @@ class Clock:
         try:
             yield
         finally:
-            self._spans.append((name, start, self.stamp()))
+            self._spans.setdefault(name, []).append((start, self.stamp()))
 
     def read(self, names: Collection[Hashable] | None = None, wait: bool = True) -> dict:
         """Seconds per span name (only those in ``names`` when given) since the last read of those spans. On CUDA,
         with ``wait`` this waits until the device has passed the last of them (no wait when it has: ``query``);
         without, it takes only the spans the device has passed and leaves the rest to a later read, so a
         round's timings never stop the host (they may then count in the next round's)."""
-        taken = [s for s in self._spans if names is None or s[0] in names]
-        if self.cuda and taken and not wait:  # the stream passes events in order: the done ones are a prefix
-            taken = list(itertools.takewhile(lambda s: s[2].query(), taken))
-        elif self.cuda and taken and not taken[-1][2].query():
-            taken[-1][2].synchronize()
-        gone = {id(s) for s in taken}
-        self._spans = [s for s in self._spans if id(s) not in gone]
-        seconds: dict = defaultdict(float)
-        for key, start, stop in taken:
-            seconds[key] += start.elapsed_time(stop) / 1000 if self.cuda else stop - start
-        return dict(seconds)
+        seconds: dict = {}
+        for name in list(self._spans) if names is None else names:
+            taken = self._spans.pop(name, [])
+            if (
+                self.cuda and taken and not wait
+            ):  # the stream passes events in order: the done ones are a prefix
+                done = sum(1 for _ in itertools.takewhile(lambda s: s[1].query(), taken))
+                taken, rest = taken[:done], taken[done:]
+                if rest:
+                    self._spans[name] = rest
+            elif self.cuda and taken and not taken[-1][1].query():
+                taken[-1][1].synchronize()
+            if taken:
+                seconds[name] = sum(
+                    start.elapsed_time(stop) / 1000 if self.cuda else stop - start for start, stop in taken
+                )
+        return seconds
 
     def since(self, start) -> float:
         """Seconds from ``start`` (a ``stamp()``) to now; on CUDA, once the device has caught up."""

@@ -25,7 +25,7 @@ from .readback import Choice, StageOutput
 from .request import Request
 from .results import GenerationStats
 from .settings import RunSettings
-from .stage import choose_round, expand
+from .stage import choose_round, expand, prepare
 
 Outputs = dict[int, StageOutput]  # stage index -> what that explorer produced this round
 
@@ -135,7 +135,9 @@ def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
 def explore(run: Run, plan: RoundPlan, masked: dict[int, list[int]]) -> dict[int, Choice]:
     """Every explorer this process runs expands its batch; then they choose their tokens (those sharing a head
     together), on their devices, for the link to read."""
-    expanded = {e.index: expand(run, e, plan) for e in run.explorers if plan.batches[e.index]}
+    with run.clock.span("masks"):
+        batches = prepare(run, plan)  # the mask tables of them all, on the device in one transfer
+    expanded = {e.index: expand(run, e, plan, batches[e.index]) for e in run.explorers if e.index in batches}
     return choose_round(run, plan, expanded, masked)
 
 

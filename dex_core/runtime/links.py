@@ -90,13 +90,13 @@ class LocalLink:
         ``exchange``."""
 
     def exchange(self, plan, choices: dict[int, Choice]) -> dict[int, StageOutput]:
-        rows = dict(zip(choices, read_round([c.pack for c in choices.values()])))
+        rows = dict(zip(choices, read_round(list(choices.values()))))
         outputs = {}
         for k, c in choices.items():
             batch = plan.batches[k]
             if c.hidden is not None:
                 self.hold([n.id for n in batch], c.hidden)
-            outputs[k] = unpack(rows[k][: len(batch)], top_of(c.pack.shape[1]), c.hidden, c.seconds(True))
+            outputs[k] = unpack(rows[k][: len(batch)], top_of(c.block.shape[1]), c.hidden, c.seconds(True))
         return outputs
 
     def keep(self, node_ids) -> None:

@@ -37,13 +37,21 @@ class StageOutput:
 
 @dataclass(frozen=True)
 class Choice:
-    """One explorer's choices of a round, still on its device: ``pack`` (n, ``pack_columns(top)``), its output
-    rows ``hidden`` for the next stage (None at the last), and ``seconds(wait)``, the clock's reading of its
-    expansion (``runtime.clock.Clock.seconds``), taken once the round has been read."""
+    """One explorer's choices of a round, still on its device: ``rows`` rows from row ``at`` of ``block`` (the
+    packed rows of every explorer that chose with it: ``pack``'s layout), its output rows ``hidden`` for the next
+    stage (None at the last), and ``seconds(wait)``, the clock's reading of its expansion
+    (``runtime.clock.Clock.seconds``), taken once the round has been read."""
 
-    pack: torch.Tensor
+    block: torch.Tensor
+    at: int
+    rows: int
     hidden: torch.Tensor | None
     seconds: Callable[[bool], float]
+
+    @property
+    def pack(self) -> torch.Tensor:
+        """(rows, columns): this explorer's own rows (a view)."""
+        return self.block[self.at : self.at + self.rows]
 
 
 def pack_columns(top: int) -> int:
@@ -57,34 +65,39 @@ def top_of(columns: int) -> int:
 
 
 def pack(n: int, top: int, device, tokens, values=(None, None, None), candidates=None) -> torch.Tensor:
-    """(n, ``pack_columns(top)``) float64 on ``device``: ``tokens``, ``values`` (probability, margin, tie gap: each
-    (n,) or None) and ``candidates`` ((n, t) ids, (n, t) probabilities, t <= top, or None); NaN or -1 elsewhere."""
-    out = torch.full((n, pack_columns(top)), float("nan"), dtype=torch.float64, device=device)
-    out[:, PACK_FIXED : PACK_FIXED + top] = -1
-    out[:, 0] = tokens
-    for col, column in enumerate(values, start=1):
-        if column is not None:
-            out[:, col] = column
-    if candidates is not None:
-        ids, probs = candidates
-        out[:, PACK_FIXED : PACK_FIXED + ids.shape[1]] = ids
-        out[:, PACK_FIXED + top : PACK_FIXED + top + ids.shape[1]] = probs
-    return out
+    """(n, ``pack_columns(top)``) float64 on ``device``: ``tokens`` ((n,) or one value), ``values`` (probability,
+    margin, tie gap: each (n,) or None) and ``candidates`` ((n, t) ids, (n, t) probabilities, t <= top, or None); NaN
+    or -1 elsewhere. One stack of columns: few ops, as each costs the host a dispatch."""
+    absent = torch.full((n,), float("nan"), dtype=torch.float64, device=device)
+    if not isinstance(tokens, torch.Tensor):
+        tokens = absent.new_full((n,), tokens)
+    out = torch.stack([tokens, *(absent if v is None else v for v in values)], dim=1).to(torch.float64)
+    if not top:
+        return out
+    ids, probs = candidates if candidates is not None else (out[:, :0], out[:, :0])
+    missing = absent[:, None].expand(n, top - ids.shape[1])
+    return torch.cat(
+        [out, ids.to(torch.float64), missing.neg().nan_to_num(-1.0), probs.to(torch.float64), missing], 1
+    )
 
 
-def read_round(packs: list[torch.Tensor]) -> list[list[list[float]]]:
-    """Every pack's rows on the host, in one transfer: copied one after the other into a buffer of a bucket of rows
-    on the last pack's device (the same shapes whichever explorers ran), then read at once."""
-    if not packs:
+def read_round(choices: list[Choice]) -> list[list[list[float]]]:
+    """Every choice's rows on the host, in one transfer: their blocks (``Choice.block``, each once) copied one after
+    the other into a buffer of a bucket of rows on the last block's device (the same shapes whichever explorers
+    ran), then read at once."""
+    if not choices:
         return []
-    rows = [len(p) for p in packs]
-    buffer = packs[-1].new_empty(bucket(sum(rows)), packs[-1].shape[1])
-    at = 0
-    for p in packs:
-        buffer[at : at + len(p)].copy_(p, non_blocking=True)
-        at += len(p)
+    starts, at = {}, 0  # id(block) -> its first row in the buffer
+    for c in choices:
+        if id(c.block) not in starts:
+            starts[id(c.block)], at = at, at + len(c.block)
+    blocks = {id(c.block): c.block for c in choices}
+    last = choices[-1].block
+    buffer = last.new_empty(bucket(at), last.shape[1])
+    for key, block in blocks.items():
+        buffer[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
     values = buffer.tolist()  # the round's one read
-    return [values[sum(rows[:i]) : sum(rows[: i + 1])] for i in range(len(packs))]
+    return [values[starts[id(c.block)] + c.at : starts[id(c.block)] + c.at + c.rows] for c in choices]
 
 
 def unpack(rows: list[list[float]], top: int, hidden, seconds: float) -> StageOutput:

@@ -9,6 +9,7 @@ expansion, decode) are what the trace's timings report.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -19,22 +20,50 @@ from ..shapes import bucket, padded
 from .readback import Choice, pack
 
 
-def expand(run, e, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Explorer ``e``'s batch through its stage, as a bucket of rows (``shapes.bucket``; the padding after the nodes):
-    its output rows (rows, hidden), posted to the next explorer before its head runs, and the candidate logits
-    (rows, vocab), or (rows, N) with a light head; None where the stage proposes nothing (a non-final stage of AR
-    through the stages, ``Request.pipeline``)."""
-    batch = plan.batches[e.index]
-    rows, inputs = bucket(len(batch)), [n.position - 1 for n in batch]  # where each node's input token sits
-    slots = [n.slot for n in batch]
-    with run.clock.span("masks"):
-        table = e.table(rows, slots, inputs, [run.lattice.slots[s].path for s in slots])
+@dataclass(frozen=True)
+class Batch:
+    """One explorer's batch of a round on its way through its stage: the nodes' slots, where their input tokens
+    sit, its mask table on the device (``Explorer.table``) and, at stage 0, the input tokens (rows,) there."""
+
+    slots: list[int]
+    inputs: list[int]
+    table: torch.Tensor
+    tokens: torch.Tensor | None
+
+
+def prepare(run, plan) -> dict[int, Batch]:
+    """Every local explorer's batch of the round (those with nodes), as a bucket of rows (``shapes.bucket``; the
+    padding after the nodes): the host tables of them all, and stage 0's input tokens, in one transfer (of a bucket
+    of values)."""
+    host, parts = [], {}
+    for e in run.explorers:
+        batch = plan.batches[e.index]
+        if not batch:
+            continue
+        rows, inputs, slots = bucket(len(batch)), [n.position - 1 for n in batch], [n.slot for n in batch]
+        at = len(host)
+        host += e.table(rows, slots, inputs, [run.lattice.slots[s].path for s in slots])
+        end = len(host)
+        if e.index == 0:
+            host += padded([n.input_token for n in batch], rows, 0)
+        parts[e.index] = (slots, inputs, at, end, rows)
+    data = to_device(padded(host, bucket(len(host)), 0), run.view.device)  # a bucket: whichever stages ran
+    return {
+        k: Batch(slots, inputs, data[at:end], data[end : end + rows] if k == 0 else None)
+        for k, (slots, inputs, at, end, rows) in parts.items()
+    }
+
+
+def expand(run, e, plan, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Explorer ``e``'s ``batch`` through its stage: its output rows (rows, hidden), posted to the next explorer before
+    its head runs, and the candidate logits (rows, vocab), or (rows, N) with a light head; None where the stage
+    proposes nothing (a non-final stage of AR through the stages, ``Request.pipeline``)."""
     with run.clock.span(("expand", e.index)):
         if e.index == 0:
-            h_in = run.view.embed(to_device(padded([n.input_token for n in batch], rows, 0), run.view.device))
+            h_in = run.view.embed(batch.tokens)
         else:
-            h_in = run.link.inputs([n.parent for n in batch], rows)
-        h_out = e.expand(h_in, slots, inputs, None, table)  # (rows, hidden)
+            h_in = run.link.inputs([n.parent for n in plan.batches[e.index]], bucket(len(batch.slots)))
+        h_out = e.expand(h_in, batch.slots, batch.inputs, None, batch.table)  # (rows, hidden)
         if not e.final:
             run.link.post(plan, e.index, h_out)  # the rows travel while the head runs
         proposes = e.final or not run.request.pipeline
@@ -71,16 +100,19 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
     total, positions, masks = bucket(sum(sizes)), [], []
     for (m, _, _), rows in zip(members, sizes):
         batch = plan.batches[m.index]
-        positions += padded([n.position for n in batch], rows, batch[0].position)
-        masks += padded([masked[n.id] for n in batch], rows, [])
+        if not sampler.greedy:  # the noise rows' positions
+            positions += padded([n.position for n in batch], rows, batch[0].position)
+        if not e.final:
+            masks += padded([masked[n.id] for n in batch], rows, [])
     with run.clock.span("decode"):
         logits = joined([m[2] for m in members], total)
-        positions, masks = padded(positions, total, positions[0]), padded(masks, total, [])
-        decision = sampler.decide(logits, positions, e.final, masks, e.head)
+        positions = padded(positions, total, positions[0]) if positions else None
+        decision = sampler.decide(logits, positions, e.final, padded(masks, total, []), e.head)
         top = min(s.trace_top, logits.shape[-1])
         probs = top_probs = top_ids = None
         if s.prune is not None or top:  # unfiltered, at the sampling temperature; with a light head within it
-            p = torch.softmax(logits.float() / (1.0 if sampler.greedy else sampler.temperature), dim=-1)
+            scaled = logits if sampler.greedy else logits.float() / sampler.temperature
+            p = torch.softmax(scaled, dim=-1, dtype=torch.float32)
         if s.prune is not None:
             column = decision.tokens if e.head is None else e.head.index[decision.tokens]
             probs = p.gather(1, column[:, None])[:, 0]
@@ -88,10 +120,10 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
             top_probs, top_ids = p.topk(top, dim=-1)
             top_ids = top_ids if e.head is None else e.head.ids[top_ids]
         values, candidates = (probs, decision.margins, decision.gaps), (top_ids, top_probs) if top else None
-        rows = pack(len(positions), s.trace_top, logits.device, decision.tokens, values, candidates)
+        rows = pack(total, s.trace_top, logits.device, decision.tokens, values, candidates)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return {
-        m[0].index: Choice(rows[at : at + n], None if m[0].final else m[1], _expand_seconds(run, m[0].index))
+        m[0].index: Choice(rows, at, n, None if m[0].final else m[1], _expand_seconds(run, m[0].index))
         for m, at, n in zip(members, starts, sizes)
     }
 
@@ -111,7 +143,7 @@ def joined(parts: list[torch.Tensor], total: int) -> torch.Tensor:
 def passed_on(run, k: int, batch, hidden: torch.Tensor) -> Choice:
     """What stage ``k``, proposing nothing, produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
     rows = pack(hidden.shape[0], run.settings.trace_top, hidden.device, NO_PROPOSAL)
-    return Choice(rows, hidden, _expand_seconds(run, k))
+    return Choice(rows, 0, len(rows), hidden, _expand_seconds(run, k))
 
 
 def _expand_seconds(run, k: int) -> Callable[[bool], float]:
