@@ -2,9 +2,11 @@
 recompiling): every size a round's tensors take is a *bucket*, a power of two at least the size it holds.
 
 A stage's batch of n lattice nodes runs as ``bucket(n)`` rows (the rest padding: rows that see only the committed
-prefix, whose outputs nothing reads); the KV cache's capacity, the lattice region a tree mask covers and the path
-width of its table are buckets that only grow, so after the first rounds of a run they stop changing. With a row
-budget B a stage runs at most B rows, so its batches take the buckets 1, 2, 4, ..., ``bucket(B)``.
+prefix, whose outputs nothing reads); the lattice region a tree mask covers and the path width of its table are
+buckets that only grow, and the KV cache's capacity (``capacity``: finer steps, as attention reads all of it) is set
+for a run's prompt and new tokens, so after the first rounds of a run no size changes. With a row budget B a stage
+runs at most B rows, so its batches take the buckets 1, 2, 4, ..., ``bucket(B)``. ``OpShapes`` records the (op,
+shapes) pairs a run's rounds take: what tests and the GPU check hold to the buckets.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ def bucket(n: int, least: int = 1) -> int:
     """The least power of two that is at least ``n`` and ``least``."""
     n = max(n, least, 1)
     return 1 << (n - 1).bit_length()
+
+
+CAPACITY_STEP, CAPACITY_STEPS = 256, 32  # a cache's capacity: steps of at least 256, and of n / 16 at most
+
+
+def capacity(n: int) -> int:
+    """A KV cache's capacity for ``n`` entries: the least multiple of ``max(CAPACITY_STEP, bucket(n) //
+    CAPACITY_STEPS)`` that is at least ``n`` (16 sizes an octave). Attention reads every entry of the capacity, so
+    it stays within 1/16 (or 256 entries) of what the run needs, where a power of two could double it; a run sets
+    it once from its prompt and new tokens, so it takes one size for the run (a compiled step compiles once)."""
+    step = max(CAPACITY_STEP, bucket(n) // CAPACITY_STEPS)
+    return -(-max(n, 1) // step) * step
 
 
 def padded(values: list, size: int, fill) -> list:

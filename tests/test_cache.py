@@ -32,7 +32,7 @@ def ids(cache, layer=4):
 
 def test_update_returns_every_entry_of_the_capacity_and_grows_to_a_bucket():
     cache, k, v = filled(capacity=2)
-    assert k.shape == (1, 2, 8, 3) and cache.capacity == 8  # 7 entries: the bucket of 8
+    assert k.shape == (1, 2, 256, 3) and cache.capacity == 256  # 7 entries: the least capacity, 256
     assert ids(cache) == list(range(7)) and torch.equal(v, -k)
     assert (k[:, :, 7:] == 0).all()  # never written: zeros, not garbage (attention reads the whole capacity)
 

@@ -92,3 +92,12 @@ def test_the_table_of_a_batch_has_the_size_of_its_buckets_whatever_the_lattice()
     cache.slots = []
     tree.table(cache, 2, [9], [(9,)], [91])
     assert tree.region == 64
+
+
+def test_a_cache_capacity_stays_within_a_sixteenth_of_what_it_holds():
+    from dex_core.shapes import capacity
+
+    for n in [1, 200, 256, 257, 1000, 4176, 5000, 9000, 70_000, 1_000_000]:
+        c = capacity(n)
+        assert n <= c <= max(n + 255, n * 17 // 16 + 1), n
+    assert len({capacity(n) for n in range(4097, 8193)}) == 16  # 16 sizes an octave, not one per token

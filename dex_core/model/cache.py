@@ -2,7 +2,7 @@
 
 A stage owns only some decoder layers, so it keeps its own small cache object that Hugging Face
 attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
-Entries live in preallocated buffers of a fixed capacity (a ``shapes.bucket``, grown only by ``reserve``):
+Entries live in preallocated buffers of a fixed capacity (``shapes.capacity``, grown only by ``reserve``):
 ``update`` writes the batch at the entries ``write_at`` named, on the device (``index_copy_``, so the indices
 are tensor values, not shapes), and returns the whole buffers: attention runs over every entry of the capacity and
 the caller's mask hides those that are not visible, so a round's shapes do not change as the context grows.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..device import to_device
-from ..shapes import bucket
+from ..shapes import bucket, capacity
 
 MOVE_LEAST = 16  # the least bucket of entries a compaction moves
 
@@ -59,11 +59,12 @@ class StageCache:
         self._values = {i: self._kv[1, j] for j, i in enumerate(self.layer_ids)}
 
     def reserve(self, needed: int) -> None:
-        """Room for ``needed`` entries: the capacity grows to their bucket (entries copied), never shrinks."""
+        """Room for ``needed`` entries: the capacity grows to ``shapes.capacity(needed)`` (entries copied), never
+        shrinks."""
         if needed <= self.capacity:
             return
         old = self._kv
-        self._kv = old.new_zeros((*old.shape[:4], bucket(needed), old.shape[5]))
+        self._kv = old.new_zeros((*old.shape[:4], capacity(needed), old.shape[5]))
         self._kv[:, :, :, :, : old.shape[4]] = old
         self._views()
 
