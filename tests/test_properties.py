@@ -380,7 +380,7 @@ def test_bad_generation_options_are_dex_errors_saying_what_is_wrong(options, mes
         ({"decs": "no"}, "decs must be True or False; got 'no'"),
         (
             {"explorer": 3},
-            "unknown option(s) explorer; valid: adapters, backend, decs, depths, devices, draft, explorers",
+            "unknown option(s) explorer; valid: adapters, backend, compile, decs, depths, devices, draft, explorers",
         ),
     ],
 )
