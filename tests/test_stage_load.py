@@ -304,7 +304,8 @@ def test_plan_counts_llama2_70b_layers_by_the_formula_from_its_config(tmp_path, 
     plans = plan_ranks(config, tuple(range(10, 81, 10)), torch.bfloat16, 4096, 8)
     assert [p.weights["layers"] for p in plans] == [10 * layer * 2] * 8 and 17.0e9 < 10 * layer * 2 < 17.2e9
     assert plans[0].weights["embeddings"] == plans[7].weights["head"] == 32000 * h * 2
-    assert plans[7].kv == 10 * 2 * 8 * 128 * 8192 * 2  # 4096 tokens + 255 lattice rows: StageCache holds 8192
+    # 4096 tokens + twice the tree masks' lattice region (255 nodes + 128 rows: a region of 512): 5120 entries
+    assert plans[7].kv == 10 * 2 * 8 * 128 * 5120 * 2
     path = EXAMPLE_CONFIGS / "llama-2-70b.json"
     assert (
         main(

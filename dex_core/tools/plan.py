@@ -4,10 +4,10 @@ For each explorer (one per GPU, or the GPUs taken in turn when there are fewer) 
 will hold, with the loader's own rules (``dex_core.model.stage_load``: its layers, the final norm, the LM head or
 only its light head's rows, rank 0 the embeddings; shapes from a skeleton on the meta device, so every family
 counts right): weights; inducing adapters (m = 2h each, as ``dex train-adapters`` makes them) and the light
-head's rows; the KV cache of its layers for the context plus the lattice's rows (``StageCache`` allocates
-powers of two from 256 entries); and the round's work buffers (float32 logits of the largest batch, tree
-masks, activations: an estimate). On a GPU add the CUDA context (an estimate). A GPU fits when its explorers'
-totals stay within ``--gpu-memory``.
+head's rows; the KV cache of its layers for the context plus the lattice's rows (a ``StageCache`` of
+``shapes.capacity`` entries, as ``Explorer.reset`` sizes it); and the round's work buffers (float32 logits of the
+largest batch, tree masks, activations: an estimate). On a GPU add the CUDA context (an estimate). A GPU fits when
+its explorers' totals stay within ``--gpu-memory``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from ..log import quiet
 from ..model.adapter_choice import choose_depths
 from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, read_metadata
 from ..model.checkpoint import hub_config, is_hub_id, locate
+from ..model.explorer import REGION_LEAST
 from ..model.named import shipped_adapters
 from ..model.proposal import proposal_rows
 from ..model.stage_load import StagePart, part_bytes, skeleton
+from ..shapes import bucket
+from ..shapes import capacity as cache_capacity
 
 CUDA_CONTEXT = 0.5e9  # bytes a CUDA context and the caching allocator's first blocks take (an estimate)
-MIN_CACHE = 256  # StageCache's first capacity; it doubles from there
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "configs"  # for --config, offline
 UNITS = {
     "": 1,
@@ -148,8 +150,9 @@ def plan_ranks(
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     lattice = 2**K - 1 + draft_rows  # lattice nodes alive at most (unpruned), each one entry per stage
-    capacity = max(MIN_CACHE, 1 << (context + lattice - 1).bit_length())
     batch = 2 ** (K - 1) + draft_rows  # the largest batch one explorer runs in a round
+    region = bucket(lattice + batch, REGION_LEAST)  # a tree mask's lattice region; the cache keeps two spare
+    capacity = cache_capacity(context + 2 * region)  # as Explorer.reset sizes it
     one = _adapter_bytes(adapters, config, itemsize)
     plans = []
     for k in range(K):
