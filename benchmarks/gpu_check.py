@@ -307,7 +307,7 @@ def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     }
 
 
-def ran(dex, prompt, tokens: int, shapes: OpShapes | None) -> list[int]:
+def ran(dex, prompt, tokens: int, shapes: OpShapes | None = None) -> list[int]:
     """The tokens of one run, and with ``shapes`` the (op, shape) pairs of its rounds after the first (the prefill's
     follow the prompt's length) recorded in it."""
     events = dex.stream(prompt, tokens)
@@ -318,32 +318,38 @@ def ran(dex, prompt, tokens: int, shapes: OpShapes | None) -> list[int]:
 
 def compiled(model, prompts, K: int, adapters, tokens, modes=("default", "reduce-overhead")) -> dict:
     """The stage step eager and through ``torch.compile`` in each of ``modes`` (``reduce-overhead``: CUDA graphs)
-    at K with the row budget, greedy: tokens against HF greedy, seconds on the device's clock after a warm-up
-    run (the compilations), the compilations each mode made, and the (op, shape) pairs the timed runs ran that
-    the warm-up had not, the first round of each run left out (``shapes.OpShapes``; eager only: a dispatch mode
-    does not run beside a compiled frame)."""
+    at K with the row budget, greedy: tokens against HF greedy, tokens/s on the device's clock after a warm-up run
+    (the compilations), the compilations each mode made, CUDA graphs skipped, and (eager, in runs of their own: a
+    dispatch mode slows what it watches and does not run beside a compiled frame) the (op, shape) pairs that
+    runs of every prompt took which the warm-up had not, each run's first round left out (``shapes.OpShapes``)."""
     clock, rows, reference = Clock(model.device), [], [hf_greedy(model, p, tokens) for p in prompts]
+    counters = torch._dynamo.utils.counters
     for mode in ("eager", *modes):
-        dex = decoder(model, K, adapters)
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        dex, graphs = decoder(model, K, adapters), counters["stats"]["unique_graphs"]
+        skips = counters["inductor"]["cudagraph_skips"]
         if mode != "eager":
             for e in dex.explorers:
                 e.compile_step(mode=mode)
-        eager = mode == "eager"  # a dispatch mode and a compiled frame do not mix: shapes are counted eagerly
-        warm, shapes = (OpShapes(), OpShapes()) if eager else (None, None)
         tic = clock.stamp()
-        ran(dex, prompts[0], tokens, warm)
+        ran(dex, prompts[0], tokens)
         warm_seconds, start = clock.since(tic), clock.stamp()
-        results = [ran(dex, p, tokens, shapes) for p in prompts]
-        seconds = clock.since(start)
+        results = [ran(dex, p, tokens) for p in prompts]
+        seconds, new_shapes = clock.since(start), None
+        if mode == "eager":
+            warm, shapes = OpShapes(), OpShapes()
+            ran(dex, prompts[0], tokens, warm)
+            for p in prompts:
+                ran(dex, p, tokens, shapes)
+            new_shapes = len(shapes.seen - warm.seen)
         rows.append(
             {
                 "mode": mode,
                 "identical_to_ar": results == reference,
                 "tokens_per_second": sum(map(len, results)) / seconds,
                 "warm_up_seconds": warm_seconds,
-                "compilations": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
-                "new_op_shapes_after_warm_up": None if shapes is None else len(shapes.seen - warm.seen),
+                "compilations": counters["stats"]["unique_graphs"] - graphs,
+                "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
+                "new_op_shapes_after_warm_up": new_shapes,
             }
         )
     return {"explorers": K, "runs": rows}

@@ -53,6 +53,13 @@ class StageCache:
     def capacity(self) -> int:
         return self._kv.shape[4]
 
+    def mark_static(self) -> None:
+        """Tell ``torch.compile`` the buffer keeps its address (until ``reserve`` grows it, which marks the new one):
+        CUDA graphs (``mode="reduce-overhead"``) then write it in place instead of skipping a graph that mutates
+        one of its inputs."""
+        self.static = True
+        torch._dynamo.mark_static_address(self._kv)
+
     def _views(self) -> None:
         """Each layer's keys and values (1, kv_heads, capacity, head_dim), views of the one buffer."""
         self._keys = {i: self._kv[0, j] for j, i in enumerate(self.layer_ids)}
@@ -67,6 +74,8 @@ class StageCache:
         self._kv = old.new_zeros((*old.shape[:4], capacity(needed), old.shape[5]))
         self._kv[:, :, :, :, : old.shape[4]] = old
         self._views()
+        if self.static:
+            self.mark_static()
 
     def write_at(self, at: torch.Tensor) -> None:
         """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity."""

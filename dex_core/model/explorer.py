@@ -133,6 +133,7 @@ class Explorer:
         ``RECOMPILES`` (fullgraph raises at the limit rather than run eagerly)."""
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILES)
+        self.cache.mark_static()
         self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options)
 
     def reset(self, context: int = 0) -> None:
