@@ -150,3 +150,11 @@ def test_a_commit_names_only_lattice_entries_however_long_the_context(monkeypatc
         32,
         32,
     ]  # the moved entries' bucket (2 -> 16 sources, 16 destinations), whatever the context
+
+
+def test_a_growing_cache_keeps_its_entries_and_a_static_mark():
+    cache, _, _ = filled(capacity=4)
+    cache.mark_static()
+    before = cache.capacity
+    cache.reserve(before + 1)
+    assert cache.capacity > before and cache.static and ids(cache) == list(range(7))

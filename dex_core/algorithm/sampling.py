@@ -117,6 +117,11 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def filtered(self) -> bool:
+        """Whether the final depth's scores differ from the others' (top-k/top-p while sampling)."""
+        return not self.greedy and (self.top_k is not None or (self.top_p is not None and self.top_p < 1.0))
+
     def noise(self, positions: list[int], like: torch.Tensor) -> torch.Tensor:
         """Gumbel rows for ``positions``, (n, vocab) float32 on ``like``'s device, cached per position."""
         for p in positions:
@@ -158,10 +163,11 @@ class Sampler:
         head=None,
     ) -> Decision:
         """Tokens for logits at ``positions`` (None when greedy: no noise rows) and, at the final depth, their
-        margins; ``masked[i]`` are DECS-masked ids. Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
+        margins; ``masked[i]`` are DECS-masked ids (None or empty: none; a list of rows, even of empty rows: one
+        scatter of them all). Logits are (n, vocab), or (n, N) over ``head.ids`` for a light head
         (``head.index``: id -> column, or -1). Nothing here waits for the device."""
         scores = self.scores(logits, final)
-        if masked and (any(masked) or not final):
+        if masked:  # a table for every row (empty ones too: the same ops every round)
             scores = self._masked(scores, masked, head)
         if not self.greedy:
             noise = self.noise(positions, scores)

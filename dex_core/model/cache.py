@@ -40,6 +40,7 @@ class StageCache:
         self._kv = torch.zeros(
             (2, len(layer_ids), 1, kv_heads, capacity, head_dim), dtype=dtype, device=device
         )
+        self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
         self._views()
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)

@@ -31,8 +31,8 @@ class StageOutput:
     hidden: torch.Tensor | None  # (n, hidden) stage output, for the depth children (None at the last stage)
     seconds: float  # expansion time (layers + LM head), masks excluded
     probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
-    margins: list[float] | None = None  # final stage: each node's top-1 minus top-2 score
-    tie_gaps: list[float] | None = None  # final stage: the dtype's tie gap at each node's top logit
+    margins: list[float] | None = None  # final stage (and those that chose with it): top-1 minus top-2 score
+    tie_gaps: list[float] | None = None  # as margins: the dtype's tie gap at each node's top logit
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,14 @@ def read_round(choices: list[Choice]) -> list[list[list[float]]]:
         if id(c.block) not in starts:
             starts[id(c.block)], at = at, at + len(c.block)
     blocks = {id(c.block): c.block for c in choices}
-    last = choices[-1].block
-    buffer = last.new_empty(bucket(at), last.shape[1])
-    for key, block in blocks.items():
-        buffer[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
-    values = buffer.tolist()  # the round's one read
+    if len(blocks) == 1:  # every explorer chose together: its block is the round (a bucket of rows already)
+        values = choices[0].block.tolist()  # the round's one read
+    else:
+        last = choices[-1].block
+        buffer = last.new_empty(bucket(at), last.shape[1])
+        for key, block in blocks.items():
+            buffer[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
+        values = buffer.tolist()  # the round's one read
     return [values[starts[id(c.block)] + c.at : starts[id(c.block)] + c.at + c.rows] for c in choices]
 
 

@@ -72,13 +72,17 @@ def expand(run, e, plan, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | Non
 
 def choose_round(run, plan, expanded: dict, masked: dict[int, list[int]]) -> dict[int, Choice]:
     """Every local explorer's choices of the round (``expanded``: stage index -> (hidden, logits) from ``expand``).
-    Explorers that share a head (every non-final one on the sequential schedule) choose together: one set of
-    kernels for all their rows, not one per explorer; what each row gets is what it would get alone."""
+    Explorers that share a head (every non-final one on the sequential schedule, and the final one too with full
+    heads unless top-k/top-p filter the final depth) choose together: one set of kernels for all their rows, not
+    one per explorer; what each row gets is what it would get alone."""
     groups, local = {}, {e.index: e for e in run.explorers}
     for k, (hidden, logits) in expanded.items():
         e = local[k]
         if logits is not None:
-            key = (e.final, id(e.head), logits.shape[-1], logits.device)  # one device: they can be one batch
+            apart = (
+                e.final and run.sampler.filtered
+            )  # the final depth's scores are filtered: a group of its own
+            key = (apart, id(e.head), logits.shape[-1], logits.device)  # one device: they can be one batch
             groups.setdefault(key, []).append((e, hidden, logits))
     choices = {
         k: passed_on(run, k, plan.batches[k], hidden)
@@ -96,18 +100,20 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
     them, packed on the device for the link's one read of the round; every row of the buckets chosen (the padding
     repeats its batch's first position and masks nothing)."""
     s, sampler, e = run.settings, run.sampler, members[0][0]
-    sizes = [m[2].shape[0] for m in members]
+    sizes, final = [m[2].shape[0] for m in members], any(m[0].final for m in members)
     total, positions, masks = bucket(sum(sizes)), [], []
     for (m, _, _), rows in zip(members, sizes):
         batch = plan.batches[m.index]
         if not sampler.greedy:  # the noise rows' positions
             positions += padded([n.position for n in batch], rows, batch[0].position)
-        if not e.final:
-            masks += padded([masked[n.id] for n in batch], rows, [])
+        masks += padded([[] if m.final else masked[n.id] for n in batch], rows, [])
     with run.clock.span("decode"):
         logits = joined([m[2] for m in members], total)
         positions = padded(positions, total, positions[0]) if positions else None
-        decision = sampler.decide(logits, positions, e.final, padded(masks, total, []), e.head)
+        decs = (
+            None if all(m[0].final for m in members) else padded(masks, total, [])
+        )  # the final depth: never
+        decision = sampler.decide(logits, positions, final, decs, e.head)
         top = min(s.trace_top, logits.shape[-1])
         probs = top_probs = top_ids = None
         if s.prune is not None or top:  # unfiltered, at the sampling temperature; with a light head within it
