@@ -92,14 +92,14 @@ def read_round(choices: list[Choice]) -> list[list[list[float]]]:
         if id(c.block) not in starts:
             starts[id(c.block)], at = at, at + len(c.block)
     blocks = {id(c.block): c.block for c in choices}
-    if len(blocks) == 1:  # every explorer chose together: its block is the round (a bucket of rows already)
-        values = choices[0].block.tolist()  # the round's one read
-    else:
-        last = choices[-1].block
-        buffer = last.new_empty(bucket(at), last.shape[1])
+    source = choices[
+        0
+    ].block  # every explorer chose together: its block is the round (a bucket of rows already)
+    if len(blocks) > 1:
+        source = source.new_empty(bucket(at), source.shape[1], device=choices[-1].block.device)
         for key, block in blocks.items():
-            buffer[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
-        values = buffer.tolist()  # the round's one read
+            source[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
+    values = source.tolist()  # the round's one read
     return [values[starts[id(c.block)] + c.at : starts[id(c.block)] + c.at + c.rows] for c in choices]
 
 
