@@ -68,7 +68,8 @@ def to_device(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     list, which reads it item by item; DEX moves a few of these every round)."""
     device = torch.device(device)
     if dtype == torch.long and values and type(values) is list and type(values[0]) is int:
-        host = torch.frombuffer(array.array("q", values), dtype=torch.long)  # the array lives as long as it
+        # the tensor keeps the array alive
+        host = torch.frombuffer(array.array("q", values), dtype=torch.long)
         return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype, device=device)

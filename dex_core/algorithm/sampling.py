@@ -30,9 +30,7 @@ import torch
 from ..device import to_device
 from ..shapes import bucket, padded
 
-DECS_WIDTH = (
-    8  # the least width of the DECS table: K - 1 shallower candidates a row at most, K <= 9 in one bucket
-)
+DECS_WIDTH = 8  # the DECS table's least width: a row masks K - 1 candidates at most, so K <= 9 take one width
 
 _MASK64 = (1 << 64) - 1
 

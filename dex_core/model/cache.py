@@ -110,13 +110,9 @@ class StageCache:
         size = bucket(len(src), MOVE_LEAST)
         self.reserve(start + size)
         stay = list(range(start + len(src), start + size))
-        index = to_device(
-            src + stay + list(range(start, start + size)), next(iter(self._keys.values())).device
-        )
-        src_index, dst_index = index[:size], index[size:]
-        for store in (self._keys, self._values):
-            for buf in store.values():
-                buf.index_copy_(2, dst_index, buf.index_select(2, src_index))
+        index = to_device(src + stay + list(range(start, start + size)), self._kv.device)
+        # every layer's keys and values at once
+        self._kv.index_copy_(4, index[size:], self._kv.index_select(4, index[:size]))
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:
         """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first

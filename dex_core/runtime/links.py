@@ -78,12 +78,10 @@ class LocalLink:
         """(rows, hidden): the parents' rows, then copies of the first up to ``rows`` (a bucket). The parents of a
         stage's batch are the previous stage's nodes of the round before: one gather from its rows."""
         held = [self.held.pop(p) for p in parents]
-        source = held[0][0]
+        (source, first), picked = held[0], [r for _, r in held]
         if any(h is not source for h, _ in held):  # not one stage's rows: row by row (no fixed shapes)
-            return torch.stack(padded([h[r] for h, r in held], rows, held[0][0][held[0][1]]))
-        return source.index_select(
-            0, to_device(padded([r for _, r in held], rows, held[0][1]), source.device)
-        )
+            return torch.stack(padded([h[r] for h, r in held], rows, source[first]))
+        return source.index_select(0, to_device(padded(picked, rows, first), source.device))
 
     def post(self, plan, rank: int, hidden: torch.Tensor) -> None:
         """Explorer ``rank``'s output rows are ready (before its head); the local link keeps them in

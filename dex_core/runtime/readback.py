@@ -75,9 +75,10 @@ def pack(n: int, top: int, device, tokens, values=(None, None, None), candidates
     if not top:
         return out
     ids, probs = candidates if candidates is not None else (out[:, :0], out[:, :0])
-    missing = absent[:, None].expand(n, top - ids.shape[1])
+    missing = top - ids.shape[1]  # no candidate there: id -1, probability NaN
+    none = absent.new_full((n, missing), -1.0)
     return torch.cat(
-        [out, ids.to(torch.float64), missing.neg().nan_to_num(-1.0), probs.to(torch.float64), missing], 1
+        [out, ids.to(torch.float64), none, probs.to(torch.float64), absent[:, None].expand(n, missing)], 1
     )
 
 
@@ -92,9 +93,7 @@ def read_round(choices: list[Choice]) -> list[list[list[float]]]:
         if id(c.block) not in starts:
             starts[id(c.block)], at = at, at + len(c.block)
     blocks = {id(c.block): c.block for c in choices}
-    source = choices[
-        0
-    ].block  # every explorer chose together: its block is the round (a bucket of rows already)
+    source = choices[0].block  # one block: every explorer chose together, and it is a bucket of rows already
     if len(blocks) > 1:
         source = source.new_empty(bucket(at), source.shape[1], device=choices[-1].block.device)
         for key, block in blocks.items():

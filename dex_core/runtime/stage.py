@@ -79,9 +79,7 @@ def choose_round(run, plan, expanded: dict, masked: dict[int, list[int]]) -> dic
     for k, (hidden, logits) in expanded.items():
         e = local[k]
         if logits is not None:
-            apart = (
-                e.final and run.sampler.filtered
-            )  # the final depth's scores are filtered: a group of its own
+            apart = e.final and run.sampler.filtered  # filtered final scores: a group of their own
             key = (apart, id(e.head), logits.shape[-1], logits.device)  # one device: they can be one batch
             groups.setdefault(key, []).append((e, hidden, logits))
     choices = {
@@ -110,9 +108,7 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
     with run.clock.span("decode"):
         logits = joined([m[2] for m in members], total)
         positions = padded(positions, total, positions[0]) if positions else None
-        decs = (
-            None if all(m[0].final for m in members) else padded(masks, total, [])
-        )  # the final depth: never
+        decs = None if all(m[0].final for m in members) else padded(masks, total, [])  # never the final depth
         decision = sampler.decide(logits, positions, final, decs, e.head)
         top = min(s.trace_top, logits.shape[-1])
         probs = top_probs = top_ids = None
