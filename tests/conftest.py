@@ -230,6 +230,26 @@ def started_since(before: set[int]) -> set[int]:
     return found
 
 
+def files_in(root, empty: bool = False) -> list:
+    """The plain files under ``root`` now (only the empty ones if ``empty``). The app's sweep deletes uploads
+    and their folders at any moment: what goes while it is listed is simply not counted (``os.walk`` skips a
+    folder it can no longer read, where pathlib's glob raises ``FileNotFoundError``)."""
+    from pathlib import Path
+
+    found = []
+    for top, _, names in os.walk(root):
+        for path in (Path(top, name) for name in names):
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_file() and (not empty or path.stat().st_size == 0):
+                    found.append(path)
+    return found
+
+
+def uploads_in(temp) -> list:
+    """The upload files of every app under the Gradio temp folder ``temp``, as the sweep leaves them now."""
+    return [path for app in temp.glob("dex-app-*") for path in files_in(app / "uploads")]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

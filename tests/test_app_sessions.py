@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, tiny_model, tiny_tokenizer, tuned
+from conftest import files_in, free_port, tiny_model, tiny_tokenizer, tuned, uploads_in
 
 from app.files import LOCK
 from dex_core import DexDecoder, load_trace, save_trace
@@ -223,8 +223,8 @@ def test_a_loaded_upload_is_deleted_and_leaves_no_empty_temp_file(app_server, sm
     demo, temp = app_server.demo, app_server.temp
     with tuned(demo.runtime.settings, file_ttl=1):
         client = visit(app_server.url, small)
-        assert until(lambda: not [p for p in temp.glob("dex-app-*/uploads/**/*") if p.is_file()], 6)
-    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0 and p.name != LOCK]
+        assert until(lambda: not uploads_in(temp), 6)
+    assert not [p for p in files_in(temp, empty=True) if p.name != LOCK]
     client.close()
 
 
@@ -243,10 +243,8 @@ def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no
     with tuned(demo.runtime.settings, file_ttl=1):  # a read upload goes within file_ttl
         pinned = client.predict(handle_file(str(small)), api_name="/load_pinned")
         assert "data-state='finished'" in str(pinned) and "run A pinned: " in str(pinned)
-        assert until(
-            lambda: not [p for p in temp.glob("dex-app-*/uploads/**/*") if p.is_file()], 6
-        )  # both gone
-    assert not [p for p in temp.rglob("*") if p.is_file() and p.stat().st_size == 0 and p.name != LOCK]
+        assert until(lambda: not uploads_in(temp), 6)  # both gone
+    assert not [p for p in files_in(temp, empty=True) if p.name != LOCK]
     frame = client.predict("round three", api_name="/show")  # a Debugger round as text: clamped, no traceback
     assert "dbg-empty" in str(frame)
     log = capfd.readouterr()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import tuned
+from conftest import tuned, uploads_in
 
 from dex_core import TRACE_VERSION, DexError
 
@@ -54,10 +54,6 @@ def raw_upload(url: str, body: bytes, declared: int | None = None, who: str | No
     return reply.split(b"\r\n")[0]
 
 
-def uploads_on_disk(temp: Path) -> list[Path]:
-    return [p for p in temp.glob("dex-app-*/uploads/**/*") if p.is_file()]
-
-
 def drained(uploads, seconds: float = 10) -> bool:
     """Wait until no upload is counted (the sweep deletes each ``file_ttl`` after it came)."""
     deadline = time.monotonic() + seconds
@@ -85,10 +81,10 @@ def test_cut_off_and_short_bodies_leave_no_file_and_the_budget_unchanged(app_ser
             raw_upload(url, PART + data, declared=len(PART) + len(data) + 10_000) == b""
         )  # gone before its end
         time.sleep(0.3)
-        assert uploads_on_disk(temp) == [] and uploads.used() == 0
-        assert raw_upload(url, PART + data + END) == b"HTTP/1.1 200 OK" and len(uploads_on_disk(temp)) == 1
+        assert uploads_in(temp) == [] and uploads.used() == 0
+        assert raw_upload(url, PART + data + END) == b"HTTP/1.1 200 OK" and len(uploads_in(temp)) == 1
         assert uploads.used() == len(data)
-        assert drained(uploads) and uploads_on_disk(temp) == []
+        assert drained(uploads) and uploads_in(temp) == []
 
 
 def test_three_big_uploads_from_one_visitor_leave_over_half_the_budget_to_another(app_server):
@@ -109,7 +105,7 @@ def test_three_big_uploads_from_one_visitor_leave_over_half_the_budget_to_anothe
         assert raw_upload(url, big, who="198.51.100.7") == b"HTTP/1.1 200 OK"
         said_large = raw_upload(url, b"", declared=66 * 2**20, who="198.51.100.8")
         assert said_large == b"HTTP/1.1 413 Request Entity Too Large"  # refused by its Content-Length, unread
-        assert drained(uploads) and not uploads_on_disk(app_server.temp)
+        assert drained(uploads) and not uploads_in(app_server.temp)
 
 
 def test_uploads_are_bounded_in_total_and_one_without_a_size_is_refused(app_server):
