@@ -31,7 +31,8 @@ from .tools.bench.bench import BenchConfig, run_bench
 from .tools.bench.report import terminal, write_outputs
 from .tools.paper.paper import PROGRESS, PaperConfig, run_paper, write_paper
 from .tools.plan import PlanConfig, run_plan
-from .tools.train import TrainConfig, train_adapters
+from .tools.train import TrainConfig
+from .tools.train_group import run_training
 from .tools.verify import verifier_model, verify_trace
 from .trace.events import load_trace, round_commits, save_trace
 from .trace.typed import parse_events
@@ -57,9 +58,24 @@ def _generate_arguments(p) -> None:
 
 
 def _train_arguments(p) -> None:
-    add_flags(p, DexConfig, ("model", "device"))
+    add_flags(p, DexConfig, ("model", "device", "devices"))
+    p.add_argument(
+        "--backend",
+        choices=("sequential", "distributed", "torchrun"),
+        default="sequential",
+        help="sequential: the whole model in this process; distributed: --explorers processes on this machine, "
+        "each loading one stage of the model and training the adapters inside it; torchrun: this program runs "
+        "once per rank under torchrun (across nodes too; the ranks are the launch's) (default: sequential)",
+    )
+    p.add_argument(
+        "--explorers", type=int, default=4, help="distributed: rank processes, one stage each (default: 4)"
+    )
     p.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
-    p.add_argument("--checkpoint", help="checkpoint file: resumed from when it exists, updated as it trains")
+    p.add_argument(
+        "--checkpoint",
+        help="sequential: a checkpoint file; distributed and torchrun: a checkpoint folder (a file per rank and a "
+        "manifest); resumed from when it exists, updated as it trains",
+    )
     add_flags(p, TrainConfig)
 
 
@@ -252,8 +268,9 @@ def _serve(args) -> None:
 def _train(args) -> None:
     cfg = from_args(TrainConfig, args)
     _writable(args.out)
-    model, tokenizer = load_model(args.model, dtype="float32", device=args.device)  # the trainer autocasts
-    facts = train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
+    facts = run_training(args, cfg, log)
+    if facts is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     print(
         f"adapters for depths {list(facts['depths'])} saved to {args.out}: {facts['tokens']} tokens, "
         f"{facts['steps']} steps, {facts['seconds']:.0f} s, final loss {facts['final_loss']:.4f}"

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import array
+import ctypes
+import ctypes.util
 
 import torch
 
@@ -81,6 +83,21 @@ def exact_float32_matmuls() -> None:
     """Full float32 precision for float32 matmuls on every backend: called once where a DEX process starts (the
     dex command, the app, an explorer rank, dex serve, the benchmark scripts)."""
     torch.set_float32_matmul_precision("highest")
+
+
+MMAP_THRESHOLD = 2**20  # bytes: host allocations at least this large are mapped, and unmapped when freed
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (Linux; False where there is no glibc ``mallopt``). glibc
+    raises the threshold each time a mapped block is freed, after which blocks of that size come from the heap and
+    stay with the process when freed: a process that allocates a micro-batch's activations again and again then
+    holds 10-20% more than it uses (measured: ``benchmarks/train_ranks.py``). Fixed, freed activations go back."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def float32_matmul_shortcuts(device_type: str | None = None) -> list[str]:

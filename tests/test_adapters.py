@@ -151,7 +151,7 @@ def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
 
     from dex_core.runtime.request import chat_ids
-    from dex_core.tools.train import _onpolicy_sequences
+    from dex_core.tools.train_data import _onpolicy_sequences
 
     model, tokenizer = tiny_model("llama", layers=3, seed=2), tiny_tokenizer()
     texts = ["hello world w5 w7", "the prime number w12 w3 w40 w41 w9 a", "w1"]

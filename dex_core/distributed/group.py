@@ -83,6 +83,9 @@ class ExplorerGroup:
     model's skeleton on the meta device."""
 
     stage_rows = False  # stage hidden rows through the host even on CPU or one GPU each (tests run that path)
+    entry = (
+        "from dex_core.distributed.rank import main; main()"  # a module's code, never the caller's __main__
+    )
 
     def __init__(self, settings: RunSettings, model, options: DecoderOptions, folder=None):
         self.settings, self.model, self.folder, self.config = settings, model, folder, model.config
@@ -136,13 +139,12 @@ class ExplorerGroup:
         env = dict(
             os.environ, **{KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         )
-        entry = "from dex_core.distributed.rank import main; main()"  # a module's code, never the caller's __main__
         self._procs = [
             subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
-                    entry,
+                    self.entry,
                     "--rank",
                     str(k),
                     "--folder",

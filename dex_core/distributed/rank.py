@@ -286,7 +286,7 @@ def _read(conn, inbox: queue.Queue, cancel: _Cancel) -> None:
         leave(0)
 
 
-def _reporter(send, rank: int):
+def reporter(send, rank: int):
     """``progress(done, total, key)`` for ``load_stage``: a "loading" status at most every ``REPORT_SECONDS``
     (and when done), so that the parent sees a loading rank alive and knows how far it got."""
     last = [0.0]
@@ -300,8 +300,9 @@ def _reporter(send, rank: int):
     return progress
 
 
-def main(argv=None) -> None:
-    """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY."""
+def main(argv=None, serve=None) -> None:
+    """Body of a rank process: ``--rank K --folder DIR --parent PID``, the key in $DEX_GROUP_KEY. ``serve(conn, rank,
+    send)`` is what it does once its parent is connected (default: ``_serve``, an explorer serving requests)."""
     parser = argparse.ArgumentParser(prog="dex_core.distributed.rank")
     for flag in ("--rank", "--parent"):
         parser.add_argument(flag, type=int, required=True)
@@ -319,7 +320,7 @@ def main(argv=None) -> None:
             conn.send(msg)
 
     try:
-        _serve(conn, rank, send)
+        (serve or _serve)(conn, rank, send)
     except BaseException as err:  # report, and leave at once so the peers notice
         try:
             send("error", rank, (f"{type(err).__name__}: {err}".strip(), traceback.format_exc()))
@@ -339,9 +340,7 @@ def _serve(conn, rank: int, send) -> None:
     inbox, cancel = queue.Queue(), _Cancel()
     torch.set_num_threads(start.threads)
     threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
-    view, explorer, report = open_part(
-        start.settings, start.source, rank, start.device, _reporter(send, rank)
-    )
+    view, explorer, report = open_part(start.settings, start.source, rank, start.device, reporter(send, rank))
     send("status", rank, ("joining", 0, 0, ""))
     data, _ = init_world(
         start.device,

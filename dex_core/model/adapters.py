@@ -106,22 +106,22 @@ def identity_of(model) -> dict:
     return model if isinstance(model, dict) else model_identity(model)
 
 
-def new_adapters(model, depths, bottleneck: int | None = None) -> dict[int, InducingAdapter]:
-    """Fresh adapters for the given non-final depths, on the model's device in float32 (what training
-    updates, whatever the model's dtype); m = 2h by default."""
+def new_adapters(
+    model, depths, bottleneck: int | None = None, dtype: torch.dtype = torch.float32, device=None
+) -> dict[int, InducingAdapter]:
+    """Fresh adapters for the given non-final depths, on the model's device (or ``device``) in ``dtype`` (float32:
+    what training updates, whatever the model's dtype, except float64 for a float64 model); m = 2h by default."""
     cfg = model.config
     m = bottleneck or 2 * cfg.hidden_size
     act = getattr(cfg, "hidden_act", "silu")
     eps = getattr(cfg, "rms_norm_eps", 1e-5)
-    device = model.model.norm.weight.device
-    return {
-        int(d): InducingAdapter(cfg.hidden_size, m, act, eps, device=device, dtype=torch.float32)
-        for d in depths
-    }
+    device = device or model.model.norm.weight.device
+    return {int(d): InducingAdapter(cfg.hidden_size, m, act, eps, device=device, dtype=dtype) for d in depths}
 
 
 def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: dict, ranking=None) -> None:
-    """One safetensors file (float16 weights) with the model identity and training facts as metadata, and
+    """One safetensors file (float16 weights) with the identity of ``model`` (a loaded model or its identity dict)
+    and training facts as metadata, and
     the token ranking of light proposal heads (``dex_core.model.proposal``) as tensor 'shortlist'."""
     tensors = {
         f"{d}.{k}": v.detach().to(torch.float16).contiguous()
@@ -135,7 +135,7 @@ def save_adapters(path, adapters: dict[int, InducingAdapter], model, training: d
     meta = {
         "format": "dex-adapters",
         "version": "1",
-        "identity": json.dumps(model_identity(model)),
+        "identity": json.dumps(identity_of(model)),
         "depths": json.dumps(sorted(adapters)),
         "bottleneck": str(first.up.out_features),
         "activation": first.activation,

@@ -25,12 +25,14 @@ from ..log import quiet
 from ..model.adapter_choice import choose_depths
 from ..model.adapters import DEFAULT_ADAPTERS, adapter_shapes, read_metadata
 from ..model.checkpoint import hub_config, is_hub_id, locate
+from ..model.depth_grids import parse_adapter_depths
 from ..model.explorer import REGION_LEAST
 from ..model.named import shipped_adapters
 from ..model.proposal import proposal_rows
 from ..model.stage_load import StagePart, part_bytes, skeleton
 from ..shapes import bucket
 from ..shapes import capacity as cache_capacity
+from .plan_train import TrainRankPlan, plan_training
 
 CUDA_CONTEXT = 0.5e9  # bytes a CUDA context and the caching allocator's first blocks take (an estimate)
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "configs"  # for --config, offline
@@ -200,7 +202,13 @@ def report(
             f"{_gb(p.adapter):>10} {_gb(p.kv):>10} {_gb(p.work):>10} {_gb(p.total):>10}"
         )
     lines.append("* work: float32 logits of the largest batch, tree masks and activations (an estimate)")
-    fits = True
+    gpus, fits = gpu_lines(plans, gpu_memory)
+    return lines + gpus, fits
+
+
+def gpu_lines(plans, gpu_memory: float | None) -> tuple[list[str], bool]:
+    """Each GPU's total (its ranks' and the CUDA context) and whether it fits ``gpu_memory``; none on CPU."""
+    lines, fits = [], True
     if plans[0].gpu is not None:
         for gpu in sorted({p.gpu for p in plans}):
             mine = [p for p in plans if p.gpu == gpu]
@@ -213,6 +221,31 @@ def report(
                 f"{_gb(need)} with the CUDA context (about {_gb(CUDA_CONTEXT)}){room}"
             )
     return lines, fits
+
+
+def training_lines(
+    config, plans: list[TrainRankPlan], dtype, batch: int, seq_len: int, rows: str
+) -> list[str]:
+    """The table of a training plan (``plan_train.plan_training``)."""
+    text = config.get_text_config()
+    lines = [
+        f"{text.model_type}: {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
+        f"{text.vocab_size}; adapter training on K={len(plans)} ranks, weights in {str(dtype).removeprefix('torch.')}"
+        f", micro-batches of {batch} x {seq_len} tokens, loss over {rows}",
+        f"{'rank':>4} {'stage':>9} {'adapters at':>14} {'weights':>10} {'adapters':>10} {'grad+AdamW':>10} "
+        f"{'activ.*':>10} {'teacher':>10} {'total':>10}",
+    ]
+    for p in plans:
+        span = f"{p.layers.start + 1}-{p.layers.stop}"
+        at = ",".join(map(str, p.depths)) or "-"
+        lines.append(
+            f"{p.rank:>4} {span:>9} {at:>14} {_gb(sum(p.weights.values())):>10} {_gb(p.adapters):>10} "
+            f"{_gb(p.optimizer):>10} {_gb(p.activations):>10} {_gb(p.teacher):>10} {_gb(p.total):>10}"
+        )
+    lines.append(
+        "* activations: one micro-batch's rows, layer work and the adapters' autograd graphs (an estimate)"
+    )
+    return lines
 
 
 @dataclass
@@ -247,6 +280,19 @@ class PlanConfig:
     draft: str = option(
         "auto", "draft chains (their rows join the lattice's): auto, none, or bounds", kind=str
     )
+    train: bool = option(
+        False,
+        "plan distributed adapter training instead (dex train-adapters --backend distributed/torchrun): per rank "
+        "its stage, its adapters, their gradients and AdamW state, one micro-batch's activations and the teacher's "
+        "targets",
+    )
+    train_depths: str = option(
+        "uniform", "--train: adapter depths, as dex train-adapters --depths takes them", kind=str
+    )
+    batch: int = option(1, "--train: windows per micro-batch")
+    seq_len: int = option(192, "--train: tokens per window")
+    shortlist: int = option(0, "--train: tokens the loss scores (0: the whole vocabulary)")
+    bottleneck: int | None = option(None, "--train: adapter bottleneck m (default 2 x hidden size)")
 
     def __post_init__(self):
         if (self.model is None) == (self.config is None):
@@ -260,6 +306,10 @@ class PlanConfig:
             raise DexError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.gpu_memory is not None:
             parse_size(self.gpu_memory)
+        self.batch, self.seq_len = integer(self.batch, "batch", 1), integer(self.seq_len, "seq_len", 1)
+        self.shortlist = integer(self.shortlist, "shortlist", 0)
+        self.bottleneck = None if self.bottleneck is None else integer(self.bottleneck, "bottleneck", 1)
+        parse_adapter_depths(self.train_depths)
 
 
 def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
@@ -270,6 +320,8 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
     if adapters in ("auto", "default"):  # the named model's shipped file (a plan reads its header only)
         shipped = shipped_adapters(cfg.model)
         adapters = str(shipped) if shipped else ("none" if adapters == "auto" else str(DEFAULT_ADAPTERS))
+    if cfg.train:
+        return _train_plan(cfg, config)
     chosen = DecoderOptions(
         depths=cfg.depths, explorers=cfg.explorers, adapters="none" if adapters == "trained" else adapters
     )
@@ -291,3 +343,18 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
         None if cfg.gpu_memory is None else parse_size(cfg.gpu_memory),
         rows,
     )
+
+
+def _train_plan(cfg: PlanConfig, config) -> tuple[list[str], bool]:
+    """``dex plan --train``: the training plan's lines, and whether every GPU fits."""
+    text = config.get_text_config()
+    K = len(cfg.depths) if cfg.depths else cfg.explorers
+    gpus = cfg.gpus or (K if cfg.gpu_memory else None)
+    dtype = resolve_dtype(cfg.dtype, "cpu" if gpus is None else "cuda", config)
+    plans = plan_training(
+        config, K, dtype, cfg.train_depths, cfg.batch, cfg.seq_len, cfg.shortlist, cfg.bottleneck, gpus
+    )
+    rows = f"{cfg.shortlist} tokens" if 0 < cfg.shortlist < text.vocab_size else "the whole vocabulary"
+    lines = training_lines(config, plans, dtype, cfg.batch, cfg.seq_len, rows)
+    extra, fits = gpu_lines(plans, None if cfg.gpu_memory is None else parse_size(cfg.gpu_memory))
+    return lines + extra, fits

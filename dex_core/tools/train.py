@@ -10,31 +10,32 @@ token (0 by default; DEX matches top candidates, so this term weights what a mat
 ``shortlist`` N, both distributions are over the light proposal heads' N tokens only (the teacher
 renormalised on them): N / V of the heads' cost, for large vocabularies (Gemma 3's 262k). AdamW on the
 adapters only, warmup then linear decay, gradient accumulation, bf16 autocast for the matrix work
-(softmax and KL stay in float32), checkpoint and resume. Everything runs on the model's device (the CLI's
-``--device``); the bf16 default is decided there, for that device.
+(softmax and KL stay in float32, float64 for a float64 model), checkpoint and resume (a resumed run reads the
+windows an uninterrupted one would). Here everything runs in one process on the model's device (the CLI's
+``--device``; the bf16 default is decided there, for that device); on explorer processes, each holding its stage
+and training the adapters inside it: ``dex_core.tools.train_ranks``. What a step computes is shared with them
+(``dex_core.model.distill``); so are the adapters' initial values (each depth drawn from its own seed).
 """
 
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import DexError, flag, option
+from ..config import DexError, adapter_file, flag, option
 from ..data.ranking import token_ranking
-from ..data.sets import sharegpt_split
-from ..model.adapter_choice import load_adapters
-from ..model.adapters import new_adapters, save_adapters
+from ..model.adapter_choice import adapter_set
+from ..model.adapters import identity_of, new_adapters, save_adapters
 from ..model.depth_grids import adapter_depths, parse_adapter_depths
+from ..model.distill import Teacher, adapter_loss, final_logits, stage_forward, train_dtype
 from ..model.proposal import ProposalHead
 from ..model.view import model_view
-from ..runtime.request import chat_ids, eos_ids
+from .train_data import DATA_SOURCES, training_windows
 
 
 def native_bf16() -> bool:
@@ -118,76 +119,14 @@ class TrainConfig:
         return max(1, math.ceil(self.tokens / (self.batch * self.seq_len * self.accum)))
 
 
-DATA_SOURCES = ("sharegpt", "onpolicy")
-ONPOLICY_PROMPT_CHARS = 600  # user text kept per on-policy prompt: the answer is what is trained on
-ONPOLICY_BATCH = 64  # prompts answered per batched greedy generate call
-
-
-def _pack(sequences, seq_len: int):
-    buffer: list[int] = []
-    for ids in sequences:
-        buffer.extend(ids[: 4 * seq_len])
-        while len(buffer) >= seq_len:
-            yield torch.tensor(
-                buffer[:seq_len], device="cpu"
-            )  # host data: the training loop moves each batch
-            buffer = buffer[seq_len:]
-
-
-def _shuffled_rows(seed: int, split: str = "train"):
-    rows = sharegpt_split(split)
-    rng = random.Random(seed)
-    while True:
-        rng.shuffle(rows)
-        yield from rows
-
-
-def token_windows(
-    tokenizer, seq_len: int, seed: int, model=None, data: str = "sharegpt", split: str = "train"
-):
-    """Endless (seq_len,) windows of the chat-formatted training split (``split='heldout'``: the 2% never
-    trained on, for evaluation), packed back to back.
-
-    ``data="onpolicy"`` replaces each human answer by the model's own greedy answer (float32, batched
-    generate with left padding, up to ``seq_len`` new tokens) to the prompt's first 600 characters.
-    """
-    rows = _shuffled_rows(seed, split)
-    if data == "sharegpt":
-        return _pack(
-            (
-                chat_ids(
-                    tokenizer,
-                    [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["answer"]}],
-                )
-                for r in rows
-            ),
-            seq_len,
-        )
-    return _pack(_onpolicy_sequences(model, tokenizer, rows, seq_len), seq_len)
-
-
-@torch.no_grad()
-def _onpolicy_sequences(model, tokenizer, rows, max_new_tokens: int):
-    eos = next(iter(eos_ids(model)), None)
-    pad = next((t for t in (tokenizer.pad_token_id, eos) if t is not None), 0)
-    while True:
-        prompts = [
-            chat_ids(
-                tokenizer,
-                [{"role": "user", "content": next(rows)["prompt"][:ONPOLICY_PROMPT_CHARS]}],
-                generation_prompt=True,
-            )
-            for _ in range(ONPOLICY_BATCH)
-        ]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
-        out = model.generate(
-            ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad
-        )
-        for prompt, row in zip(prompts, out[:, width:].tolist()):
-            answer = row[: row.index(eos) + 1] if eos in row else row
-            yield prompt + answer
+def resolved(cfg: TrainConfig, layers: int, device) -> TrainConfig:
+    """``cfg`` for a model of ``layers`` layers trained on ``device``: a named depth grid as this model's depths
+    (checked), the bf16 default decided for that device."""
+    depths = adapter_depths(cfg.depths, layers)
+    if any(not 1 <= d < layers for d in depths):
+        raise DexError(f"adapter depths must be non-final layers 1..{layers - 1}; got {list(depths)}")
+    bf16 = bf16_default(torch.device(device)) if cfg.bf16 is None else cfg.bf16
+    return replace(cfg, depths=depths, bf16=bf16)
 
 
 def distill_loss(
@@ -201,33 +140,35 @@ def distill_loss(
     """Mean over adapters of KL(teacher || student) per token, tau = 1, plus ``top1`` x the cross-entropy of
     the student on the teacher's top token. Over the full vocabulary, or with ``shortlist`` (a light head)
     over its tokens only, the teacher renormalised on them. Autocast is for the device of ``x`` (the model's)."""
+    view = model_view(model)
     with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        if shortlist is None:
-            out = model(x, output_hidden_states=True)
-            final = out.logits
-        else:  # the teacher's shortlist columns only: its full head is never computed
-            out = model.model(x, output_hidden_states=True)
-            final = shortlist.finish(F.linear(out.last_hidden_state, shortlist.weight, shortlist.bias))
-    teacher = torch.log_softmax(final.float(), dim=-1)  # (B, T, V or N)
-    head = model_view(model).head if shortlist is None else shortlist  # final norm, rows, scaling, soft-cap
-    p_teacher = teacher.exp()
-    best = teacher.argmax(-1, keepdim=True) if top1 else None
+        out, kept = stage_forward(view, range(view.num_layers), view.embed(x), keep=adapters)
+        logits = final_logits(view, out, shortlist)
+    teacher = Teacher.from_logits(logits, train_dtype(view.dtype), top1)
+    head = view.head if shortlist is None else shortlist  # final norm, rows, scaling, soft-cap
     loss = 0.0
     for depth, adapter in adapters.items():
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = head(adapter(out.hidden_states[depth].float()))
-        student = torch.log_softmax(logits.float(), dim=-1)
-        loss = loss + (p_teacher * (teacher - student)).sum(-1).mean()
-        if top1:
-            loss = loss - top1 * student.gather(-1, best).mean()
+        loss = loss + adapter_loss(head, adapter, kept[depth], teacher, top1, bf16)
     return loss / len(adapters)
 
 
-def _initial_adapters(model, cfg: TrainConfig) -> dict:
-    """Fresh adapters at ``cfg.depths``, or started from ``cfg.init``'s nearest depth."""
-    adapters = new_adapters(model, cfg.depths, cfg.bottleneck)
+def depth_seed(seed: int, depth: int) -> int:
+    """The seed of the adapter at ``depth``'s initial draw: a rank holding some depths draws what one process does."""
+    return seed * 100_003 + depth
+
+
+def initial_adapters(model, cfg: TrainConfig, depths, identity=None) -> dict:
+    """Fresh adapters at ``depths`` (each drawn from ``depth_seed``), in the training dtype of the model, or started
+    from ``cfg.init``'s nearest depth. ``identity``: the model's (``adapters.identity_of``), where ``model`` is a
+    stage that lacks the embeddings it is read from."""
+    dtype = train_dtype(model.model.norm.weight.dtype)
+    adapters = {}
+    for d in depths:
+        torch.manual_seed(depth_seed(cfg.seed, d))
+        adapters |= new_adapters(model, [d], cfg.bottleneck, dtype)
     if cfg.init:
-        start = load_adapters(cfg.init, model)
+        start = adapter_set(str(adapter_file(cfg.init)), identity_of(identity or model))
+        start = start.build(start.depths, model.model.norm.weight.device, dtype)
         for d, a in adapters.items():
             nearest = min(start, key=lambda s: (abs(s - d), s))
             if start[nearest].up.out_features != a.up.out_features:
@@ -235,12 +176,22 @@ def _initial_adapters(model, cfg: TrainConfig) -> dict:
                     f"--init {cfg.init}: its adapter at depth {nearest} (the nearest to {d}) has bottleneck "
                     f"{start[nearest].up.out_features}, not --bottleneck {a.up.out_features}"
                 )
-            a.load_state_dict({k: v.float() for k, v in start[nearest].state_dict().items()})
+            a.load_state_dict(start[nearest].state_dict())
     return adapters
 
 
+def optimizer(params: list, cfg: TrainConfig):
+    """AdamW over ``params`` and its schedule: linear warm-up over ``cfg.warmup`` of the steps, then linear decay."""
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))
+    )
+    return opt, sched
+
+
 class _Trainer:
-    """The optimizer (AdamW, warm-up then linear decay) over the adapters, and how far it got; checkpoints."""
+    """The optimizer over the adapters, and how far it got; checkpoints."""
 
     def __init__(
         self, model, adapters: dict, cfg: TrainConfig, device, shortlist: ProposalHead | None = None
@@ -248,12 +199,7 @@ class _Trainer:
         self.model, self.adapters, self.cfg, self.device = model, adapters, cfg, device
         self.shortlist = shortlist
         self.params = [p for a in adapters.values() for p in a.parameters()]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warm = max(1, int(cfg.warmup * cfg.steps))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt,
-            lambda s: (s + 1) / warm if s < warm else max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm)),
-        )
+        self.opt, self.sched = optimizer(self.params, cfg)
         self.step, self.seconds, self.losses = 0, 0.0, []
 
     def resume(self, checkpoint, optimizer: bool = True) -> None:
@@ -314,28 +260,28 @@ def train_adapters(
     checkpoint: str | Path | None = None,
     progress: bool = True,
     windows=None,
+    ranking=None,
 ) -> dict:
     """Train, save the adapters to ``out`` (safetensors with metadata) and return the training facts.
     Interrupted (Ctrl-C), it saves the adapters of the last checkpoint (facts: ``stopped_early``); run
     the same command again to resume from the checkpoint.
 
-    ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests.
+    ``windows`` (an iterator of (seq_len,) token tensors) replaces the ShareGPT stream, e.g. in tests;
+    ``ranking`` (every token id, most frequent first) the one derived from the tokenizer.
     """
-    L = model.config.num_hidden_layers
-    depths = adapter_depths(cfg.depths, L)  # a named grid is this model's depths from here on
-    if any(not 1 <= d < L for d in depths):
-        raise DexError(f"adapter depths must be non-final layers 1..{L - 1}; got {list(depths)}")
     device = model.model.norm.weight.device  # training runs where the model is; the adapters are built there
-    bf16 = bf16_default(device) if cfg.bf16 is None else cfg.bf16  # decided for this device
-    cfg = replace(cfg, depths=depths, bf16=bf16)
-    torch.manual_seed(cfg.seed)
+    cfg = resolved(cfg, model.config.num_hidden_layers, device)
     model.eval().requires_grad_(False)
-    ranking = token_ranking(tokenizer, model.config.vocab_size) if tokenizer is not None else None
+    if ranking is None and tokenizer is not None:
+        ranking = token_ranking(tokenizer, model.config.vocab_size)
     shortlist = _shortlist_head(model, ranking, cfg.shortlist)
-    trainer = _Trainer(model, _initial_adapters(model, cfg), cfg, device, shortlist)
+    trainer = _Trainer(model, initial_adapters(model, cfg, cfg.depths), cfg, device, shortlist)
     if checkpoint and Path(checkpoint).is_file():
         trainer.resume(checkpoint)
-    windows = windows or token_windows(tokenizer, cfg.seq_len, cfg.seed + trainer.step, model, cfg.data)
+    done, given = trainer.step * cfg.accum * cfg.batch, windows is not None
+    windows = windows or training_windows(
+        tokenizer, cfg.seq_len, cfg.seed, cfg.data, done, trainer.step, model
+    )
     bar = tqdm(total=cfg.steps, initial=trainer.step, desc="adapters", unit="step", disable=not progress)
     stopped = False
     try:
@@ -350,7 +296,7 @@ def train_adapters(
         if checkpoint and Path(checkpoint).is_file():
             trainer.resume(checkpoint, optimizer=False)
     bar.close()
-    facts = _facts(cfg, trainer, stopped)
+    facts = facts_of(cfg, trainer, stopped, given)
     save_adapters(out, trainer.adapters, model, facts, ranking)
     return facts
 
@@ -364,16 +310,17 @@ def _shortlist_head(model, ranking, rows: int) -> ProposalHead | None:
     return ProposalHead(model_view(model), ranking[:rows])
 
 
-def _facts(cfg: TrainConfig, trainer: _Trainer, stopped: bool) -> dict:
-    """What the adapter file records of its training."""
+def facts_of(cfg: TrainConfig, trainer, stopped: bool, given: bool = False) -> dict:
+    """What the adapter file records of its training (``given``: on windows the caller gave)."""
     text = {
         "sharegpt": "ShareGPT V3 train split (first exchange, chat template), packed",
         "onpolicy": "the model's own greedy answers to ShareGPT V3 train-split prompts (chat template), packed",
+        "given": "token windows given by the caller",
     }
     losses = trainer.losses[-10:]
     return {
         **asdict(cfg),
-        "data_text": text[cfg.data],
+        "data_text": text["given" if given else cfg.data],
         "steps": trainer.step,
         "tokens": trainer.tokens(),
         "seconds": round(trainer.seconds, 1),
