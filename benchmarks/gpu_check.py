@@ -25,6 +25,8 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
 6. host reads: reads of tensor values into Python a round (at most one), with where each was made.
 7. compiled: the stage step eager and through ``torch.compile`` (default, and ``reduce-overhead``: CUDA graphs),
    tokens identical, tokens/s after a warm-up, compilations made, new (op, shape) pairs after warm-up (eager).
+8. training: distributed adapter training (``dex train-adapters --backend distributed``) on the devices of
+   section 5, beside training in one process: the adapters' largest difference after the same steps, tokens/s.
 
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
 architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
@@ -287,6 +289,62 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
     }
 
 
+def training(model, quick: bool) -> dict:
+    """Distributed adapter training (``dex_core.tools.train_group``: NCCL between GPUs, gloo staged through the
+    host on one GPU, gloo on CPU) against training in one process, on the devices ``distributed`` takes: the same
+    steps on the same random windows, the adapters' largest difference, each one's tokens/s (every step timed to
+    its end: the loss is read on the host at each step)."""
+    import itertools
+    import tempfile
+
+    from dex_core.tools.train import TrainConfig, train_adapters
+    from dex_core.tools.train_group import train_distributed
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device.type == "cuda" else 0
+    devices = [f"cuda:{k}" for k in range(min(gpus, 4))] if gpus >= 2 else ["cuda:0" if gpus else "cpu"] * 2
+    K, L, seq = len(devices), model.config.num_hidden_layers, 32 if quick else 192
+    steps = 3 if quick else 12
+    inner = tuple(-(-(k + 1) * L // K) for k in range(K - 1))  # the K split's inner depths
+    cfg = TrainConfig(depths=inner, tokens=steps * seq, seq_len=seq, bf16=False, checkpoint_every=steps)
+    windows = torch.randint(
+        0, model.config.vocab_size, (steps, seq), generator=torch.Generator().manual_seed(0)
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        one = train_adapters(
+            model,
+            None,
+            cfg,
+            f"{folder}/one.safetensors",
+            f"{folder}/one.ckpt",
+            False,
+            itertools.cycle(list(windows)),
+        )
+        ranks = train_distributed(
+            model,
+            cfg,
+            f"{folder}/k.safetensors",
+            f"{folder}/k",
+            explorers=K,
+            devices=devices,
+            windows=windows,
+            progress=False,
+        )
+        want = torch.load(f"{folder}/one.ckpt", weights_only=True)["adapters"]
+        got = {}
+        for path in Path(folder, "k").glob("rank-*.pt"):
+            got |= torch.load(path, weights_only=True, map_location="cpu")["adapters"]
+    return {
+        "devices": devices,
+        "depths": list(inner),
+        "steps": steps,
+        "max_abs_difference": max(
+            (got[d][k].cpu() - want[d][k].cpu()).abs().max().item() for d in want for k in want[d]
+        ),
+        "single_tokens_per_second": one["tokens"] / max(one["seconds"], 1e-9),
+        "distributed_tokens_per_second": ranks["tokens"] / max(ranks["seconds"], 1e-9),
+    }
+
+
 def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     """Host reads a round (``dex_core.host_reads``: tensor reads into Python and CUDA event syncs) of the
     sequential schedule at K on this device, greedy with the row budget and draft chains on; the distributed
@@ -366,6 +424,7 @@ def markdown(report: dict) -> str:
         "distributed": lambda r: ["", f"distributed: {json.dumps(r)}"],
         "host_reads": lambda r: ["", f"host reads a round: {json.dumps(r)}"],
         "compiled": lambda r: ["", f"compiled stage step: {json.dumps(r)}"],
+        "training": lambda r: ["", f"distributed adapter training beside one process: {json.dumps(r)}"],
     }
     for name, part in parts.items():
         if name in report:
@@ -487,7 +546,7 @@ def projection_line(name: str, p: dict) -> str:
     )
 
 
-SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads", "compiled")
+SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads", "compiled", "training")
 
 
 def arguments(argv):
@@ -555,6 +614,7 @@ def run_sections(args, report: dict, model, prompts, adapters, device, save) -> 
         "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
         "host_reads": lambda: host_reads(model, prompts, K, adapters, args.max_new_tokens),
         "compiled": lambda: compiled(model, prompts, K, adapters, args.max_new_tokens),
+        "training": lambda: training(model, args.quick),
     }
     for name in args.sections:  # in the order asked
         tic = time.perf_counter()

@@ -2,6 +2,7 @@
 ``benchmarks/stage_loading.py`` (random Llama weights, float32, 8 layers of hidden 2048, vocabulary 32000), K = 4.
 
     python benchmarks/train_ranks.py --out docs/results/train-ranks.json
+    python benchmarks/train_ranks.py --explorers 2 --out docs/results/train-ranks-k2.json
 
 Each role runs in a fresh process:
 - parent: ``TrainingGroup`` (what ``train_distributed`` and ``dex train-adapters --backend distributed`` start) with
@@ -13,7 +14,8 @@ Each role runs in a fresh process:
   "a rank that loaded nothing". A rank's growth is its peak RSS minus this one's, set against ``dex plan --train``'s
   count for that rank (``plan_train.plan_training``: its part, its adapters, their gradients and AdamW state, one
   micro-batch's activations and the teacher's targets).
-- single: the same training in one process holding the whole model (``train_adapters``), its tokens/s and peak RSS.
+- single: the same training in one process holding the whole model (``train_adapters``), its tokens/s and peak RSS,
+  with every core and with one thread (what one rank of a 2-rank run gets here: K devices against one).
 
 Tokens/s are side by side on this machine (``nproc`` cores: the ranks share them; on K GPUs each has its own).
 Linux only (/proc).
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage_loading import CONFIG, make, status  # noqa: E402  (the same synthetic checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
-K, DEPTHS, SEQ = 4, (2, 4, 6), 192
+DEPTHS, SEQ = (2, 4, 6), 192
 
 
 def train_config(steps: int):
@@ -56,7 +57,7 @@ def ranking():
     return torch.randperm(CONFIG["vocab_size"], generator=torch.Generator().manual_seed(1))
 
 
-def parent(folder: Path, steps: int) -> dict:
+def parent(folder: Path, steps: int, K: int) -> dict:
     import torch
     from transformers import AutoConfig
 
@@ -93,7 +94,7 @@ def parent(folder: Path, steps: int) -> dict:
     }
 
 
-def nothing(folder: Path, steps: int) -> dict:
+def nothing(folder: Path, steps: int, K: int) -> dict:
     """What a training rank imports and builds before it reads a tensor."""
     import torch
     from transformers import AutoConfig
@@ -106,33 +107,43 @@ def nothing(folder: Path, steps: int) -> dict:
     return status()
 
 
-def single(folder: Path, steps: int) -> dict:
+def single(folder: Path, steps: int, K: int, threads: int | None = None) -> dict:
     import itertools
+
+    import torch
 
     from dex_core import load_model
     from dex_core.tools.train import train_adapters
 
+    if threads:
+        torch.set_num_threads(threads)
     model, _ = load_model(str(folder), dtype="float32", device="cpu")
     out = folder.parent / "single.safetensors"
     stream = itertools.cycle(list(windows(steps)))
     facts = train_adapters(
         model, None, train_config(steps), out, progress=False, windows=stream, ranking=ranking()
     )
-    return {"hwm": status()["VmHWM"], "facts": facts}
+    return {"hwm": status()["VmHWM"], "facts": facts, "threads": torch.get_num_threads()}
 
 
-ROLES = {"parent": parent, "nothing": nothing, "single": single}
+ROLES = {
+    "parent": parent,
+    "nothing": nothing,
+    "single": single,
+    "single-1": lambda folder, steps, K: single(folder, steps, K, threads=1),  # one core: one rank's share
+}
 
 
-def in_child(role: str, folder: Path, steps: int, env: dict) -> dict:
+def in_child(role: str, folder: Path, steps: int, K: int, env: dict) -> dict:
     cmd = [sys.executable, __file__, "--role", role, "--folder", str(folder), "--steps", str(steps)]
+    cmd += ["--explorers", str(K)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"role {role} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def planned(steps: int) -> list[dict]:
+def planned(steps: int, K: int) -> list[dict]:
     import torch
     from transformers import LlamaConfig
 
@@ -155,33 +166,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="JSON report")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps of one 192-token window")
+    parser.add_argument(
+        "--explorers", type=int, default=4, help="training ranks K (adapters at 2, 4, 6 whatever K)"
+    )
     parser.add_argument("--role", choices=tuple(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        print(json.dumps(ROLES[args.role](Path(args.folder), args.steps)))
+        print(json.dumps(ROLES[args.role](Path(args.folder), args.steps, args.explorers)))
         return
-    work = Path(tempfile.mkdtemp(prefix="dex-train-bench-"))
-    try:
-        folder = work / "checkpoint"
-        make(folder)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(work)}
-        report = {
-            "checkpoint_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors")),
-            "K": K,
-            "depths": DEPTHS,
-            "steps": args.steps,
-            "cores": os.cpu_count(),
-            "parent": in_child("parent", folder, args.steps, env),
-            "nothing": in_child("nothing", folder, args.steps, env),
-            "single": in_child("single", folder, args.steps, env),
-            "plan": planned(args.steps),
-        }
-        summarise(report)
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="dex-train-bench-") as work:
+        report = measure(Path(work), args.steps, args.explorers)
+    summarise(report)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+def measure(work: Path, steps: int, K: int) -> dict:
+    folder = work / "checkpoint"
+    make(folder)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(work)}
+    return {
+        "checkpoint_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors")),
+        "K": K,
+        "depths": DEPTHS,
+        "steps": steps,
+        "cores": os.cpu_count(),
+        "parent": in_child("parent", folder, steps, K, env),
+        "nothing": in_child("nothing", folder, steps, K, env),
+        "single": in_child("single", folder, steps, K, env),
+        "single_one_thread": in_child("single-1", folder, steps, K, env),
+        "plan": planned(steps, K),
+    }
 
 
 def summarise(r: dict) -> None:
@@ -200,7 +216,12 @@ def summarise(r: dict) -> None:
             f"{plan['adapters'] / mb:.0f}, one "
             f"micro-batch {plan['activations'] / mb:.0f}): {(grown / plan['total'] - 1) * 100:+.1f}%"
         )
-    for name, facts in (("distributed", p["facts"]), ("single process", r["single"]["facts"])):
+    threads = r["single"]["threads"]
+    for name, facts in (
+        (f"distributed, K={r['K']} ranks of {max(1, r['cores'] // r['K'])} thread(s)", p["facts"]),
+        (f"single process, {threads} threads", r["single"]["facts"]),
+        ("single process, 1 thread (one rank's share of this CPU)", r["single_one_thread"]["facts"]),
+    ):
         rate = facts["tokens"] / facts["seconds"] if facts["seconds"] else float("nan")
         seconds, loss = facts["seconds"], facts["final_loss"]
         print(f"{name}: {facts['tokens']} tokens in {seconds:.1f} s, {rate:.0f} tokens/s, loss {loss}")

@@ -37,6 +37,8 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert sorted(map(int, report["profile"])) == [1, 2, 4]
     assert set(report["profile"]["1"]) == {"layer 0", "layer 3", "head", "proposal"}
     assert report["distributed"]["identical_to_sequential"] == report["distributed"]["prompts"] == 2
+    trained = report["training"]  # two training ranks beside one process: the same adapters
+    assert trained["devices"] == ["cpu", "cpu"] and trained["max_abs_difference"] <= 1e-6
     reads = report["host_reads"]  # every round read once: its choices, in one transfer
     assert reads["rounds"] > 2 and reads["most_reads_a_round"] == reads["mean_reads_a_round"] == 1
     assert list(reads["where"]) == [next(iter(reads["where"]))] and "readback.py" in next(

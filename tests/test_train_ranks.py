@@ -158,6 +158,8 @@ def test_a_job_refuses_what_the_ranks_cannot_do():
         make_job(config(data="onpolicy"), model.config, {}, 2, "cpu", "o")
     with pytest.raises(DexError, match="2 to 6 ranks"):
         make_job(config(), model.config, {}, 7, "cpu", "o", windows=WINDOWS)
+    with pytest.raises(DexError, match="a shortlist loss needs a token ranking"):
+        make_job(config(shortlist=40), model.config, {}, 2, "cpu", "o", windows=WINDOWS)
     with pytest.raises(DexError, match=r"windows must be \(n, 16\)"):
         make_job(config(), model.config, {}, 2, "cpu", "o", windows=WINDOWS[:, :8])
 

@@ -323,7 +323,7 @@ def facts_of(cfg: TrainConfig, trainer, stopped: bool, given: bool = False) -> d
         "data_text": text["given" if given else cfg.data],
         "steps": trainer.step,
         "tokens": trainer.tokens(),
-        "seconds": round(trainer.seconds, 1),
+        "seconds": round(trainer.seconds, 3),
         "final_loss": round(sum(losses) / max(1, len(losses)), 4),
         **({"stopped_early": True, "planned_steps": cfg.steps} if stopped else {}),
     }

@@ -67,6 +67,8 @@ def make_job(
         if windows.ndim != 2 or windows.shape[1] != cfg.seq_len or not len(windows):
             raise DexError(f"windows must be (n, {cfg.seq_len}) token ids; got shape {list(windows.shape)}")
     ranking = given.pop("ranking", None)
+    if 0 < cfg.shortlist < config.vocab_size and ranking is None and given.get("folder") is None:
+        raise DexError("a shortlist loss needs a token ranking: give one, or a model with its tokenizer")
     return TrainJob(
         cfg,
         resolve_depths(layers, explorers=count),
