@@ -195,9 +195,8 @@ def run_pipeline(trainer, rank: int, count: int, ctrl, wire: Wire, inputs, stop,
         if 0 <= i < last:
             share = share + tick.loss(i)
             if (i + 1) % cfg.accum == 0:
-                sums = torch.tensor(
-                    [trainer.grad_norm_squared(), float(share), float(stop())], dtype=torch.float64
-                )
+                sums = [trainer.grad_norm_squared(), float(share), float(stop())]
+                sums = torch.tensor(sums, dtype=torch.float64, device="cpu")  # summed on the gloo group
                 dist.all_reduce(sums, group=ctrl)
                 now = time.perf_counter()
                 trainer.optimizer_step(math.sqrt(sums[0]), float(sums[1]), now - since)

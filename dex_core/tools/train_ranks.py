@@ -12,6 +12,7 @@ ranks' adapters. Data-parallel replicas of the pipeline are not built: one pipel
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import signal
@@ -40,9 +41,8 @@ from .train_data import training_windows
 from .train_pipeline import Checkpoints, Wire, batches, run_pipeline
 from .train_stage import StageTrainer, TrainJob
 
-OP_TIMEOUT = (
-    900.0  # seconds the ranks may go without a word to their parent (a step, a checkpoint of a large model)
-)
+# seconds the ranks may go without a word to their parent: a step, or a checkpoint of a large model
+OP_TIMEOUT = 900.0
 
 
 def make_job(
@@ -96,7 +96,7 @@ def _inputs(job: TrainJob, trainer: StageTrainer, tokenizer):
     cfg, done = job.cfg, trainer.step * job.cfg.accum * job.cfg.batch
     if job.windows is not None:
         n = len(job.windows)
-        windows = (job.windows[i % n] for i in range(done, 2**62))
+        windows = (job.windows[i % n] for i in itertools.count(done))
     else:
         windows = training_windows(tokenizer, cfg.seq_len, cfg.seed, cfg.data, done, trainer.step)
     return batches(windows, cfg.batch)
@@ -186,8 +186,10 @@ class Progress:
             )
         self.bar.update(1)
         seconds = report["seconds"] - self.start["seconds"]
-        rate = (report["tokens"] - self.start["tokens"]) / seconds if seconds > 0 else 0.0
-        self.bar.set_postfix(loss=f"{report['loss']:.3f}", tok_s=f"{rate:.0f}")
+        shown = {"loss": f"{report['loss']:.3f}"}
+        if seconds > 0:  # from the second step on: this session's tokens over its seconds
+            shown["tok_s"] = f"{(report['tokens'] - self.start['tokens']) / seconds:.0f}"
+        self.bar.set_postfix(shown)
 
     def close(self) -> None:
         if self.bar is not None:
