@@ -154,6 +154,8 @@ def test_a_job_refuses_what_the_ranks_cannot_do():
     job = make_job(config(), model.config, {"vocab_size": 96}, 3, "cpu", "out.safetensors", windows=WINDOWS)
     assert job.bounds == (2, 4, 6) and [job.depths(k) for k in range(3)] == [(1, 2), (3, 4), (5,)]
     assert job.dtype == "float32" and job.part(1).rows is None  # float32 on CPU; no shortlist, whole heads
+    half = make_job(config(bf16=True), model.config, {}, 2, "cuda", "o", dtype="bfloat16", windows=WINDOWS)
+    assert half.dtype == "bfloat16" and half.cfg.bf16 is False  # half weights: no autocast on top
     with pytest.raises(DexError, match="needs the whole model in one process"):
         make_job(config(data="onpolicy"), model.config, {}, 2, "cpu", "o")
     with pytest.raises(DexError, match="2 to 6 ranks"):

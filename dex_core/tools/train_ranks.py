@@ -61,6 +61,11 @@ def make_job(
     if not 2 <= count <= layers:
         raise DexError(f"distributed training needs 2 to {layers} ranks (one stage each); got {count}")
     dtype = given.pop("dtype", None) or resolve_dtype("auto", device_type, config)
+    if str(dtype).removeprefix("torch.") in (
+        "float16",
+        "bfloat16",
+    ):  # half weights: the matrix work is already half
+        cfg = replace(cfg, bf16=False)
     windows = given.pop("windows", None)
     if windows is not None:
         windows = torch.as_tensor(windows, device="cpu").long()  # host data: rank 0 moves each micro-batch

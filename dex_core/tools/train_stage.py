@@ -109,10 +109,12 @@ class StageTrainer:
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """This stage's layers over a micro-batch: token ids (B, T) at rank 0, else the previous stage's rows;
-        returns the output rows and the rows at this stage's adapter depths."""
+        returns the output rows, in the weights' dtype as the next rank receives them whatever autocast made of
+        them, and the rows at this stage's adapter depths."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             hidden = self.view.embed(inputs) if self.rank == 0 else inputs
-            return stage_forward(self.view, self.layers, hidden, keep=self.adapters)
+            out, kept = stage_forward(self.view, self.layers, hidden, keep=self.adapters)
+        return out.to(self.view.dtype), kept
 
     @torch.no_grad()
     def teacher(self, out: torch.Tensor) -> torch.Tensor:
