@@ -14,7 +14,7 @@ import pickle
 import resource
 import signal
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from ..model.adapters import model_identity
 from ..model.checkpoint import Checkpoint, locate
 from ..model.load import load_model
 from ..model.stage_load import PartSource, checkpoint_identity, skeleton
+from ..runtime.unloaded import device_type
 from .train import TrainConfig, train_adapters
 from .train_ranks import OP_TIMEOUT, Progress, make_job, step_report, train_on_torchrun, train_rank
 from .train_stage import TrainJob
@@ -154,6 +155,7 @@ def train_distributed(
     *,
     explorers: int,
     devices=None,
+    device="auto",
     progress=True,
     log=stderr,
     **given,
@@ -161,11 +163,13 @@ def train_distributed(
     """Train adapters on ``explorers`` rank processes on this machine and save them to ``out``; ``checkpoint``:
     a folder, resumed from when it holds a checkpoint. ``model``: a spec (a named model, a folder, a hub id;
     this process reads its config and 64 rows of its embedding, each rank its own part) or a model built in
-    memory. ``devices``: one per rank (default: one GPU each when there are enough, else CPU). ``given``: as
-    ``make_job`` takes them (``windows``, ``ranking``, ``dtype``). Returns the training facts."""
+    memory. ``devices``: one per rank; else ``device`` ('auto': the GPUs when torch sees one, a GPU a rank or taken
+    in turn as the explorers take them; 'cpu'). ``given``: as ``make_job`` takes them (``windows``, ``ranking``,
+    ``dtype``). Returns the training facts."""
+    kind = device_type(devices, device)
+    if devices is None and kind == "cpu":
+        devices = ("cpu",) * explorers
     options = DecoderOptions(devices=devices, op_timeout=OP_TIMEOUT)
-    kind = "cuda" if devices is None and torch.cuda.device_count() >= explorers else "cpu"
-    kind = torch.device(devices[0]).type if devices else kind
     if isinstance(model, str):
         folder = locate(model, log)
         from transformers import AutoConfig  # deferred: seconds to import (docs/ARCHITECTURE.md, Imports)
@@ -187,8 +191,6 @@ def train_distributed(
         folder, shape = None, model
         given.setdefault("dtype", str(model.model.norm.weight.dtype).removeprefix("torch."))
         job = make_job(cfg, model.config, model_identity(model), explorers, kind, out, checkpoint, **given)
-    if devices is None and kind == "cpu":
-        options = replace(options, devices=("cpu",) * explorers)
     group = TrainingGroup(job, shape, options, folder)
     try:
         return group.train(progress)
@@ -210,7 +212,13 @@ def run_training(args, cfg: TrainConfig, log=stderr) -> dict | None:
         )
     if args.backend == "torchrun":
         return train_on_torchrun(args.model, cfg, args.out, args.checkpoint, args.device, log=log)
-    devices = args.devices or (("cpu",) * args.explorers if args.device == "cpu" else None)
     return train_distributed(
-        args.model, cfg, args.out, args.checkpoint, explorers=args.explorers, devices=devices, log=log
+        args.model,
+        cfg,
+        args.out,
+        args.checkpoint,
+        explorers=args.explorers,
+        devices=args.devices,
+        device=args.device,
+        log=log,
     )
