@@ -230,7 +230,7 @@ def training_lines(
     text = config.get_text_config()
     lines = [
         f"{text.model_type}: {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
-        f"{text.vocab_size}; adapter training on K={len(plans)} ranks, weights in {str(dtype).removeprefix('torch.')}"
+        f"{text.vocab_size}; adapter training on K={len(plans)} ranks, weights in {dtype_name(dtype)}"
         f", micro-batches of {batch} x {seq_len} tokens, loss over {rows}",
         f"{'rank':>4} {'stage':>9} {'adapters at':>14} {'weights':>10} {'adapters':>10} {'grad+AdamW':>10} "
         f"{'activ.*':>10} {'teacher':>10} {'total':>10}",

@@ -25,9 +25,8 @@ def _pack(sequences, seq_len: int):
     for ids in sequences:
         buffer.extend(ids[: 4 * seq_len])
         while len(buffer) >= seq_len:
-            yield torch.tensor(
-                buffer[:seq_len], device="cpu"
-            )  # host data: the training loop moves each batch
+            # host data: the training loop moves each batch
+            yield torch.tensor(buffer[:seq_len], device="cpu")
             buffer = buffer[seq_len:]
 
 

@@ -26,10 +26,9 @@ from ..distributed.group import ExplorerGroup
 from ..distributed.rank import init_world, leave, main, reporter
 from ..log import stderr
 from ..model.adapters import model_identity
-from ..model.checkpoint import Checkpoint, locate
 from ..model.load import load_model
-from ..model.stage_load import PartSource, checkpoint_identity, skeleton
-from ..runtime.unloaded import device_type
+from ..model.stage_load import PartSource
+from ..runtime.unloaded import UnloadedModel, device_type
 from .train import TrainConfig, train_adapters
 from .train_ranks import OP_TIMEOUT, Progress, make_job, step_report, train_on_torchrun, train_rank
 from .train_stage import TrainJob
@@ -170,26 +169,14 @@ def train_distributed(
     if devices is None and kind == "cpu":
         devices = ("cpu",) * explorers
     options = DecoderOptions(devices=devices, op_timeout=OP_TIMEOUT)
-    if isinstance(model, str):
-        folder = locate(model, log)
-        from transformers import AutoConfig  # deferred: seconds to import (docs/ARCHITECTURE.md, Imports)
-
-        config = AutoConfig.from_pretrained(folder)
-        job = make_job(
-            cfg,
-            config,
-            checkpoint_identity(config, Checkpoint(folder)),
-            explorers,
-            kind,
-            out,
-            checkpoint,
-            folder=str(folder),
-            **given,
-        )
-        shape = skeleton(config, getattr(torch, job.dtype), folder)
+    if isinstance(model, str):  # its config, tokenizer, identity and skeleton, and no weights
+        unloaded = UnloadedModel.read(model, given.pop("dtype", "auto"), kind, log=log)
+        folder, shape, config = unloaded.folder, unloaded.view.model, unloaded.config
+        given |= {"folder": str(folder), "dtype": unloaded.view.dtype}
+        job = make_job(cfg, config, unloaded.identity, explorers, kind, out, checkpoint, **given)
     else:
         folder, shape = None, model
-        given.setdefault("dtype", str(model.model.norm.weight.dtype).removeprefix("torch."))
+        given.setdefault("dtype", model.model.norm.weight.dtype)
         job = make_job(cfg, model.config, model_identity(model), explorers, kind, out, checkpoint, **given)
     group = TrainingGroup(job, shape, options, folder)
     try:
@@ -202,9 +189,8 @@ def run_training(args, cfg: TrainConfig, log=stderr) -> dict | None:
     """``dex train-adapters``: train on the backend ``args.backend`` names; the facts (None on a torchrun rank
     other than 0, which reports nothing)."""
     if args.backend == "sequential":
-        model, tokenizer = load_model(
-            args.model, dtype="float32", device=args.device
-        )  # the trainer autocasts
+        # float32 weights: the trainer autocasts
+        model, tokenizer = load_model(args.model, dtype="float32", device=args.device)
         return train_adapters(model, tokenizer, cfg, args.out, args.checkpoint)
     if args.checkpoint and Path(args.checkpoint).is_file():
         raise DexError(

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..config import DexError, resolve_depths
 from ..data.ranking import token_ranking
-from ..device import resolve_dtype, return_freed_memory
+from ..device import dtype_name, resolve_dtype, return_freed_memory
 from ..distributed.group import IMPORT_SECONDS
 from ..distributed.placement import default_threads
 from ..distributed.rank import init_world
@@ -60,11 +60,8 @@ def make_job(
         )
     if not 2 <= count <= layers:
         raise DexError(f"distributed training needs 2 to {layers} ranks (one stage each); got {count}")
-    dtype = given.pop("dtype", None) or resolve_dtype("auto", device_type, config)
-    if str(dtype).removeprefix("torch.") in (
-        "float16",
-        "bfloat16",
-    ):  # half weights: the matrix work is already half
+    dtype = dtype_name(given.pop("dtype", None) or resolve_dtype("auto", device_type, config))
+    if dtype in ("float16", "bfloat16"):  # half weights: the matrix work is half already, no autocast on top
         cfg = replace(cfg, bf16=False)
     windows = given.pop("windows", None)
     if windows is not None:
@@ -78,7 +75,7 @@ def make_job(
         cfg,
         resolve_depths(layers, explorers=count),
         identity,
-        str(dtype).removeprefix("torch."),
+        dtype,
         str(out),
         None if checkpoint is None else str(checkpoint),
         None if ranking is None else tuple(int(t) for t in ranking),
