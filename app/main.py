@@ -7,11 +7,11 @@ readiness: EAD and the speedups it predicts). Building ``demo`` is cheap; the mo
 Each page load shows the bundled example trace (``?trace=NAME`` another one from ``assets/traces``)
 without a model. Model work runs one request at a time (queue); traces are per session.
 
-Uploaded traces are untrusted: every launch of ``demo`` (``app.server.SessionBlocks``) sets
+Uploaded traces are untrusted: every launch of ``demo`` (``app.host.server.SessionBlocks``) sets
 ``max_file_size`` to ``TraceLimits.max_file_bytes`` (64 MB, in ``dex_core.trace.schema``), so Gradio
 refuses larger files, and the Debugger validates every file it loads against the trace schema and its
-limits. What a visitor holds is bounded too: memory (``app.sessions``: a closed tab frees its session,
-one budget for all traces) and disk (``app.files``: uploads, downloads only while their session lasts).
+limits. What a visitor holds is bounded too: memory (``app.host.sessions``: a closed tab frees its session,
+one budget for all traces) and disk (``app.host.files``: uploads, downloads only while their session lasts).
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from urllib.parse import quote
 
 import gradio as gr
 
-from app import controls as ctl
-from app import debugger as dbg
-from app import debugger_compare as cmp
-from app import live, page, race
-from app.analysis_tab import analyse
-from app.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
-from app.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
-from app.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
-from app.server import SessionBlocks
-from app.server_settings import AppSettings
-from app.server_state import Runtime
+from app.host.server import SessionBlocks
+from app.host.settings import AppSettings
+from app.host.state import Runtime
+from app.ui import controls as ctl
+from app.ui import debugger as dbg
+from app.ui import debugger_compare as cmp
+from app.ui import live, page, race
+from app.ui.analysis import analyse
+from app.ui.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
+from app.ui.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
+from app.ui.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
 from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
@@ -222,7 +222,7 @@ def _live_tab(runtime: Runtime, states: list):
         concurrency_limit=1,
         show_progress="hidden",
         preprocess=False,
-    )  # the handlers check their inputs (app.live)
+    )  # the handlers check their inputs (app.ui.live)
     stop.click(bind(live.stop, stops), status, status, **QUIET)
     return run, prompt, panels, status
 
@@ -309,7 +309,7 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
     with SessionBlocks(runtime, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
         trace = gr.State(
             [], time_to_live=ttl
-        )  # ttl s after it was set; a closed tab frees it at once (app.sessions)
+        )  # ttl s after it was set; a closed tab frees it at once (app.host.sessions)
         meta = gr.State({}, time_to_live=ttl)
         origin = gr.State("", time_to_live=ttl)  # where the trace came from: live, loaded, bundled
         live_source = gr.State(

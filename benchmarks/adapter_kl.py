@@ -25,8 +25,8 @@ from dex_core.model.adapter_choice import load_adapters
 from dex_core.model.load import load_model
 from dex_core.model.proposal import ProposalHead
 from dex_core.model.view import model_view
-from dex_core.tools.train import distill_loss
-from dex_core.tools.train_data import token_windows
+from dex_core.training.data import token_windows
+from dex_core.training.train import distill_loss
 
 
 def kl_table(model, tokenizer, adapters: dict, windows: int, seq_len: int, batch: int, rows: int) -> dict:

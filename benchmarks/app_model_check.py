@@ -51,8 +51,8 @@ def check(model: str, tokens: int) -> dict:
     os.environ["DEX_MODEL"] = model
     from gradio_client import Client
 
+    from app.host.settings import AppSettings
     from app.main import build_demo
-    from app.server_settings import AppSettings
 
     demo, port = build_demo(AppSettings.from_env()), _port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port)

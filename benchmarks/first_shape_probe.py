@@ -36,8 +36,8 @@ def probe(name: str, repeats: int, clock) -> dict:
     import torch
 
     from dex_core.analysis.profile import row_blocks
+    from dex_core.evaluation.bench.real_size import SHAPES, one_layer_model
     from dex_core.runtime.clock import decode_order_seconds
-    from dex_core.tools.bench.real_size import SHAPES, one_layer_model
 
     model = one_layer_model(SHAPES[name], "cuda")
     h = torch.randn(1, 1, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)

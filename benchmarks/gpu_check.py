@@ -7,17 +7,18 @@ Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA e
 
 1. exactness: sequential DEX (K explorers, adapters, light proposal heads, DECS) in float32 — tokens
    identical to the AR reference ``ar_generate`` and to HF greedy ``generate``; in bfloat16 — every
-   committed token certified by ``dex_core.tools.verify`` (teacher-forced, unmodified model), identical counts
+   committed token certified by ``dex_core.evaluation.verify`` (teacher-forced, unmodified model), identical counts
    beside it; seeded sampling in bfloat16 the same way.
 2. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
    projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
    between devices is left out and said so) and rounds/token.
 3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
-4. real size (``dex_core.tools.bench.real_size``): one decoder layer, the LM head, a light head and an adapter of the
-   shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the device, nothing
-   downloaded) at 1..64 rows after a 2,048-token context, the exchange of one round's rows between two ranks,
-   and from them a **projection**: DEX-1/K per token (the speed section's measured rounds replayed on the
-   real-size timings) against pipeline AR on the same K devices. ``--quick``: shapes scaled down for a CPU.
+4. real size (``dex_core.evaluation.bench.real_size``): one decoder layer, the LM head, a light head and an
+   adapter of the shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the
+   device, nothing downloaded) at 1..64 rows after a 2,048-token context, the exchange of one round's rows
+   between two ranks, and from them a **projection**: DEX-1/K per token (the speed section's measured rounds
+   replayed on the real-size timings) against pipeline AR on the same K devices. ``--quick``: shapes scaled
+   down for a CPU.
 5. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
    visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
    mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
@@ -54,6 +55,8 @@ from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.analysis.profile import decode_order_seconds, row_blocks, row_budget
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
+from dex_core.evaluation.bench.real_size import SHAPES, project, scaled, time_shapes
+from dex_core.evaluation.verify import Certificate, certify_tokens
 from dex_core.host_reads import reads_per_event
 from dex_core.model.adapters import new_adapters, save_adapters
 from dex_core.model.load import load_model, resolve_device
@@ -61,8 +64,6 @@ from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
 from dex_core.shapes import OpShapes, after_first_round
 from dex_core.testing import tiny_model
-from dex_core.tools.bench.real_size import SHAPES, project, scaled, time_shapes
-from dex_core.tools.verify import Certificate, certify_tokens
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PROMPTS = (
@@ -223,7 +224,7 @@ def profile(model, repeats: int, rows_counts) -> dict:
 
 def real_size(runs: list[dict], device, quick: bool, repeats: int) -> dict:
     """The real-size shapes timed on ``device`` and DEX-1/K projected against pipeline AR and tensor parallelism
-    from measured runs' rounds (``runs``: speed rows with ``batch_sizes``; ``dex_core.tools.bench.real_size``);
+    from measured runs' rounds (``runs``: speed rows with ``batch_sizes``; ``dex_core.evaluation.bench.real_size``);
     ``quick``: shapes scaled down, a shorter context."""
     shapes = {name: scaled(s) if quick else s for name, s in SHAPES.items()}
     ranks = sorted({len(r["batch_sizes"][0]) for r in runs})
@@ -250,7 +251,7 @@ def real_size(runs: list[dict], device, quick: bool, repeats: int) -> dict:
         "row_budget_k8": budgets,
         "projection": projections,
         "label": "projection: measured rounds (rows per explorer per round, host work per round) replayed on these "
-        "timings (formulas: dex_core/tools/bench/real_size.py)",
+        "timings (formulas: dex_core/evaluation/bench/real_size.py)",
     }
 
 
@@ -290,15 +291,15 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
 
 
 def training(model, quick: bool) -> dict:
-    """Distributed adapter training (``dex_core.tools.train_group``: NCCL between GPUs, gloo staged through the
+    """Distributed adapter training (``dex_core.training.group``: NCCL between GPUs, gloo staged through the
     host on one GPU, gloo on CPU) against training in one process, on the devices ``distributed`` takes: the same
     steps on the same random windows, the adapters' largest difference, each one's tokens/s (every step timed to
     its end: the loss is read on the host at each step)."""
     import itertools
     import tempfile
 
-    from dex_core.tools.train import TrainConfig, train_adapters
-    from dex_core.tools.train_group import train_distributed
+    from dex_core.training.group import train_distributed
+    from dex_core.training.train import TrainConfig, train_adapters
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device.type == "cuda" else 0
     devices = [f"cuda:{k}" for k in range(min(gpus, 4))] if gpus >= 2 else ["cuda:0" if gpus else "cpu"] * 2

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVE = """
 import sys, time
 from app.main import UPLOAD_LIMIT, build_demo
-from app.server_settings import AppSettings
+from app.host.settings import AppSettings
 bounds = dict(upload_mb=1024, visitor_upload_mb=1024)  # raised: this measures memory, not the upload shares
 demo = build_demo(AppSettings(model=sys.argv[1], explorers=3, backend="sequential", **bounds))
 demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=int(sys.argv[2]), max_file_size=UPLOAD_LIMIT)

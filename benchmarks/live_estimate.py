@@ -2,7 +2,7 @@
 
     python benchmarks/live_estimate.py --out docs/results/live-estimate.json
 
-Runs the app's own Live handler (``app.live.live_frames``) at the Live tab's defaults (the default
+Runs the app's own Live handler (``app.ui.live.live_frames``) at the Live tab's defaults (the default
 model, K = 4, 128 tokens, chat template, shipped adapters, DECS, pruning auto, draft chains on) over the
 prompts below, each with a fresh ``Runtime`` (so its first estimate comes from this machine's one-row
 profile, not from a run before it), then once more on the last runtime (the estimate it learned from the
@@ -33,9 +33,9 @@ ESTIMATE = re.compile(r"about (\d+) s \(between (\d+) and (\d+) s; from ([^)]*)\
 
 def live_run(runtime, prompt: str, tokens: int) -> dict:
     """One run through the Live handler: its first estimate and the seconds from it to the finished frame."""
-    from app.handlers import StopRequests
-    from app.inputs import LiveInputs
-    from app.live import live_frames
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import LiveInputs
+    from app.ui.live import live_frames
 
     first, start, state, made = None, None, None, None
     forecasts, forecast = [], runtime.forecast
@@ -71,8 +71,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from app.server_settings import AppSettings
-    from app.server_state import Runtime
+    from app.host.settings import AppSettings
+    from app.host.state import Runtime
     from dex_core.device import exact_float32_matmuls
 
     exact_float32_matmuls()

@@ -11,7 +11,7 @@ reference (`ar_generate`: the model's own forward with a KV cache and DEX's samp
 adapters' best set for K, light proposal heads) in one dtype, and reports per prompt: DEX identical to
 the AR reference, DEX identical to HF greedy (and the AR reference to HF greedy), the near-tie commits
 DEX's trace marks, and how many of DEX's and the AR reference's tokens one teacher-forced forward of
-the unmodified model certifies (`dex_core.tools.verify`: the model's choice or within the tie gap), with the
+the unmodified model certifies (`dex_core.evaluation.verify`: the model's choice or within the tie gap), with the
 worst gap. In float32/float64 DEX must be identical to the AR reference; in bfloat16/float16 every
 token must be certified. A divergence names its first index, both tokens and DEX's gap there. With
 ``--temperature T`` (and ``--top-k``/``--top-p``) prompt i is sampled with seed ``--seed`` + i (no HF
@@ -33,8 +33,8 @@ from dex_core import DecoderOptions, DexConfig, DexDecoder, ar_generate, hf_gree
 from dex_core.algorithm.sampling import TIE_ULPS
 from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data.sets import prompt_set
+from dex_core.evaluation.verify import verify_trace
 from dex_core.runtime.request import encode_item
-from dex_core.tools.verify import verify_trace
 from dex_core.trace.events import round_commits
 
 # round timings that are totals of other entries, not components of the round

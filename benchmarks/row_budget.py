@@ -36,7 +36,7 @@ def main() -> int:
 
     from dex_core import load_model
     from dex_core.analysis.profile import measure_profile, row_budget
-    from dex_core.tools.bench.real_size import SHAPES, scaled, time_shape
+    from dex_core.evaluation.bench.real_size import SHAPES, scaled, time_shape
 
     model, _ = load_model("default", device="cpu")
     profile = measure_profile(model, repeats=args.repeats, cache=False, link=("cpu", "cpu"))

@@ -12,7 +12,7 @@ ranking, so the light heads need no data set), then measures, each role in a fre
 - nothing: a process that imports what a rank imports and builds the model's skeleton on the meta device, then
   stops: "a rank that loaded nothing". A rank's growth is its peak RSS minus this one's.
 - reference: the whole model in one process: the sequential schedule's tokens and ``ar_generate``'s (float32).
-- serve: ``torchrun --nproc-per-node 4 -m dex_core.serve`` on the same checkpoint; its ranks' peak RSS (polled
+- serve: ``torchrun --nproc-per-node 4 -m dex_core.serving`` on the same checkpoint; its ranks' peak RSS (polled
   from /proc while they run) and the text rank 0 prints.
 
 ``dex plan``'s count (``plan.plan_ranks``) is compared with the bytes each rank reports it placed and with the
@@ -157,7 +157,7 @@ def serve(folder: Path, adapters: str) -> dict:
         "--nproc-per-node",
         str(K),
         "-m",
-        "dex_core.serve",
+        "dex_core.serving",
         "--model",
         str(folder),
         "--no-chat",
@@ -225,7 +225,7 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig
 
-    from dex_core.tools.plan import plan_ranks
+    from dex_core.analysis.plan import plan_ranks
 
     work = Path(tempfile.mkdtemp(prefix="dex-stage-bench-"))
     try:

@@ -40,7 +40,7 @@ DEPTHS, SEQ = (2, 4, 6), 192
 
 
 def train_config(steps: int):
-    from dex_core.tools.train import TrainConfig
+    from dex_core.training.train import TrainConfig
 
     return TrainConfig(depths=DEPTHS, tokens=steps * SEQ, seq_len=SEQ, batch=1, bf16=False)
 
@@ -65,8 +65,8 @@ def parent(folder: Path, steps: int, K: int) -> dict:
     from dex_core.model.checkpoint import Checkpoint
     from dex_core.model.load import load_tokenizer
     from dex_core.model.stage_load import checkpoint_identity, skeleton
-    from dex_core.tools.train_group import TrainingGroup
-    from dex_core.tools.train_ranks import OP_TIMEOUT, make_job
+    from dex_core.training.group import TrainingGroup
+    from dex_core.training.ranks import OP_TIMEOUT, make_job
 
     torch.set_num_threads(1)
     load_tokenizer(folder)
@@ -99,7 +99,7 @@ def nothing(folder: Path, steps: int, K: int) -> dict:
     import torch
     from transformers import AutoConfig
 
-    import dex_core.tools.train_group  # noqa: F401  (a training rank's own imports)
+    import dex_core.training.group  # noqa: F401  (a training rank's own imports)
     from dex_core.model.stage_load import skeleton
 
     torch.set_num_threads(1)
@@ -113,7 +113,7 @@ def single(folder: Path, steps: int, K: int, threads: int | None = None) -> dict
     import torch
 
     from dex_core import load_model
-    from dex_core.tools.train import train_adapters
+    from dex_core.training.train import train_adapters
 
     if threads:
         torch.set_num_threads(threads)
@@ -147,7 +147,7 @@ def planned(steps: int, K: int) -> list[dict]:
     import torch
     from transformers import LlamaConfig
 
-    from dex_core.tools.plan_train import plan_training
+    from dex_core.training.plan import plan_training
 
     cfg = train_config(steps)
     plans = plan_training(LlamaConfig(**CONFIG), K, torch.float32, DEPTHS, cfg.batch, cfg.seq_len)

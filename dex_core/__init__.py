@@ -6,14 +6,14 @@ token by token."""
 from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
 from .decoder import DexDecoder
 from .distributed.group import ExplorerError
+from .evaluation.verify import Certificate, certify_tokens, verify_trace
 from .model.load import load_model
 from .model.named import shipped_adapters
 from .model.view import UnsupportedModelError
 from .runtime.reference import ar_generate, ar_stream, hf_greedy
 from .runtime.request import GenerationConfigWarning, encode_prompt
 from .runtime.results import GenerationResult, GenerationStats
-from .tools.hf_generate import hf_generate_dir
-from .tools.verify import Certificate, certify_tokens, verify_trace
+from .serving.hf_generate import hf_generate_dir
 from .trace.events import TRACE_VERSION, load_trace, save_trace
 
 __all__ = [
@@ -46,10 +46,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``openai_app``: ``dex_core.tools.openai_server.make_app``, imported on first use (FastAPI and uvicorn load
+    """``openai_app``: ``dex_core.serving.api.make_app``, imported on first use (FastAPI and uvicorn load
     only where HTTP is served)."""
     if name == "openai_app":
-        from .tools.openai_server import make_app
+        from .serving.api import make_app
 
         return make_app
     raise AttributeError(f"module 'dex_core' has no attribute {name!r}")

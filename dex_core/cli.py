@@ -10,15 +10,19 @@ import time
 import warnings
 from pathlib import Path
 
-from . import serve as entry
 from .algorithm.sampling import TIE_ULPS
 from .analysis.ead import EadConfig, ead_summary, run_ead
+from .analysis.plan import PlanConfig, run_plan
 from .config import DTYPES, ConsoleOptions, DexConfig, DexError
 from .data.ranking import token_ranking
 from .decoder import DexDecoder
 from .device import exact_float32_matmuls
-from .distributed import serve
 from .distributed.group import ExplorerError
+from .distributed.torchrun import USAGE
+from .evaluation.bench.bench import BenchConfig, run_bench
+from .evaluation.bench.report import terminal, write_outputs
+from .evaluation.paper.paper import PROGRESS, PaperConfig, run_paper, write_paper
+from .evaluation.verify import verifier_model, verify_trace
 from .flags import add_flags, from_args
 from .log import quiet_libraries
 from .log import stderr as log
@@ -27,15 +31,12 @@ from .model.load import load_model
 from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
 from .runtime.request import check_text, encode_prompt, no_chat_template
-from .tools.bench.bench import BenchConfig, run_bench
-from .tools.bench.report import terminal, write_outputs
-from .tools.paper.paper import PROGRESS, PaperConfig, run_paper, write_paper
-from .tools.plan import PlanConfig, run_plan
-from .tools.train import TrainConfig
-from .tools.train_group import run_training
-from .tools.verify import verifier_model, verify_trace
+from .serving import serve, torchrun
 from .trace.events import load_trace, round_commits, save_trace
 from .trace.typed import parse_events
+from .training.group import run_training
+from .training.plan import run_train_plan
+from .training.train import TrainConfig
 
 GENERATE_FLAGS = tuple(f for f in DexConfig.__dataclass_fields__ if f not in ("trace_top", "eos_token_id"))
 
@@ -142,9 +143,9 @@ SUBCOMMANDS = {  # name: (help, description, its arguments)
         "serve DEX: an OpenAI-compatible HTTP API (--http), or prompts as one explorer rank under torchrun",
         f"With --http HOST:PORT: an OpenAI-compatible API (docs/SERVING.md) on the sequential or distributed "
         f"schedule, or under torchrun from rank 0. Under torchrun without it, one process per explorer "
-        f"({entry.USAGE}): rank 0 reads prompts (--prompt, repeatable; else one per line on stdin) and prints "
+        f"({USAGE}): rank 0 reads prompts (--prompt, repeatable; else one per line on stdin) and prints "
         "each answer and its stats.",
-        serve.add_arguments,
+        torchrun.add_arguments,
     ),
     "train-adapters": (
         "train inducing adapters by self-distillation on ShareGPT",
@@ -261,8 +262,8 @@ def _generate(args) -> None:
 
 
 def _serve(args) -> None:
-    """``dex serve``: a torchrun rank, the OpenAI-compatible API (``--http``), or both (``dex_core.serve``)."""
-    entry.run(args)
+    """``dex serve``: a torchrun rank, the OpenAI-compatible API (``--http``), or both (``dex_core.serving.serve``)."""
+    serve.run(args)
 
 
 def _train(args) -> None:
@@ -323,7 +324,8 @@ def _paper(args) -> None:
 
 
 def _plan(args) -> int:
-    lines, fits = run_plan(from_args(PlanConfig, args), log)
+    cfg = from_args(PlanConfig, args)
+    lines, fits = (run_train_plan if cfg.train else run_plan)(cfg, log)
     print("\n".join(lines))
     return 0 if fits else 1
 

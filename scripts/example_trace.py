@@ -17,9 +17,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from app.inputs import Controls
-from app.server_settings import AppSettings
-from app.server_state import Runtime
+from app.host.settings import AppSettings
+from app.host.state import Runtime
+from app.ui.inputs import Controls
 from dex_core import save_trace
 
 PROMPT = (

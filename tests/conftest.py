@@ -177,8 +177,8 @@ def app_server(tiny_dir, tmp_path_factory):
     ``.demo``, ``.url``, ``.temp``."""
     from types import SimpleNamespace
 
+    from app.host.settings import AppSettings
     from app.main import UPLOAD_LIMIT
-    from app.server_settings import AppSettings
 
     temp = tmp_path_factory.mktemp("gradio-temp")
     with pytest.MonkeyPatch.context() as env:

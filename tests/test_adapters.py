@@ -18,7 +18,7 @@ from dex_core.model.adapters import (
     save_adapters,
 )
 from dex_core.model.named import NAMED, shipped_adapters
-from dex_core.tools.train import TrainConfig, distill_loss, train_adapters
+from dex_core.training.train import TrainConfig, distill_loss, train_adapters
 
 
 def test_a_fresh_adapter_starts_near_identity_with_the_paper_parameter_count():
@@ -151,7 +151,7 @@ def test_onpolicy_data_is_the_models_own_greedy_answers():
     from conftest import tiny_tokenizer
 
     from dex_core.runtime.request import chat_ids
-    from dex_core.tools.train_data import _onpolicy_sequences
+    from dex_core.training.data import _onpolicy_sequences
 
     model, tokenizer = tiny_model("llama", layers=3, seed=2), tiny_tokenizer()
     texts = ["hello world w5 w7", "the prime number w12 w3 w40 w41 w9 a", "w1"]

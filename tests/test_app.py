@@ -22,7 +22,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_server
     from gradio_client import Client
     from transformers import AutoModelForCausalLM
 
-    from app.inputs import Controls
+    from app.ui.inputs import Controls
 
     client = Client(app_server.url, verbose=False)
     controls = (
@@ -167,7 +167,7 @@ SEEDS = (
     ],
 )
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
-    from app.inputs import Controls
+    from app.ui.inputs import Controls
     from dex_core import DexError
 
     with pytest.raises(DexError, match=re.escape(message)):
@@ -177,8 +177,8 @@ def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message
 def test_the_largest_seed_is_taken_exactly_and_the_seed_box_offers_only_seeds():
     import gradio as gr
 
-    from app.controls import sampling_controls
-    from app.inputs import Controls
+    from app.ui.controls import sampling_controls
+    from app.ui.inputs import Controls
 
     top = 2**64 - 1
     sent = (top, str(top), f" {top} ", "+7", 7.0)  # text is read exactly, not through a float (2**64 there)
@@ -189,7 +189,7 @@ def test_the_largest_seed_is_taken_exactly_and_the_seed_box_offers_only_seeds():
 
 
 def test_ui_off_values_map_to_the_library_defaults():
-    from app.inputs import Controls
+    from app.ui.inputs import Controls
     from dex_core import DexConfig
 
     greedy = Controls(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5).config()  # sampling ignored
@@ -203,7 +203,7 @@ def test_ui_off_values_map_to_the_library_defaults():
 
 
 def test_app_settings_come_from_the_environment_and_are_validated():
-    from app.server_settings import AppSettings
+    from app.host.settings import AppSettings
     from dex_core import DexError
 
     s = AppSettings.from_env({"DEX_MODEL": "m", "DEX_EXPLORERS": "3", "DEX_BACKEND": "distributed"})
@@ -221,8 +221,8 @@ def test_app_settings_come_from_the_environment_and_are_validated():
         AppSettings.from_env({"DEX_OPENAI_API": "1", "DEX_BACKEND": "distributed"})
     from types import SimpleNamespace
 
-    from app.server import launch_options
-    from app.server_state import Runtime
+    from app.host.server import launch_options
+    from app.host.state import Runtime
 
     for on in (False, True):  # what a launch mounts ahead of Gradio's routes
         blocks = SimpleNamespace(runtime=Runtime(AppSettings(model="m", openai_api=on)))
@@ -292,8 +292,8 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
     from app import debugger as dbg
     from app import debugger_compare as cmp
-    from app.server_settings import AppSettings
-    from app.server_state import Runtime
+    from app.host.settings import AppSettings
+    from app.host.state import Runtime
     from dex_core import save_trace
 
     example = dbg.bundled(None)

@@ -37,8 +37,8 @@ def profiles(monkeypatch):
 
 
 def runtime_for(tiny_dir, **settings):
-    from app.server_settings import AppSettings
-    from app.server_state import Runtime
+    from app.host.settings import AppSettings
+    from app.host.state import Runtime
 
     return Runtime(AppSettings(model=str(tiny_dir), explorers=3, **settings))
 
@@ -61,8 +61,8 @@ def dex_seconds(frame) -> float:
 
 def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_once(tiny_dir, profiles):
     from app import race
-    from app.handlers import StopRequests
-    from app.inputs import Controls, RaceInputs
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import Controls, RaceInputs
 
     runtime, stops = runtime_for(tiny_dir), StopRequests()
     runtime.model()
@@ -79,8 +79,8 @@ def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_on
 
 def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their_tokens(tiny_dir, profiles):
     from app import race
-    from app.handlers import StopRequests
-    from app.inputs import RaceInputs
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import RaceInputs
     from dex_core import ar_generate, encode_prompt
 
     runtime, stops, request = runtime_for(tiny_dir), StopRequests(), SimpleNamespace(session_hash="visitor")
@@ -109,9 +109,9 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     tiny_dir, profiles, monkeypatch
 ):
     from app import analysis_tab, live, race
-    from app.handlers import StopRequests
-    from app.inputs import LiveInputs, RaceInputs
-    from app.server_settings import AppSettings
+    from app.host.settings import AppSettings
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import LiveInputs, RaceInputs
     from dex_core import DexError
     from dex_core.trace.events import round_commits
 
@@ -151,8 +151,8 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
 def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, profiles, monkeypatch):
     from app import analysis_tab, live, race
     from app import server_state as rt
-    from app.handlers import StopRequests
-    from app.inputs import LiveInputs, RaceInputs
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import LiveInputs, RaceInputs
 
     runtime = runtime_for(tiny_dir, request_seconds=10)
     # this machine, as its one-row profile says: 6 layers and the head at one row take 1 s, an AR token
@@ -283,8 +283,8 @@ def guide_endpoints() -> dict:
 
 def test_without_a_chat_template_the_live_status_says_the_prompt_goes_in_as_written(tiny_dir):
     from app import live
-    from app.handlers import StopRequests
-    from app.inputs import LiveInputs
+    from app.ui.handlers import StopRequests
+    from app.ui.inputs import LiveInputs
 
     runtime = runtime_for(tiny_dir)  # the tiny tokenizer has no chat template, as Gemma 3 270M's GGUF
 
@@ -375,7 +375,7 @@ def test_the_default_models_conversion_reports_each_step_as_it_happens(tmp_path,
 def test_in_the_browser_the_prompt_is_the_examples_run_buttons_wait_sampling_follows_sample_race_stops(
     served, page, monkeypatch
 ):
-    from app.debugger import bundled
+    from app.ui.debugger import bundled
 
     slow_explorers(monkeypatch)  # a 64-token run lasts about 10 s
     sampling = [

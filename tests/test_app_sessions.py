@@ -1,6 +1,6 @@
 """What a visitor's session holds on the server: memory freed when the tab closes, one budget for all
-sessions' traces, files served only while their session lasts, uploads bounded (``app.sessions``,
-``app.files``, ``app.server``). The app runs for real; sessions are gradio_client clients, whose
+sessions' traces, files served only while their session lasts, uploads bounded (``app.host.sessions``,
+``app.host.files``, ``app.host.server``). The app runs for real; sessions are gradio_client clients, whose
 heartbeat Gradio watches as it watches a browser tab's."""
 
 import json
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from conftest import files_in, free_port, tiny_model, tiny_tokenizer, tuned, uploads_in
 
-from app.files import LOCK
+from app.host.files import LOCK
 from dex_core import DexDecoder, load_trace, save_trace
 
 HEARTBEAT = "1"  # seconds between Gradio's heartbeats: a closed client is noticed within about one
@@ -70,7 +70,7 @@ def until(check, seconds: float = 10.0):
 
 
 def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app_server, small):
-    from app.sessions import LARGE_OUTPUT, REPLAYS, traces_in
+    from app.host.sessions import LARGE_OUTPUT, REPLAYS, traces_in
 
     demo, url = app_server.demo, app_server.url
     client = visit(url, small)
@@ -89,7 +89,7 @@ def test_a_closed_tab_frees_its_session_and_large_outputs_are_not_kept(app_serve
 
 
 def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app_server, small):
-    from app.sessions import COMPACT_FACTOR
+    from app.host.sessions import COMPACT_FACTOR
 
     demo, url = app_server.demo, app_server.url
     sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
@@ -114,7 +114,7 @@ def test_eight_sessions_stay_within_the_trace_budget_and_the_oldest_are_told(app
 
 
 def test_one_visitors_sessions_keep_within_its_slice_and_drop_their_own_trace_not_anothers(app_server, small):
-    from app.sessions import COMPACT_FACTOR
+    from app.host.sessions import COMPACT_FACTOR
 
     demo, url = app_server.demo, app_server.url
     sessions, each = demo.runtime.sessions, int(COMPACT_FACTOR * small.stat().st_size)
@@ -174,8 +174,8 @@ def test_a_saved_file_is_served_only_while_its_session_lasts(app_server, small):
 
 
 def test_a_download_expires_after_file_ttl(tiny_dir, tmp_path, monkeypatch):
-    from app.files import Files
-    from app.server_settings import AppSettings
+    from app.host.files import Files
+    from app.host.settings import AppSettings
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     files = Files(AppSettings(model=str(tiny_dir), file_ttl=1))
@@ -253,7 +253,7 @@ def test_the_compare_slot_admits_and_deletes_its_upload_and_a_text_round_logs_no
 
 
 def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small, tmp_path):
-    from app.sessions import COMPACT_FACTOR, JSON_FACTOR, compact
+    from app.host.sessions import COMPACT_FACTOR, JSON_FACTOR, compact
 
     size = small.stat().st_size
     tracemalloc.start()

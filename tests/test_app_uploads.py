@@ -1,7 +1,8 @@
-"""Uploads counted from their first byte, per-visitor shares, traces read in a bounded worker, a killed server's
-files swept, and malformed calls answered in one line (``app.uploads``, ``app.gate``, ``app.trace_worker``,
-``app.files``). Raw HTTP where a hostile client would not behave like ``httpx``: bodies cut off, shorter than they
-say, or from addresses a trusted local proxy names (uvicorn trusts ``X-Forwarded-For`` from 127.0.0.1)."""
+"""Uploads counted from their first byte, per-visitor shares, traces read in a bounded worker, a killed
+server's files swept, and malformed calls answered in one line (``app.host.uploads``, ``app.host.gate``,
+``app.host.trace_worker``, ``app.host.files``). Raw HTTP where a hostile client would not behave like
+``httpx``: bodies cut off, shorter than they say, or from addresses a trusted local proxy names (uvicorn
+trusts ``X-Forwarded-For`` from 127.0.0.1)."""
 
 import json
 import os
@@ -136,13 +137,13 @@ def test_uploads_are_bounded_in_total_and_one_without_a_size_is_refused(app_serv
 def test_a_killed_servers_folder_is_swept_at_the_next_start_and_a_live_ones_kept(
     tmp_path, tiny_dir, monkeypatch
 ):
-    from app.files import Files
-    from app.server_settings import AppSettings
+    from app.host.files import Files
+    from app.host.settings import AppSettings
 
     killed = """
 import os, signal, sys
-from app.files import Files
-from app.server_settings import AppSettings
+from app.host.files import Files
+from app.host.settings import AppSettings
 root = Files(AppSettings(model=sys.argv[1])).folder()
 (root / "uploads" / "x").mkdir(parents=True)
 (root / "uploads" / "x" / "left.json").write_text("{}")
@@ -174,7 +175,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_trace_of_empty_objects_is_refused_by_the_workers_memory_bound(tmp_path):
-    from app.trace_worker import MEMORY_FACTOR, read_trace
+    from app.host.trace_worker import MEMORY_FACTOR, read_trace
 
     hostile = hostile_trace(tmp_path / "empty-objects.json", 8)
     with pytest.raises(DexError, match=rf"more than \d+ MB of memory, {MEMORY_FACTOR}x its size"):
@@ -185,7 +186,7 @@ def test_a_trace_of_empty_objects_is_refused_by_the_workers_memory_bound(tmp_pat
 
 
 def test_a_malformed_call_is_answered_in_one_line_and_a_flood_is_rate_limited(app_server, capfd):
-    from app.gate import FLOOD_CALLS
+    from app.host.gate import FLOOD_CALLS
 
     url, calls = app_server.url, app_server.demo.runtime.calls
     capfd.readouterr()

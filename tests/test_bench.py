@@ -12,15 +12,15 @@ from dex_core.analysis.ead import layer_matches
 from dex_core.cli import main
 from dex_core.config import DexError
 from dex_core.data import sets as data
-from dex_core.runtime.reference import ar_generate
-from dex_core.tools.baselines.speculation import (
+from dex_core.evaluation.baselines.speculation import (
     hf_early_exit_generate,
     hf_prompt_lookup_generate,
     self_spec_generate,
     self_spec_layer_forwards,
 )
-from dex_core.tools.bench.bench import BenchConfig
-from dex_core.tools.bench.report import terminal
+from dex_core.evaluation.bench.bench import BenchConfig
+from dex_core.evaluation.bench.report import terminal
+from dex_core.runtime.reference import ar_generate
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

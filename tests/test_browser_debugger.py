@@ -36,7 +36,7 @@ def app_url(tmp_path_factory):
     the session's ``app_server`` with ``tuned`` settings: its model is named in the page at launch and held once
     loaded (a setting changed later loads no other), K = 8 needs 8 layers (``tiny_dir`` has 6), and the first
     test proves that the bundled example shows before any model is loaded."""
-    from app.server_settings import AppSettings
+    from app.host.settings import AppSettings
 
     path = tmp_path_factory.mktemp("tiny8")
     tiny_model("llama", layers=8).save_pretrained(path)
@@ -53,7 +53,7 @@ def plot_ready(page, elem: str, timeout=180_000):  # generous: a loaded 2-core C
 
 
 def example_events() -> list[dict]:
-    from app.debugger import TRACES
+    from app.ui.debugger import TRACES
 
     return json.loads((TRACES / "example.json").read_text())["events"]
 

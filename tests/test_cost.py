@@ -8,9 +8,9 @@ import torch
 from conftest import tiny_model, tiny_tokenizer
 
 from dex_core import DexDecoder
+from dex_core.evaluation.baselines.speculation import self_spec_layer_forwards
 from dex_core.model.adapters import new_adapters
 from dex_core.model.cost import VIEWS, ModelCost
-from dex_core.tools.baselines.speculation import self_spec_layer_forwards
 
 
 @pytest.fixture(scope="module")

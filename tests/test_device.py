@@ -22,13 +22,13 @@ from torch.overrides import TorchFunctionMode
 import dex_core
 from dex_core import DexDecoder, DexError, ar_generate, load_model
 from dex_core.analysis.ead import layer_matches, matched_stages
+from dex_core.evaluation.baselines.speculation import hf_early_exit_generate, self_spec_generate
 from dex_core.flags import add_flags, from_args
 from dex_core.model.adapter_choice import load_adapters
 from dex_core.model.adapters import new_adapters, read_metadata, save_adapters
 from dex_core.model.lens import depth_view, layer_candidates
 from dex_core.model.load import resolve_device
 from dex_core.testing import tiny_model
-from dex_core.tools.baselines.speculation import hf_early_exit_generate, self_spec_generate
 
 FACTORIES = {
     torch.tensor,

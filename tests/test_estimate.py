@@ -1,4 +1,4 @@
-"""The app's time estimates (``app.estimate``) on an injected clock: the first one from this machine's one-row
+"""The app's time estimates (``app.ui.estimate``) on an injected clock: the first one from this machine's one-row
 profile, the revision from the run's measured rounds, one time-left figure, the mid-run notice, and what the
 runtime learns from a finished run."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app import estimate
-from app.estimate import Pace
+from app.ui.estimate import Pace
 from dex_core.analysis.forecast import forecast, round_seconds
 
 ONE_ROW = {"layer": 0.01, "head": 0.05, "proposal": 0.005}  # seconds at one row
@@ -96,7 +96,7 @@ def test_on_a_steady_clock_the_time_left_and_the_near_token_hold_within_10_perce
 
 
 def test_a_local_run_has_no_host_bound_and_a_space_has_one(monkeypatch):
-    from app.server_settings import HOSTED_SECONDS, AppSettings
+    from app.host.settings import HOSTED_SECONDS, AppSettings
 
     monkeypatch.delenv("SPACE_ID", raising=False)
     assert AppSettings().request_seconds == 0
@@ -131,8 +131,8 @@ def test_a_notice_comes_once_when_the_measured_pace_passes_the_slow_threshold(mo
 
 
 def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(tiny_dir, monkeypatch):
-    from app.server_settings import AppSettings
-    from app.server_state import Runtime
+    from app.host.settings import AppSettings
+    from app.host.state import Runtime
     from dex_core import DexDecoder
 
     runtime = Runtime(AppSettings(model=str(tiny_dir)))

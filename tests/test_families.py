@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from dex_core import DexDecoder, DexError, ar_generate, load_model
+from dex_core.evaluation.verify import certify_tokens
 from dex_core.model.lens import layer_candidates
 from dex_core.model.proposal import ProposalHead
 from dex_core.model.view import UnsupportedModelError, check_supported, model_view
 from dex_core.runtime.reference import hf_greedy
 from dex_core.testing import FAMILY_CONFIG, tiny_model, tiny_tokenizer
-from dex_core.tools.verify import certify_tokens
 
 FAMILIES = sorted(FAMILY_CONFIG)
 PROMPT = [5, 17, 3, 88, 40, 2, 61, 9, 33, 12, 70, 4, 21, 8]  # 14 tokens: past every tiny window (8, 10)

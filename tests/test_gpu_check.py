@@ -97,7 +97,7 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
 
 
 def test_the_projection_adds_every_term_as_its_formula_says():
-    from dex_core.tools.bench.real_size import project
+    from dex_core.evaluation.bench.real_size import project
 
     tables = {  # seconds, made up so that each term can be computed by hand
         "layer": {1: 1.0, 2: 2.0, 4: 3.0},
@@ -129,7 +129,7 @@ def test_the_projection_adds_every_term_as_its_formula_says():
 
 
 def test_a_tensor_parallel_shard_divides_heads_width_and_vocabulary():
-    from dex_core.tools.bench.real_size import SHAPES, shard
+    from dex_core.evaluation.bench.real_size import SHAPES, shard
 
     llama = shard(SHAPES["Llama-2-70B"], 8)
     assert (llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"]) == (8, 1, 128)

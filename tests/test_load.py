@@ -74,9 +74,9 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
 @pytest.mark.slow
 @pytest.mark.process
 def test_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
-    from app.inputs import Controls
-    from app.server_settings import AppSettings
-    from app.server_state import Runtime
+    from app.host.settings import AppSettings
+    from app.host.state import Runtime
+    from app.ui.inputs import Controls
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     running = live_children()  # the session's own (its Chromium, explorer groups other tests share)
@@ -107,9 +107,9 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
         with pytest.raises(DexError, match="the Analysis runs the whole model in this server's process"):
             runtime.model("the Analysis")
         # the Race's AR lane: AR through the same stages on the same group, then DEX (no third group)
-        from app.handlers import StopRequests
-        from app.inputs import RaceInputs
-        from app.race import race_frames
+        from app.ui.handlers import StopRequests
+        from app.ui.inputs import RaceInputs
+        from app.ui.race import race_frames
 
         frames = list(race_frames(runtime, StopRequests(), RaceInputs("hello world", False, 2, True, 6)))
         ar_text, dex_text, figure, summary = frames[-1]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dex_core.cli import main
-from dex_core.tools.paper.paper import CLAIMS, PROGRESS, findings, write_paper
-from dex_core.tools.paper.walltime import fit, predict, table1
+from dex_core.evaluation.paper.paper import CLAIMS, PROGRESS, findings, write_paper
+from dex_core.evaluation.paper.walltime import fit, predict, table1
 from visualize.paper import paper_html
 
 
@@ -204,7 +204,7 @@ def test_a_paper_run_killed_mid_run_resumes_and_ends_with_the_rows_of_an_uninter
 
 
 def test_the_resolution_finding_says_where_a_finer_k_falls_below_a_coarser_one():
-    from dex_core.tools.paper.claims import ordering
+    from dex_core.evaluation.paper.claims import ordering
 
     # 0.01 below the coarser K is within the slack
     assert ordering({2: 1.20, 3: 1.19, 4: 1.50}).startswith("The ordering holds")

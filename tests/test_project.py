@@ -38,14 +38,14 @@ LAYERS = (
     ("facade", ("dex_core.decoder",)),
     ("analysis", ("dex_core.analysis",)),
     ("tools", ("dex_core.tools",)),
-    ("entry points", ("dex_core.cli", "dex_core.serve", "dex_core")),
+    ("entry points", ("dex_core.cli", "dex_core.serving.serve", "dex_core")),
 )
 PRINTS = (
     "dex_core/log.py",
     "dex_core/cli.py",
     "dex_core/runtime/console.py",
-    "dex_core/distributed/serve.py",
-    "dex_core/serve.py",
+    "dex_core/serving/torchrun.py",
+    "dex_core/serving/serve.py",
     "dex_core/distributed/rank.py",
 )  # the log callback, the entry points and the terminal renderer
 
@@ -127,7 +127,7 @@ def imports() -> tuple[nx.DiGraph, dict[str, set[str]]]:
 def test_project_imports_form_no_cycles():
     graph, _ = imports()
     assert graph.has_edge(
-        "dex_core.cli", "dex_core.distributed.serve"
+        "dex_core.cli", "dex_core.serving.torchrun"
     )  # the walk resolves `from .x import serve`
     cycles = sorted(" -> ".join(c + [c[0]]) for c in nx.simple_cycles(graph))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
@@ -225,12 +225,12 @@ def test_the_app_asks_the_library_face_and_imports_no_model_or_tools_internals()
     )
     planted = {  # the check can fail: a function-level import, a plain import, a submodule named in a from-import
         "app.planted": "def cost():\n    from dex_core.model.cost import ModelCost\n",
-        "app.plain": "import dex_core.tools.bench\n",
+        "app.plain": "import dex_core.evaluation.bench\n",
         "app.named": "from dex_core import model, DexDecoder\n",
     }
     assert reached_internals({**sources, **planted}) == [
         "app.named imports dex_core.model",
-        "app.plain imports dex_core.tools.bench",
+        "app.plain imports dex_core.evaluation.bench",
         "app.planted imports dex_core.model.cost",
     ]
 
@@ -403,7 +403,7 @@ def test_importing_the_package_the_cli_and_a_rank_loads_no_part_of_transformers(
     import sys
 
     probe = (
-        "import sys, dex_core, dex_core.cli, dex_core.distributed.rank, dex_core.serve; "
+        "import sys, dex_core, dex_core.cli, dex_core.distributed.rank, dex_core.serving.serve; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'torch._dynamo'))"
     )
     loaded = subprocess.run(

@@ -17,7 +17,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from app.inputs import PRUNE_CHOICES, Controls, control
+from app.ui.inputs import PRUNE_CHOICES, Controls, control
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model, tiny_tokenizer

@@ -86,9 +86,9 @@ def test_the_screenshots_show_the_app_as_it_is(monkeypatch):
     pictures again with the command in README."""
     import json
 
+    from app.host.settings import AppSettings
     from app.main import build_demo
-    from app.page import appearance
-    from app.server_settings import AppSettings
+    from app.ui.page import appearance
 
     monkeypatch.delenv("SPACE_ID", raising=False)  # a local run, as the script's
     recorded = json.loads((ROOT / "docs" / "screenshots" / "app.json").read_text())

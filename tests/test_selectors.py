@@ -5,10 +5,10 @@ import pytest
 from conftest import tiny_model
 
 from dex_core.config import DexError
+from dex_core.evaluation.baselines.selectors import Confidence, Running, select_generate, uniform_exits
+from dex_core.evaluation.baselines.speculation import self_spec_generate
 from dex_core.model.cost import ModelCost
 from dex_core.runtime.reference import ar_generate
-from dex_core.tools.baselines.selectors import Confidence, Running, select_generate, uniform_exits
-from dex_core.tools.baselines.speculation import self_spec_generate
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

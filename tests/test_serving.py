@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (``dex_core.tools.openai_server``) driven by the official ``openai`` client, on the
+"""The OpenAI-compatible API (``dex_core.serving.api``) driven by the official ``openai`` client, on the
 sequential and the distributed schedule of a tiny float64 model: the text is AR's, a stream gives one chunk per
 committed token in order, ``usage`` counts what the trace shows, bad requests get a 4xx with an OpenAI error body
 and nothing in the server's log, and a full queue answers 429 at once."""
@@ -13,7 +13,7 @@ import uvicorn
 from conftest import free_port, tiny_tokenizer
 
 from dex_core import DexDecoder, ar_generate
-from dex_core.tools.openai_server import make_app
+from dex_core.serving.api import make_app
 from dex_core.trace.events import round_commits
 
 PROMPT = "hello world the prime number"
@@ -226,8 +226,8 @@ def test_beyond_the_queue_a_request_gets_429_at_once_and_a_client_that_leaves_fr
 
 
 def test_one_client_may_hold_at_most_its_share_of_the_queue():
-    from dex_core.tools.openai_requests import ApiError
-    from dex_core.tools.openai_server import Runner
+    from dex_core.serving.api import Runner
+    from dex_core.serving.api_requests import ApiError
 
     runner = Runner(decoder=None, queue=4, seconds=0, per_client=1)
     runner.admit("10.0.0.1")

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from dex_core import DexDecoder, DexError, ExplorerError, ar_generate
+from dex_core.analysis.plan import EXAMPLE_CONFIGS, model_config, parse_size, plan_ranks
 from dex_core.model.adapters import model_identity, new_adapters, save_adapters
 from dex_core.model.checkpoint import Checkpoint
 from dex_core.model.stage_load import (
@@ -31,7 +32,6 @@ from dex_core.model.stage_load import (
     part_bytes,
     skeleton,
 )
-from dex_core.tools.plan import EXAMPLE_CONFIGS, model_config, parse_size, plan_ranks
 
 ROWS = 512  # the light heads' rows in these tests
 

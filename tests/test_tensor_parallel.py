@@ -8,10 +8,10 @@ import torch
 from conftest import tiny_model
 
 from dex_core.config import DexError, GenerationOptions
+from dex_core.evaluation.baselines.tensor_parallel import TensorParallelAR, tp_size, tp_sizes
+from dex_core.evaluation.bench.bench import BenchConfig, run_bench
+from dex_core.evaluation.bench.report import terminal
 from dex_core.runtime.reference import ar_generate
-from dex_core.tools.baselines.tensor_parallel import TensorParallelAR, tp_size, tp_sizes
-from dex_core.tools.bench.bench import BenchConfig, run_bench
-from dex_core.tools.bench.report import terminal
 
 
 @pytest.mark.process
@@ -75,7 +75,7 @@ def test_dex_bench_quick_ar_tp_row_is_identical_and_certified():
 TP_PARENT = """
 import sys, time, torch
 from dex_core.testing import tiny_model
-from dex_core.tools.baselines.tensor_parallel import TensorParallelAR
+from dex_core.evaluation.baselines.tensor_parallel import TensorParallelAR
 
 group = TensorParallelAR(tiny_model("llama"), 2, torch.float64)
 print(*[p.pid for p in group._procs], group._tmp, flush=True)

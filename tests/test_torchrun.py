@@ -48,7 +48,7 @@ def _end(nodes: list[subprocess.Popen], seconds: float) -> list[int]:
 @pytest.mark.slow  # two torchrun launches of two ranks (about a minute)
 def test_dex_serve_on_two_torchrun_nodes_runs_k4_and_prints_ars_text(tiny_dir, tmp_path):
     prompts = ["hello world", "the prime number"]
-    args = ["-m", "dex_core.serve", "--model", str(tiny_dir), "--no-chat", "--device", "cpu"]
+    args = ["-m", "dex_core.serving", "--model", str(tiny_dir), "--no-chat", "--device", "cpu"]
     args += ["--max-new-tokens", "12", "--prompt", prompts[0], "--prompt", prompts[1]]
     codes = _end(two_nodes(args, tmp_path), 240)
     out = (tmp_path / "node0.out").read_text()
@@ -112,7 +112,7 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
     from openai import OpenAI
 
     port, torchrun = free_port(), shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    args = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "dex_core.serve", "--http"]
+    args = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "dex_core.serving", "--http"]
     args += [f"127.0.0.1:{port}", "--model", str(tiny_dir), "--device", "cpu", "--max-new-tokens", "16"]
     log = open(tmp_path / "launch.out", "w")
     launch = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -1,4 +1,4 @@
-"""Adapter training where the model lives (``dex_core.tools.train_ranks``): K real rank processes over gloo, each
+"""Adapter training where the model lives (``dex_core.training.ranks``): K real rank processes over gloo, each
 holding one stage and training the adapters inside it, against single-process training of the same float64 model;
 checkpoints per rank, Ctrl-C, a dying rank; the torchrun launch and the CLI; ``dex plan --train``."""
 
@@ -22,12 +22,12 @@ from safetensors.torch import load_file
 from dex_core import DexError
 from dex_core.distributed.group import ExplorerError
 from dex_core.model.adapters import read_metadata
-from dex_core.model.distill import stage_forward
 from dex_core.model.view import model_view
 from dex_core.testing import CLASSES
-from dex_core.tools.train import TrainConfig, train_adapters
-from dex_core.tools.train_group import train_distributed
-from dex_core.tools.train_ranks import make_job
+from dex_core.training.distill import stage_forward
+from dex_core.training.group import train_distributed
+from dex_core.training.ranks import make_job
+from dex_core.training.train import TrainConfig, train_adapters
 
 WINDOWS = torch.randint(0, 96, (5, 16), generator=torch.Generator().manual_seed(0))
 RANKING = torch.randperm(96, generator=torch.Generator().manual_seed(1))
@@ -253,9 +253,9 @@ def test_dex_train_adapters_distributed_stops_at_ctrl_c_with_its_checkpoint(tiny
 
 
 def test_dex_plan_train_for_llama2_70b_on_k8_matches_a_hand_count(capsys):
+    from dex_core.analysis.plan import EXAMPLE_CONFIGS, model_config
     from dex_core.cli import main
-    from dex_core.tools.plan import EXAMPLE_CONFIGS, model_config
-    from dex_core.tools.plan_train import plan_training
+    from dex_core.training.plan import plan_training
 
     config = model_config(None, str(EXAMPLE_CONFIGS / "llama-2-70b.json"))
     plans = plan_training(config, 8, torch.float16, "uniform:8", batch=1, seq_len=192)

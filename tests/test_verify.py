@@ -13,9 +13,9 @@ from dex_core import DexDecoder, DexError, save_trace
 from dex_core.algorithm.sampling import Sampler, tie_gap
 from dex_core.cli import main
 from dex_core.config import GenerationOptions
+from dex_core.evaluation.verify import Certificate, certify_tokens, verify_trace
 from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.tools import verify
-from dex_core.tools.verify import Certificate, certify_tokens, verify_trace
 from dex_core.trace.events import round_commits
 
 PROMPT = [4, 8, 15, 16, 23, 42]

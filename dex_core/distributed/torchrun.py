@@ -30,7 +30,7 @@ from .group import IMPORT_SECONDS, LOAD_RATE
 from .placement import default_threads
 from .rank import connect, init_world, open_part, serve_request
 
-USAGE = "torchrun --nproc-per-node 4 -m dex_core.serve --prompt 'Hello'"
+USAGE = "torchrun --nproc-per-node 4 -m dex_core.serving --prompt 'Hello'"
 
 
 def torchrun_device(env, want: str = "auto") -> str:

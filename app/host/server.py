@@ -1,0 +1,115 @@
+"""The app's Blocks and how they launch. A closed tab frees its session (Gradio's unload event, handled by
+``app.host.sessions``), and every launch (``python app/main.py``, ``gradio app/main.py``, the tests) adds the
+app's bounds: the gate (``app.host.gate.Gate``, a FastAPI middleware: files, uploads, malformed calls), the app's
+folder made at the start (sweeping a killed server's) and removed at the end, the sweep of sessions and files
+every ``SWEEP_SECONDS`` (a task of the server's lifespan), the OpenAI-compatible API where the settings ask
+for it (``app.host.api_routes``), and the upload size limit (a trace file's,
+``TraceLimits.max_file_bytes``). A call with too few inputs for its endpoint is answered with one line and
+logged in one (``Calls``), not with Gradio's traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from contextlib import asynccontextmanager
+
+import anyio
+import gradio as gr
+from gradio.exceptions import InvalidPathError
+from pydantic import ValidationError
+from starlette.middleware import Middleware
+
+from dex_core.trace.schema import TRACE_LIMITS
+
+from . import trace_worker
+from .api_routes import openai_routes
+from .gate import Gate
+from .state import Runtime
+from .uploads import request_visitor
+
+SWEEP_SECONDS = 1.0
+
+
+@asynccontextmanager
+async def sweeping(runtime: Runtime):
+    """While the server runs: the app's folder (made now, sweeping a killed server's), the sweep every
+    ``SWEEP_SECONDS``; at its end the app's files go."""
+    sessions = runtime.sessions
+
+    async def sweep():
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                sessions.drop_idle()  # on the event loop, like Gradio's own state sweep
+                await anyio.to_thread.run_sync(sessions.sweep)
+                await anyio.to_thread.run_sync(runtime.uploads.expire)
+            except Exception:  # the sweep must outlive one bad pass; the log says what went wrong
+                traceback.print_exc()
+
+    await anyio.to_thread.run_sync(runtime.files.folder)
+    task = asyncio.create_task(sweep())
+    try:
+        yield
+    finally:
+        task.cancel()
+        runtime.files.remove()
+        trace_worker.stop()
+
+
+def launch_options(blocks: SessionBlocks, given: dict) -> dict:
+    """``launch`` keywords with the app's bounds added to ``given``: the gate and the sweep (FastAPI
+    middleware and lifespan, composed with any the caller passes) and the upload size limit."""
+    runtime = blocks.runtime
+    runtime.sessions.blocks = runtime.files.blocks = runtime.uploads.blocks = blocks
+    options = dict(given)
+    options.setdefault("max_file_size", TRACE_LIMITS.max_file_bytes)
+    app_kwargs = dict(options.get("app_kwargs") or {})
+    outer = app_kwargs.get("lifespan")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with sweeping(runtime):
+            if outer is None:
+                yield
+            else:
+                async with outer(app) as state:
+                    yield state
+
+    gate = Middleware(Gate, files=runtime.files, uploads=runtime.uploads, calls=runtime.calls)
+    app_kwargs["middleware"] = [gate, *app_kwargs.get("middleware", [])]
+    if runtime.settings.openai_api:  # ahead of Gradio's routes, behind the gate
+        app_kwargs["routes"] = [openai_routes(runtime), *app_kwargs.get("routes", [])]
+    app_kwargs["lifespan"] = lifespan
+    return {**options, "app_kwargs": app_kwargs}
+
+
+class SessionBlocks(gr.Blocks):
+    """``gr.Blocks`` bound to the app's ``Runtime``: a closed tab frees its session, every launch gets
+    ``launch_options``, and a call with too few inputs is refused in one line."""
+
+    def __init__(self, runtime: Runtime, **kwargs):
+        super().__init__(**kwargs)
+        self.runtime = runtime
+        self.unload(runtime.sessions.closed)
+
+    def launch(self, *args, **kwargs):
+        return super().launch(*args, **launch_options(self, kwargs))
+
+    async def process_api(self, block_fn, inputs, *args, **kwargs):
+        fn = self.fns[block_fn] if isinstance(block_fn, int) else block_fn
+        if len(inputs) < len(
+            fn.inputs
+        ):  # Gradio would raise ValueError, which its queue logs with a traceback
+            raise self._malformed(fn, kwargs, f"it gave {len(inputs)} of its {len(fn.inputs)} inputs")
+        try:
+            return await super().process_api(block_fn, inputs, *args, **kwargs)
+        except InvalidPathError:  # a file input naming a path that was never uploaded here
+            raise self._malformed(fn, kwargs, "it names a file that was not uploaded here") from None
+        except ValidationError:  # a file input that is not Gradio's FileData
+            raise self._malformed(fn, kwargs, "an input has the wrong shape") from None
+
+    def _malformed(self, fn, kwargs: dict, why: str) -> gr.Error:
+        """Count and log (one line) a call to ``fn`` that its inputs make malformed; the error to answer it with."""
+        self.runtime.calls.malformed(request_visitor(kwargs.get("request")), f"/{fn.api_name}", why)
+        return gr.Error(f"/{fn.api_name} refused this call: {why}", print_exception=False)

@@ -1,0 +1,167 @@
+"""Uploaded traces are read in a worker process (``read_trace``), never in the server's own.
+
+Reading JSON holds the interpreter's lock for as long as it runs and builds objects many times larger than their
+source (``{}`` costs 64 bytes for its 2), so a trace read in the server froze every visitor's request while it
+parsed and held gigabytes after it was refused. Here a helper process (``python -m app.host.trace_worker``, started on
+the first upload, ended with the server or when its stdin closes) imports and compiles the validator once and forks
+one worker per file: the worker reads and validates it (``dex_core.load_trace``) within ``MEMORY_FACTOR`` times the
+file of address space beyond its start, ``MEMORY_FLOOR`` at least (``RLIMIT_AS``), and ``SECONDS`` of time
+(``SIGALRM``), writes the validated meta and events one per line next to the upload, and exits. The server reads
+them back a line at a time, so other requests run in between, and holds them only once the worker's memory is
+gone. A file the worker cannot read within its bounds is refused with a message naming them. One file is read at a
+time (``PARSES``), so the workers together take at most one file's bound. Forking needs POSIX; the helper is
+single-threaded, so the fork is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from dex_core import DexError, load_trace
+from dex_core.trace.validate import prepare
+
+MEMORY_FACTOR = (
+    11  # bytes of a worker's memory beyond its start per byte of the file (a DEX trace takes about 9)
+)
+MEMORY_FLOOR = (
+    128 * 2**20
+)  # bytes a worker may always take: a small file needs about 64 (the allocator's arenas)
+SECONDS = 120  # a worker still reading after this is ended
+PARSES = threading.Lock()  # one file at a time; also guards the helper
+_helper: list[subprocess.Popen] = []
+
+
+def _work(path: str, out: str, limit: int) -> dict:
+    """In the worker: read and validate ``path`` within ``limit`` more bytes of address space and ``SECONDS``,
+    write its meta and events to ``out`` one per line; the verdict ({"kind": ok/refused/memory, ...})."""
+    signal.alarm(SECONDS)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = psutil.Process().memory_info().vms + limit
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        events, meta = load_trace(path)
+        with open(out, "w", encoding="utf-8") as f:
+            for record in (meta, *events):
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        return {"kind": "ok"}
+    except DexError as err:
+        return {"kind": "refused", "why": str(err)}
+    except MemoryError:
+        return {"kind": "memory"}
+
+
+def _fork(request: dict) -> dict:
+    """In the helper: one worker for ``request`` ({path, out, limit}); its verdict, or how it died."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        os.close(read)
+        try:
+            try:
+                verdict = _work(request["path"], request["out"], request["limit"])
+            except Exception as err:  # anything else the file caused: refused, named by its kind only
+                verdict = {
+                    "kind": "refused",
+                    "why": f"not a trace this server can read ({type(err).__name__})",
+                }
+            os.write(write, json.dumps(verdict).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as said:
+        text = said.read()
+    _, status = os.waitpid(pid, 0)
+    if text:
+        return json.loads(text)
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
+    return {
+        "kind": "time" if killed else "memory"
+    }  # died without a word: out of memory where Python could not say
+
+
+def serve() -> None:
+    """The helper: one request per line on stdin, one verdict per line on stdout, until stdin closes. The
+    validators are compiled once, here, so every worker starts with them."""
+    prepare()
+    for line in sys.stdin:
+        print(json.dumps(_fork(json.loads(line))), flush=True)
+
+
+def _ask(request: dict) -> dict:
+    """Send ``request`` to the helper (started when there is none) and wait for its verdict. Under ``PARSES``."""
+    if not _helper or _helper[0].poll() is not None:
+        root = str(Path(__file__).resolve().parents[1])
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        }
+        _helper[:] = [
+            subprocess.Popen(
+                [sys.executable, "-m", "app.host.trace_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+            )
+        ]
+    helper = _helper[0]
+    helper.stdin.write(json.dumps(request) + "\n")
+    helper.stdin.flush()
+    ready, _, _ = select.select([helper.stdout], [], [], SECONDS + 30)
+    line = helper.stdout.readline() if ready else ""
+    if not line:  # the helper died or hung: the next file gets a fresh one
+        stop()
+        return {"kind": "time" if not ready else "memory"}
+    return json.loads(line)
+
+
+def stop() -> None:
+    """End the helper (the server stops); the next upload starts another."""
+    for helper in _helper:
+        helper.kill()
+        helper.wait()
+    _helper.clear()
+
+
+def read_trace(path: str | Path) -> tuple[list[dict], dict]:
+    """``(events, meta)`` of an uploaded trace, read and validated in a worker within its bounds; ``DexError``
+    when the file is not a valid trace or cannot be read within them."""
+    path = Path(path)
+    if not path.is_file():
+        load_trace(path)  # its own message: cannot read the file
+    limit = max(MEMORY_FLOOR, MEMORY_FACTOR * path.stat().st_size)
+    out = path.with_name(path.name + ".events")
+    try:
+        with PARSES:
+            verdict = _ask({"path": str(path), "out": str(out), "limit": limit})
+        kind = verdict["kind"]
+        if kind == "refused":
+            raise DexError(verdict["why"])
+        if kind == "memory":
+            raise DexError(
+                f"reading this file took more than {limit / 2**20:.0f} MB of memory, {MEMORY_FACTOR}x its size "
+                "(a trace DEX saved takes about 9x); not a trace this server can load"
+            )
+        if kind == "time":
+            raise DexError(
+                f"reading this file took longer than {SECONDS} s; not a trace this server can load"
+            )
+        with out.open(encoding="utf-8") as f:
+            meta, *events = (json.loads(line) for line in f)  # one line at a time: other requests run between
+        return events, meta
+    finally:
+        out.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    serve()

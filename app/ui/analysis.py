@@ -1,0 +1,77 @@
+"""The Analysis tab's handler: the model's greedy answer to a prompt, analysed by the library in one call
+(``dex_core.analysis.answer``: EAD of each token, the speedups and costs it predicts for K = 2..8, the logit lens's
+depth view), drawn with ``visualize``. Like every model request its inputs are checked here and its model time is
+bounded by the host: an answer cut at the bound is analysed as far as it got, and the table says so first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+import visualize as viz
+from dex_core import DexError, ar_stream
+from dex_core.analysis.answer import analyse_answer
+from dex_core.runtime.request import check_text
+
+from ..host.state import Runtime
+from .handlers import Deadline, short_error
+from .inputs import Controls
+
+METRICS = ("probability", "rank")  # the Analysis's depth view colours
+
+
+def _greedy_answer(model, ids, config, deadline: Deadline, progress) -> tuple[list[int], str | None]:
+    """The greedy answer's tokens, and why it ended early (the host's bound), or None; ``progress`` (Gradio's)
+    counts its tokens."""
+    tokens = []
+    for event in ar_stream(model, ids, options=config.generation()):
+        if event["event"] == "token":
+            tokens.append(event["token"])
+            progress((len(tokens), config.max_new_tokens), desc="the greedy answer", unit="tokens")
+            if deadline.reason():
+                return tokens, deadline.reason()
+    return tokens, None
+
+
+def analyse(
+    runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability", progress=gr.Progress()
+):
+    """EAD of each token of the greedy answer, the speedups and costs it predicts for K = 2..8, and the
+    depth view: the committed token's probability (or rank) at every layer, explored depths marked. An
+    answer cut at the host's bound is analysed as far as it got, and the table says so first. The page shows
+    each phase as it runs (``progress``): the model's loading, the answer's tokens, the analysis."""
+    try:
+        if metric not in METRICS:
+            raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
+        config = Controls(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens).config()
+        check_text(prompt)
+        runtime.need_whole_model("the Analysis")
+        ids = runtime.encode(prompt, config.chat)
+        progress(0, desc="loading the model (once per server)")
+        model, tokenizer = runtime.model("the Analysis")
+        notice = runtime.slow_notice(None, config.max_new_tokens)
+        if notice:
+            gr.Warning(notice)
+        tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds), progress)
+        progress(1.0, desc=f"each layer's view of {len(tokens)} tokens (EAD, speedups, the depth view)")
+        options = replace(config.decoder(), explorers=runtime.settings.explorers)
+        found = analyse_answer(model, ids, tokens, options, tokenizer)
+    except DexError as err:
+        raise short_error(err) from None
+    view = found.depth_view
+    seen = {t for row in view["top"] for layer in row for t, _ in layer} | set(view["tokens"])
+    texts = {t: tokenizer.decode([t]) for t in seen}
+    metric = "rank" if metric == "rank" else "prob"
+    depth = viz.depth_figure(view, texts, found.settings.depths[:-1], metric)
+    table = viz.readiness_table_html(found.readiness, found.adapter_depths)
+    if cut:
+        table = (
+            viz.status_html(
+                "stopped",
+                f"the answer stopped {cut} after {len(tokens)} of "
+                f"{config.max_new_tokens} tokens: this analyses those",
+            )
+            + table
+        )
+    return viz.ead_figure(found.readiness), viz.speedup_figure(found.readiness), table, depth

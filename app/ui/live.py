@@ -1,0 +1,172 @@
+"""The Live tab's handlers: one DEX generation streamed round by round into the text, lattice, FSM and numbers
+panels and the status line, with Stop; the panels a trace's last round shows (``panels``, the page's first view's
+too). They call ``dex_core`` and draw with ``visualize`` (traces only).
+
+The API's events pass their inputs unprocessed (``preprocess=False``): the handler checks its own inputs
+(``Controls.config``, ``check_text``), so bad input from an API client gets the documented message and no
+traceback. It never raises on it: it yields only a status line ("error: …") and leaves every panel as it was, so
+the previous run stays on screen, labelled as such, with one message. A request's model time is bounded by the
+host (``Deadline``); a run past it ends with what it made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+import visualize as viz
+from dex_core import DexError, ExplorerError
+from dex_core.analysis.forecast import Forecast
+from dex_core.runtime.request import check_text, ignored_settings, no_chat_template
+from dex_core.trace.events import round_commits
+
+from ..host.state import Runtime
+from . import debugger as dbg
+from .estimate import Pace
+from .handlers import Deadline, Stopping, StopRequests, explorer_line, loading, session_of
+from .inputs import Controls, LiveInputs
+
+PREVIOUS = "the panels below still show the previous run"
+LIVE = "this session's live run"  # the origin of a Live run's trace
+
+
+def _end(events):
+    return events[-1] if events and events[-1]["event"] == "end" else None
+
+
+def panels(events) -> tuple:
+    """The text, lattice, FSM and numbers panels at a trace's last round."""
+    view = dbg.views(events)[-1]
+    return (
+        viz.tokens_html(view),
+        viz.lattice_figure(view),
+        viz.fsm_html(view),
+        viz.stats_html(view, end=_end(events)),
+    )
+
+
+def _status_only(state: str, detail: str) -> tuple:
+    return (gr.skip(),) * 7 + (viz.status_html(state, detail),)
+
+
+@dataclass
+class LiveRun:
+    """A Live run under way: its stream and the events it gave so far, the Debugger's meta for it (model and
+    prompt), K and its token count, its first time estimate (None for explorer groups) and its ``Pace`` once it
+    runs, and a note on the prompt that the status line says (None: nothing to say)."""
+
+    stream: Iterator[dict]
+    meta: dict
+    K: int
+    max_new_tokens: int
+    first: Forecast | None = None
+    note: str | None = None
+    pace: Pace | None = None
+    events: list = field(default_factory=list)
+    tokens: int = 0
+
+    def frame(self, state: str, detail: str) -> tuple:
+        return panels(self.events) + (self.events, self.meta, LIVE, viz.status_html(state, detail))
+
+
+def live_frames(runtime: Runtime, stops: StopRequests, inputs: LiveInputs, request: gr.Request = None):
+    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
+    Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
+    session = session_of(request)
+    stops.take(session)  # a Stop pressed before this run started does not apply to it
+    yield _status_only("running", "starting")
+    try:
+        config = Controls.of(inputs).config()
+        check_text(inputs.prompt)  # bad input is told before a first use loads the model
+        for line in loading(runtime):
+            yield _status_only("running", line)
+        run = _live_start(runtime, config, inputs.prompt)
+        if run.first or run.note:
+            estimate = (
+                f"K={run.K} × {run.max_new_tokens} tokens: {run.first.text()}" if run.first else "starting"
+            )
+            yield _status_only("running", " · ".join(filter(None, (estimate, run.note))))
+        run.events.append(next(run.stream))  # the start event
+    except (DexError, ExplorerError) as err:
+        yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
+        return
+    bound = runtime.settings.request_seconds
+    run.pace = run.first and Pace(run.first, run.K, run.max_new_tokens, bound)
+    try:
+        yield from _live_rounds(run, Stopping(stops, session, Deadline(bound)))
+    except ExplorerError as err:
+        yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
+    runtime.learn(run.K, run.events, run.pace and run.pace.elapsed())  # as the page saw it, frames drawn too
+
+
+def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
+    """The run of ``config`` on the prompt: its decoder's stream, its first time estimate and what the status line
+    says of the prompt (without a chat template it goes in as written), after warning about slow settings and what
+    the model's generation config asks for that DEX does not apply."""
+    ids = runtime.encode(prompt, config.chat)
+    decoder = runtime.decoder(config)
+    first = runtime.forecast(decoder, config.max_new_tokens)
+    notices = [
+        runtime.device_notice(decoder.K),
+        runtime.slow_notice(decoder, config.max_new_tokens, first=first),
+        *ignored_settings(decoder.view.model.generation_config, config.generation()),
+    ]
+    for notice in notices:
+        if notice:
+            gr.Warning(notice)
+    note = (
+        no_chat_template(runtime.tokenizer(), config.chat)
+        and "no chat template: the prompt goes in as written"
+    )
+    return LiveRun(
+        stream=decoder.stream(ids, options=config.generation()),
+        meta={"model": runtime.settings.model, "prompt": prompt},
+        K=decoder.K,
+        max_new_tokens=config.max_new_tokens,
+        first=first,
+        note=note or None,
+    )
+
+
+def _live_rounds(run: LiveRun, stopping: Stopping):
+    """A frame per round until the end, or until Stop or the host's bound (``stopping``) ends the run after its
+    round; the status line shows the run's one time-left figure (its ``Pace``), whose notice comes once, and the
+    finished line repeats the note on the prompt."""
+    for event in run.stream:
+        run.events.append(event)
+        if event["event"] != "round":
+            continue
+        run.tokens += len(round_commits(event))  # several when a draft chain committed
+        why = stopping.reason()
+        if why:
+            run.stream.close()
+            yield run.frame(
+                "stopped",
+                f"stopped {why} after round {event['round']} ({run.tokens} tokens): the panels show "
+                "the run so far; the Debugger holds what ran",
+            )
+            return
+        if run.pace:
+            run.pace.update(event["round"], run.tokens)
+            notice = run.pace.notice()
+            if notice:
+                gr.Info(notice)
+        left = f" · {run.pace.status()}" if run.pace else ""
+        yield run.frame("running", f"round {event['round']} · {run.tokens} tokens · K={run.K}{left}")
+    stats = run.events[-1]["stats"] if _end(run.events) else {}
+    yield run.frame(
+        "finished",
+        f"{run.tokens} tokens in {stats.get('rounds', '?')} rounds · K={run.K}"
+        + f" · {run.note}" * bool(run.note),
+    )
+
+
+def stop(stops: StopRequests, status: str, request: gr.Request = None):
+    """Stop: says "stopped" at once; this session's running Live handler ends after its current round and
+    says "stopped" too (its last frame), so no late round can leave "running" on screen."""
+    if "data-state='running'" not in (status or ""):
+        return gr.skip()
+    stops.request(session_of(request))
+    return viz.status_html("stopped", "stopped by you: the run ends after the round in progress")

@@ -1,0 +1,330 @@
+"""An OpenAI-compatible HTTP API over a ``DexDecoder`` (``dex serve --http HOST:PORT``; ``make_app`` for an ASGI
+server of one's own): ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``: server-sent
+events, one chunk per committed token in order, then ``[DONE]``), ``GET /v1/models``, ``GET /health``.
+
+The decoder is the schedule: sequential or distributed explorer processes alike. One request runs at a time
+(``Runner``); ``queue`` more may wait and any beyond get 429 at once; each is bounded by ``most_tokens`` new tokens
+and ``seconds`` of model time (its run then ends after the round in progress, ``finish_reason: "length"``); a
+streaming client that goes away ends its run after the round in progress. ``usage`` counts the prompt's and the
+completion's tokens, ``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not
+have to wait for the final stage to find (matched at a non-final stage, or committed from a draft chain), and a
+``dex`` block the run's rounds, rounds per token, the tokens matched at each stage, K and the depths. A malformed
+request gets a 4xx with an OpenAI error body (``openai_requests``), and nothing in the server's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..config import DexError
+from ..decoder import DexDecoder
+from ..runtime.console import TextStream
+from ..trace.events import round_commits
+from .api_requests import ApiError, Completion, parse_request
+from .metrics import CONTENT_TYPE, Metrics
+
+
+class _Text:
+    """The text of a growing token list, piece by piece (``TextStream``'s windowed decode), cut at a stop string."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.pieces, self.stops, self.stopped = [], stops, False
+        self.stream = TextStream(tokenizer, out=self)
+
+    def write(self, piece: str) -> None:
+        self.pieces.append(piece)
+
+    def flush(self) -> None:
+        pass
+
+    def push(self, token: int) -> str:
+        """The new text ``token`` makes visible ("" while held back), cut before a stop string (then ``stopped``)."""
+        before, done = len(self.pieces), "".join(self.pieces)
+        self.stream.push(token)
+        new = "".join(self.pieces[before:])
+        for stop in self.stops:
+            at = (done + new).find(stop)
+            if at >= 0:
+                self.stopped = True
+                return (done + new)[:at][len(done) :]
+        return new
+
+
+class Runner:
+    """Runs one request at a time on the decoder, ``queue`` more waiting and at most ``per_client`` of them
+    (running or waiting) from one client address (None: no such bound); 429 (``ApiError``) beyond."""
+
+    def __init__(self, decoder, queue: int, seconds: float, per_client: int | None = None):
+        self.decoder, self.queue, self.seconds, self.per_client = decoder, queue, seconds, per_client
+        self._model = threading.Lock()
+        self._count = threading.Lock()
+        self.admitted = self.running = 0
+        self._clients: dict[str, int] = {}
+
+    def admit(self, client: str = "") -> None:
+        with self._count:
+            if self.admitted >= 1 + self.queue:
+                raise ApiError(
+                    429, "the server is busy: its queue is full; try again shortly", kind="rate_limit_error"
+                )
+            if self.per_client is not None and self._clients.get(client, 0) >= self.per_client:
+                raise ApiError(
+                    429,
+                    f"this client has {self.per_client} request(s) running or waiting already; send the next "
+                    "when one ends",
+                    kind="rate_limit_error",
+                )
+            self.admitted += 1
+            self._clients[client] = self._clients.get(client, 0) + 1
+
+    def release(self, client: str = "") -> None:
+        with self._count:
+            self.admitted -= 1
+            self._clients[client] -= 1
+            if not self._clients[client]:
+                del self._clients[client]
+
+    def run(self, job: Completion, emit, gone: threading.Event) -> None:
+        """In a worker thread: the run's events to ``emit`` (round by round, then the end's); it ends after the
+        round in progress when ``gone`` is set or ``seconds`` passed."""
+        with self._model:
+            self.running = 1
+            try:
+                self._run(job, emit, gone)
+            finally:
+                self.running = 0
+
+    def _run(self, job: Completion, emit, gone: threading.Event) -> None:
+        start = time.monotonic()
+        stream = self.decoder.stream(job.ids, options=job.options)
+        for event in stream:
+            emit(event)
+            late = self.seconds and time.monotonic() - start > self.seconds
+            if event["event"] == "round" and (gone.is_set() or late):
+                stream.close()
+                emit({"event": "cut", "why": "gone" if gone.is_set() else "time"})
+                return
+
+
+def usage(prompt: int, events: list[dict]) -> dict:
+    """The OpenAI ``usage`` of a run (its events), with DEX's own counts."""
+    start = events[0]
+    K, commits = start["explorers"], [c for e in events if e["event"] == "round" for c in round_commits(e)]
+    matched = [0] * K
+    for c in commits:
+        matched[c["matched_stage"]] += 1
+    accepted = sum(1 for c in commits if c["matched_stage"] < K - 1 or c.get("drafted"))
+    rounds = sum(1 for e in events if e["event"] == "round")
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(commits),
+        "total_tokens": prompt + len(commits),
+        "completion_tokens_details": {"accepted_prediction_tokens": accepted},
+        "dex": {
+            "explorers": K,
+            "depths": start["depths"],
+            "rounds": rounds,
+            "rounds_per_token": round(rounds / max(1, len(commits)), 4),
+            "matched_per_stage": matched,
+        },
+    }
+
+
+def _reply(job: Completion, rid: str, served: str, choice: dict, suffix: str = "", **extra) -> dict:
+    """OpenAI's envelope around one ``choice``: a chat completion or a text completion (``suffix``: ".chunk")."""
+    kind = ("chat.completion" if job.chat else "text_completion") + (suffix if job.chat else "")
+    return {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": served,
+        "choices": [choice],
+        **extra,
+    }
+
+
+def _chunk(job: Completion, rid: str, served: str, text: str | None, finish: str | None) -> dict:
+    if job.chat:
+        delta = {} if text is None else {"content": text}
+        return _reply(job, rid, served, {"index": 0, "delta": delta, "finish_reason": finish}, ".chunk")
+    choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+    return _reply(job, rid, served, choice)
+
+
+def _finish(text: _Text, end: dict | None) -> str:
+    """Why the completion ended, in OpenAI's words: ``stop`` (a stop string or the model's EOS), else ``length``."""
+    if text.stopped or (end is not None and end["stats"].get("stop") == "eos"):
+        return "stop"
+    return "length"
+
+
+@dataclass
+class _Served:
+    """What every route of one server shares."""
+
+    tokenizer: object
+    served: str
+    most_tokens: int
+    runner: Runner
+    metrics: Metrics
+
+
+def make_app(
+    decoder,
+    tokenizer,
+    served: str,
+    most_tokens: int = 512,
+    queue: int = 8,
+    seconds: float = 0,
+    per_client: int | None = None,
+) -> FastAPI:
+    """The API over ``decoder`` (its ``tokenizer``), serving the model named ``served``; the bounds as
+    ``Runner``'s."""
+    app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds, per_client)
+    metrics = Metrics(lambda: runner.running, lambda: runner.admitted - runner.running)
+    api = _Served(tokenizer, served, most_tokens, runner, metrics)
+
+    @app.exception_handler(ApiError)
+    async def refused(_request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "dex"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(api, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(api, request, chat=True)
+
+    return app
+
+
+async def _complete(api: _Served, request: Request, chat: bool):
+    """One completion: checked, admitted, run in a worker thread; streamed or answered whole."""
+    arrived = time.monotonic()
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body must be JSON (UTF-8)") from None
+    job = parse_request(body, api.tokenizer, api.served, api.most_tokens, chat)
+    events, gone = _start(api.runner, job, request.client.host if request.client else "")
+    pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    if job.stream:
+        return StreamingResponse(_sse(job, rid, api.served, pieces, gone), media_type="text/event-stream")
+    text, final = "", None
+    async for piece, finish, use in pieces:
+        text, final = text + (piece or ""), (finish, use) if finish else final
+    return _whole(job, rid, api.served, text, *final)
+
+
+def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue, threading.Event]:
+    """Admit ``job`` (429 beyond the bounds) and run it in a worker thread: its events come on the queue (None
+    last); setting the event ends it after the round in progress."""
+    runner.admit(client)
+    events, gone, loop = asyncio.Queue(), threading.Event(), asyncio.get_running_loop()
+
+    def work():
+        try:
+            runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone)
+        except Exception as err:  # the run failed (an explorer died): the client is told
+            loop.call_soon_threadsafe(events.put_nowait, {"event": "failed", "why": str(err)[:200]})
+        finally:
+            loop.call_soon_threadsafe(events.put_nowait, None)
+            runner.release(client)
+
+    threading.Thread(target=work, daemon=True).start()
+    return events, gone
+
+
+async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, tally):
+    """(text, None, None) per committed token, then ("", finish_reason, usage); a client that stops reading ends
+    the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
+    text, seen, end, reason = _Text(tokenizer, job.stop), [], None, "abort"
+    try:
+        while (event := await events.get()) is not None:
+            seen.append(event)
+            if event["event"] == "failed":
+                reason = "error"
+                raise ApiError(500, f"the run failed: {event['why']}", kind="server_error")
+            tally.see(event)
+            for commit in round_commits(event) if event["event"] == "round" and not text.stopped else []:
+                piece = text.push(commit["token"])
+                yield piece, None, None
+                if text.stopped:
+                    gone.set()  # the stop string came: the run ends after this round
+            if event["event"] == "end":
+                end = event
+        reason = _finish(text, end)
+        yield "", reason, usage(tally.prompt, seen)
+    finally:
+        gone.set()
+        tally.end(reason)
+
+
+async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.Event):
+    """The stream's events; a client that goes away (the response is cancelled) ends the run (``gone``)."""
+    try:
+        async for piece, finish, use in pieces:
+            if finish is None:
+                yield f"data: {json.dumps(_chunk(job, rid, served, piece, None))}\n\n"
+            else:
+                yield f"data: {json.dumps({**_chunk(job, rid, served, None, finish), 'usage': use})}\n\n"
+    except ApiError as err:  # the run failed after the stream began: said in the stream
+        yield f"data: {json.dumps(err.body())}\n\n"
+    finally:
+        gone.set()
+        await pieces.aclose()
+    yield "data: [DONE]\n\n"
+
+
+def _whole(job: Completion, rid: str, served: str, text: str, finish: str, use: dict) -> dict:
+    if job.chat:
+        message = {"role": "assistant", "content": text}
+        return _reply(job, rid, served, {"index": 0, "message": message, "finish_reason": finish}, usage=use)
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    return _reply(job, rid, served, choice, usage=use)
+
+
+def address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port); DexError otherwise."""
+    host, _, port = str(text).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DexError(f"--http takes HOST:PORT, e.g. 127.0.0.1:8000; got {text!r}")
+    return host, int(port)
+
+
+def serve_http(config, where: str, log, queue: int = 8, seconds: float = 0) -> None:
+    """Serve ``config``'s model (a ``DexConfig``: its schedule, sequential or distributed) at ``where``
+    (HOST:PORT) until interrupted; at most ``config.max_new_tokens`` new tokens a request."""
+    host, port = address(where)
+    decoder = DexDecoder.from_pretrained(
+        config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log
+    )
+    try:
+        app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, queue, seconds)
+        log(f"serving {config.model!r} (K={decoder.K}, {config.backend}) at http://{host}:{port}/v1")
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        decoder.close()

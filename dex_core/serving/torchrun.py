@@ -1,0 +1,105 @@
+"""The torchrun entry point: one explorer per rank, across processes or nodes.
+
+``torchrun --nproc-per-node K -m dex_core.serving --model SPEC --prompt ...`` (or ``dex serve`` under
+torchrun): rank 0 resolves the run's settings (``RunSettings``) and hands them to the other ranks through
+torchrun's rendezvous store; each rank then reads only its own part of the model from the checkpoint
+(``dex_core.model.stage_load``; every node locates the model itself: the default model and .gguf files are converted
+once per cache, hub models fetched once per HF cache). Rank 0 reads the prompts (``--prompt``, repeatable, else
+one per line on stdin), broadcasts each typed request on the control group and prints the text and the stats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..config import DexConfig
+from ..distributed.torchrun import join, world
+from ..flags import add_flags, from_args
+from ..runtime.console import TextStream, print_report
+from ..runtime.request import encode_prompt, eos_ids, make_request
+from ..trace.events import round_commits, start_event
+
+# DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
+FLAGS = (
+    "model",
+    "explorers",  # --http only: under torchrun K is the number of ranks
+    "backend",  # --http only: sequential or distributed
+    "depths",
+    "adapters",
+    "decs",
+    "proposal_vocab",
+    "prune",
+    "draft",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "eos_token_id",
+    "chat",
+    "dtype",
+    "device",
+    "threads",
+    "op_timeout",
+    "start_timeout",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: lines of stdin")
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve an OpenAI-compatible API there instead of reading prompts (under torchrun rank 0 serves; "
+        "outside it, --backend sequential or distributed); docs/SERVING.md",
+    )
+    parser.add_argument("--queue", type=int, default=8, help="--http: requests waiting at most; more get 429")
+    parser.add_argument(
+        "--request-seconds",
+        type=float,
+        default=0,
+        help="--http: model seconds a request may take (0: no bound)",
+    )
+    add_flags(parser, DexConfig, FLAGS)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve the prompts of ``args`` as this torchrun rank (``--http`` is the entry point's:
+    ``dex_core.serving.serve``)."""
+    rank, count = world()
+    config = from_args(DexConfig, args, explorers=count)
+    group = join(config.model, config.decoder(), config.dtype, config.device, rank_log(rank))
+    if rank != 0:
+        group.follow()
+        return
+    try:
+        _serve(args, config, group)
+    finally:
+        group.close()
+
+
+def rank_log(rank: int):
+    """Rank 0 says what happens, on stderr; the other ranks say nothing."""
+    if rank != 0:
+        return lambda line: None
+    return lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True)
+
+
+def _serve(args, config: DexConfig, group) -> None:
+    """Rank 0: each prompt as a request to every rank; the answers printed as they come, then the stats."""
+    view, settings, tokenizer = group.view, group.settings, group.tokenizer
+    for text in args.prompt or (line.rstrip("\n") for line in sys.stdin):
+        if not text.strip():
+            continue
+        ids = encode_prompt(tokenizer, text, config.chat)
+        request = make_request(view, ids, config.generation(), eos_ids(view.model, config.eos_token_id))
+        stream, tic = TextStream(tokenizer), time.perf_counter()
+        for event in group.run(request):
+            for commit in round_commits(event) if event["event"] == "round" else []:
+                stream.push(commit["token"])
+        stream.finish()
+        print_report(
+            event["stats"], start_event(request, view, settings), time.perf_counter() - tic, "distributed"
+        )
