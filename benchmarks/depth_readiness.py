@@ -13,7 +13,7 @@ draft chains): the uniform split (K = 2 within 4 within 8: nested) and the set a
 stored best set — chosen on the tune split, measured here on the eval split — else the uniform split), each with
 
 - the depth-side speedup K / (rounds per token), replayed from every layer's candidates on HF greedy's answers:
-  what a DEX run with that set measures (``dex_core.analysis.ead``; tests/test_ead.py proves the rule);
+  what a DEX run with that set measures (``dex_core.analysis.ead``; tests/analysis/test_ead.py proves the rule);
 - the K-device memory-bound speedup over AR, heads and adapters included (``ModelCost.dex_steady`` against
   ``ModelCost.ar``), and the same counted by layers alone (``ModelCost.layers_only``).
 

@@ -6,7 +6,7 @@ Starts three ``dex generate --model MODEL`` processes at the same moment against
 (a temporary folder, removed after), greedy, a few tokens each. Reports per process its exit code, wall time,
 whether it converted the model or waited for another one's conversion (from its own progress lines), and the
 first line of its answer; then what the cache holds (one complete copy and its lock, nothing else). The
-suite tests the same mechanism with a stand-in package of a few bytes (``tests/test_first_use.py``); this
+suite tests the same mechanism with a stand-in package of a few bytes (``tests/model/test_first_use.py``); this
 runs it on the real download.
 """
 

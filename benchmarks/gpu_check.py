@@ -349,7 +349,7 @@ def training(model, quick: bool) -> dict:
 def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     """Host reads a round (``dex_core.host_reads``: tensor reads into Python and CUDA event syncs) of the
     sequential schedule at K on this device, greedy with the row budget and draft chains on; the distributed
-    schedule's are counted per rank on CPU by tests/test_host_reads.py, on the same code path."""
+    schedule's are counted per rank on CPU by tests/runtime/test_host_reads.py, on the same code path."""
     dex, per_round, places = decoder(model, K, adapters), [], {}
     for prompt in prompts:
         for event, counted in reads_per_event(dex.stream(prompt, tokens)):

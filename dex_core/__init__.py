@@ -1,55 +1,57 @@
 """DEX: Depth Exploration Decoding over Hugging Face causal LMs. In float32/float64 its tokens are identical to
 autoregressive decoding's (``ar_generate``; greedy: HF ``generate``); in bfloat16/float16 each committed token is
 the unmodified model's choice or a numerical near-tie of it, which ``verify_trace`` (``dex verify``) certifies
-token by token."""
+token by token.
 
-from .config import DecoderOptions, DexConfig, DexError, GenerationOptions, resolve_depths
-from .decoder import DexDecoder
-from .distributed.group import ExplorerError
-from .evaluation.verify import Certificate, certify_tokens, verify_trace
-from .model.load import load_model
-from .model.named import shipped_adapters
-from .model.view import UnsupportedModelError
-from .runtime.reference import ar_generate, ar_stream, hf_greedy
-from .runtime.request import GenerationConfigWarning, encode_prompt
-from .runtime.results import GenerationResult, GenerationStats
-from .serving.hf_generate import hf_generate_dir
-from .trace.events import TRACE_VERSION, load_trace, save_trace
+The face resolves every public name through one table on first use (PEP 562): ``import dex_core`` loads nothing,
+so ``import dex_core.trace`` (what viewers and the app's trace worker read) brings neither torch nor FastAPI, and a
+name loads only the part of the library it lives in."""
 
-__all__ = [
-    "Certificate",
-    "DecoderOptions",
-    "DexConfig",
-    "DexDecoder",
-    "DexError",
-    "ExplorerError",
-    "GenerationOptions",
-    "GenerationResult",
-    "GenerationStats",
-    "TRACE_VERSION",
-    "UnsupportedModelError",
-    "ar_generate",
-    "ar_stream",
-    "encode_prompt",
-    "hf_generate_dir",
-    "openai_app",
-    "hf_greedy",
-    "load_model",
-    "load_trace",
-    "resolve_depths",
-    "save_trace",
-    "shipped_adapters",
-    "certify_tokens",
-    "verify_trace",
-    "GenerationConfigWarning",
-]
+import importlib
+
+# public name -> the module (relative to this package) that defines it
+_FACE = {
+    "DecoderOptions": "config",
+    "DexConfig": "config",
+    "DexError": "config",
+    "GenerationOptions": "config",
+    "resolve_depths": "config",
+    "DexDecoder": "decoder",
+    "ExplorerError": "distributed.group",
+    "load_model": "model.load",
+    "shipped_adapters": "model.named",
+    "UnsupportedModelError": "model.view",
+    "ar_generate": "runtime.reference",
+    "ar_stream": "runtime.reference",
+    "hf_greedy": "runtime.reference",
+    "GenerationConfigWarning": "runtime.request",
+    "encode_prompt": "runtime.request",
+    "GenerationResult": "runtime.results",
+    "GenerationStats": "runtime.results",
+    "hf_generate_dir": "serving.hf_generate",
+    "Certificate": "evaluation.verify",
+    "certify_tokens": "evaluation.verify",
+    "verify_trace": "evaluation.verify",
+    "TRACE_VERSION": "trace.schema",
+    "load_trace": "trace.events",
+    "save_trace": "trace.events",
+}
+_RENAMED = {"openai_app": ("serving.api", "make_app")}  # the FastAPI app factory, under the name users know
+
+__all__ = sorted([*_FACE, *_RENAMED])
 
 
 def __getattr__(name: str):
-    """``openai_app``: ``dex_core.serving.api.make_app``, imported on first use (FastAPI and uvicorn load
-    only where HTTP is served)."""
-    if name == "openai_app":
-        from .serving.api import make_app
+    if name in _FACE:
+        module, attr = _FACE[name], name
+    elif name in _RENAMED:
+        module, attr = _RENAMED[name]
+    else:
+        raise AttributeError(f"module 'dex_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # resolved once
+    return value
 
-        return make_app
-    raise AttributeError(f"module 'dex_core' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -7,7 +7,7 @@ browser download) and saves: live.png (a K=4 run), debugger.png (its whole-run t
 compare.png (that run pinned next to a K=2 run), race.png, analysis.png (with the depth heatmap),
 live-k8.png and debugger-k8.png (K=8 with the full, unpruned lattice); then app.json, what the pictures show of
 the app besides the runs (its header, every control's default, the palette: ``app.ui.page.appearance``), which
-``tests/test_readme.py`` compares with the app's, so that a change to any of them fails until the pictures are
+``tests/project/test_readme.py`` compares with the app's, so that a change to any of them fails until the pictures are
 made again. The runs use the app's own default number of new tokens unless ``--tokens`` says otherwise.
 """
 

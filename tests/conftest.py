@@ -7,15 +7,13 @@ test (``process``, ``browser``, ``real_model``, ``slow``) so that a contributor 
 Hypothesis runs the ``ci`` profile under ``CI`` (fewer examples, derandomized: the same cases every run) and the
 ``dev`` profile elsewhere; ``HYPOTHESIS_PROFILE=thorough`` runs many more examples."""
 
-import contextlib
 import os
-import shutil
-import socket
 
 import pytest
+from helpers import BROWSER_ARGS, CHROMIUM, in_ci, launch_app, require_chromium
 from hypothesis import HealthCheck, settings
 
-from dex_core.testing import tiny_model, tiny_tokenizer  # noqa: F401  (tests import them from here)
+from dex_core.testing import tiny_model, tiny_tokenizer
 
 # the tests' own @settings name no example counts: the profile decides them
 _PATIENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -29,11 +27,6 @@ MARK_BY_FIXTURE = {
     "page": "browser",
     "default_model": "real_model",
 }
-
-
-def in_ci() -> bool:
-    """CI sets ``CI`` (``.ci/run`` runs under ``CI=true``): there a missing tool fails the suite."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev"))
@@ -69,10 +62,11 @@ def qwen3():
 
 @pytest.fixture(scope="session")
 def explorer_group():
-    """``explorer_group(model, K, **options)``: a distributed ``DexDecoder`` (K explorer processes on the CPU, one
-    thread each), started on first use for that (model, K, options) and reused by every later test that asks for
-    the same, then closed at the end of the session. A test that kills, stops or patches its explorers starts its
-    own group instead. ``tests/test_distributed.py`` proves that a reused group gives a fresh group's trace."""
+    """``explorer_group(model, K, **options)``: a distributed ``DexDecoder`` (K explorer processes on the CPU,
+    one thread each), started on first use for that (model, K, options) and reused by every later test that
+    asks for the same, then closed at the end of the session. A test that kills, stops or patches its
+    explorers starts its own group instead. ``tests/distributed/test_distributed.py`` proves that a reused
+    group gives a fresh group's trace."""
     from dex_core import DexDecoder
 
     groups = {}
@@ -118,34 +112,10 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-CHROMIUM = os.environ.get("DEX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-BROWSER_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-
-def require_chromium(path: str = CHROMIUM) -> None:
-    """Skip the calling test where Chromium is missing, except in CI, where that fails it."""
-    if not os.path.exists(path):
-        missing = f"Debian chromium is not installed at {path} (.ci/run installs it)"
-        if in_ci():
-            pytest.fail(f"{missing}; CI is set, so the browser tests must run, not skip", pytrace=False)
-        pytest.skip(missing)
-
-
 @pytest.fixture(scope="session")
 def chromium_present():
     """Session-scoped, so that it runs before a module's browser or app fixture."""
     require_chromium()
-
-
-needs_chromium = pytest.mark.usefixtures("chromium_present")
 
 
 @pytest.fixture(scope="session")
@@ -188,88 +158,3 @@ def app_server(tiny_dir, tmp_path_factory):
         demo, url = launch_app(settings, max_file_size=UPLOAD_LIMIT)
         yield SimpleNamespace(demo=demo, url=url, temp=temp.resolve())
         demo.close()
-
-
-@contextlib.contextmanager
-def tuned(settings, **values):
-    """The shared app's settings changed for one test, and set back after it."""
-    before = {name: getattr(settings, name) for name in values}
-    for name, value in values.items():
-        setattr(settings, name, value)
-    try:
-        yield settings
-    finally:
-        for name, value in before.items():
-            setattr(settings, name, value)
-
-
-def live_children() -> set[int]:
-    """The ids of this process's live direct children (zombies and those that ended meanwhile left out): the
-    session's shared explorer groups, app server helpers and Playwright's driver are among them."""
-    import psutil
-
-    alive = set()
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-    return alive
-
-
-def started_since(before: set[int]) -> set[int]:
-    """The live processes a test started and left: this process's children that were not in ``before`` (an
-    earlier ``live_children()``) and every live descendant of theirs. Descendants of the children in ``before``
-    are not counted, since Chromium starts and ends renderer processes of its own at any time."""
-    import psutil
-
-    new = live_children() - before
-    found = set(new)
-    for pid in new:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            found |= {c.pid for c in psutil.Process(pid).children(recursive=True) if c.status() != "zombie"}
-    return found
-
-
-def files_in(root, empty: bool = False) -> list:
-    """The plain files under ``root`` now (only the empty ones if ``empty``). The app's sweep deletes uploads
-    and their folders at any moment: what goes while it is listed is simply not counted (``os.walk`` skips a
-    folder it can no longer read, where pathlib's glob raises ``FileNotFoundError``)."""
-    from pathlib import Path
-
-    found = []
-    for top, _, names in os.walk(root):
-        for path in (Path(top, name) for name in names):
-            with contextlib.suppress(FileNotFoundError):
-                if path.is_file() and (not empty or path.stat().st_size == 0):
-                    found.append(path)
-    return found
-
-
-def uploads_in(temp) -> list:
-    """The upload files of every app under the Gradio temp folder ``temp``, as the sweep leaves them now."""
-    return [path for app in temp.glob("dex-app-*") for path in files_in(app / "uploads")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_app(settings, **launch):
-    """Build the app for ``settings`` and serve it on a free local port; returns (demo, url). A port another
-    process (a second pytest-xdist worker) took between the probe and the launch is answered by a fresh one."""
-    from app.main import build_demo
-
-    demo = build_demo(settings)
-    for attempt in range(3):
-        port = free_port()
-        try:
-            demo.launch(
-                prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch
-            )
-        except OSError:
-            if attempt == 2:
-                raise
-            continue
-        return demo, f"http://127.0.0.1:{port}/"

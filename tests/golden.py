@@ -1,5 +1,5 @@
 """Golden traces: DEX's full trace (timings stripped) over a matrix of settings on tiny float64 models, recorded
-once and reproduced byte for byte by every later version (``tests/test_golden.py``; floats that differ only by
+once and reproduced byte for byte by every later version (``tests/runtime/test_golden.py``; floats that differ only by
 the CPU's kernels are taken as recorded: ``snapped``). They guard refactors of the round loop, the lattice and
 the schedules: any change in what DEX computes or records shows up here.
 
@@ -73,7 +73,7 @@ def matrix() -> dict[str, dict]:
 
 def stripped(trace: list[dict]) -> list[dict]:
     """A trace without what the clock decides (rounds' timings, the stats' seconds) and the start's model identity
-    (recorded since these traces were; tests/test_verify.py checks it)."""
+    (recorded since these traces were; tests/evaluation/test_verify.py checks it)."""
     out = []
     for event in trace:
         event = {k: v for k, v in event.items() if k not in ("timings", "model")}

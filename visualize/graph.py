@@ -28,7 +28,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from .replay import commits_of
+from dex_core.trace.events import round_commits
 
 FATES = ("matched", "final", "committed", "discarded", "cut", "pending")
 
@@ -58,7 +58,7 @@ def lattice_graph(events: list[dict]) -> nx.DiGraph:
             )
             if n.get("parent") is not None:
                 graph.add_edge(int(n["parent"]), int(n["id"]), kind=str(n["kind"]))
-        for commit in commits_of(event):
+        for commit in round_commits(event):
             anchors = [int(i) for i in commit["anchor_nodes"]]
             for i in anchors:
                 graph.nodes[i]["fate"] = "committed"

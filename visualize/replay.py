@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dex_core.trace.events import round_commits
+
 
 @dataclass
 class RoundView:
@@ -77,15 +79,9 @@ def event_texts(event: dict):
         for entry in node.get("top") or []:
             if len(entry) > 2 and isinstance(entry[2], str):
                 yield entry[0], entry[2]
-    for commit in commits_of(event):
+    for commit in round_commits(event):
         if isinstance(commit.get("text"), str):
             yield commit["token"], commit["text"]
-
-
-def commits_of(event: dict) -> list[dict]:
-    """A round's commits in order: ``commits`` (draft chains commit several; ``commit`` is the first), or
-    the one ``commit`` of a trace made before draft chains (``dex_core.trace.round_commits``)."""
-    return event.get("commits") or ([event["commit"]] if event.get("commit") else [])
 
 
 def _chain(commit: dict, seen: dict[int, dict]) -> list[tuple[int, str | None]]:
@@ -125,7 +121,7 @@ class _Index:
         self.seen.update((node["id"], node) for node in event["nodes"])
         self.vocab.update(event_texts(event))
         self.before.append(len(self.tokens))
-        for commit in commits_of(event):
+        for commit in round_commits(event):
             self.tokens.append(commit["token"])
             self.texts.append(commit.get("text"))
             self.matched.append(commit["matched_stage"])
@@ -185,7 +181,7 @@ class Replay(Sequence[RoundView]):
         event = x.rounds[i]
         alive = x.rounds[i - 1]["alive"] if i else []
         new = [node["id"] for node in event["nodes"]]
-        commit, collapse, commits = event.get("commit"), event.get("collapse"), commits_of(event)
+        commit, collapse, commits = event.get("commit"), event.get("collapse"), round_commits(event)
         n = x.before[i] + len(commits)
         return RoundView(
             index=i,

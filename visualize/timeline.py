@@ -21,10 +21,12 @@ import math
 
 import plotly.graph_objects as go
 
+from dex_core.trace.events import round_commits
+
 from .graph import FATES, lattice_graph
 from .markup import plot_text
 from .palette import CHAIN_EDGE, CHAIN_LINE, CUT_COLOR, FATE_MARKS, frames, stage_tick
-from .replay import commits_of, event_texts
+from .replay import event_texts
 
 PLOT_WIDTH_PX = 1100  # nominal width used to fit marker sizes
 TOP_PX = 70  # the title, then the legend in one row, above the plot
@@ -97,7 +99,10 @@ def _cuts(events: list[dict], graph) -> tuple[dict, dict]:
     lines: dict[str, list] = {"x": [], "y": []}
     marks: dict[str, list] = {"x": [], "round": [], "label": [], "hover": []}
     for event in events:
-        collapse, commits = event.get("collapse"), commits_of(event) if event.get("event") == "round" else []
+        collapse, commits = (
+            event.get("collapse"),
+            round_commits(event) if event.get("event") == "round" else [],
+        )
         if not collapse or not commits:
             continue
         last = commits[-1]["position"]

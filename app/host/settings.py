@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 from dex_core import DecoderOptions, DexConfig, DexError
 from dex_core.config import DEVICE_HELP, integer, option
 
+TRACE_TOP = 5  # top candidates per lattice node the Debugger shows (every run the host makes records them)
+
 HOSTED_SECONDS = 180  # the bound on one request's model time where the app is hosted (a Space)
 
 

@@ -22,12 +22,11 @@ from dex_core.analysis.profile import measure_profile, one_row, one_row_seconds
 from dex_core.runtime.settings import RunSettings
 from dex_core.runtime.unloaded import UnloadedModel, device_type
 
-from ..ui.estimate import SLOW_SECONDS, Learned
-from ..ui.inputs import TRACE_TOP
 from .files import Files
 from .gate import Calls
+from .learned import SLOW_SECONDS, Learned
 from .sessions import Sessions
-from .settings import AppSettings
+from .settings import TRACE_TOP, AppSettings
 from .uploads import Uploads
 
 WHOLE_MODEL = (
@@ -143,7 +142,7 @@ class Runtime:
 
     def forecast(self, decoder: DexDecoder, max_new_tokens: int) -> Forecast | None:
         """The first estimate of a DEX run on the sequential schedule: this server's last runs at the same K when
-        there are some (``app.ui.estimate.Learned``), else this machine's one-row profile (``run_forecast``); None
+        there are some (``app.host.learned.Learned``), else this machine's one-row profile (``run_forecast``); None
         for explorer groups."""
         if decoder.backend != "sequential":
             return None

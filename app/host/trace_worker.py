@@ -1,16 +1,18 @@
 """Uploaded traces are read in a worker process (``read_trace``), never in the server's own.
 
-Reading JSON holds the interpreter's lock for as long as it runs and builds objects many times larger than their
-source (``{}`` costs 64 bytes for its 2), so a trace read in the server froze every visitor's request while it
-parsed and held gigabytes after it was refused. Here a helper process (``python -m app.host.trace_worker``, started on
-the first upload, ended with the server or when its stdin closes) imports and compiles the validator once and forks
-one worker per file: the worker reads and validates it (``dex_core.load_trace``) within ``MEMORY_FACTOR`` times the
-file of address space beyond its start, ``MEMORY_FLOOR`` at least (``RLIMIT_AS``), and ``SECONDS`` of time
-(``SIGALRM``), writes the validated meta and events one per line next to the upload, and exits. The server reads
-them back a line at a time, so other requests run in between, and holds them only once the worker's memory is
-gone. A file the worker cannot read within its bounds is refused with a message naming them. One file is read at a
-time (``PARSES``), so the workers together take at most one file's bound. Forking needs POSIX; the helper is
-single-threaded, so the fork is safe.
+Reading JSON holds the interpreter's lock for as long as it runs and builds objects many times larger than
+their source (``{}`` costs 64 bytes for its 2), so a trace read in the server froze every visitor's request
+while it parsed and held gigabytes after it was refused. Here a helper process (``python -m
+app.host.trace_worker``, started on the first upload, ended with the server or when its stdin closes) imports
+and compiles the validator once and forks one worker per file: the worker reads and validates it
+(``dex_core.trace.events.load_trace``) within ``MEMORY_FACTOR`` times the file of address space beyond its
+start, ``MEMORY_FLOOR`` at least (``RLIMIT_AS``), and ``SECONDS`` of time (``SIGALRM``), writes the validated
+meta and events one per line next to the upload, and exits. The server reads them back a line at a time, so
+other requests run in between, and holds them only once the worker's memory is gone. A file the worker cannot
+read within its bounds is refused with a message naming them. One file is read at a time (``PARSES``), so the
+workers together take at most one file's bound. Forking needs POSIX; the helper is single-threaded, so the
+fork is safe. Of ``dex_core`` it imports only the trace package (no torch): about 30 MB resident (a test
+bounds it: ``tests/app/test_app_uploads.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 
 import psutil
 
-from dex_core import DexError, load_trace
+from dex_core.config import DexError
+from dex_core.trace.events import load_trace
 from dex_core.trace.validate import prepare
 
 MEMORY_FACTOR = (
@@ -100,7 +103,7 @@ def serve() -> None:
 def _ask(request: dict) -> dict:
     """Send ``request`` to the helper (started when there is none) and wait for its verdict. Under ``PARSES``."""
     if not _helper or _helper[0].poll() is not None:
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])  # the folder app/ is in
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),

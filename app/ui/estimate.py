@@ -1,48 +1,21 @@
 """How long a Live run takes, as its status line says: the first estimate from what this server's last runs at
-the same K took (``Learned``; before any ran, the library's ``dex_core.analysis.forecast`` from this machine's
-one-row profile), then from the run's own measured rounds as it goes (``Pace``). One figure of time left for the
-page; the host's bound on a request's model time said once, plainly; a notice as soon as the measured pace passes
-the slow threshold."""
+the same K took (``app.host.learned.Learned``; before any ran, the library's ``dex_core.analysis.forecast``
+from this machine's one-row profile), then from the run's own measured rounds as it goes (``Pace``). One
+figure of time left for the page; the host's bound on a request's model time said once, plainly; a notice as
+soon as the measured pace passes the slow threshold."""
 
 from __future__ import annotations
 
 import time
 
-from dex_core.analysis.forecast import Forecast, forecast
+from dex_core.analysis.forecast import Forecast
 
-SLOW_SECONDS = 60  # a run expected to take longer gets a warning before it, or a notice during it
+from ..host.learned import SLOW_SECONDS
+
 PRIOR_WEIGHT = 8  # tokens' worth of belief in the prior rounds/token while the run's own count is small
 PRIOR_ROUNDS = 4  # rounds' worth of belief in the forecast's seconds a round
-LEARNED_RUNS = 4  # finished runs whose rounds a token the next first estimate averages
 SETTLE_ROUNDS = 10  # rounds after which the figures shown move at most STEADY a round
 STEADY = 0.1  # a draft chain commits tokens in bursts: the raw figures would jump by a third in a round
-
-
-class Learned:
-    """What finished runs at one K teach the next run's first estimate: seconds a token, averaged over the last
-    ``LEARNED_RUNS`` runs. Per token, not per round: draft chains trade rounds for rows (code that repeats
-    itself takes fewer, fuller rounds a token than prose), so a run's seconds a round and rounds a token each
-    mislead the next run by up to 1.9x here, while their product holds within 10-20 %. The rounds a token
-    (the last runs' and the prior (K + 1) / 2 as one more) only split it for ``Pace``'s revisions."""
-
-    def __init__(self, K: int):
-        self.K, self.runs = K, []  # (seconds a token, rounds a token past the pipeline's fill) per run
-
-    def add(self, stats: dict, seconds: float) -> None:
-        """A finished run's end-event stats and its ``seconds`` as the page saw them (its frames drawn too)."""
-        if stats.get("rounds", 0) >= self.K and stats.get("tokens") and stats.get("stop") != "cancelled":
-            own = (stats["rounds"] - (self.K - 1)) / stats["tokens"]
-            self.runs = [*self.runs, (seconds / stats["tokens"], own)][-LEARNED_RUNS:]
-
-    def forecast(self, max_new_tokens: int) -> Forecast | None:
-        if not self.runs:
-            return None
-        per_token = sum(s for s, _ in self.runs) / len(self.runs)
-        rpt = ((self.K + 1) / 2 + sum(r for _, r in self.runs)) / (1 + len(self.runs))
-        n = len(self.runs)
-        basis = f"the last {n} runs at K={self.K}" if n > 1 else f"the last run at K={self.K}"
-        per_round = per_token * max_new_tokens / (self.K + (max_new_tokens - 1) * rpt)  # per_token x n in all
-        return forecast(per_round, self.K, max_new_tokens, rpt, basis)
 
 
 class Pace:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields
 from dex_core import DecoderOptions, DexConfig, DexError, GenerationOptions
 from dex_core.config import flag
 
-TRACE_TOP = 5  # top candidates per lattice node the Debugger shows
+from ..host.settings import TRACE_TOP
+
 PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
 INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]{1,40}\s*")  # integer text that an API client may send
 

@@ -11,7 +11,7 @@ defines Omega(t, l) = [candidate == y_t], with Omega(t, L) = 1.
 DEX reuses the shallowest explored stage whose candidate equals the committed token, stable or not:
 each stage's top token, or with DECS (paper App. C.1) its best token not proposed by stages 0..k-1 of
 the slot chain. Replaying that rule on the rankings gives the stage each token is matched at, as a DEX
-run records it (tests/test_ead.py). The first token takes K rounds, token t + 1 then 1 + (stage token
+run records it (tests/analysis/test_ead.py). The first token takes K rounds, token t + 1 then 1 + (stage token
 t matched at) more: R(X), rounds per token, over T tokens; the depth-side speedup is K / R(X).
 
 On a pipeline a round lasts as long as the longest stage: R(X) * max_k (d_k - d_{k-1}) layer-times per

@@ -118,7 +118,7 @@ class ModelCost:
         """Memory-bound DEX cost per token at ``rounds_per_token``, an upper bound of ``dex``: every non-final
         explorer works in every round, the final explorer in at most one round per token. The final explorer
         only ever holds the commit position's row: a branch trails the row whose candidate started it by a
-        stage, so it is collapsed before it can reach the final stage (``tests/test_cost.py`` checks this on
+        stage, so it is collapsed before it can reach the final stage (``tests/analysis/test_cost.py`` checks this on
         runs). With a heavy LM head this is what keeps the count honest: the full head is read once per token,
         as in AR, not once per round."""
         stages = [self.stage(depths, k, 1, "memory", adapter_depths) for k in range(len(depths))]

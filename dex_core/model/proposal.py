@@ -9,7 +9,7 @@ token is one, every shallower candidate misses and DEX falls back, as for any wr
 
 Sampling draws the same Gumbel row as the full head, restricted to the shortlist's columns; DECS
 masks the shortlisted ones of the masked ids. Both leave the committed token alone (it is the final
-head's), so greedy, seeded sampling, top-k/top-p and DECS stay exact (tests/test_properties.py).
+head's), so greedy, seeded sampling, top-k/top-p and DECS stay exact (tests/runtime/test_properties.py).
 
 The option ``proposal_vocab`` is N, 'full', or 'auto' (the default: N = 8192 when a ranking is at
 hand, else full). The *ranking* — every token id, most frequent first — is stored with an adapter file (tensor

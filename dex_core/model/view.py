@@ -24,24 +24,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import DexError
+from ..device import dtype_name
+from ..families import REFUSED, SUPPORTED_TYPES
+from .adapters import SHAPE_KEYS, model_identity
 from .attention import TREE_KWARG, use_tree_attention
-
-SUPPORTED_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-    "olmo2",
-    "granite",
-    "qwen3_moe",
-)
-REFUSED = {  # families DEX could drive but does not, and why (anything else: not a decoder-only stack it knows)
-    "gemma3": "the multimodal Gemma 3 wraps its text model; load the text-only checkpoint (Gemma3ForCausalLM)",
-    "gpt2": "its absolute position embeddings and fused layers are outside what DEX's stage view drives",
-}
 
 
 class UnsupportedModelError(DexError):
@@ -103,6 +89,22 @@ class ModelView:
     @property
     def device(self) -> torch.device:
         return self.model.model.norm.weight.device
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype's name as traces and flags spell it (``device.dtype_name``)."""
+        return dtype_name(self.dtype)
+
+    def identity(self) -> dict:
+        """The model's identity for a trace's start event: its shapes, and its embedding fingerprint where the
+        embeddings are loaded here whole (not on the meta device, not a tensor-parallel ``DTensor`` whose rows are
+        spread over ranks)."""
+        rows, c = self.model.get_input_embeddings().weight, self.model.config
+        if rows.is_meta or hasattr(
+            rows, "placements"
+        ):  # a skeleton, or a tensor-parallel rank's shard: shapes only
+            return dict(zip(SHAPE_KEYS, (c.model_type, c.num_hidden_layers, c.hidden_size, rows.shape[0])))
+        return model_identity(self.model)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.model.model.embed_tokens(tokens)

@@ -66,8 +66,6 @@ import math
 from pathlib import Path
 
 from ..config import DexError
-from ..device import dtype_name
-from ..model.adapters import SHAPE_KEYS, model_identity
 from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits
 from .validate import parse_trace
 
@@ -106,7 +104,7 @@ def start_event(
     ``ModelView``: its layers, vocabulary and dtype), decoded by AR over the whole model, or by DEX as ``settings``
     (a ``RunSettings``) say. ``cost``: the weights of the model's parts (``ModelCost.weights()``); ``device``: where
     the token choices were made, recorded with the model's dtype (what ``dex verify`` reloads the model in and on);
-    ``identity``: the model's (``adapters.identity``; default: that of ``view``'s model, a skeleton's without its
+    ``identity``: the model's (``adapters.identity``; default: ``view.identity()``, a skeleton's without its
     fingerprint).
     A request that is AR through the stages (``Request.pipeline``, recorded) proposes nothing before the last stage:
     no DECS, adapter, light head, pruning or draft chain, and their cost zero."""
@@ -125,10 +123,10 @@ def start_event(
                 dataclasses.asdict(settings.draft) if proposes and settings.draft is not None else None,
             ),
             ("cost", cost),
-            ("dtype", None if device is None else dtype_name(view.dtype)),
+            ("dtype", None if device is None else view.dtype_name),
             ("device", device),
             ("pipeline", request.pipeline or None),
-            ("model", identity or _identity(view.model)),
+            ("model", identity or view.identity()),
         )
         if v is not None
     }
@@ -147,18 +145,6 @@ def start_event(
         "adapter_depths": sorted(settings.adapters.depths) if proposes else [],
         "sampling": {"temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p, "seed": o.seed},
     }
-
-
-def _identity(model) -> dict:
-    """``model``'s identity for the start event: its shapes, and its embedding fingerprint where the embeddings
-    are loaded here whole (not on the meta device, not a tensor-parallel ``DTensor`` whose rows are spread over
-    ranks)."""
-    rows, c = model.get_input_embeddings().weight, model.config
-    if rows.is_meta or hasattr(
-        rows, "placements"
-    ):  # a skeleton, or a tensor-parallel rank's shard: shapes only
-        return dict(zip(SHAPE_KEYS, (c.model_type, c.num_hidden_layers, c.hidden_size, rows.shape[0])))
-    return model_identity(model)
 
 
 def round_timings(expand: list[float], **seconds) -> dict:

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 from ..algorithm.lattice import NodeKind, Via
 from ..config import DEPTH_CHOICES, DTYPES, MAX_SEED, DexError
-from ..model.view import SUPPORTED_TYPES
+from ..families import SUPPORTED_TYPES
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1

@@ -107,7 +107,7 @@ def _fig5_finding(fig5: dict) -> str:
 
 def _table1_finding(table: dict | None) -> str:
     if not table:
-        return "Not run (--quick runs no explorer processes; tests/test_paper.py checks Table 1 on its own)."
+        return "Not run (--quick runs no explorer processes; tests/evaluation/test_paper.py checks Table 1 on its own)."
     parts = ", ".join(f"{r['part']} {r['share']:.0%}" for r in table["rows"])
     return f"K={table['explorers']}, {table['rounds']} rounds on this machine: {parts} of the profiled time."
 

@@ -12,8 +12,8 @@ the tiny float64 model and bench's quick matrix), every row checked against HF g
   set), beside the EAD rule's prediction, the projected K-device tokens/s, and the uniform split through the
   plain lens *replayed* with the EAD rule;
 - **Fig. 4 right-top**, single exit: the same K stages with only the first and the final depth proposing,
-  *replayed* with the EAD rule on this run's answers (full heads; the rule equals a greedy run, tests/test_ead.py)
-  beside full exploration replayed the same way;
+  *replayed* with the EAD rule on this run's answers (full heads; the rule equals a greedy run,
+  tests/analysis/test_ead.py) beside full exploration replayed the same way;
 - **Fig. 4 right-bottom**, DECS: rounds per token with DECS on and off, greedy and at temperature 1.0 (sampled
   runs compared token by token with ``ar_generate`` under the same seed);
 - **Fig. 6**: stable-EAD histograms per set, the plain lens against the adapters;
@@ -95,7 +95,9 @@ class PaperConfig:
             tune_prompts=self.tune_prompts,
             max_new_tokens=self.max_new_tokens,
             explorers=self.explorers,
-            methods=METHODS if self.quick else (*METHODS, "ar-tp"),  # ar-tp: tests/test_tensor_parallel.py
+            methods=METHODS
+            if self.quick
+            else (*METHODS, "ar-tp"),  # ar-tp: tests/evaluation/test_tensor_parallel.py
             draft="none",
             profile=not self.quick,
             quick=self.quick,

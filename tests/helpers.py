@@ -1,0 +1,162 @@
+"""Plain helpers the tests share (no fixtures: those are ``conftest.py``'s): CI and Chromium, the shared app's
+settings for one test, the processes and upload files a test leaves, free ports and the app's launch, the CLI run
+in-process, the text a page shows, a long draft-chain trace."""
+
+import contextlib
+import html
+import os
+import re
+import shutil
+import socket
+
+import pytest
+
+from dex_core.testing import tiny_model, tiny_tokenizer
+
+
+def in_ci() -> bool:
+    """CI sets ``CI`` (``.ci/run`` runs under ``CI=true``): there a missing tool fails the suite."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+CHROMIUM = os.environ.get("DEX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def require_chromium(path: str = CHROMIUM) -> None:
+    """Skip the calling test where Chromium is missing, except in CI, where that fails it."""
+    if not os.path.exists(path):
+        missing = f"Debian chromium is not installed at {path} (.ci/run installs it)"
+        if in_ci():
+            pytest.fail(f"{missing}; CI is set, so the browser tests must run, not skip", pytrace=False)
+        pytest.skip(missing)
+
+
+needs_chromium = pytest.mark.usefixtures("chromium_present")
+
+
+@contextlib.contextmanager
+def tuned(settings, **values):
+    """The shared app's settings changed for one test, and set back after it."""
+    before = {name: getattr(settings, name) for name in values}
+    for name, value in values.items():
+        setattr(settings, name, value)
+    try:
+        yield settings
+    finally:
+        for name, value in before.items():
+            setattr(settings, name, value)
+
+
+def live_children() -> set[int]:
+    """The ids of this process's live direct children (zombies and those that ended meanwhile left out): the
+    session's shared explorer groups, app server helpers and Playwright's driver are among them."""
+    import psutil
+
+    alive = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+    return alive
+
+
+def started_since(before: set[int]) -> set[int]:
+    """The live processes a test started and left: this process's children that were not in ``before`` (an
+    earlier ``live_children()``) and every live descendant of theirs. Descendants of the children in ``before``
+    are not counted, since Chromium starts and ends renderer processes of its own at any time."""
+    import psutil
+
+    new = live_children() - before
+    found = set(new)
+    for pid in new:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found |= {c.pid for c in psutil.Process(pid).children(recursive=True) if c.status() != "zombie"}
+    return found
+
+
+def files_in(root, empty: bool = False) -> list:
+    """The plain files under ``root`` now (only the empty ones if ``empty``). The app's sweep deletes uploads
+    and their folders at any moment: what goes while it is listed is simply not counted (``os.walk`` skips a
+    folder it can no longer read, where pathlib's glob raises ``FileNotFoundError``)."""
+    from pathlib import Path
+
+    found = []
+    for top, _, names in os.walk(root):
+        for path in (Path(top, name) for name in names):
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_file() and (not empty or path.stat().st_size == 0):
+                    found.append(path)
+    return found
+
+
+def uploads_in(temp) -> list:
+    """The upload files of every app under the Gradio temp folder ``temp``, as the sweep leaves them now."""
+    return [path for app in temp.glob("dex-app-*") for path in files_in(app / "uploads")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_app(settings, **launch):
+    """Build the app for ``settings`` and serve it on a free local port; returns (demo, url). A port another
+    process (a second pytest-xdist worker) took between the probe and the launch is answered by a fresh one."""
+    from app.main import build_demo
+
+    demo = build_demo(settings)
+    for attempt in range(3):
+        port = free_port()
+        try:
+            demo.launch(
+                prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, show_error=True, **launch
+            )
+        except OSError:
+            if attempt == 2:
+                raise
+            continue
+        return demo, f"http://127.0.0.1:{port}/"
+
+
+def run_cli(capsys, *argv):
+    """``dex`` in-process: (exit code, stdout, stderr)."""
+    from dex_core.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def shown_tokens(page_html: str) -> str:
+    spans = re.findall(r'<span class="dex-tok"[^>]*>(.*?)</span>', page_html, flags=re.S)
+    return "".join(html.unescape(s) for s in spans)
+
+
+def long_chain_trace(rounds: int = 3):
+    """The first ``rounds`` rounds of a K = 8 run whose draft chains reach 30+ positions ahead of the anchor
+    (prompt lookup in a repeated prompt, chains of up to 30 tokens)."""
+    from dex_core import DexDecoder
+
+    decoder = DexDecoder(
+        tiny_model("llama", layers=8),
+        explorers=8,
+        tokenizer=tiny_tokenizer(),
+        draft="length=30,rows=32,gate=0",
+        prune=32,  # room for chains of 30 rows and a branch or two beside them
+    )
+    events = []
+    for event in decoder.stream([4, 8, 15, 16, 23, 42, 7, 9] * 6, 32):
+        events.append(event)
+        if sum(e["event"] == "round" for e in events) == rounds:
+            return events
+    return events

@@ -1,0 +1,241 @@
+"""The OpenAI-compatible API (``dex_core.serving.api``) driven by the official ``openai`` client, on the
+sequential and the distributed schedule of a tiny float64 model: the text is AR's, a stream gives one chunk per
+committed token in order, ``usage`` counts what the trace shows, bad requests get a 4xx with an OpenAI error body
+and nothing in the server's log, and a full queue answers 429 at once."""
+
+import contextlib
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from helpers import free_port
+
+from dex_core import DexDecoder, ar_generate
+from dex_core.serving.api import make_app
+from dex_core.testing import tiny_tokenizer
+from dex_core.trace.events import round_commits
+
+PROMPT = "hello world the prime number"
+SERVED = "tiny-llama"
+
+
+@contextlib.contextmanager
+def serving(decoder, tokenizer, **bounds):
+    """The API over ``decoder`` on a free local port, in a thread of this process; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            make_app(decoder, tokenizer, SERVED, **bounds), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sequential(llama, tokenizer):
+    decoder = DexDecoder(llama, explorers=3, tokenizer=tokenizer)
+    with serving(decoder, tokenizer, most_tokens=64, queue=0) as url:
+        yield url, decoder
+
+
+def client(url: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def expected(llama, tokenizer, tokens: int):
+    ids = tokenizer(PROMPT, add_special_tokens=True)["input_ids"]
+    return ids, ar_generate(llama, ids, tokens).tokens
+
+
+def test_a_completion_is_ars_text_with_usage_from_its_trace(sequential, llama, tokenizer):
+    url, decoder = sequential
+    ids, tokens = expected(llama, tokenizer, 24)
+    reply = client(url).completions.create(model=SERVED, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert reply.choices[0].text == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    trace = decoder.generate(ids, 24).trace
+    commits = [c for e in trace if e["event"] == "round" for c in round_commits(e)]
+    accepted = sum(1 for c in commits if c["matched_stage"] < 2 or c.get("drafted"))
+    assert accepted > 0  # the check below can fail: DEX matched early here
+    usage = reply.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(tokens))
+    assert usage.completion_tokens_details.accepted_prediction_tokens == accepted
+    extra = usage.model_extra["dex"]
+    assert extra["explorers"] == 3 and sum(extra["matched_per_stage"]) == len(tokens)
+
+
+def test_a_stream_gives_one_chunk_per_token_in_order_then_usage(sequential, llama, tokenizer):
+    url, _ = sequential
+    _, tokens = expected(llama, tokenizer, 20)
+    chunks = list(
+        client(url).completions.create(model=SERVED, prompt=PROMPT, max_tokens=20, temperature=0, stream=True)
+    )
+    texts = [c.choices[0].text for c in chunks[:-1]]
+    assert len(texts) == len(tokens) and "".join(texts) == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert chunks[-1].choices[0].finish_reason and chunks[-1].usage.completion_tokens == len(tokens)
+
+
+def test_the_distributed_schedule_answers_the_same_stream(llama, tokenizer, explorer_group):
+    decoder = explorer_group(llama, 3)
+    _, tokens = expected(llama, tokenizer, 16)
+    with serving(decoder, tokenizer, most_tokens=32) as url:
+        chunks = list(
+            client(url).chat.completions.create(
+                model=SERVED,
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=16,
+                temperature=0,
+                stream=True,
+            )
+        )
+        whole = client(url).chat.completions.create(
+            model=SERVED, messages=[{"role": "user", "content": PROMPT}], max_tokens=16, temperature=0
+        )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == whole.choices[0].message.content and whole.usage.completion_tokens == 16
+    assert len(chunks) == 16 + 1
+
+
+def scrape(url: str) -> dict:
+    """The server's ``/metrics``, parsed by ``prometheus_client``'s own text parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_count_each_stage_as_the_trace_does(sequential, llama, tokenizer):
+    url, decoder = sequential
+    before = scrape(url)
+    list(
+        client(url).completions.create(model=SERVED, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+    )
+    after = scrape(url)
+    trace = decoder.generate(expected(llama, tokenizer, 24)[0], 24).trace
+    rounds = [e for e in trace if e["event"] == "round"]
+    matched, proposed = [0, 0, 0], [0, 0, 0]
+    for event in rounds:
+        for commit in round_commits(event):
+            matched[commit["matched_stage"]] += 1
+        for node in event["nodes"]:
+            proposed[node["stage"]] += node["token"] >= 0
+    assert matched[0] + matched[1] > 0  # stages before the last matched: the per-stage check can fail
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    depths = decoder.depths
+    per_stage = "dex:spec_decode_num_accepted_tokens_per_stage_total"
+    assert [delta(per_stage, stage=k, depth=depths[k]) for k in range(3)] == matched
+    drafts = "dex:spec_decode_num_draft_tokens_per_stage_total"
+    assert [delta(drafts, stage=k, depth=depths[k]) for k in range(3)] == proposed
+    assert delta("dex:rounds_total") == len(rounds) and delta("dex:generation_tokens_total") == 24
+    assert delta("dex:request_success_total", finished_reason="length") == 1
+    assert delta("dex:time_to_first_token_seconds_count") == 1
+    assert delta("dex:time_per_output_token_seconds_count") == 23
+    assert after[("dex:num_requests_running", ())] == 0
+
+
+BAD = [
+    ({"n": 2}, 400, "n must be 1"),
+    ({"max_tokens": 0}, 400, "max_tokens must be between 1 and 64"),
+    ({"max_tokens": 65}, 400, "max_tokens must be between 1 and 64"),
+    ({"temperature": -0.5}, 400, "temperature must be >= 0"),
+    ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ({"max_tokens": "ten"}, 400, "max_tokens must be an integer"),
+    ({"logprobs": 2}, 400, "DEX does not support 'logprobs'"),
+    ({"model": "gpt-4"}, 404, "is not served here"),
+    ({"prompt": ["a", "b"]}, 400, "prompt must be one string"),
+    ({"prompt": "x" * 2**20}, 413, "the prompt is longer than"),
+    ({"seed": 2**64}, 400, "seed must be an integer from 0 to 2**64 - 1"),
+]
+
+
+def test_bad_requests_get_an_openai_error_body_and_the_server_logs_nothing(sequential, capfd):
+    url, _ = sequential
+    capfd.readouterr()
+    for change, status, message in BAD:
+        body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 4, **change}
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert reply.status_code == status and message in reply.json()["error"]["message"], (
+            change,
+            reply.text,
+        )
+    raw = httpx.post(f"{url}/v1/completions", content=b"\xff\xfe{", timeout=30)
+    assert raw.status_code == 400 and "JSON" in raw.json()["error"]["message"]
+    start = time.monotonic()
+    assert httpx.get(f"{url}/health", timeout=5).json() == {"status": "ok"}
+    assert time.monotonic() - start < 5
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out
+
+
+class Paced:
+    """The decoder, its rounds 0.1 s apart: a run that lasts while the test sends the next request."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def stream(self, ids, **kw):
+        for event in self.decoder.stream(ids, **kw):
+            time.sleep(0.1)
+            yield event
+
+
+def test_beyond_the_queue_a_request_gets_429_at_once_and_a_client_that_leaves_frees_its_slot(
+    llama, tokenizer
+):
+    body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 64, "temperature": 0, "stream": True}
+    paced = Paced(DexDecoder(llama, explorers=3, tokenizer=tokenizer))
+    with serving(paced, tokenizer, most_tokens=64, queue=0) as url:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as running:
+            lines = running.iter_lines()  # kept: an iterator dropped closes the response
+            assert next(lines).startswith("data: ")  # the first chunk: it runs (queue=0: nothing may wait)
+            start = time.monotonic()
+            refused = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=30)
+            assert refused.status_code == 429 and "queue is full" in refused.json()["error"]["message"]
+            assert time.monotonic() - start < 2
+        left = time.monotonic()  # the client left: its run ends after its round, and the slot frees
+        while (
+            again := httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2, "stream": False})
+        ).status_code == 429:
+            time.sleep(0.05)
+        assert again.status_code == 200 and time.monotonic() - left < 1.5  # a 64-token run would take > 6 s
+
+
+def test_one_client_may_hold_at_most_its_share_of_the_queue():
+    from dex_core.serving.api import Runner
+    from dex_core.serving.api_requests import ApiError
+
+    runner = Runner(decoder=None, queue=4, seconds=0, per_client=1)
+    runner.admit("10.0.0.1")
+    with pytest.raises(ApiError, match="this client has 1 request") as refused:
+        runner.admit("10.0.0.1")
+    assert refused.value.status == 429
+    runner.admit("10.0.0.2")  # another visitor still gets in
+    runner.release("10.0.0.1")
+    runner.admit("10.0.0.1")  # its slot came back when its run ended
+    assert runner.admitted == 2
