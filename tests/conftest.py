@@ -9,6 +9,7 @@ Hypothesis runs the ``ci`` profile under ``CI`` (fewer examples, derandomized: t
 
 import os
 
+import golden
 import pytest
 from helpers import BROWSER_ARGS, CHROMIUM, in_ci, launch_app, require_chromium
 from hypothesis import HealthCheck, settings
@@ -56,8 +57,9 @@ def llama():
 
 @pytest.fixture(scope="session")
 def qwen3():
-    """The golden traces' model family: a tied head and head_dim 16 (tests/golden.py)."""
-    return tiny_model("qwen3", tie_word_embeddings=True, head_dim=16)
+    """The golden traces' model (``tests/golden.py``, which records them outside pytest too): Qwen 3 with a tied
+    head and head_dim 16."""
+    return golden.model()
 
 
 @pytest.fixture(scope="session")

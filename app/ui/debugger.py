@@ -26,7 +26,7 @@ from ..host.state import Runtime
 from ..host.trace_worker import read_trace
 from ..host.uploads import request_visitor
 
-TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "assets" / "traces"
 EXAMPLE = "example"
 EMPTY_HINT = (
     "No trace yet: press Generate in the Live tab, load a trace saved by DEX below, or open a bundled "

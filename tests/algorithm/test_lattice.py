@@ -165,13 +165,12 @@ def test_a_branch_twin_of_a_shallower_stages_scores_zero_and_goes_first():
 
 
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}], ids=["greedy", "sampled"])
-def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(options):
+def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(llama, options):
     """At a budget of 2 rows a stage, draft chains on (their rows within it); the golden traces hold a budget of 1
     (K = 2, 3, 4, greedy and sampled)."""
     from dex_core import DexDecoder, ar_generate
-    from dex_core.testing import tiny_model
 
-    model, budget = tiny_model("llama").double(), 2
+    model, budget = llama, 2
     prompt = [4, 9, 1, 30, 4, 9, 1, 30, 4, 9]  # it repeats: draft chains find drafts
     result = DexDecoder(model, explorers=4, prune=budget).generate(prompt, 30, **options)
     assert result.tokens == ar_generate(model, prompt, 30, **options).tokens
@@ -183,15 +182,14 @@ def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(options):
     assert all(set(e["pruned"]) <= computed for e in rounds)
 
 
-def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace():
+def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace(llama):
     from dex_core import DexDecoder
     from dex_core.runtime.settings import AUTO_ROWS, resolve_prune
-    from dex_core.testing import tiny_model
 
     assert resolve_prune("auto", ["cpu", "cpu"]) == AUTO_ROWS["cpu"] == 2
     assert resolve_prune("auto", ["cuda:0", "cuda:1"]) == resolve_prune("auto", ["cpu", "cuda:1"]) == 64
     assert resolve_prune(4, ["cuda:0"]) == 4 and resolve_prune(None, ["cpu"]) is None
-    model = tiny_model("llama").double()
+    model = llama
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")
     assert (auto.prune, off.prune) == (2, None)
     start = auto.generate([4, 9, 1, 30], 12).trace[0]

@@ -154,11 +154,11 @@ def test_a_dex_runs_cost_from_its_batch_sizes_is_at_most_the_steady_state_bound(
     assert cost.dex(depths, batches, tokens, "rows") >= exact
 
 
-def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(tmp_path, monkeypatch):
+def test_the_seconds_profile_times_layers_heads_and_a_real_two_process_exchange(llama, tmp_path, monkeypatch):
     from dex_core.analysis import profile as prof
 
     monkeypatch.setattr(prof, "CACHE", tmp_path)
-    model = tiny_model("llama")
+    model = llama
     got = prof.measure_profile(model, proposal_rows=16, repeats=2, log=lambda *_: None)
     for part in ("layer", "head", "proposal", "exchange"):
         seconds = [got[part][n] for n in prof.ROWS]

@@ -226,7 +226,7 @@ def test_app_settings_come_from_the_environment_and_are_validated():
 
 
 def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_debugger_says_what_to_do():
-    from app import debugger as dbg
+    from app.ui import debugger as dbg
     from dex_core import DexError
 
     opened = dbg.bundled(None)
@@ -262,7 +262,7 @@ def test_the_tab_bar_holds_only_tabs_so_gradio_draws_each_label_once():
 def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
     import gradio as gr
 
-    from app import debugger as dbg
+    from app.ui import debugger as dbg
 
     events = dbg.bundled(None).events
     paused = dbg.play_tick(events, 5, False)
@@ -285,10 +285,10 @@ def test_a_tick_after_pause_changes_nothing_and_no_tick_restarts_the_timer():
 
 
 def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_keeps_run_a(llama, tmp_path):
-    from app import debugger as dbg
-    from app import debugger_compare as cmp
     from app.host.settings import AppSettings
     from app.host.state import Runtime
+    from app.ui import debugger as dbg
+    from app.ui import debugger_compare as cmp
     from dex_core import save_trace
 
     example = dbg.bundled(None)
@@ -350,8 +350,8 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
 def test_first_use_reports_each_loading_stage_and_slow_settings_get_an_estimate(tiny_dir, monkeypatch):
     import time
 
-    from app import handlers
-    from app import server_state as rt
+    from app.host import state as rt
+    from app.ui import handlers
     from dex_core import DexError, load_model
 
     def staged(

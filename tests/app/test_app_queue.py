@@ -25,7 +25,7 @@ EXCHANGE = {
 @pytest.fixture
 def profiles(monkeypatch):
     """``measure_profile`` as a 2 s measurement that records each call (a real one spawns two processes)."""
-    from app import server_state as rt
+    from app.host import state as rt
 
     calls = []
 
@@ -62,7 +62,7 @@ def dex_seconds(frame) -> float:
 
 
 def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_once(tiny_dir, profiles):
-    from app import race
+    from app.ui import race
     from app.ui.handlers import StopRequests
     from app.ui.inputs import Controls, RaceInputs
 
@@ -80,7 +80,7 @@ def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_on
 
 
 def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their_tokens(tiny_dir, profiles):
-    from app import race
+    from app.ui import race
     from app.ui.handlers import StopRequests
     from app.ui.inputs import RaceInputs
     from dex_core import ar_generate, encode_prompt
@@ -110,8 +110,9 @@ def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their
 def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what_it_made(
     tiny_dir, profiles, monkeypatch
 ):
-    from app import analysis_tab, live, race
     from app.host.settings import AppSettings
+    from app.ui import analysis as analysis_tab
+    from app.ui import live, race
     from app.ui.handlers import StopRequests
     from app.ui.inputs import LiveInputs, RaceInputs
     from dex_core import DexError
@@ -151,8 +152,9 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
 
 
 def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, profiles, monkeypatch):
-    from app import analysis_tab, live, race
-    from app import server_state as rt
+    from app.host import state as rt
+    from app.ui import analysis as analysis_tab
+    from app.ui import live, race
     from app.ui.handlers import StopRequests
     from app.ui.inputs import LiveInputs, RaceInputs
 
@@ -193,7 +195,7 @@ def served(app_server, profiles, monkeypatch):
 def test_a_stop_from_one_session_never_stops_another_sessions_race(served, profiles, monkeypatch):
     from gradio_client import Client
 
-    from app import race
+    from app.ui import race
 
     slow_explorers(monkeypatch)  # a 40-token race lasts about 6 s
     stop = "/" + next(
@@ -284,7 +286,7 @@ def guide_endpoints() -> dict:
 
 
 def test_without_a_chat_template_the_live_status_says_the_prompt_goes_in_as_written(tiny_dir):
-    from app import live
+    from app.ui import live
     from app.ui.handlers import StopRequests
     from app.ui.inputs import LiveInputs
 

@@ -27,6 +27,8 @@ PART = (
 ).encode()
 END = f"\r\n--{BOUNDARY}--\r\n".encode()
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def raw_upload(url: str, body: bytes, declared: int | None = None, who: str | None = None) -> bytes:
     """POST ``body`` to the upload route over a bare socket, saying it is ``declared`` bytes long (the body's own
@@ -183,6 +185,22 @@ def test_a_trace_of_empty_objects_is_refused_by_the_workers_memory_bound(tmp_pat
     small = hostile_trace(tmp_path / "few.json", 0.001)  # within the bound: refused for what it is
     with pytest.raises(DexError, match=r"events\[0\] is missing event"):
         read_trace(small)
+
+
+def test_the_trace_workers_helper_reads_a_trace_in_under_100_mb_without_torch():
+    """The helper imports only the trace package of ``dex_core`` (the face is lazy): no torch mapped into it, and
+    a small resident set (it held ~248 MB when importing ``dex_core`` loaded torch and transformers)."""
+    import psutil
+
+    from app.host import trace_worker
+
+    events, meta = trace_worker.read_trace(ROOT / "assets" / "traces" / "example.json")
+    assert events[0]["event"] == "start" and events[-1]["event"] == "end"
+    helper = psutil.Process(trace_worker._helper[0].pid)
+    libraries = {Path(m.path).name for m in helper.memory_maps() if m.path}
+    assert not {name for name in libraries if "torch" in name}, "the helper loaded torch"
+    assert any(name.startswith("libpython") or "python" in name for name in libraries)  # the maps are read
+    assert helper.memory_info().rss < 100 * 2**20
 
 
 def test_a_malformed_call_is_answered_in_one_line_and_a_flood_is_rate_limited(app_server, capfd):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import estimate
+from app.ui import estimate
 from app.ui.estimate import Pace
 from dex_core.analysis.forecast import forecast, round_seconds
 
@@ -65,11 +65,11 @@ def test_past_the_hosts_bound_the_status_gives_one_figure_and_names_the_bound_on
     assert 15 <= int(status.rsplit(" ", 1)[1]) <= 25  # 10 more seconds at about one token a second
 
 
-def test_on_a_steady_clock_the_time_left_and_the_near_token_hold_within_10_percent_a_round_after_10():
+def test_on_a_steady_clock_the_time_left_and_the_near_token_hold_within_10_percent_a_round_after_10(llama):
     from dex_core import DexDecoder
-    from dex_core.testing import tiny_model, tiny_tokenizer
+    from dex_core.testing import tiny_tokenizer
 
-    decoder = DexDecoder(tiny_model("llama"), explorers=3, tokenizer=tiny_tokenizer())
+    decoder = DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer())
     events = decoder.generate([1, 2, 3, 4], 120).trace
     made = [len(e["commits"]) for e in events if e["event"] == "round"]  # tokens each round committed
     clock, per_round = Clock(), 0.05

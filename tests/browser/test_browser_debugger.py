@@ -444,14 +444,12 @@ COLLAPSE_AT = f"""round => {{ const gd = document.querySelector('#dbg-timeline .
 
 
 def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_opened_from_the_timeline(
-    page, app_url, tmp_path
+    llama, page, app_url, tmp_path
 ):
     from dex_core import DexDecoder, save_trace
     from visualize import lattice_graph
 
-    decoder = DexDecoder(
-        tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0"
-    )
+    decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0")
     trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24).trace
     save_trace(tmp_path / "chains.json", trace, {"model": "tiny, draft chains"})
     drafted = sum(d["drafted"] for _, d in lattice_graph(trace).nodes(data=True))

@@ -18,7 +18,6 @@ from dex_core.distributed.placement import resolve_devices
 from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
 from dex_core.distributed.torchrun import torchrun_device
 from dex_core.runtime.links import Link, LocalLink
-from dex_core.testing import tiny_model
 
 
 def gloo_pair():
@@ -253,7 +252,9 @@ def test_the_profile_times_its_blocks_in_a_decodes_order_not_each_in_a_loop():
     assert got == {"layer": 2.0, "head": 20.0}
 
 
-def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it(monkeypatch, tmp_path):
+def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it(
+    llama, monkeypatch, tmp_path
+):
     from dex_core.analysis import profile as prof
 
     gpus(monkeypatch, 2)
@@ -268,7 +269,7 @@ def test_the_exchange_profile_uses_the_explorers_link_and_its_cache_key_names_it
     monkeypatch.setattr(
         prof, "exchange_profile", lambda h, d, r, link: links.append(link) or {1: 2.0, 2: 3.0}
     )
-    model = tiny_model("llama")
+    model = llama
     got = prof.measure_profile(model, 16, 2, log=lambda *_: None)
     nccl = prof.measure_profile(model, 16, 2, log=lambda *_: None, link=("cuda:0", "cuda:1"))
     assert links == [("cpu", "cpu"), ("cuda:0", "cuda:1")]

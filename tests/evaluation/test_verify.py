@@ -12,10 +12,10 @@ from dex_core import DexDecoder, DexError, save_trace
 from dex_core.algorithm.sampling import Sampler, tie_gap
 from dex_core.cli import main
 from dex_core.config import GenerationOptions
+from dex_core.evaluation import verify
 from dex_core.evaluation.verify import Certificate, certify_tokens, verify_trace
 from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.tools import verify
 from dex_core.trace.events import round_commits
 
 PROMPT = [4, 8, 15, 16, 23, 42]
@@ -198,8 +198,8 @@ def test_dex_verify_passes_a_real_trace_and_fails_a_corrupted_one(tiny_dir, tmp_
     assert int(last.split()[1]) < 12 and float(last.split("worst gap ")[1][:-1]) > 0
 
 
-def test_dex_verify_refuses_bad_input_with_exit_2(tiny_dir, tmp_path, capsys):
-    trace = DexDecoder(tiny_model("llama"), explorers=2).generate(PROMPT, 4).trace
+def test_dex_verify_refuses_bad_input_with_exit_2(llama, tiny_dir, tmp_path, capsys):
+    trace = DexDecoder(llama, explorers=2).generate(PROMPT, 4).trace
     save_trace(tmp_path / "nameless.json", trace)
     (tmp_path / "foreign.json").write_text('{"x": 1}')
     split = [
@@ -244,7 +244,7 @@ def _hub_cache(tiny_dir, root, repo: str):
 
 
 def test_dex_verify_fetches_no_model_that_is_not_present_locally_unless_allowed(
-    tiny_dir, tmp_path, capsys, monkeypatch
+    llama, tiny_dir, tmp_path, capsys, monkeypatch
 ):
     loads = []
 
@@ -253,7 +253,7 @@ def test_dex_verify_fetches_no_model_that_is_not_present_locally_unless_allowed(
         raise DexError("no network in the tests")
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    trace = DexDecoder(tiny_model("llama"), explorers=2).generate(PROMPT, 4).trace
+    trace = DexDecoder(llama, explorers=2).generate(PROMPT, 4).trace
     save_trace(tmp_path / "stranger.json", trace, {"model": "no-such-org/no-such-model"})
     with monkeypatch.context() as m:
         m.setattr(verify, "load_model", load_model)

@@ -55,8 +55,8 @@ def test_adapter_files_round_trip_and_refuse_other_models(tmp_path):
         DexDecoder(model, explorers=3, adapters=tmp_path / "missing.safetensors")
 
 
-def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(tmp_path):
-    model = tiny_model("llama")
+def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(llama, tmp_path):
+    model = llama
     path = tmp_path / "a.safetensors"
     saved_adapters(model, path, std=2.0, alpha=1.0)
     prompt = [4, 9, 16, 25]
@@ -66,8 +66,8 @@ def test_dex_with_an_adapter_file_is_exact_and_uses_the_covered_depths(tmp_path)
     assert result.tokens == ar_generate(model, prompt, 40).tokens
 
 
-def test_auto_adapters_are_the_shipped_set_only_for_the_default_model():
-    model = tiny_model("llama")
+def test_auto_adapters_are_the_shipped_set_only_for_the_default_model(llama):
+    model = llama
     assert resolve_adapters("auto", model) == {} and resolve_adapters("none", model) == {}
     assert DexDecoder(model, explorers=3).adapters == {}  # 'auto' is the default
     with pytest.raises(DexError, match="were trained for a llama model with 30 layers"):
@@ -227,8 +227,8 @@ def _file_like(tmp_path, model, name, metadata=None, tensors=None):
         ("directory", "is a directory, not an adapter file"),
     ],
 )
-def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(tmp_path, kind, message):
-    model = tiny_model("llama")
+def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(llama, tmp_path, kind, message):
+    model = llama
     good = tmp_path / "good.safetensors"
     saved_adapters(model, good, std=0.5, alpha=0.7)
     path = tmp_path / "bad.safetensors"
@@ -278,8 +278,8 @@ def test_corrupt_truncated_and_directory_adapter_files_are_clear_errors(tmp_path
         ({"eps": "nan"}, "invalid DEX adapter metadata 'eps'"),
     ],
 )
-def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(tmp_path, metadata, message):
-    model = tiny_model("llama")
+def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(llama, tmp_path, metadata, message):
+    model = llama
     path = _file_like(tmp_path, model, "bad.safetensors", metadata=metadata)
     with pytest.raises(DexError, match=re.escape(message)):
         load_adapters(path, model)
@@ -300,18 +300,18 @@ def test_adapter_files_with_missing_or_invalid_metadata_are_clear_errors(tmp_pat
         ({"2.alpha": torch.zeros(1, dtype=torch.float16)}, "tensor 2.alpha has shape [1], not []"),
     ],
 )
-def test_adapter_files_with_missing_or_misshaped_tensors_are_clear_errors(tmp_path, tensors, message):
-    model = tiny_model("llama")
+def test_adapter_files_with_missing_or_misshaped_tensors_are_clear_errors(llama, tmp_path, tensors, message):
+    model = llama
     path = _file_like(tmp_path, model, "bad.safetensors", tensors=tensors)
     assert read_metadata(path)["depths"] == [2, 4]  # the metadata is fine; the tensors are not
     with pytest.raises(DexError, match=re.escape(message)):
         DexDecoder(model, depths=(2, 4, 6), adapters=path)
 
 
-def test_foreign_safetensors_files_are_not_taken_for_adapters(tmp_path):
+def test_foreign_safetensors_files_are_not_taken_for_adapters(llama, tmp_path):
     from safetensors.torch import save_file
 
-    model = tiny_model("llama")
+    model = llama
     path = tmp_path / "weights.safetensors"
     save_file({"2.up.weight": torch.zeros(96, 48)}, str(path), metadata={"author": "someone else"})
     with pytest.raises(DexError, match="not a DEX adapter file"):
@@ -337,9 +337,9 @@ def test_adapter_paths_are_checked_when_the_options_are_made(tmp_path):
         {2: "not a module"},
     ],
 )
-def test_adapter_mappings_must_take_int_depths_to_modules(mapping):
+def test_adapter_mappings_must_take_int_depths_to_modules(llama, mapping):
     with pytest.raises(DexError, match="takes layer depths"):
-        DexDecoder(tiny_model("llama"), depths=(2, 4, 6), adapters=mapping)
+        DexDecoder(llama, depths=(2, 4, 6), adapters=mapping)
 
 
 def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_path):
@@ -396,10 +396,10 @@ def test_named_depth_grids_resolve_on_the_models_layers_and_train_there(tmp_path
     assert facts["depths"] == (2, 3, 4, 5) and sorted(load_adapters(out, model)) == [2, 3, 4, 5]
 
 
-def test_a_merged_file_keeps_each_depths_adapter_and_bottleneck_and_runs_exact(tmp_path):
+def test_a_merged_file_keeps_each_depths_adapter_and_bottleneck_and_runs_exact(llama, tmp_path):
     from dex_core.model.adapter_choice import adapter_set, merge_adapters
 
-    model = tiny_model("llama").double()
+    model = llama
     wide, narrow = new_adapters(model, [2, 4], bottleneck=16), new_adapters(model, [1, 2, 3], bottleneck=8)
     for d, a in [*wide.items(), *narrow.items()]:
         a.alpha.data.fill_(0.5 + d / 8 + a.up.out_features / 100)  # which file a depth came from is visible

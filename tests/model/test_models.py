@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from dex_core import DexDecoder, DexError, UnsupportedModelError, ar_generate, resolve_depths
-from dex_core.testing import tiny_model
 
 
 @pytest.mark.parametrize(
@@ -67,8 +66,8 @@ class Shift(torch.nn.Module):
         return h + self.delta
 
 
-def test_adapters_change_which_branch_survives_but_never_the_tokens():
-    model = tiny_model("llama")
+def test_adapters_change_which_branch_survives_but_never_the_tokens(llama):
+    model = llama
     prompt = [7, 1, 4, 2, 8]
     plain = DexDecoder(model, depths=(2, 4, 6)).generate(prompt, 48)
     adapted = DexDecoder(model, depths=(2, 4, 6), adapters={2: Shift(48, 0), 4: Shift(48, 1)}).generate(

@@ -35,8 +35,8 @@ def test_the_ranking_is_a_permutation_with_special_and_frequent_tokens_first():
         token_ranking(None, 96)
 
 
-def test_the_light_head_scores_exactly_the_full_heads_columns():
-    view = model_view(tiny_model("llama").double())
+def test_the_light_head_scores_exactly_the_full_heads_columns(llama):
+    view = model_view(llama)
     ids = torch.tensor([7, 3, 50, 0])
     hidden = torch.randn(3, 48, dtype=torch.float64)
     assert torch.allclose(ProposalHead(view, ids)(hidden), view.head(hidden)[:, ids])
@@ -45,13 +45,13 @@ def test_the_light_head_scores_exactly_the_full_heads_columns():
             ProposalHead(view, torch.tensor(bad, dtype=torch.long))
 
 
-def test_rows_option():
+def test_rows_option(llama):
     assert proposal_rows("auto", 49152) == 8192 and proposal_rows("auto", 49152, ranked=False) == 49152
     assert proposal_rows("full", 96) == 96 and proposal_rows(12, 96) == 12 and proposal_rows(500, 96) == 96
     with pytest.raises(DexError, match="proposal_vocab"):
-        DexDecoder(tiny_model("llama"), proposal_vocab="half")
+        DexDecoder(llama, proposal_vocab="half")
     with pytest.raises(DexError, match="needs a token ranking"):  # N asked for, nothing to rank with
-        DexDecoder(tiny_model("llama"), proposal_vocab=8)
+        DexDecoder(llama, proposal_vocab=8)
 
 
 # DECS rotated across the modes (the golden traces run light heads with DECS on and off, greedy and sampled)
@@ -65,8 +65,8 @@ def test_rows_option():
     ],
     ids=["greedy-decs", "sampled-nodecs", "top_k-decs", "top_p-nodecs"],
 )
-def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tokens(options, decs):
-    model = tiny_model("llama").double()
+def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tokens(llama, options, decs):
+    model = llama
     decoder = DexDecoder(model, explorers=3, tokenizer=tok(), proposal_vocab=6, decs=decs, trace_top=3)
     result = decoder.generate(PROMPT, 20, **options)
     assert result.tokens == ar_generate(model, PROMPT, 20, **options).tokens
@@ -104,8 +104,8 @@ def test_the_ranking_travels_with_the_adapter_file(tmp_path):
     )
 
 
-def test_the_cost_model_and_ead_count_the_light_heads():
-    model = tiny_model("llama").double()
+def test_the_cost_model_and_ead_count_the_light_heads(llama):
+    model = llama
     full, light = ModelCost.of(model), ModelCost.of(model, proposal_rows=24)
     assert light.proposal < full.head and ModelCost.of(model, proposal_rows=96).proposal is None
     depths = (2, 4, 6)

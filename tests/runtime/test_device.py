@@ -107,8 +107,8 @@ def device_rule(least: int = 1):
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
+def model(llama):
+    return llama
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +371,7 @@ def test_resolve_device_names_what_exists():
 
 
 def test_the_app_takes_its_device_from_dex_device(tiny_dir, monkeypatch):
-    from app import server_state as rt
+    from app.host import state as rt
 
     assert (
         rt.AppSettings().device == "auto" and rt.AppSettings.from_env({"DEX_DEVICE": "CPU"}).device == "cpu"

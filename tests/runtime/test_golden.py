@@ -7,11 +7,6 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def shared():
-    return golden.model()
-
-
-@pytest.fixture(scope="module")
 def records():
     return golden.recorded()
 
@@ -25,16 +20,16 @@ def test_the_matrix_is_the_recorded_one_and_covers_what_it_says(records):
     assert len(pruned) >= 16 and all("prune1" in n for n in pruned)  # a row budget of one a stage
 
 
-def test_the_sequential_schedule_reproduces_every_golden_trace(shared, records):
-    changed = [name for name, case in golden.matrix().items() if golden.run(case, shared) != records[name]]
+def test_the_sequential_schedule_reproduces_every_golden_trace(qwen3, records):
+    changed = [name for name, case in golden.matrix().items() if golden.run(case, qwen3) != records[name]]
     assert not changed, f"traces that differ from the golden record: {changed}"
 
 
-def test_the_distributed_schedule_reproduces_golden_traces(shared, records):
+def test_the_distributed_schedule_reproduces_golden_traces(qwen3, records):
     cases = golden.matrix()
     names = ["K3-decs1-draft1-prune1-greedy", "K3-decs1-draft1-prune1-sampled"]  # one group, two requests
     with golden.decoder(
-        cases[names[0]], shared, backend="distributed", devices=("cpu",) * 3, threads=1
+        cases[names[0]], qwen3, backend="distributed", devices=("cpu",) * 3, threads=1
     ) as dex:
         for name in names:
             assert golden.trace(dex, cases[name]) == records[name], name

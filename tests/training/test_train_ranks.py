@@ -134,7 +134,9 @@ def test_a_training_rank_that_dies_is_named_and_the_last_checkpoint_stays_whole(
 
     def kill_rank_1(report):
         if report["step"] == 3:
-            ranks = [p for p in psutil.Process().children() if "train_group" in " ".join(p.cmdline())]
+            ranks = [
+                p for p in psutil.Process().children() if "dex_core.training.group" in " ".join(p.cmdline())
+            ]
             next(p for p in ranks if p.cmdline()[p.cmdline().index("--rank") + 1] == "1").kill()
 
     with pytest.raises(ExplorerError, match=r"explorer rank 1 died \(was killed by SIGKILL\)"):
@@ -247,7 +249,9 @@ def test_dex_train_adapters_distributed_stops_at_ctrl_c_with_its_checkpoint(tiny
     assert f"stopped early at step {step} of 625000: run the same command to resume" in out
     assert read_metadata(tmp_path / "a.safetensors")["training"]["steps"] == step
     assert not [
-        p for p in psutil.Process().children(recursive=True) if "train_group" in " ".join(p.cmdline())
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "dex_core.training.group" in " ".join(p.cmdline())
     ]
 
 

@@ -63,7 +63,7 @@ def test_a_trace_cut_short_in_place_is_indexed_again(trace):
 
 
 def test_the_live_tab_extends_one_replay_per_run(trace, indexed):
-    from app import debugger as dbg
+    from app.ui import debugger as dbg
 
     events = list(trace[:1])
     for event in trace[1:]:

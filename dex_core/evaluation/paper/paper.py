@@ -338,7 +338,7 @@ def write_paper(data: dict, out: str | Path, log=stderr) -> tuple[Path, Path]:
         [sys.executable, "-m", "visualize.paper", str(json_path), str(html_path)],
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],  # the folder visualize/ is in
     )
     if done.returncode:
         raise DexError(f"drawing {html_path} failed: {done.stderr.strip()[-500:]}")
