@@ -4,7 +4,7 @@
 
 Adapters trained with the shortlist loss (``dex train-adapters --shortlist N``: KL over the light head's N tokens,
 the teacher renormalised on them) are scored here on windows of ShareGPT's held-out split (2% by id hash, never
-trained on) by ``tools.train.distill_loss`` itself, per depth: KL(final layer || depth) over the **full
+trained on) by ``training.train.distill_loss`` itself, per depth: KL(final layer || depth) over the **full
 vocabulary** and over the shortlist, for the adapter and for the plain lens (no adapter: the depth's hidden state
 through the final norm and the LM head). Float32, no autocast. Not a test: it loads a real model (minutes).
 """

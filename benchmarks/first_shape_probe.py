@@ -10,7 +10,7 @@ growth) that a warm-up of ten calls does not absorb. This probe times the shapes
 repeat): HF's own forward of the one-layer model, its MLP alone, and the check's row blocks
 (``analysis.profile.row_blocks``: the layer over the context, the LM head, the light head) with the GPU's clocks
 and power beside each line (``nvidia-smi``), so that a slow first line is seen not to be a clock or power state.
-``tools.bench.real_size.time_shapes`` therefore times its first shape once unrecorded before any table.
+``evaluation.bench.real_size.time_shapes`` therefore times its first shape once unrecorded before any table.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Profiles the default model on this machine (``analysis.profile.measure_profile``
 proposal head at 1, 2, 4, 8, 16 rows after a 64-token context, median of ``--repeats``, not cached, this process's
 torch threads) and applies ``analysis.profile.row_budget`` to a non-final stage of each K = 2..8 (30 / K layers
 and the light head). Then the same for one real-size layer of each of the GPU check's shapes, shrunk for a CPU
-(``tools.bench.real_size.scaled``; on a GPU the check times them at full size and reports the rule itself).
+(``evaluation.bench.real_size.scaled``; on a GPU the check times them at full size and reports the rule itself).
 The per-row cost ratios are printed beside, so the noise of a 2-core machine shows.
 """
 

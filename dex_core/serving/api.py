@@ -9,7 +9,7 @@ streaming client that goes away ends its run after the round in progress. ``usag
 completion's tokens, ``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not
 have to wait for the final stage to find (matched at a non-final stage, or committed from a draft chain), and a
 ``dex`` block the run's rounds, rounds per token, the tokens matched at each stage, K and the depths. A malformed
-request gets a 4xx with an OpenAI error body (``openai_requests``), and nothing in the server's log.
+request gets a 4xx with an OpenAI error body (``api_requests``), and nothing in the server's log.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ rank trains (``StageTrainer``).
 Rank k of K holds what DEX's explorer k holds (``model.stage_load.StagePart``: layers (d_{k-1}, d_k] of the
 uniform split, the final norm, the LM head or only its shortlist's rows, rank 0 the embeddings) and the adapters
 of the depths inside its stage, their AdamW state and schedule. A micro-batch's windows enter at rank 0; each
-rank runs its layers over the hidden rows (``model.distill.stage_forward``), keeps the rows at its adapters'
+rank runs its layers over the hidden rows (``training.distill.stage_forward``), keeps the rows at its adapters'
 depths and passes its output on; the final rank turns its output into the teacher's log-probabilities, which go
-back to every rank; each rank then computes its adapters' losses (``model.distill.adapter_loss``) and their
+back to every rank; each rank then computes its adapters' losses (``training.distill.adapter_loss``) and their
 gradients. The frozen layers do not depend on the adapters, so nothing flows backwards through the stages: only
 the gradients' global norm (for clipping) and the loss are summed over the ranks at each optimizer step
 (``dex_core.training.pipeline``).

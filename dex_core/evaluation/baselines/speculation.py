@@ -119,8 +119,9 @@ def self_spec_generate(
 
 
 def speculation_result(tokens: list[int], eos, depths: list[int], counts: tuple, seconds: float) -> dict:
-    """What a draft-and-verify loop returns (self-speculation here, ``tools.baselines.selectors``' too); ``depths``: the
-    exits and the final layer; ``counts``: (steps, drafts accepted, critical-path layer forwards)."""
+    """What a draft-and-verify loop returns (self-speculation here, ``evaluation.baselines.selectors``' too);
+    ``depths``: the exits and the final layer; ``counts``: (steps, drafts accepted, critical-path layer
+    forwards)."""
     steps, accepted, forwards = counts
     stats = GenerationStats(
         len(depths),

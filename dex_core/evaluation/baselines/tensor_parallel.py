@@ -13,7 +13,7 @@ same token; rank 0 answers each request with the tokens and its seconds (with th
 The size must divide the attention and the KV head counts (the plan splits heads across ranks): ``tp_size``
 refuses any other before a process starts. In float64 ar-tp equals AR token for token; in float32 or bfloat16
 the sharded matmuls sum in another order and can flip near-ties, so ``dex bench`` certifies its tokens one by
-one (``tools.verify``) as it does every method's.
+one (``evaluation.verify``) as it does every method's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the paper claims for each figure and table of its evaluation, and what a ``dex paper`` run shows: one
-sentence each, side by side in the report (``findings`` reads the run's data, ``tools.paper.paper``)."""
+sentence each, side by side in the report (``findings`` reads the run's data, ``evaluation.paper.paper``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ the tiny float64 model and bench's quick matrix), every row checked against HF g
 
 - **Fig. 3**, exploration against selection: per set, DEX at each K (the shipped adapters and DECS, no draft
   chains), self-speculation (exit and draft tuned), AdaDecode- and DEL-style selection
-  (``tools.baselines.selectors``) and the EAD oracle, in critical-path layer forwards per token and memory-bound
+  (``evaluation.baselines.selectors``) and the EAD oracle, in critical-path layer forwards per token and memory-bound
   cost per token (all the work);
 - **Fig. 4 left**, resolution: the measured depth-side speedup and rounds per token of each K (the adapter-aware
   set), beside the EAD rule's prediction, the projected K-device tokens/s, and the uniform split through the
@@ -163,7 +163,7 @@ def _piece(finished: Finished | None, name: str, compute):
 
 def _appendix_b(bench: Bench, cfg: PaperConfig, report: dict, log, finished: Finished | None = None) -> dict:
     """The walltime model fitted per set on the tune split (AR and DEX measured there the same way) and its
-    prediction of each eval-split DEX row's measured speedup (``tools.paper.walltime``)."""
+    prediction of each eval-split DEX row's measured speedup (``evaluation.paper.walltime``)."""
     tune_cfg = cfg.bench(split="tune", prompts=cfg.tune_prompts, methods=("ar-hf", "dex"), profile=False)
     log(f"Appendix B: AR and DEX on {tune_cfg.prompts} tune-split prompts per set, to fit the walltime model")
     tune = run_bench(tune_cfg, log, replace(bench, cfg=tune_cfg), finished)
