@@ -50,6 +50,7 @@ from app.ui.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
 from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
+from dex_core.runtime.settings import AUTO_ROWS
 from dex_core.trace.schema import TRACE_LIMITS
 
 EXAMPLES = [  # prompts the 135M default model answers correctly (checked greedy, 96 tokens)
@@ -71,6 +72,7 @@ ANALYSIS_HINT = (
     "Press Analyse to see, for each token of the model's greedy answer, the earliest layer that already "
     "predicts it (EAD), the speedup that predicts for K = 2..8, and the token's probability at every layer."
 )
+PRUNE_INFO = f"rows per stage a round; auto: {AUTO_ROWS['cpu']} on CPU, {AUTO_ROWS['accelerator']} on GPUs"
 
 
 def _hint(elem_id: str, text: str) -> str:
@@ -197,7 +199,7 @@ def _live_tab(runtime: Runtime, states: list):
                 value=DecoderOptions.prune,
                 label="Lattice pruning",
                 elem_id="live-prune",
-                **{"info": "rows per stage a round; auto: 2 on CPU, 32 on GPUs", **ctl.launched(runtime)},
+                **{"info": PRUNE_INFO, **ctl.launched(runtime)},
             )
         sampling = ctl.sampling_controls()
     gr.Examples(EXAMPLES, inputs=prompt)

@@ -35,6 +35,7 @@ from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data.sets import prompt_set
 from dex_core.evaluation.verify import verify_trace
 from dex_core.runtime.request import encode_item
+from dex_core.runtime.settings import AUTO_ROWS
 from dex_core.trace.events import round_commits
 
 # round timings that are totals of other entries, not components of the round
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--prune",
         default=DecoderOptions.prune,
-        help="the lattice's row budget: auto (the library's default: 2 on CPU, 32 on GPUs), none, or B",
+        help=f"the lattice's row budget: auto (the library's default: {AUTO_ROWS['cpu']} on CPU, "
+        f"{AUTO_ROWS['accelerator']} on GPUs), none, or B",
     )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
