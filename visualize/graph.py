@@ -28,7 +28,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import load_trace, round_commits
 
 FATES = ("matched", "final", "committed", "discarded", "cut", "pending")
 
@@ -92,10 +92,8 @@ def main(argv=None) -> int:
     parser.add_argument("out", help="output file: .graphml or .json (node-link)")
     args = parser.parse_args(argv)
     try:
-        doc = json.loads(Path(args.trace).read_text())
-        if not isinstance(doc, dict) or doc.get("format") != "dex-trace":
-            raise ValueError("not a DEX trace (no 'format': 'dex-trace')")
-        out = export_graph(doc["events"], args.out)
+        events, _ = load_trace(args.trace)  # validated: sizes, schema, references (DexError is a ValueError)
+        out = export_graph(events, args.out)
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
         print(f"visualize.graph: error: {err}", file=sys.stderr)
         return 2

@@ -49,11 +49,6 @@ def stage_height(K: int) -> float:
     return min(STAGE_HEIGHT_PX, MAX_STAGES_PX / max(K, 1))
 
 
-def view_commits(view: RoundView) -> list[dict]:
-    """The round's commits in order (several along a draft chain), also for a view built without them."""
-    return view.round_commits or ([view.commit] if view.commit else [])
-
-
 def chain_nodes(view: RoundView) -> set[int]:
     """The nodes of the view's draft-chain slots: each chain slot's stage-0 node (kind "chain") and the
     deeper nodes of the same slot."""
@@ -68,7 +63,7 @@ def node_statuses(view: RoundView) -> dict[int, str]:
     match at the last stage); the other committed anchor nodes keep "anchor". Chain nodes this round
     cut (the slot before them proposed another token) are "cut", on any round.
     """
-    cut, commits = set(view.cut), view_commits(view)
+    cut, commits = set(view.cut), view.round_commits
     if commits:
         dropped, kept = set(view.dropped), set(view.kept)
         finals = {c["anchor_nodes"][-1] for c in commits}
@@ -191,7 +186,7 @@ def title_lines(view: RoundView) -> list[str]:
     """The title as lines of plain text, each fitting the narrowest figure (``wrap``: never cut)."""
     depths = view.start["depths"]
     parts = [f"Round {view.round}", f"state q={view.state_before}→{view.state_after}"]
-    commits = view_commits(view)
+    commits = view.round_commits
     drafted = sum(c.get("drafted") is True for c in commits)
     if len(commits) == 1:
         c = commits[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .lattice import token_texts, view_commits
+from .lattice import token_texts
 from .markup import esc, join, num
 from .palette import DARK, PALE, ink_on, stage_colors, stage_legend_html
 from .replay import RoundView
@@ -132,7 +132,7 @@ def _stage_key(k: int, depths) -> str:
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
     """Per explorer: (committed KV entries before this round's commits, lattice KV entries)."""
-    committed = len(view.start["prompt"]) - 1 + len(view.tokens) - len(view_commits(view))
+    committed = len(view.start["prompt"]) - 1 + len(view.tokens) - len(view.round_commits)
     per_stage = [0] * view.num_stages
     for node in view.nodes.values():
         per_stage[node["stage"]] += 1
@@ -144,7 +144,7 @@ def fsm_html(view: RoundView) -> str:
     bold) with the ids on demand (``<details>``), and its KV view: committed prefix + lattice entries.
     A round along a draft chain commits several tokens: it says how many, and which were drafted."""
     depths = view.start["depths"]
-    new, commits = set(view.new), view_commits(view)
+    new, commits = set(view.new), view.round_commits
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
     listed = ""
@@ -296,7 +296,7 @@ def round_table_html(view: RoundView) -> str:
         f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
     ]
     parts += [_batch_html(view, k, batch) for k, batch in enumerate(view.batches)]
-    commits = view_commits(view)
+    commits = view.round_commits
     for j, c in enumerate(commits):
         parts += _commit_html(view, c, f" {j + 1} of {len(commits)}" if len(commits) > 1 else "")
     if commits:

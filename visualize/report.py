@@ -5,8 +5,8 @@
 - a ``dex bench`` JSON report: its comparison chart.
 
 ``python -m visualize.report IN.json OUT.html`` reads either a trace (saved by ``dex generate --trace``
-or the app) or a bench report. The command is for files you trust; the app validates uploaded traces
-with ``dex_core.trace.schema`` first. Either way every value from the file is escaped.
+or the app), validated as every trace is (``dex_core.trace.validate``), or a bench report. Either way every
+value from the file is escaped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+
+from dex_core.trace.schema import TRACE_FORMAT
+from dex_core.trace.validate import validate_trace
 
 from .charts import bench_figure
 from .lattice import lattice_figure
@@ -93,8 +96,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         doc = json.loads(Path(args.input).read_text())
-        if isinstance(doc, dict) and doc.get("format") == "dex-trace":
-            write_run_report(doc["events"], doc.get("meta"), args.html)
+        if isinstance(doc, dict) and doc.get("format") == TRACE_FORMAT:
+            write_run_report(*validate_trace(doc), args.html)  # sizes, schema, references checked
         else:
             Path(args.html).parent.mkdir(parents=True, exist_ok=True)
             bench_figure(doc).write_html(args.html, include_plotlyjs=True)
