@@ -1,5 +1,6 @@
 """Command-line flags derived from the options dataclasses (``dex_core.config``): one flag per field,
-its help text and default from the field's metadata, parsed back into the dataclass."""
+its help text and default from the field's metadata, parsed back into the dataclass; and what a UI control for a
+field offers (``control``), from the same metadata."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def from_args(cls, args: argparse.Namespace, **extra):
     over flags of the same name (a torchrun launch fixes K to its number of ranks)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     return cls(**{**given, **extra})
+
+
+def control(cls, name: str) -> dict:
+    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
+    f = cls.__dataclass_fields__[name]
+    return {
+        "value": f.default,
+        "info": f.metadata["help"],
+        "minimum": f.metadata.get("ui_min"),
+        "maximum": f.metadata.get("ui_max"),
+    }

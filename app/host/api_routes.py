@@ -19,13 +19,12 @@ import anyio
 from starlette.routing import Mount
 
 from dex_core import DexConfig, DexDecoder, GenerationOptions, openai_app
+from dex_core.flags import control
 
 from .state import Runtime
 
 PREFIX = "/openai"
-MOST_TOKENS = GenerationOptions.__dataclass_fields__["max_new_tokens"].metadata[
-    "ui_max"
-]  # the app's Max new tokens bound
+MOST_TOKENS = control(GenerationOptions, "max_new_tokens")["maximum"]  # the app's Max new tokens bound
 
 
 class _Later:

@@ -7,10 +7,10 @@ import gradio as gr
 
 from dex_core import DecoderOptions, DexConfig, GenerationOptions
 from dex_core.config import MAX_SEED
+from dex_core.flags import control
 
 from ..host.state import Runtime
 from .handlers import HUSH
-from .inputs import control
 
 
 def sampling_editable(sample):

@@ -14,22 +14,12 @@ from dataclasses import dataclass, fields
 
 from dex_core import DecoderOptions, DexConfig, DexError, GenerationOptions
 from dex_core.config import flag
+from dex_core.flags import control
 
 from ..host.settings import TRACE_TOP
 
 PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
 INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]{1,40}\s*")  # integer text that an API client may send
-
-
-def control(cls, name: str) -> dict:
-    """What a UI control for field ``name`` of ``cls`` shows: default, help, and the offered range."""
-    f = cls.__dataclass_fields__[name]
-    return {
-        "value": f.default,
-        "info": f.metadata["help"],
-        "minimum": f.metadata.get("ui_min"),
-        "maximum": f.metadata.get("ui_max"),
-    }
 
 
 def _real(value, name: str, kind: str = "a finite number") -> float:

@@ -17,8 +17,9 @@ from helpers import run_cli
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from app.ui.inputs import PRUNE_CHOICES, Controls, control
+from app.ui.inputs import PRUNE_CHOICES, Controls
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
+from dex_core.flags import control
 from dex_core.runtime.request import encode_prompt
 from dex_core.testing import tiny_model, tiny_tokenizer
 
