@@ -9,45 +9,42 @@ name loads only the part of the library it lives in."""
 
 import importlib
 
-# public name -> the module (relative to this package) that defines it
+# public name -> where it is defined: module (relative to this package) and name
 _FACE = {
-    "DecoderOptions": "config",
-    "DexConfig": "config",
-    "DexError": "config",
-    "GenerationOptions": "config",
-    "resolve_depths": "config",
-    "DexDecoder": "decoder",
-    "ExplorerError": "distributed.group",
-    "load_model": "model.load",
-    "shipped_adapters": "model.named",
-    "UnsupportedModelError": "model.view",
-    "ar_generate": "runtime.reference",
-    "ar_stream": "runtime.reference",
-    "hf_greedy": "runtime.reference",
-    "GenerationConfigWarning": "runtime.request",
-    "encode_prompt": "runtime.request",
-    "GenerationResult": "runtime.results",
-    "GenerationStats": "runtime.results",
-    "hf_generate_dir": "serving.hf_generate",
-    "Certificate": "evaluation.verify",
-    "certify_tokens": "evaluation.verify",
-    "verify_trace": "evaluation.verify",
-    "TRACE_VERSION": "trace.schema",
-    "load_trace": "trace.events",
-    "save_trace": "trace.events",
+    "DecoderOptions": "config.DecoderOptions",
+    "DexConfig": "config.DexConfig",
+    "DexError": "config.DexError",
+    "GenerationOptions": "config.GenerationOptions",
+    "resolve_depths": "config.resolve_depths",
+    "DexDecoder": "decoder.DexDecoder",
+    "ExplorerError": "distributed.group.ExplorerError",
+    "load_model": "model.load.load_model",
+    "shipped_adapters": "model.named.shipped_adapters",
+    "UnsupportedModelError": "model.view.UnsupportedModelError",
+    "ar_generate": "runtime.reference.ar_generate",
+    "ar_stream": "runtime.reference.ar_stream",
+    "hf_greedy": "runtime.reference.hf_greedy",
+    "GenerationConfigWarning": "runtime.request.GenerationConfigWarning",
+    "encode_prompt": "runtime.request.encode_prompt",
+    "GenerationResult": "runtime.results.GenerationResult",
+    "GenerationStats": "runtime.results.GenerationStats",
+    "hf_generate_dir": "serving.hf_generate.hf_generate_dir",
+    "Certificate": "evaluation.verify.Certificate",
+    "certify_tokens": "evaluation.verify.certify_tokens",
+    "verify_trace": "evaluation.verify.verify_trace",
+    "TRACE_VERSION": "trace.schema.TRACE_VERSION",
+    "load_trace": "trace.events.load_trace",
+    "save_trace": "trace.events.save_trace",
+    "openai_app": "serving.api.make_app",  # the FastAPI app factory, under the name users know
 }
-_RENAMED = {"openai_app": ("serving.api", "make_app")}  # the FastAPI app factory, under the name users know
 
-__all__ = sorted([*_FACE, *_RENAMED])
+__all__ = sorted(_FACE)
 
 
 def __getattr__(name: str):
-    if name in _FACE:
-        module, attr = _FACE[name], name
-    elif name in _RENAMED:
-        module, attr = _RENAMED[name]
-    else:
+    if name not in _FACE:
         raise AttributeError(f"module 'dex_core' has no attribute {name!r}")
+    module, attr = _FACE[name].rsplit(".", 1)
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
     globals()[name] = value  # resolved once
     return value

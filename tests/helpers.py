@@ -8,9 +8,11 @@ import os
 import re
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
+from dex_core import DexDecoder
 from dex_core.testing import tiny_model, tiny_tokenizer
 
 
@@ -87,8 +89,6 @@ def files_in(root, empty: bool = False) -> list:
     """The plain files under ``root`` now (only the empty ones if ``empty``). The app's sweep deletes uploads
     and their folders at any moment: what goes while it is listed is simply not counted (``os.walk`` skips a
     folder it can no longer read, where pathlib's glob raises ``FileNotFoundError``)."""
-    from pathlib import Path
-
     found = []
     for top, _, names in os.walk(root):
         for path in (Path(top, name) for name in names):
@@ -145,8 +145,6 @@ def shown_tokens(page_html: str) -> str:
 def long_chain_trace(rounds: int = 3):
     """The first ``rounds`` rounds of a K = 8 run whose draft chains reach 30+ positions ahead of the anchor
     (prompt lookup in a repeated prompt, chains of up to 30 tokens)."""
-    from dex_core import DexDecoder
-
     decoder = DexDecoder(
         tiny_model("llama", layers=8),
         explorers=8,

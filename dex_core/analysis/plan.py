@@ -296,7 +296,7 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
         shipped = shipped_adapters(cfg.model)
         adapters = str(shipped) if shipped else ("none" if adapters == "auto" else str(DEFAULT_ADAPTERS))
     if cfg.train:
-        raise DexError("a training plan is training's: dex_core.training.plan.run_train_plan")
+        raise DexError("PlanConfig(train=True) is a training plan: dex_core.training.plan.run_train_plan")
     chosen = DecoderOptions(
         depths=cfg.depths, explorers=cfg.explorers, adapters="none" if adapters == "trained" else adapters
     )

@@ -100,9 +100,8 @@ class ModelView:
         embeddings are loaded here whole (not on the meta device, not a tensor-parallel ``DTensor`` whose rows are
         spread over ranks)."""
         rows, c = self.model.get_input_embeddings().weight, self.model.config
-        if rows.is_meta or hasattr(
-            rows, "placements"
-        ):  # a skeleton, or a tensor-parallel rank's shard: shapes only
+        shard = hasattr(rows, "placements")  # a tensor-parallel rank's DTensor
+        if rows.is_meta or shard:  # shapes only
             return dict(zip(SHAPE_KEYS, (c.model_type, c.num_hidden_layers, c.hidden_size, rows.shape[0])))
         return model_identity(self.model)
 

@@ -75,8 +75,8 @@ def _project_module(name: str, modules) -> str | None:
 
 
 def _reexports(modules: dict[str, Path]) -> dict[str, dict[str, str]]:
-    """Package -> {name its ``__init__`` imports from a submodule, or names in its lazy table (``_FACE``,
-    ``_RENAMED``: name -> module, PEP 562): that submodule}."""
+    """Package -> {name its ``__init__`` imports from a submodule, or a name of its lazy table (``_FACE``, PEP
+    562): that submodule}."""
     out = {}
     for package in PACKAGES:
         tree = ast.parse(modules[package].read_text())
@@ -86,13 +86,9 @@ def _reexports(modules: dict[str, Path]) -> dict[str, dict[str, str]]:
                 source = _absolute(node, package, is_package=True)
                 for alias in node.names:
                     out[package][alias.asname or alias.name] = source
-            elif isinstance(node, ast.Assign) and [getattr(n, "id", None) for n in node.targets] in (
-                ["_FACE"],
-                ["_RENAMED"],
-            ):
-                for name, where in ast.literal_eval(node.value).items():
-                    module = where[0] if isinstance(where, tuple) else where
-                    out[package][name] = f"{package}.{module}"
+            elif isinstance(node, ast.Assign) and [getattr(n, "id", None) for n in node.targets] == ["_FACE"]:
+                for name, where in ast.literal_eval(node.value).items():  # "module.name", relative
+                    out[package][name] = f"{package}.{where.rsplit('.', 1)[0]}"
     return out
 
 

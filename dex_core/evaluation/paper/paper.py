@@ -95,9 +95,8 @@ class PaperConfig:
             tune_prompts=self.tune_prompts,
             max_new_tokens=self.max_new_tokens,
             explorers=self.explorers,
-            methods=METHODS
-            if self.quick
-            else (*METHODS, "ar-tp"),  # ar-tp: tests/evaluation/test_tensor_parallel.py
+            # ar-tp: tests/evaluation/test_tensor_parallel.py
+            methods=METHODS if self.quick else (*METHODS, "ar-tp"),
             draft="none",
             profile=not self.quick,
             quick=self.quick,
