@@ -46,7 +46,7 @@ from app.ui import live, page, race
 from app.ui.analysis import analyse
 from app.ui.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
 from app.ui.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
-from app.ui.inputs import PRUNE_CHOICES, LiveInputs, RaceInputs
+from app.ui.inputs import LIVE, PRUNE_CHOICES, RACE, Inputs
 from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
@@ -216,7 +216,7 @@ def _live_tab(runtime: Runtime, states: list):
     stops = StopRequests()
     run = _run_on(
         generate,
-        bind(live.live_frames, runtime, stops, record=LiveInputs),  # the inputs, in LiveInputs' order
+        bind(live.live_frames, runtime, stops, record=Inputs, names=LIVE),  # the inputs, in LIVE's order
         [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
         [*panels, *states, status],
         api_name="generate",
@@ -249,7 +249,7 @@ def _race_tab(runtime: Runtime) -> None:
     stops = StopRequests()
     _run_on(
         go,
-        bind(race.race_frames, runtime, stops, record=RaceInputs),  # the inputs, in RaceInputs' order
+        bind(race.race_frames, runtime, stops, record=Inputs, names=RACE),  # the inputs, in RACE's order
         [prompt, chat, explorers, adapters, max_new, draft],
         [ar_text, dex_text, plot, summary],
         api_name="race",

@@ -32,6 +32,7 @@ from dex_core import DecoderOptions, DexConfig, DexDecoder, encode_prompt, hf_gr
 from dex_core.analysis.profile import exchange_seconds, measure_profile
 from dex_core.config import ADAPTER_HELP, DEVICE_HELP
 from dex_core.data.sets import humaneval_prompts
+from dex_core.trace.events import RoundEvent
 
 
 def ar(model, prompt, new, threads):
@@ -106,8 +107,8 @@ def main(argv=None) -> int:
                 totals[key][0] += len(ref)
                 totals[key][1] += seconds
             for event in result.trace:
-                if event["event"] == "round":
-                    t = event["timings"]
+                if isinstance(event, RoundEvent):
+                    t = event.timings
                     profile["expansion"] += t["expand"][0] + t["masks"]
                     profile["communication"] += t["communication"]
                     profile["collapse"] += t["commit"] + t["collapse"]

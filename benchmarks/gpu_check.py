@@ -64,6 +64,7 @@ from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
 from dex_core.shapes import OpShapes, after_first_round
 from dex_core.testing import tiny_model
+from dex_core.trace.events import RoundEvent
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 PROMPTS = (
@@ -353,7 +354,7 @@ def host_reads(model, prompts, K: int, adapters, tokens) -> dict:
     dex, per_round, places = decoder(model, K, adapters), [], {}
     for prompt in prompts:
         for event, counted in reads_per_event(dex.stream(prompt, tokens)):
-            if event["event"] == "round":
+            if isinstance(event, RoundEvent):
                 per_round.append(counted.count)
                 for (name, place), n in counted.by_place().items():
                     places[f"{name} at {place}"] = places.get(f"{name} at {place}", 0) + n
@@ -372,7 +373,7 @@ def ran(dex, prompt, tokens: int, shapes: OpShapes | None = None) -> list[int]:
     events = dex.stream(prompt, tokens)
     if shapes is not None:
         events = after_first_round(events, shapes)
-    return list(events)[-1]["tokens"]
+    return list(events)[-1].tokens
 
 
 def compiled(model, prompts, K: int, adapters, tokens, modes=("default", "reduce-overhead")) -> dict:

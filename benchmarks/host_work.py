@@ -45,7 +45,7 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
     from dex_core import DexDecoder
     from dex_core.runtime.console import TextStream
     from dex_core.testing import tiny_model, tiny_tokenizer
-    from dex_core.trace.events import round_commits
+    from dex_core.trace.events import RoundEvent
 
     model = tiny_model(
         "llama", layers=4, hidden_size=64, intermediate_size=128, max_position_embeddings=8192, seed=seed
@@ -57,16 +57,16 @@ def measure(context: int, new: int, explorers: int, seed: int) -> dict[str, list
     parts: dict[str, list[float]] = {p: [] for p in (*PARTS, "layers")}
     for event in decoder.stream(prompt, new):
         events.append(event)
-        if event["event"] != "round":
+        if not isinstance(event, RoundEvent):
             continue
         tic = time.perf_counter()
         cache(events)[-1]
         parts["replay"].append(time.perf_counter() - tic)
         tic = time.perf_counter()
-        for commit in round_commits(event):
-            stream.push(commit["token"])
+        for commit in event.commits:
+            stream.push(commit.token)
         parts["stream"].append(time.perf_counter() - tic)
-        t = event["timings"]
+        t = event.timings
         for name in ENGINE:
             parts[name].append(t[name])
         parts["layers"].append(sum(t["expand"]) + t["decode"])

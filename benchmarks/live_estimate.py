@@ -34,13 +34,13 @@ ESTIMATE = re.compile(r"about (\d+) s \(between (\d+) and (\d+) s; from ([^)]*)\
 def live_run(runtime, prompt: str, tokens: int) -> dict:
     """One run through the Live handler: its first estimate and the seconds from it to the finished frame."""
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import LiveInputs
+    from app.ui.inputs import Inputs
     from app.ui.live import live_frames
 
     first, start, state, made = None, None, None, None
     forecasts, forecast = [], runtime.forecast
     runtime.forecast = lambda decoder, tokens: forecasts.append(forecast(decoder, tokens)) or forecasts[-1]
-    inputs = LiveInputs(prompt, True, 4, "", True, True, False, 1.0, 0, 1.0, 0, tokens, "auto", True)
+    inputs = Inputs(prompt, True, 4, "", True, True, False, 1.0, 0, 1.0, 0, tokens, "auto", True)
     for frame in live_frames(runtime, StopRequests(), inputs):
         status = html.unescape(frame[-1])
         found = ESTIMATE.search(status) if first is None else None

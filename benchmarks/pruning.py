@@ -31,6 +31,7 @@ from dex_core.config import DEVICE_HELP
 from dex_core.data.sets import prompt_set
 from dex_core.model.cost import ModelCost
 from dex_core.runtime.request import encode_item
+from dex_core.trace.events import RoundEvent
 
 
 def adapter_hash() -> str:
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
             result = decoder.generate(p, args.max_new_tokens)
             exact += result.tokens == ref
             stats.append(result.stats)
-            expand += [e["timings"]["expand"] for e in result.trace if e["event"] == "round"]
+            expand += [e.timings["expand"] for e in result.trace if isinstance(e, RoundEvent)]
         T = sum(s.tokens for s in stats)
         batches = [bs for s in stats for bs in s.batch_sizes]
         R = len(batches)

@@ -36,7 +36,7 @@ from dex_core.data.sets import prompt_set
 from dex_core.evaluation.verify import verify_trace
 from dex_core.runtime.request import encode_item
 from dex_core.runtime.settings import AUTO_ROWS
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent
 
 # round timings that are totals of other entries, not components of the round
 DERIVED_TIMINGS = ("round", "bookkeeping", "projected")
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         hf = None if sampled else hf_greedy(model, prompt, args.max_new_tokens)
         result = decoder.generate(prompt, args.max_new_tokens, **options)
         dex_cert, ar_cert = verify_trace(result.trace, model=model), verify_trace(ar.trace, model=model)
-        commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
+        commits = [c for e in result.trace if isinstance(e, RoundEvent) for c in e.commits]
         row = {
             "id": item["id"],
             "prompt_tokens": len(prompt),
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
             "identical_ar": result.tokens == ar.tokens,
             "identical_hf": None if hf is None else result.tokens == hf,
             "ar_identical_hf": None if hf is None else ar.tokens == hf,
-            "near_ties": sum(bool(c.get("near_tie")) for c in commits),
+            "near_ties": sum(bool(c.near_tie) for c in commits),
             "dex_certified": dex_cert.certified,
             "dex_worst_gap": dex_cert.worst_gap,
             "ar_certified": ar_cert.certified,
@@ -165,8 +165,8 @@ def main(argv=None) -> int:
         if (split := divergence(ar.tokens, result.tokens, dex_cert)) is not None:
             row["divergence_from_ar"] = split
         for event in result.trace:
-            if event["event"] == "round":
-                for key, value in event["timings"].items():
+            if isinstance(event, RoundEvent):
+                for key, value in event.timings.items():
                     totals[key] = totals.get(key, 0.0) + (sum(value) if isinstance(value, list) else value)
         rows.append(row)
         print(

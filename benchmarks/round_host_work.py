@@ -62,17 +62,18 @@ def hf_token_seconds(model, prompt: list[int], new: int, repeat: int) -> float:
 
 def dex_run(model, prompt: list[int], new: int, K: int, prune) -> dict:
     from dex_core import DexDecoder
+    from dex_core.trace.events import RoundEvent
 
     decoder = DexDecoder(model, explorers=K, prune=prune, draft="auto", proposal_vocab="full")
-    rounds = [e for e in decoder.stream(prompt, new) if e["event"] == "round"]
-    tokens = sum(len(e.get("commits") or ([e["commit"]] if e["commit"] else [])) for e in rounds)
+    rounds = [e for e in decoder.stream(prompt, new) if isinstance(e, RoundEvent)]
+    tokens = sum(len(e.commits) for e in rounds)
     later = rounds[1:]
-    host = [e["timings"]["round"] - sum(e["timings"]["expand"]) for e in later]
+    host = [e.timings["round"] - sum(e.timings["expand"]) for e in later]
     return {
         "host": statistics.fmean(host),
-        **{span: statistics.fmean(e["timings"][span] for e in later) for span in SPANS},
+        **{span: statistics.fmean(e.timings[span] for e in later) for span in SPANS},
         "rounds_per_token": len(rounds) / max(1, tokens),
-        "most_rows": max(sum(len(b) for b in e["batches"]) for e in rounds),
+        "most_rows": max(sum(len(b) for b in e.batches) for e in rounds),
         "budget": decoder.prune,
     }
 

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -36,7 +37,9 @@ import psutil
 import visualize as viz
 from dex_core import DexDecoder, DexError, load_trace, save_trace
 from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.events import EndEvent, Event, RoundEvent
 from dex_core.trace.schema import TraceLimits
+from dex_core.trace.stats import GenerationStats
 
 RSS_GOAL_MB = 200
 FRAME_GOAL_SECONDS = 0.1
@@ -51,57 +54,65 @@ def _shift(ids, by: int) -> list[int]:
     return [i + by for i in ids]
 
 
-def long_trace(rounds: int, tokens_per_copy: int = 24) -> list[dict]:
+def long_trace(rounds: int, tokens_per_copy: int = 24) -> list[Event]:
     """A valid DEX trace of ``rounds`` rounds: a real trace's rounds repeated with fresh ids."""
     base = (
         DexDecoder(tiny_model("llama"), explorers=4, tokenizer=tiny_tokenizer(), draft="none")
         .generate([1, 2, 3, 4], tokens_per_copy)
         .trace
     )  # one commit per round: the copies shift one commit record
-    start, body = base[0], [e for e in base if e["event"] == "round"]
-    ids = 1 + max(n["id"] for e in body for n in e["nodes"])
-    slots = 1 + max(n["slot"] for e in body for n in e["nodes"])
+    start, body = base[0], [e for e in base if isinstance(e, RoundEvent)]
+    ids = 1 + max(n.id for e in body for n in e.nodes)
+    slots = 1 + max(n.slot for e in body for n in e.nodes)
     events, tokens, copy = [start], [], 0
     while len(events) - 1 < rounds:
         node_off, tok_off = copy * ids, copy * tokens_per_copy
         for e in body[: rounds - (len(events) - 1)]:
-            e = json.loads(json.dumps(e))
-            for n in e["nodes"]:
-                n.update(
-                    id=n["id"] + node_off,
-                    slot=n["slot"] + copy * slots,
-                    position=n["position"] + tok_off,
-                    parent=None if n["parent"] is None else n["parent"] + node_off,
+            nodes = [
+                replace(
+                    n,
+                    id=n.id + node_off,
+                    slot=n.slot + copy * slots,
+                    position=n.position + tok_off,
+                    parent=None if n.parent is None else n.parent + node_off,
                 )
-            e["round"] += copy * len(body)
-            e["batches"] = [_shift(b, node_off) for b in e["batches"]]
-            e["alive"] = _shift(e["alive"], node_off)
-            e["commits"] = [e["commit"]] if e["commit"] else []
-            if c := e["commit"]:
-                c.update(
-                    index=c["index"] + tok_off,
-                    position=c["position"] + tok_off,
-                    anchor_nodes=_shift(c["anchor_nodes"], node_off),
+                for n in e.nodes
+            ]
+            commits = [
+                replace(
+                    c,
+                    index=c.index + tok_off,
+                    position=c.position + tok_off,
+                    anchor_nodes=_shift(c.anchor_nodes, node_off),
                 )
-                k = e["collapse"]
-                k.update(
-                    committed=_shift(k["committed"], node_off),
-                    kept=_shift(k["kept"], node_off),
-                    dropped=_shift(k["dropped"], node_off),
-                    new_anchor=None if k["new_anchor"] is None else k["new_anchor"] + node_off,
+                for c in e.commits
+            ]
+            collapse = e.collapse and {
+                "committed": _shift(e.collapse["committed"], node_off),
+                "kept": _shift(e.collapse["kept"], node_off),
+                "dropped": _shift(e.collapse["dropped"], node_off),
+                "new_anchor": None
+                if e.collapse["new_anchor"] is None
+                else e.collapse["new_anchor"] + node_off,
+            }  # null without a commit
+            tokens += [c.token for c in commits]
+            events.append(
+                replace(
+                    e,
+                    round=e.round + copy * len(body),
+                    batches=[_shift(b, node_off) for b in e.batches],
+                    alive=_shift(e.alive, node_off),
+                    nodes=nodes,
+                    commits=commits,
+                    collapse=collapse,
                 )
-                tokens.append(c["token"])
-            events.append(e)
+            )
         copy += 1
-    start["max_new_tokens"] = len(tokens)
-    events.append(
-        {
-            "event": "end",
-            "tokens": tokens,
-            "stop": "length",
-            "stats": {"explorers": 4, "tokens": len(tokens), "rounds": rounds},
-        }
+    events[0] = replace(start, max_new_tokens=len(tokens))
+    stats = GenerationStats(
+        explorers=4, depths=list(start.depths), tokens=len(tokens), rounds=rounds, stop="length"
     )
+    events.append(EndEvent(tokens=tokens, stop="length", stats=stats))
     return events
 
 

@@ -27,14 +27,15 @@ _FACE = {
     "GenerationConfigWarning": "runtime.request.GenerationConfigWarning",
     "encode_prompt": "runtime.request.encode_prompt",
     "GenerationResult": "runtime.results.GenerationResult",
-    "GenerationStats": "runtime.results.GenerationStats",
+    "GenerationStats": "trace.stats.GenerationStats",
+    "DecoderPool": "serving.pool.DecoderPool",
     "hf_generate_dir": "serving.hf_generate.hf_generate_dir",
     "Certificate": "evaluation.verify.Certificate",
     "certify_tokens": "evaluation.verify.certify_tokens",
     "verify_trace": "evaluation.verify.verify_trace",
     "TRACE_VERSION": "trace.schema.TRACE_VERSION",
-    "load_trace": "trace.events.load_trace",
-    "save_trace": "trace.events.save_trace",
+    "load_trace": "trace.files.load_trace",
+    "save_trace": "trace.files.save_trace",
     "openai_app": "serving.api.make_app",  # the FastAPI app factory, under the name users know
 }
 

@@ -32,8 +32,7 @@ from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
 from .runtime.request import check_text, encode_prompt, no_chat_template
 from .serving import serve, torchrun
-from .trace.events import load_trace, round_commits, save_trace
-from .trace.typed import parse_events
+from .trace.files import load_trace, save_trace
 from .training.group import run_training
 from .training.plan import run_train_plan
 from .training.train import TrainConfig
@@ -59,18 +58,13 @@ def _generate_arguments(p) -> None:
 
 
 def _train_arguments(p) -> None:
-    add_flags(p, DexConfig, ("model", "device", "devices"))
-    p.add_argument(
-        "--backend",
-        choices=("sequential", "distributed", "torchrun"),
-        default="sequential",
-        help="sequential: the whole model in this process; distributed: --explorers processes on this machine, "
-        "each loading one stage of the model and training the adapters inside it; torchrun: this program runs "
-        "once per rank under torchrun (across nodes too; the ranks are the launch's) (default: sequential)",
-    )
-    p.add_argument(
-        "--explorers", type=int, default=4, help="distributed: rank processes, one stage each (default: 4)"
-    )
+    helps = {
+        "backend": "sequential: the whole model in this process; distributed: --explorers processes on this "
+        "machine, each loading one stage of the model and training the adapters inside it; torchrun: this "
+        "program runs once per rank under torchrun (across nodes too; the ranks are the launch's)",
+        "explorers": "distributed: rank processes, one stage each",
+    }
+    add_flags(p, DexConfig, ("model", "device", "devices", "backend", "explorers"), helps)
     p.add_argument("--out", required=True, help="adapter file to write (.safetensors)")
     p.add_argument(
         "--checkpoint",
@@ -235,13 +229,13 @@ def _writable(path: str | None) -> None:
 def _generate(args) -> None:
     config = from_args(DexConfig, args)
     _writable(args.trace)
-    check_text(args.prompt)
+    prompt = check_text(args.prompt)  # checked once, before any model loads
     # distributed: this process reads config and tokenizer, each explorer its own part of the checkpoint
     decoder = DexDecoder.from_pretrained(
         config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log
     )
     tokenizer = decoder.tokenizer
-    ids = encode_prompt(tokenizer, args.prompt, config.chat)
+    ids = encode_prompt(tokenizer, prompt, config.chat)
     if no_chat_template(tokenizer, config.chat):
         log(no_chat_template(tokenizer, config.chat))
     stream, events = TextStream(tokenizer), []
@@ -249,13 +243,13 @@ def _generate(args) -> None:
         tic = time.perf_counter()
         for event in decoder.stream(ids, options=config.generation()):
             events.append(event)
-            for commit in round_commits(event) if event["event"] == "round" else []:
-                stream.push(commit["token"])
+            for commit in event.commits:
+                stream.push(commit.token)
         elapsed = time.perf_counter() - tic
         stream.finish()
     finally:
         decoder.close()
-    print_report(events[-1]["stats"], events[0], elapsed, config.backend)
+    print_report(events[-1].stats, events[0], elapsed, config.backend)
     if args.trace:
         save_trace(args.trace, events, {"model": config.model, "prompt": args.prompt})
         print(f"trace saved to {args.trace}")
@@ -331,8 +325,7 @@ def _plan(args) -> int:
 
 
 def _verify(args) -> int:
-    events, meta = load_trace(args.trace)
-    events = parse_events(events)  # read once, typed from here on
+    events, meta = load_trace(args.trace)  # typed
     model, tokenizer = verifier_model(
         events, meta, args.model, args.dtype, args.device, log, allow_download=args.allow_download
     )

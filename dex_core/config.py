@@ -5,24 +5,35 @@
 - ``DexConfig``: both, plus what a command or the app needs to get a model (spec, dtype, chat template).
 - ``ConsoleOptions``: how the ``dex`` command talks (``--verbose``).
 
-A field's metadata holds its help text (CLI flags and UI labels) and, for numbers, the range the app's
-controls offer (``ui_min``/``ui_max``). ``dex_core.flags`` turns fields into argparse flags.
+A field's metadata holds its help text (CLI flags, UI labels, the HTTP API's schema), for numbers the range a
+value may take (``minimum``/``maximum``, checked here) and the range the app's controls offer
+(``ui_min``/``ui_max``), and, where the OpenAI-compatible API takes the option, how that surface shows it
+(``api``: its name there, and its default and lowest value where they differ: OpenAI samples by default, and 0
+turns top-k off), which the app's sampling controls show too. ``dex_core.flags`` reads it for the CLI's flags,
+the app's controls and the API's request schema; a text that states a default is made from the constant that
+holds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
-import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-class DexError(ValueError):
-    """Bad input: the message says what was wrong and what to do. The CLI exits with code 2."""
+from .values import (
+    DexError,
+    _items,
+    _number,
+    adapter_file,
+    flag,
+    integer,
+    parse_depths,
+    parse_device,
+    parse_ints,
+    parse_list,
+    rows_option,
+)
 
 
 def option(default, help: str, **extra):
@@ -33,6 +44,15 @@ def option(default, help: str, **extra):
 
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+DEFAULT_PROPOSAL_VOCAB = (
+    8192  # the light proposal heads' rows for proposal_vocab="auto", given a token ranking
+)
+# ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
+# CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
+# accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
+# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check").
+AUTO_ROWS = {"cpu": 2, "accelerator": 64}
+AUTO_ROWS_TEXT = f"{AUTO_ROWS['cpu']} on CPU, {AUTO_ROWS['accelerator']} on accelerators"
 MAX_SEED = 2**64 - 1  # sampling noise is keyed by 64 bits (``sampling.noise_key``): a larger seed would wrap
 DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
 BACKENDS = ("sequential", "distributed", "torchrun")
@@ -50,51 +70,45 @@ ADAPTER_HELP = (
 )
 
 
-def integer(value, name: str, minimum: int | None = None) -> int:
-    """``value`` as an int (or an int-like scalar such as numpy.int64; not a bool, float or text) >= ``minimum``."""
-    try:
-        if not isinstance(value, bool) and (minimum is None or operator.index(value) >= minimum):
-            return operator.index(value)
-    except TypeError:
-        pass
-    low = "" if minimum is None else f" >= {minimum}"
-    raise DexError(f"{name} must be an integer{low}; got {value!r:.80}")
-
-
-def rows_option(value, name: str = "proposal_vocab", words=("auto", "full")):
-    """One of ``words``, or a positive count (also as text, from a flag)."""
-    return (
-        value
-        if value in words
-        else integer(int(value) if str(value).isdigit() else value, f"{name} (or {', '.join(words)})", 1)
-    )
-
-
-def _number(value, name: str) -> float:
-    try:
-        if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
-    except OverflowError:  # an int too large for a float
-        pass
-    raise DexError(f"{name} must be a finite number; got {value!r:.80}")
-
-
-def flag(value, name: str) -> bool:
-    """A yes/no option: True or False (1 and 0 are accepted); anything else is an error, not a truth test."""
-    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
-        return bool(value)
-    raise DexError(f"{name} must be True or False; got {value!r:.80}")
-
-
 @dataclass
 class GenerationOptions:
     max_new_tokens: int = option(
-        128, "number of tokens to generate (stops earlier at EOS)", ui_min=1, ui_max=512
+        128,
+        "number of tokens to generate (stops earlier at EOS)",
+        minimum=1,
+        ui_min=1,
+        ui_max=512,
+        api={"name": "max_tokens"},  # its default and bound: the server's (OpenAI: 16 for completions)
     )
-    temperature: float = option(0.0, "0 for greedy; > 0 samples (Gumbel-max, exact to AR)")
-    top_k: int | None = option(None, "sample only among the k most likely tokens")
-    top_p: float | None = option(None, "sample only within the top-p probability nucleus")
-    seed: int = option(0, "sampling seed, 0 to 2**64 - 1; noise is keyed by (seed, position)")
+    temperature: float = option(
+        0.0,
+        "0 for greedy; > 0 samples (Gumbel-max, exact to AR)",
+        minimum=0.0,
+        ui_min=0.05,
+        ui_max=2.0,
+        api={"default": 1.0},
+    )
+    top_k: int | None = option(
+        None,
+        "sample only among the k most likely tokens",
+        minimum=1,
+        api={"default": 0, "minimum": 0},  # 0: off
+    )
+    top_p: float | None = option(
+        None,
+        "sample only within the top-p probability nucleus",
+        exclusive_minimum=0.0,
+        maximum=1.0,
+        ui_min=0.05,
+        api={"default": 1.0},  # 1: off
+    )
+    seed: int = option(
+        0,
+        "sampling seed, 0 to 2**64 - 1; noise is keyed by (seed, position)",
+        minimum=0,
+        maximum=MAX_SEED,
+        api={},
+    )
     eos_token_id: int | tuple[int, ...] | None = option(
         None, "stop after this token id (default: the model's generation config)"
     )
@@ -189,14 +203,14 @@ class DecoderOptions:
     proposal_vocab: int | str = option(
         "auto",
         "rows of the non-final stages' light proposal heads: the N most "
-        "frequent training tokens, full, or auto (8192 given a ranking)",
+        f"frequent training tokens, full, or auto ({DEFAULT_PROPOSAL_VOCAB} given a ranking)",
         kind=str,
     )
     prune: int | str | None = option(
         "auto",
         "the lattice's row budget: at most this many rows per stage a round, the "
         "branches most likely to be reused first (exact: a branch left out only "
-        "loses reuse); auto: the device's (2 on CPU, 64 on accelerators); none: unbounded",
+        f"loses reuse); auto: the device's ({AUTO_ROWS_TEXT}); none: unbounded",
         kind=str,
     )
     draft: str | DraftBounds | None = option(
@@ -218,6 +232,7 @@ class DecoderOptions:
         "sequential (all explorers in one process), distributed "
         "(one process per explorer on torch.distributed) or torchrun "
         "(this program runs once per rank under torchrun, across nodes too; K is the launch's)",
+        choices=BACKENDS,
     )
     devices: tuple[str, ...] | None = option(
         None,
@@ -317,66 +332,6 @@ def pick(cls, source, **overrides):
     if unknown:
         raise DexError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
     return cls(**{**{n: getattr(source, n) for n in names if hasattr(source, n)}, **overrides})
-
-
-def _items(value, name: str) -> list:
-    """'a, ,b' -> ['a', 'b'] (blank entries dropped); a sequence -> a list of its items."""
-    if isinstance(value, str):
-        return [v for v in value.split(",") if v.strip()]
-    try:
-        return list(value)
-    except TypeError:
-        raise DexError(f"{name} must be a comma-separated list; got {value!r:.80}") from None
-
-
-def parse_list(value, name: str) -> tuple[str, ...]:
-    """'a,b' or a sequence -> a tuple of non-empty stripped strings."""
-    return tuple(s for s in (str(v).strip() for v in _items(value, name)) if s)
-
-
-def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
-    """'2,3,4' or a sequence of ints -> a non-empty tuple of integers >= ``minimum``. Text is parsed ('2.5' is
-    an error); a sequence must hold ints (2.5, '2' and True are errors, not 2)."""
-    items = _items(value, name)
-    try:
-        out = tuple(int(v) if isinstance(value, str) else integer(v, name) for v in items)
-    except (TypeError, ValueError):
-        raise DexError(
-            f"{name} must be comma-separated integers like 2,3,4 (or a list of ints); got {value!r:.80}"
-        ) from None
-    if not out or min(out) < minimum:
-        raise DexError(f"{name} must be integers >= {minimum}; got {value!r:.80}")
-    return out
-
-
-def parse_device(value) -> str:
-    """'auto', 'cpu', 'cuda' or 'cuda:N' (any case), normalised; ``models.resolve_device`` checks it exists."""
-    if isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", value.strip().lower()):
-        return value.strip().lower()
-    raise DexError(f"device must be auto, cpu, cuda or cuda:N (e.g. cuda:1); got {value!r:.80}")
-
-
-def parse_depths(depths) -> tuple[int, ...]:
-    """'8,15,23,30' or a sequence of ints -> a strictly increasing tuple of positive ints."""
-    if not _items(depths, "depths"):
-        raise DexError("depths is empty; give at least the model's layer count, e.g. 30")
-    out = parse_ints(depths, "depths")
-    if any(b <= a for a, b in zip(out, out[1:])):
-        raise DexError(f"depths must be strictly increasing positive layer counts; got {list(out)}")
-    return out
-
-
-def adapter_file(path) -> Path:
-    """The adapter file ``path`` names, checked to be a file before any work starts."""
-    path = Path(path)
-    if os.path.isdir(path):  # os.path answers False where a name cannot be a file (too long, NUL)
-        raise DexError(
-            f"{path} is a directory, not an adapter file; give a .safetensors file from "
-            "'dex train-adapters', or use 'none'"
-        )
-    if not os.path.isfile(path):
-        raise DexError(f"no adapter file at {path}; train one with 'dex train-adapters', or use 'none'")
-    return path
 
 
 def resolve_depths(num_layers: int, depths=None, explorers: int | None = None) -> tuple[int, ...]:

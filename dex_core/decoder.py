@@ -2,30 +2,57 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import torch
 
 from .algorithm.lattice import NO_PROPOSAL
-from .config import DecoderOptions, DexError, GenerationOptions, pick, stage_bounds
+from .config import DecoderOptions, DexError, GenerationOptions, pick
 from .distributed import torchrun
 from .distributed.group import ExplorerGroup
 from .log import stderr
 from .model.adapters import model_identity
 from .model.cost import ModelCost
-from .model.explorer import Explorer
 from .model.load import load_model
-from .model.proposal import ProposalHead
 from .model.stage_load import skeleton
 from .model.view import model_view
-from .runtime.engine import run_rounds
-from .runtime.links import LocalLink
-from .runtime.request import make_request
+from .runtime.request import Request, make_request, warn
 from .runtime.results import GenerationResult
+from .runtime.schedule import InProcess, Schedule
 from .runtime.settings import RunSettings, resolve_run
 from .runtime.unloaded import UnloadedModel, device_type
-from .trace.events import round_commits, start_event
+from .trace.build import start_event, with_text
+from .trace.events import Event
+
+
+def model_source(
+    spec: str, options: DecoderOptions, *, dtype="auto", device="auto", tokenizer=None, log=stderr
+):
+    """Model ``spec`` as a decoder of ``options`` takes it, with its tokenizer: loaded in this process (the sequential
+    backend), or read without weights (``UnloadedModel``: explorer processes read their parts)."""
+    if options.backend == "sequential":
+        model, loaded = load_model(spec, dtype=dtype, device=device, log=log)
+        return model, tokenizer or loaded
+    unloaded = UnloadedModel.read(spec, dtype, device_type(options.devices, device), tokenizer, log)
+    return unloaded, unloaded.tokenizer
+
+
+def settings_of(model, options: DecoderOptions, tokenizer=None) -> RunSettings:
+    """The run's settings of ``options`` on ``model`` (loaded, or an ``UnloadedModel``): what a decoder runs."""
+    if isinstance(model, UnloadedModel):
+        return model.settings(options)
+    view = model_view(model)
+    kind = device_type(options.devices) if options.backend == "distributed" else view.device.type
+    return resolve_run(model, view, options, kind, tokenizer)
+
+
+def _launched(spec: str, group) -> UnloadedModel:
+    """What rank 0 of a torchrun launch holds of the whole model: its shapes, config, tokenizer and identity (its
+    part holds the embeddings)."""
+    shape = skeleton(group.config, group.view.dtype, group.folder)  # the whole model's shapes, no weights
+    kind = torch.device(group.devices[-1]).type
+    identity = model_identity(group.view.model)
+    return UnloadedModel(spec, group.folder, group.config, group.tokenizer, identity, model_view(shape), kind)
 
 
 def _options(options, overrides) -> DecoderOptions:
@@ -60,17 +87,48 @@ class DexDecoder:
     model that does not fit one device.
     """
 
-    def __init__(self, model, options: DecoderOptions | None = None, *, tokenizer=None, **overrides):
+    def __init__(
+        self,
+        model,
+        options: DecoderOptions | None = None,
+        *,
+        tokenizer=None,
+        schedule: Schedule | None = None,
+        settings: RunSettings | None = None,
+        **overrides,
+    ):
+        """``model``: a loaded model, or an ``UnloadedModel`` (this process holds no weights: explorer processes read
+        their parts of the checkpoint). ``schedule``: where the explorers run (default: as ``options.backend`` says,
+        in this process or on explorer processes this decoder starts); its settings are the run's. ``settings``:
+        the options resolved already (``DecoderPool`` resolves them to find a decoder)."""
         options = _options(options, overrides)
-        if options.backend == "torchrun":
+        unloaded = isinstance(model, UnloadedModel)
+        if unloaded and options.backend == "sequential":
+            options = pick(DecoderOptions, options, backend="distributed")  # no weights here to run
+        if options.backend == "torchrun" and schedule is None:
             raise DexError(
                 "under torchrun each rank reads its own part of the checkpoint: use "
                 "DexDecoder.from_pretrained(spec, backend='torchrun')"
             )
-        view = model_view(model)
-        kind = device_type(options.devices) if options.backend == "distributed" else view.device.type
-        settings = resolve_run(model, view, options, kind, tokenizer)
-        self._setup(view, settings, options, tokenizer, model=model)
+        self.view = model.view if unloaded else model_view(model)
+        self.tokenizer = tokenizer or (model.tokenizer if unloaded else None)
+        self.settings = settings = (
+            schedule.settings if schedule is not None else settings or settings_of(model, options, tokenizer)
+        )
+        if unloaded and model.device_type == "cpu" and options.devices is None:
+            options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
+        self.options, self.backend = options, options.backend
+        self.identity = model.identity if unloaded else model_identity(model)  # for the start event
+        self.model = (
+            None if unloaded else model
+        )  # None when explorer processes read the checkpoint themselves
+        self.cost_model = ModelCost.of(self.view.model, settings.adapters, settings.proposal_vocab)
+        self.cost = self.cost_model.weights()  # for the trace's start event
+        if schedule is None and options.backend == "sequential":
+            schedule = InProcess(self.view, settings)
+        elif schedule is None:
+            schedule = ExplorerGroup(settings, self.view.model, options, model.folder if unloaded else None)
+        self.schedule = schedule
 
     @classmethod
     def from_pretrained(
@@ -88,92 +146,44 @@ class DexDecoder:
         float32 on CPU, the checkpoint's half precision on CUDA). Sequential: the model is loaded in this process
         on ``device``. Distributed: this process reads the config, the tokenizer and 64 rows of the embedding
         (the adapters' fit) and no other weights; each explorer process reads its own part of the checkpoint
-        (``device`` 'cpu' puts every explorer on the CPU)."""
+        (``device`` 'cpu' puts every explorer on the CPU). Torchrun: every rank of the launch joins the group;
+        rank 0 gets the decoder, and every other rank serves rank 0's requests until rank 0 closes it, then ends
+        its process (exit code 0)."""
         options = _options(options, overrides)
-        if options.backend == "sequential":
-            model, loaded = load_model(spec, dtype=dtype, device=device, log=log)
-            return cls(model, options, tokenizer=tokenizer or loaded)
         if options.backend == "torchrun":
-            return cls._on_torchrun(spec, options, dtype, device, tokenizer, log)
-        kind = device_type(options.devices, device)
-        return cls.from_unloaded(UnloadedModel.read(spec, dtype, kind, tokenizer, log), options, log=log)
-
-    @classmethod
-    def from_unloaded(
-        cls, model: UnloadedModel, options: DecoderOptions | None = None, *, settings=None, log=stderr
-    ) -> DexDecoder:
-        """A decoder of ``model``, which this process does not load (``UnloadedModel.read``), on explorer
-        processes (the distributed backend), each of which reads its own part of the checkpoint. ``settings``:
-        the run's, when the caller resolved them already (``model.settings(options)``)."""
-        options = _options(options, {"backend": "distributed"})
-        settings = settings or model.settings(options, log)
-        if model.device_type == "cpu" and options.devices is None:
-            options = pick(DecoderOptions, options, devices=("cpu",) * settings.K)
-        decoder = cls.__new__(cls)
-        decoder._setup(
-            model.view, settings, options, model.tokenizer, folder=model.folder, identity=model.identity
+            group = torchrun.join(spec, options, dtype, device, log)
+            if group.rank != 0:
+                group.follow()
+                raise SystemExit(0)
+            return cls(_launched(spec, group), options, tokenizer=tokenizer, schedule=group)
+        model, tokenizer = model_source(
+            spec, options, dtype=dtype, device=device, tokenizer=tokenizer, log=log
         )
-        return decoder
-
-    @classmethod
-    def _on_torchrun(cls, spec, options: DecoderOptions, dtype, device, tokenizer, log):
-        """Every rank of a torchrun launch joins the group; rank 0 gets the decoder, and every other rank serves
-        rank 0's requests until rank 0 closes it, then ends its process (exit code 0)."""
-        group = torchrun.join(spec, options, dtype, device, log)
-        if group.rank != 0:
-            group.follow()
-            raise SystemExit(0)
-        shape = skeleton(group.config, group.view.dtype, group.folder)  # the whole model's shapes, no weights
-        decoder = cls.__new__(cls)
-        tokenizer = tokenizer or group.tokenizer
-        identity = model_identity(group.view.model)  # rank 0's part holds the embeddings
-        decoder._setup(model_view(shape), group.settings, options, tokenizer, group=group, identity=identity)
-        return decoder
-
-    def _setup(
-        self,
-        view,
-        settings: RunSettings,
-        options: DecoderOptions,
-        tokenizer,
-        *,
-        model=None,
-        folder=None,
-        group=None,
-        identity=None,
-    ):
-        self.options, self.view, self.settings, self.tokenizer = options, view, settings, tokenizer
-        self.identity = identity or model_identity(view.model)  # for the start event (a skeleton's: given)
-        self.model = model  # None when explorer processes read the checkpoint themselves
-        self.cost_model = ModelCost.of(view.model, settings.adapters, settings.proposal_vocab)
-        self.cost = self.cost_model.weights()  # for the trace's start event
-        self.backend, self.group, self.explorers = options.backend, group, []
-        if self.backend in ("distributed", "torchrun"):
-            self.group = group or ExplorerGroup(settings, view.model, options, folder)
-            self._adapters = dict.fromkeys(
-                settings.adapters.depths
-            )  # the modules live in the explorer processes
-            return
-        self._adapters = settings.adapters.build(settings.depths, view.device, view.dtype)
-        head = (
-            None if settings.shortlist is None else ProposalHead(view, settings.shortlist)
-        )  # shared by stages
-        self.explorers = [
-            Explorer(view, k, self.K, *stage_bounds(settings.depths, k), self._adapters.get(d), head)
-            for k, d in enumerate(settings.depths)
-        ]
-        if settings.compile:
-            for e in self.explorers:
-                e.compile_step()
+        return cls(model, options, tokenizer=tokenizer)
 
     depths = property(lambda self: self.settings.depths)
     depth_choice = property(lambda self: self.settings.depth_choice)
     decs = property(lambda self: self.settings.decs)
     trace_top = property(lambda self: self.settings.trace_top)
     prune = property(lambda self: self.settings.prune)
-    adapters = property(
-        lambda self: self._adapters, doc="depth -> adapter module (None: in an explorer process)"
-    )
+
+    @property
+    def adapters(self) -> dict:
+        """Depth -> adapter module (None: the module lives in an explorer process)."""
+        if isinstance(self.schedule, InProcess):
+            return self.schedule.adapters
+        return dict.fromkeys(self.settings.adapters.depths)
+
+    @property
+    def explorers(self) -> list:
+        """The explorers this process runs (none on explorer processes)."""
+        return self.schedule.explorers if isinstance(self.schedule, InProcess) else []
+
+    @property
+    def group(self):
+        """The explorer processes' group (None: every explorer runs in this process)."""
+        return None if isinstance(self.schedule, InProcess) else self.schedule
+
     proposal_vocab = property(lambda self: self.settings.proposal_vocab or self.view.vocab)
     shortlist = property(
         lambda self: (
@@ -191,7 +201,7 @@ class DexDecoder:
     def _text(self, token: int) -> str | None:
         return None if self.tokenizer is None or token == NO_PROPOSAL else self.tokenizer.decode([token])
 
-    def generate(
+    def request(
         self,
         input_ids,
         max_new_tokens: int | None = None,
@@ -199,65 +209,50 @@ class DexDecoder:
         options: GenerationOptions | None = None,
         pipeline: bool = False,
         **overrides,
-    ) -> GenerationResult:
-        """Run to the end; ``overrides`` are ``GenerationOptions`` fields (temperature, top_k, top_p, seed, …);
-        ``pipeline``: AR through the same stages instead of DEX (see ``stream``)."""
-        return GenerationResult.from_trace(
-            list(self.stream(input_ids, max_new_tokens, options=options, pipeline=pipeline, **overrides))
-        )
+    ) -> Request:
+        """A checked request (``dex_core.runtime.request.Request``) for this decoder's model: the prompt's token ids
+        and ``GenerationOptions`` (``overrides``: their fields, winning over ``options``); the settings of the model's
+        generation config it does not apply are in its ``notes`` (for the caller to show; ``stream`` given token ids
+        says them in a ``GenerationConfigWarning``). ``pipeline``: AR through the same stages instead of DEX (see
+        ``stream``)."""
+        opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+        return make_request(self.view, input_ids, opts, pipeline=pipeline)
+
+    def generate(self, input_ids, max_new_tokens: int | None = None, **kwargs) -> GenerationResult:
+        """Run to the end (arguments as ``stream``'s)."""
+        return GenerationResult.from_trace(list(self.stream(input_ids, max_new_tokens, **kwargs)))
 
     @torch.no_grad()
-    def stream(
-        self,
-        input_ids,
-        max_new_tokens: int | None = None,
-        *,
-        options: GenerationOptions | None = None,
-        pipeline: bool = False,
-        **overrides,
-    ) -> Iterator[dict]:
-        """Yield trace events: a start event, one event per round, and an end event with the stats.
+    def stream(self, input_ids, max_new_tokens: int | None = None, **kwargs) -> Iterator[Event]:
+        """Yield typed trace events (``dex_core.trace.events``): a start event, one event per round, and an end
+        event with the stats. ``input_ids``: a ``Request`` built already (``request``), or the prompt's token ids,
+        with ``request``'s arguments (``options``, ``pipeline``, ``GenerationOptions`` fields).
 
         ``pipeline=True``: AR through the same K stages on the same devices (pipeline-parallel AR at batch 1,
         the like-for-like baseline where the model only fits across them): no stage but the last proposes, so
         each token walks all K stages in K rounds and equals the AR reference's; no adapter, light head, DECS
         or draft chain runs, and the trace says so."""
-        opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
-        request = dataclasses.replace(make_request(self.view, input_ids, opts), pipeline=pipeline)
+        if isinstance(input_ids, Request):
+            if max_new_tokens is not None or kwargs:
+                raise DexError("a Request carries its options: give them to DexDecoder.request, not stream")
+            request = input_ids
+        else:
+            request = warn(
+                self.request(input_ids, max_new_tokens, **kwargs), stacklevel=4
+            )  # past no_grad's frame
         yield start_event(
             request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
         )
-        if self.group is not None:
-            for event in self.group.run(request):
-                yield self._add_text(event)
-            return
-        yield from run_rounds(
-            self.view,
-            self.settings,
-            self.explorers,
-            LocalLink(),
-            request,
-            self._text if self.tokenizer is not None else None,
-        )
+        for event in self.schedule.run(request):
+            yield event if self.tokenizer is None else with_text(event, self._text)
 
     def _device(self) -> str:
-        """Where the token choices are made: this model's device, or the final explorer's."""
-        return str(self.group.devices[-1]) if self.group is not None else str(self.view.device)
-
-    def _add_text(self, event: dict) -> dict:
-        """Token text for events made by explorer processes (which hold no tokenizer)."""
-        if self.tokenizer is not None and event["event"] == "round":
-            for node in event["nodes"]:
-                node["text"] = self._text(node["token"])
-                node["top"] = [[t, p, self._text(t)] for t, p, *_ in node["top"]]
-            for commit in round_commits(event) + [event["commit"] or {"token": 0}]:  # "commit": the first
-                commit["text"] = self._text(commit["token"])
-        return event
+        """Where the token choices are made: the final explorer's device."""
+        return str(self.schedule.devices[-1])
 
     def close(self) -> None:
-        """End the explorer processes of the distributed backend (a no-op for the sequential one)."""
-        if self.group is not None:
-            self.group.close()
+        """End the explorer processes of a distributed schedule (a no-op in this process)."""
+        self.schedule.close()
 
     def __enter__(self):
         return self

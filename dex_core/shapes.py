@@ -12,6 +12,7 @@ shapes) pairs a run's rounds take: what tests and the GPU check hold to the buck
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -59,12 +60,12 @@ class OpShapes(TorchDispatchMode):
 
 def after_first_round(events: Iterable, shapes: OpShapes) -> Iterator:
     """Each item of ``events`` (a DEX stream: start, one event a round, end), ``shapes`` recording while the rounds
-    after the first are made (the prefill, whose shapes follow the prompt's length, runs before the first)."""
-    events, rounds = iter(events), 0
-    while True:
-        with shapes if rounds else contextlib.nullcontext():
+    after the first are made (the prefill, whose shapes follow the prompt's length, runs before the first: the
+    stream's first two items are the start and the first round)."""
+    events = iter(events)
+    for made in itertools.count():
+        with shapes if made >= 2 else contextlib.nullcontext():
             event = next(events, None)
         if event is None:
             return
-        rounds += event.get("event") == "round"
         yield event

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from app.host.settings import AppSettings
 from app.host.state import Runtime
-from app.ui.inputs import Controls
+from app.ui.inputs import Inputs
 from dex_core import save_trace
+from dex_core.trace.events import RoundEvent
 
 PROMPT = (
     "Rewrite this sentence in the past tense: The committee meets every Tuesday in the old library and "
@@ -44,7 +45,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     runtime = Runtime(AppSettings(model=args.model, explorers=args.explorers))
     config = dataclasses.replace(
-        Controls(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune).config(),
+        Inputs(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune).config(),
         draft=args.draft,
     )
     ids = runtime.encode(args.prompt, config.chat)
@@ -64,11 +65,8 @@ def main(argv=None) -> None:
             "source": "scripts/example_trace.py",
         },
     )
-    rounds = [e for e in result.trace if e["event"] == "round"]
-    chains, several = (
-        sum(len(e.get("chains", [])) for e in rounds),
-        sum(len(e.get("commits", [])) > 1 for e in rounds),
-    )
+    rounds = [e for e in result.trace if isinstance(e, RoundEvent)]
+    chains, several = sum(len(e.chains or []) for e in rounds), sum(len(e.commits) > 1 for e in rounds)
     print(
         f"{len(result.tokens)} tokens in {result.stats.rounds} rounds ({time.perf_counter() - started:.1f} s), "
         f"{chains} draft chains, {several} rounds of several commits: "

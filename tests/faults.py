@@ -63,6 +63,7 @@ def host_reads_of_rank(rank: int, folder: str, prompt: list, new: int, out) -> N
     from dex_core.host_reads import reads_per_event
     from dex_core.runtime.request import make_request
     from dex_core.testing import tiny_model
+    from dex_core.trace.events import EndEvent, RoundEvent
 
     torch.set_num_threads(1)
     decoder = DexDecoder(tiny_model("llama", layers=8, seed=0), explorers=2, prune="auto", trace_top=5)
@@ -72,8 +73,8 @@ def host_reads_of_rank(rank: int, folder: str, prompt: list, new: int, out) -> N
     events = serve_request(decoder.view, decoder.explorers[rank], link, request, decoder.settings)
     reads, tokens = [], None
     for event, counted in reads_per_event(events):
-        if event["event"] == "round":
+        if isinstance(event, RoundEvent):
             reads.append(counted.count)
-        tokens = event.get("tokens", tokens)
+        tokens = event.tokens if isinstance(event, EndEvent) else tokens
     out.put((rank, reads, tokens))
     dist.destroy_process_group()

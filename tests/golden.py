@@ -71,11 +71,13 @@ def matrix() -> dict[str, dict]:
     return cases
 
 
-def stripped(trace: list[dict]) -> list[dict]:
-    """A trace without what the clock decides (rounds' timings, the stats' seconds) and the start's model identity
-    (recorded since these traces were; tests/evaluation/test_verify.py checks it)."""
+def stripped(trace: list) -> list[dict]:
+    """A trace's records (``trace``: typed events) without what the clock decides (rounds' timings, the stats'
+    seconds) and the start's model identity (recorded since these traces were; tests/evaluation/test_verify.py checks
+    it)."""
     out = []
     for event in trace:
+        event = event.record() if hasattr(event, "record") else event  # typed, or a record already
         event = {k: v for k, v in event.items() if k not in ("timings", "model")}
         if "stats" in event:
             event["stats"] = {k: v for k, v in event["stats"].items() if k not in TIMING}

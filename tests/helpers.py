@@ -14,6 +14,7 @@ import pytest
 
 from dex_core import DexDecoder
 from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.events import RoundEvent
 
 
 def in_ci() -> bool:
@@ -155,6 +156,6 @@ def long_chain_trace(rounds: int = 3):
     events = []
     for event in decoder.stream([4, 8, 15, 16, 23, 42, 7, 9] * 6, 32):
         events.append(event)
-        if sum(e["event"] == "round" for e in events) == rounds:
+        if sum(isinstance(e, RoundEvent) for e in events) == rounds:
             return events
     return events

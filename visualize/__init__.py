@@ -1,8 +1,9 @@
 """Viewers of DEX traces: replay into per-round views, the lattice and timeline figures, HTML panels,
 charts and the standalone run report.
 
-Everything here draws from trace records (plain dicts, see ``dex_core.trace.events``) alone; of ``dex_core`` it
-imports only the trace package (its records and readers, torch-free), so the app can render saved traces without
+Everything here draws from a run's typed trace events (``dex_core.trace.events``: what a decoder streams, or
+``load_trace`` of a saved one) alone, and refuses plain records (``replay.typed_events``); of ``dex_core`` it
+imports only the trace package (its events and readers, torch-free), so the app can render saved traces without
 torch. The modules that are also commands
 (``python -m visualize.report``, ``python -m visualize.graph``) and the timeline, which imports the
 graph, load on first use of one of their names: imported here eagerly, runpy would find them loaded

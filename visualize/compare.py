@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from dex_core.trace.events import StartEvent
+
 from .markup import esc, join, num, plot_text
 from .palette import RUN_COLORS
 from .panels import run_numbers, stage_counts
@@ -34,8 +36,8 @@ class RunSide:
     )
 
 
-def _sampling(start: dict) -> str:
-    s = start.get("sampling") or {}
+def _sampling(start: StartEvent) -> str:
+    s = start.sampling or {}
     if not s.get("temperature"):
         return "greedy"
     parts = [f"temperature {s['temperature']}"] + [
@@ -44,12 +46,9 @@ def _sampling(start: dict) -> str:
     return ", ".join(parts + [f"seed {s.get('seed')}"])
 
 
-def _adapters(start: dict) -> str:
-    if "adapter_depths" not in start:
-        return "not recorded"
-    return (
-        f"on, at depths {', '.join(map(str, start['adapter_depths']))}" if start["adapter_depths"] else "off"
-    )
+def _adapters(start: StartEvent) -> str:
+    """Where inducing adapters were used ("off": none, or a trace made before they were recorded)."""
+    return f"on, at depths {', '.join(map(str, start.adapter_depths))}" if start.adapter_depths else "off"
 
 
 def _meta(side: RunSide, key: str) -> str:
@@ -69,8 +68,8 @@ def _cost(side: RunSide) -> str:
     )
 
 
-def _draft(start: dict) -> str:
-    d = start.get("draft")
+def _draft(start: StartEvent) -> str:
+    d = start.draft
     return (
         "off (or a trace made before them)"
         if not isinstance(d, dict)
@@ -82,21 +81,21 @@ def run_label(side: RunSide) -> str:
     """A run named by its source and settings, in one line of plain text: ``live run · K=4 (8, 15, 23, 30),
     adapters off, DECS on, greedy, 12 tokens`` (two live runs of a session read apart)."""
     start = side.view.start
-    depths = ", ".join(str(d) for d in start["depths"])
-    adapters = "adapters " + ("on" if start.get("adapter_depths") else "off")
-    decs = "DECS " + ("on" if start.get("decs") else "off")
-    chains = "draft chains" if isinstance(start.get("draft"), dict) else "no chains"
+    depths = ", ".join(str(d) for d in start.depths)
+    adapters = "adapters " + ("on" if start.adapter_depths else "off")
+    decs = "DECS " + ("on" if start.decs else "off")
+    chains = "draft chains" if isinstance(start.draft, dict) else "no chains"
     stopped = "" if side.ended else ", stopped"
-    settings = f"K={len(start['depths'])} ({depths}), {adapters}, {decs}, {chains}, {_sampling(start)}"
+    settings = f"K={len(start.depths)} ({depths}), {adapters}, {decs}, {chains}, {_sampling(start)}"
     return f"{side.origin} · {settings}, {len(side.view.tokens)} tokens{stopped}"
 
 
 def _rows(side: RunSide) -> list[tuple[str, str]]:
     """(label, escaped value) of one run, in table order."""
     start, n = side.view.start, run_numbers(side.view)
-    depths = start["depths"]
-    proposal = start.get("proposal_vocab")
-    choice = f" ({start['depth_choice']})" if isinstance(start.get("depth_choice"), str) else ""
+    depths = start.depths
+    proposal = start.proposal_vocab
+    choice = f" ({start.depth_choice})" if isinstance(start.depth_choice, str) else ""
     return [
         ("from", esc(side.origin)),
         ("model", esc(_meta(side, "model"))),
@@ -104,14 +103,14 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
         ("explorers K", esc(len(depths))),
         ("depths", join(depths) + esc(choice)),
         ("inducing adapters", esc(_adapters(start))),
-        ("DECS", esc("on" if start.get("decs") else "off" if "decs" in start else "not recorded")),
+        ("DECS", esc("on" if start.decs else "off")),
         ("sampling", esc(_sampling(start))),
         ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
         (
             "lattice pruning",
             esc(
-                f"at most {start['prune']} new branch{'es' * (start['prune'] > 1)} a round"
-                if start.get("prune")
+                f"at most {start.prune} new branch{'es' * (start.prune > 1)} a round"
+                if start.prune
                 else "none"
             ),
         ),
@@ -124,7 +123,7 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
             num(n.rounds_per_token, ".3f")
             + esc(
                 f" ({n.tokens / n.rounds:.2f} tokens per round, "
-                f"{sum(c.get('drafted', False) for c in side.view.commits)} "
+                f"{sum(c.drafted for c in side.view.token_commits)} "
                 "drafted)"
                 if n.rounds
                 else ""
@@ -137,7 +136,7 @@ def _rows(side: RunSide) -> list[tuple[str, str]]:
 
 def _outputs_line(a: RunSide, b: RunSide) -> str:
     ta, tb = a.view.tokens, b.view.tokens
-    same_prompt = a.view.start.get("prompt") == b.view.start.get("prompt")
+    same_prompt = a.view.start.prompt == b.view.start.prompt
     empty = [side.name for side in (a, b) if not side.view.tokens]
     if empty:
         return (
@@ -203,10 +202,10 @@ def compare_figure(sides: list[RunSide]) -> go.Figure:
     """Matched-depth histograms of the runs in one figure: x = the depth of the explorer that matched a
     token, y = the share of the run's tokens matched there (the count on the bar), grouped per run; no
     bar at a depth the run did not explore."""
-    depths = sorted({d for side in sides for d in side.view.start["depths"]})
+    depths = sorted({d for side in sides for d in side.view.start.depths})
     traces = []
     for i, side in enumerate(sides):
-        run_depths = side.view.start["depths"]
+        run_depths = side.view.start.depths
         counts = dict(zip(run_depths, stage_counts(side.view.matched, len(run_depths))))
         total = max(1, len(side.view.matched))
         ys = [

@@ -16,7 +16,7 @@ says a node belongs to a chain slot (its input was a looked-up token: the slot's
 "chain", its deeper nodes follow it down the stages). Edges go from a node to its depth child (``kind``
 "depth"), to the first node of the slot its candidate started (``kind`` "position"), and along a chain
 to the next chain slot's stage-0 node (``kind`` "chain", one position on). ``python -m visualize.graph
-TRACE.json OUT.graphml`` (or ``OUT.json``) exports a saved trace.
+TRACE.json OUT.graphml`` (or ``OUT.json``) exports a saved trace (read typed: ``load_trace``).
 """
 
 from __future__ import annotations
@@ -28,50 +28,63 @@ from pathlib import Path
 
 import networkx as nx
 
-from dex_core.trace.events import load_trace, round_commits
+from dex_core.trace.events import Event, NodeRecord, RoundEvent, StartEvent
+from dex_core.trace.files import load_trace
+
+from .replay import typed_events
 
 FATES = ("matched", "final", "committed", "discarded", "cut", "pending")
 
 
-def lattice_graph(events: list[dict]) -> nx.DiGraph:
-    """The DAG of every node of a DEX trace (an AR trace gives an empty graph)."""
-    start = events[0] if events and events[0].get("event") == "start" else {}
-    graph = nx.DiGraph(depths=json.dumps(start.get("depths", [])), explorers=int(start.get("explorers", 0)))
+def lattice_graph(events: list[Event]) -> nx.DiGraph:
+    """The DAG of every node of a DEX trace, from its typed events (an AR trace gives an empty graph)."""
+    start = events[0] if events and isinstance(typed_events(events)[0], StartEvent) else None
+    depths, explorers = (start.depths, start.explorers) if start else ([], 0)
+    graph = nx.DiGraph(depths=json.dumps(depths), explorers=int(explorers))
     chain_slots: set[int] = set()
     for event in events:
-        if event.get("event") != "round":
-            continue
-        for n in event["nodes"]:
-            if n["kind"] == "chain":
-                chain_slots.add(int(n["slot"]))
-            graph.add_node(
-                int(n["id"]),
-                stage=int(n["stage"]),
-                position=int(n["position"]),
-                round=int(event["round"]),
-                kind=str(n["kind"]),
-                token=int(n["token"]),
-                text="" if n.get("text") is None else str(n["text"]),
-                fate="pending",
-                cut_round=-1,
-                drafted=int(n["slot"]) in chain_slots,
-            )
-            if n.get("parent") is not None:
-                graph.add_edge(int(n["parent"]), int(n["id"]), kind=str(n["kind"]))
-        for commit in round_commits(event):
-            anchors = [int(i) for i in commit["anchor_nodes"]]
-            for i in anchors:
-                graph.nodes[i]["fate"] = "committed"
-            graph.nodes[anchors[-1]]["fate"] = "final"
-            graph.nodes[anchors[int(commit["matched_stage"])]]["fate"] = "matched"
-        gone = [(i, "discarded") for i in (event.get("collapse") or {}).get("dropped", [])]
-        for i, fate in gone + [(i, "cut") for i in event.get("cut", [])]:
-            if int(i) in graph:
-                graph.nodes[int(i)].update(fate=fate, cut_round=int(event["round"]))
+        if isinstance(event, RoundEvent):
+            for n in event.nodes:
+                _add_node(graph, n, event.round, chain_slots)
+            _mark_fates(graph, event)
     return graph
 
 
-def export_graph(events: list[dict], path: str | Path) -> Path:
+def _add_node(graph: nx.DiGraph, n: NodeRecord, round_: int, chain_slots: set[int]) -> None:
+    """One node (pending until a commit or a collapse says otherwise) and the edge from its parent."""
+    if n.kind == "chain":
+        chain_slots.add(int(n.slot))
+    graph.add_node(
+        int(n.id),
+        stage=int(n.stage),
+        position=int(n.position),
+        round=int(round_),
+        kind=str(n.kind),
+        token=int(n.token),
+        text="" if n.text is None else str(n.text),
+        fate="pending",
+        cut_round=-1,
+        drafted=int(n.slot) in chain_slots,
+    )
+    if n.parent is not None:
+        graph.add_edge(int(n.parent), int(n.id), kind=str(n.kind))
+
+
+def _mark_fates(graph: nx.DiGraph, event: RoundEvent) -> None:
+    """The fates a round decided: each commit's anchor nodes, then the nodes its collapse dropped or it cut."""
+    for commit in event.commits:
+        anchors = [int(i) for i in commit.anchor_nodes]
+        for i in anchors:
+            graph.nodes[i]["fate"] = "committed"
+        graph.nodes[anchors[-1]]["fate"] = "final"
+        graph.nodes[anchors[int(commit.matched_stage)]]["fate"] = "matched"
+    gone = [(i, "discarded") for i in (event.collapse or {}).get("dropped", [])]
+    for i, fate in gone + [(i, "cut") for i in event.cut or []]:
+        if int(i) in graph:
+            graph.nodes[int(i)].update(fate=fate, cut_round=int(event.round))
+
+
+def export_graph(events: list[Event], path: str | Path) -> Path:
     """Write the run's lattice graph as GraphML (``.graphml``) or node-link JSON (``.json``)."""
     path = Path(path)
     graph = lattice_graph(events)

@@ -21,6 +21,8 @@ import math
 
 import plotly.graph_objects as go
 
+from dex_core.trace.events import CommitRecord, NodeRecord
+
 from .fit import LINE_EM, elide, keep_apart, label_box, text_px, wrap
 from .markup import plot_text
 from .palette import CHAIN_EDGE, CHAIN_LINE, DARK, PALE, STATUS_MARKS, WHITE, frames, stage_tick
@@ -52,8 +54,8 @@ def stage_height(K: int) -> float:
 def chain_nodes(view: RoundView) -> set[int]:
     """The nodes of the view's draft-chain slots: each chain slot's stage-0 node (kind "chain") and the
     deeper nodes of the same slot."""
-    slots = {n["slot"] for n in view.nodes.values() if n["kind"] == "chain"}
-    return {i for i, n in view.nodes.items() if n["slot"] in slots}
+    slots = {n.slot for n in view.nodes.values() if n.kind == "chain"}
+    return {i for i, n in view.nodes.items() if n.slot in slots}
 
 
 def node_statuses(view: RoundView) -> dict[int, str]:
@@ -63,11 +65,11 @@ def node_statuses(view: RoundView) -> dict[int, str]:
     match at the last stage); the other committed anchor nodes keep "anchor". Chain nodes this round
     cut (the slot before them proposed another token) are "cut", on any round.
     """
-    cut, commits = set(view.cut), view.round_commits
+    cut, commits = set(view.cut), view.commits
     if commits:
         dropped, kept = set(view.dropped), set(view.kept)
-        finals = {c["anchor_nodes"][-1] for c in commits}
-        matched = {c["anchor_nodes"][c["matched_stage"]] for c in commits}
+        finals = {c.anchor_nodes[-1] for c in commits}
+        matched = {c.anchor_nodes[c.matched_stage] for c in commits}
         out = {}
         for i in view.nodes:
             if i in finals:
@@ -82,7 +84,7 @@ def node_statuses(view: RoundView) -> dict[int, str]:
                 out[i] = "anchor"
         return out
     return {
-        i: "cut" if i in cut else "anchor" if n["position"] == view.commit_position else "pending"
+        i: "cut" if i in cut else "anchor" if n.position == view.commit_position else "pending"
         for i, n in view.nodes.items()
     }
 
@@ -95,7 +97,7 @@ def token_texts(view: RoundView) -> dict[int, str | None]:
     """Token id -> text for every token whose text the run knows (candidates, commits, top entries
     with text), so a top-k list names tokens that this round did not propose."""
     out: dict[int, str | None] = dict(view.vocab)
-    out.update((n["token"], n["text"]) for n in view.nodes.values() if n.get("text") is not None)
+    out.update((n.token, n.text) for n in view.nodes.values() if n.text is not None)
     for chain in view.anchor_chains:
         out.update((t, text) for t, text in chain if text is not None)
     out.update((t, text) for t, text in zip(view.tokens, view.texts) if text is not None)
@@ -113,15 +115,17 @@ def _describe(token: int, vocab: dict[int, str | None]) -> str:
     return f"{text!r} ({token})" if text is not None else f"#{token}"
 
 
-def _hover(node: dict, rel: int, depth: int, vocab: dict[int, str | None], chained: bool = False) -> str:
-    top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in node.get("top") or [])
-    masked = ", ".join(_describe(t, vocab) for t in node.get("masked") or []) or "none"
-    head = f"node {node['id']}"
+def _hover(
+    node: NodeRecord, rel: int, depth: int, vocab: dict[int, str | None], chained: bool = False
+) -> str:
+    top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in node.top)
+    masked = ", ".join(_describe(t, vocab) for t in node.masked) or "none"
+    head = f"node {node.id}"
     chain = ", a draft-chain slot: its input was looked up" if chained else ""
     lines = [
-        f"({node['kind']}, slot {node['slot']}, parent {node['parent']}{chain})",
-        f"stage E{node['stage']} · d={depth} · position {node['position']} (+{rel})",
-        f"candidate {_describe(node['token'], vocab)} (input {node['input_token']})",
+        f"({node.kind}, slot {node.slot}, parent {node.parent}{chain})",
+        f"stage E{node.stage} · d={depth} · position {node.position} (+{rel})",
+        f"candidate {_describe(node.token, vocab)} (input {node.input_token})",
         f"top: {top}",
         f"DECS-masked: {masked}",
     ]
@@ -136,15 +140,15 @@ def shown_columns(columns: int) -> int:
 def _layout_cells(view: RoundView, window: int, columns: int):
     """Per node: (x, y, marker size, the width and height in px of its place on the grid) with same-cell
     nodes on a grid, in slot order."""
-    cells: dict[tuple[int, int], list[dict]] = {}
+    cells: dict[tuple[int, int], list[NodeRecord]] = {}
     for node in view.nodes.values():
-        rel = node["position"] - view.commit_position
+        rel = node.position - view.commit_position
         if rel < window:
-            cells.setdefault((rel, node["stage"]), []).append(node)
+            cells.setdefault((rel, node.stage), []).append(node)
     cell_w, cell_h = FIT_PLOT_PX / (shown_columns(columns) + 0.2), stage_height(view.num_stages)
     place = {}
     for (rel, stage), members in cells.items():
-        members.sort(key=lambda n: (n["slot"], n["id"]))
+        members.sort(key=lambda n: (n.slot, n.id))
         cols = math.ceil(math.sqrt(len(members)))
         rows = math.ceil(len(members) / cols)
         size = max(7.0, min(34.0, 0.7 * min(cell_w / cols, cell_h / rows)))
@@ -152,7 +156,7 @@ def _layout_cells(view: RoundView, window: int, columns: int):
             r, c = divmod(k, cols)
             dx = (c - (cols - 1) / 2) * (0.8 / cols)
             dy = (r - (rows - 1) / 2) * (0.76 / rows)
-            place[node["id"]] = (rel + dx, stage + dy, size, 0.8 * cell_w / cols, 0.76 * cell_h / rows)
+            place[node.id] = (rel + dx, stage + dy, size, 0.8 * cell_w / cols, 0.76 * cell_h / rows)
     return place
 
 
@@ -170,7 +174,7 @@ def fitted_labels(view: RoundView, place: dict, status: dict[int, str], px_x: fl
         white = STATUS_MARKS[status[i]].ink == WHITE and status[i] not in FADED
         room = size - 2 if white else room_x
         fits = room_y >= LINE_EM * FONT_PX
-        text = elide(_label(node.get("text"), node["token"]), room, FONT_PX) if fits else ""
+        text = elide(_label(node.text, node.token), room, FONT_PX) if fits else ""
         labels[i] = text
         boxes.append(label_box(text, x * px_x, y * px_y, FONT_PX) if text else None)
     for i, drawn in zip(order, keep_apart(boxes)):
@@ -178,19 +182,19 @@ def fitted_labels(view: RoundView, place: dict, status: dict[int, str], px_x: fl
     return labels
 
 
-def _shown(commit: dict) -> str:
-    return repr(commit["text"]) if commit.get("text") is not None else str(commit["token"])
+def _shown(commit: CommitRecord) -> str:
+    return repr(commit.text) if commit.text is not None else str(commit.token)
 
 
 def title_lines(view: RoundView) -> list[str]:
     """The title as lines of plain text, each fitting the narrowest figure (``wrap``: never cut)."""
-    depths = view.start["depths"]
+    depths = view.start.depths
     parts = [f"Round {view.round}", f"state q={view.state_before}→{view.state_after}"]
-    commits = view.round_commits
-    drafted = sum(c.get("drafted") is True for c in commits)
+    commits = view.commits
+    drafted = sum(c.drafted for c in commits)
     if len(commits) == 1:
         c = commits[0]
-        k = c["matched_stage"]
+        k = c.matched_stage
         parts.append(
             f"commit {_shown(c)} matched at stage {k} (d={depths[k]})" + (" (drafted)" if drafted else "")
         )
@@ -216,8 +220,8 @@ def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
     lattice of K stages never reaches further than K - 1 ahead, and a chain reaches its length further
     (8 by default), so the default draws every node (the node-marker count is ``lattice_size(view)``).
     """
-    K = len(view.start["depths"])
-    reach = max((n["position"] - view.commit_position for n in view.nodes.values()), default=0) + 1
+    K = len(view.start.depths)
+    reach = max((n.position - view.commit_position for n in view.nodes.values()), default=0) + 1
     columns = min(window, max(K, reach))
     groups, edges, boxes = _marks(view, _layout_cells(view, window, columns), columns)
     chained = bool(chain_nodes(view))
@@ -259,7 +263,7 @@ def lattice_figure(view: RoundView, window: int = 32) -> go.Figure:
 def _marks(view: RoundView, place: dict, columns: int) -> tuple[dict, dict, dict]:
     """Per status, the markers (x, y, size, label, hover); per edge group, its line (x, y with gaps); the chain
     frames of live and of dropped nodes."""
-    depths = view.start["depths"]
+    depths = view.start.depths
     status, vocab = node_statuses(view), token_texts(view)
     new, kept, chained = set(view.new), set(view.kept) | set(view.committed_ids), chain_nodes(view)
     groups = {s: {"x": [], "y": [], "size": [], "text": [], "hover": []} for s in STATUS_MARKS}
@@ -272,14 +276,14 @@ def _marks(view: RoundView, place: dict, columns: int) -> tuple[dict, dict, dict
         for key, value in (("x", x), ("y", y), ("size", size), ("text", plot_text(labels[i]))):
             g[key].append(value)
         g["hover"].append(
-            _hover(node, node["position"] - view.commit_position, depths[node["stage"]], vocab, i in chained)
+            _hover(node, node.position - view.commit_position, depths[node.stage], vocab, i in chained)
         )
         if i in chained:
             half = (min(size / 2 + 3, room_x / 2) / px_x, min(size / 2 + 3, room_y / 2) / px_y)
             boxes[status[i] in FADED].append((x, y, *half))
-        parent = node["parent"]
-        if parent in place and node["kind"] in ("depth", "position", "chain"):
-            xs, ys = edges[CHAIN_EDGES if node["kind"] == "chain" else _edge_group(i, new, kept)]
+        parent = node.parent
+        if parent in place and node.kind in ("depth", "position", "chain"):
+            xs, ys = edges[CHAIN_EDGES if node.kind == "chain" else _edge_group(i, new, kept)]
             px, py, *_ = place[parent]
             xs += [px, x, None]
             ys += [py, y, None]
@@ -345,7 +349,7 @@ def legend_rows(names: list[str], width_px: float = LEGEND_FIT_PX) -> int:
 def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
     """The figure's title (its lines), axes (positions ahead of the anchor, opened on ``shown_columns``;
     one row per stage), the legend in rows under the plot and the anchor's band."""
-    depths = view.start["depths"]
+    depths = view.start.depths
     K, shown, lines = len(depths), shown_columns(columns), title_lines(view)
     legend = [t.name for t in fig.data if t.showlegend is not False and t.visible is not False and len(t.x)]
     top = round(TITLE_PAD + LINE_EM * TITLE_PX * len(lines) + 10)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dex_core.trace.events import CommitRecord, EndEvent
+
 from .lattice import token_texts
 from .markup import esc, join, num
 from .palette import DARK, PALE, ink_on, stage_colors, stage_legend_html
@@ -44,12 +46,14 @@ _NEAR_TIE = "outline: 2px dashed #c0392b; outline-offset: -1px;"  # a near-tie c
 _DRAFTED = "text-decoration: underline; text-decoration-thickness: 2px; text-underline-offset: 3px;"
 
 
-def near_tie_sentence(commit: dict, dtype: str | None) -> str:
+def near_tie_sentence(commit: CommitRecord, dtype: str | None) -> str:
     """One sentence (HTML) on a near-tie commit; empty for other commits and traces without the key."""
-    if commit.get("near_tie") is not True:
+    if commit.near_tie is not True:
         return ""
-    margin = f" were {num(commit['margin'], '.4g')} apart" if "margin" in commit else " were within rounding"
-    gap = f" (tie gap {num(commit['tie_gap'], '.4g')})" if "tie_gap" in commit else ""
+    margin = (
+        f" were {num(commit.margin, '.4g')} apart" if commit.margin is not None else " were within rounding"
+    )
+    gap = f" (tie gap {num(commit.tie_gap, '.4g')})" if commit.tie_gap is not None else ""
     return (
         f"≈ Near-tie: the final layer's top two tokens{margin}, within {esc(dtype or 'the model dtype')} "
         f"rounding{gap}; <code>dex verify</code> certifies such tokens against the unmodified model."
@@ -63,7 +67,7 @@ def tokens_html(view_or_views) -> str:
     view = _last(view_or_views)
     if view is None:
         return f"<div style='{_BOX} color: #7f8c8d;'>no tokens yet</div>"
-    depths = view.start["depths"]
+    depths = view.start.depths
     colours = stage_colors(depths)
     spans, ties, drafts = [], 0, 0
     for i, (token, text, stage, chain) in enumerate(
@@ -72,8 +76,8 @@ def tokens_html(view_or_views) -> str:
         title = " · ".join(
             f"{_stage_name(k, depths)} {_quoted(t_text, t)}" for k, (t, t_text) in enumerate(chain)
         )
-        commit = view.commits[i] if i < len(view.commits) else {}
-        near, drafted = commit.get("near_tie") is True, commit.get("drafted") is True
+        commit = view.token_commits[i] if i < len(view.token_commits) else None
+        near, drafted = commit is not None and commit.near_tie is True, commit is not None and commit.drafted
         ties, drafts = ties + near, drafts + drafted
         shown = text if text is not None else f"⟨{token}⟩"
         attrs = (' data-near-tie="1"' if near else "") + (' data-drafted="1"' if drafted else "")
@@ -89,7 +93,7 @@ def tokens_html(view_or_views) -> str:
         (
             f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
             f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
-            f"within {esc(view.start.get('dtype') or 'the model dtype')} rounding (each round's table says by how "
+            f"within {esc(view.start.dtype or 'the model dtype')} rounding (each round's table says by how "
             f"much)</div>"
         )
         if ties
@@ -132,10 +136,10 @@ def _stage_key(k: int, depths) -> str:
 
 def kv_counts(view: RoundView) -> list[tuple[int, int]]:
     """Per explorer: (committed KV entries before this round's commits, lattice KV entries)."""
-    committed = len(view.start["prompt"]) - 1 + len(view.tokens) - len(view.round_commits)
+    committed = len(view.start.prompt) - 1 + len(view.tokens) - len(view.commits)
     per_stage = [0] * view.num_stages
     for node in view.nodes.values():
-        per_stage[node["stage"]] += 1
+        per_stage[node.stage] += 1
     return [(committed, n) for n in per_stage]
 
 
@@ -143,17 +147,15 @@ def fsm_html(view: RoundView) -> str:
     """FSM state q before → after and, per explorer, its lattice nodes as counts (new this round in
     bold) with the ids on demand (``<details>``), and its KV view: committed prefix + lattice entries.
     A round along a draft chain commits several tokens: it says how many, and which were drafted."""
-    depths = view.start["depths"]
-    new, commits = set(view.new), view.round_commits
+    depths = view.start.depths
+    new, commits = set(view.new), view.commits
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
     listed = ""
-    if n > 1 or any(
-        c.get("drafted") is True for c in commits
-    ):  # one line (cut short, in full on hover): a K=8
+    if n > 1 or any(c.drafted for c in commits):  # one line (cut short, in full on hover): a K=8
         text = ", ".join(
-            f"{_quoted(c.get('text'), c['token'])} at {c['position']}"  # page keeps its height
-            + (" (drafted)" if c.get("drafted") is True else "")
+            f"{_quoted(c.text, c.token)} at {c.position}"  # page keeps its height
+            + (" (drafted)" if c.drafted else "")
             for c in commits
         )
         listed = (
@@ -167,7 +169,7 @@ def fsm_html(view: RoundView) -> str:
     ]
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
-        by_stage[node["stage"]].append(i)
+        by_stage[node.stage].append(i)
     widest = max((len(ids) for ids in by_stage), default=1) or 1
     rows = []
     for k, (ids, (committed, lattice)) in enumerate(zip(by_stage, kv_counts(view))):
@@ -235,7 +237,7 @@ def run_numbers(view: RoundView) -> RunNumbers:
     return RunNumbers(tokens, rounds, rpt, view.num_stages / rpt if tokens else 0.0)
 
 
-def stats_html(view: RoundView, end: dict | None = None) -> str:
+def stats_html(view: RoundView, end: EndEvent | None = None) -> str:
     """Tokens, rounds, rounds/token, depth-side speedup K/(rounds/token), the tokens committed from draft
     chains (runs with chains), the matched-stage histogram, and (given the end event) measured and
     projected tokens/s."""
@@ -245,22 +247,17 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
         ("rounds", esc(n.rounds)),
         ("rounds/token", num(n.rounds_per_token, ".2f")),
         ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
-        ("lattice pruning", esc(f"≤ {view.start['prune']} new/round" if view.start.get("prune") else "none")),
+        ("lattice pruning", esc(f"≤ {view.start.prune} new/round" if view.start.prune else "none")),
     ]
-    if view.start.get("draft"):
-        items.append(
-            ("drafted tokens (draft chains)", esc(sum(c.get("drafted") is True for c in view.commits)))
-        )
+    if view.start.draft:
+        items.append(("drafted tokens (draft chains)", esc(sum(c.drafted for c in view.token_commits))))
     if end is not None:
-        stats = end.get("stats", {})
-        if stats.get("tokens_per_second"):
-            items.append(("tokens/s (measured)", num(stats["tokens_per_second"], ".1f")))
-        if stats.get("projected_seconds"):
+        stats = end.stats
+        if stats.tokens_per_second:
+            items.append(("tokens/s (measured)", num(stats.tokens_per_second, ".1f")))
+        if stats.projected_seconds:
             items.append(
-                (
-                    "tokens/s (projected, K devices)",
-                    num(len(end["tokens"]) / stats["projected_seconds"], ".1f"),
-                )
+                ("tokens/s (projected, K devices)", num(len(end.tokens) / stats.projected_seconds, ".1f"))
             )
     cells = "".join(
         f"<div style='display: inline-block; margin: 0 18px 6px 0;'><div style='font-size: 11px; "
@@ -269,7 +266,7 @@ def stats_html(view: RoundView, end: dict | None = None) -> str:
     )
     return (
         f"<div style='{_BOX}'><div>{cells}</div><div style='font-size: 12px;'>matched stage"
-        f"{_histogram(view.matched, view.start['depths'])}</div></div>"
+        f"{_histogram(view.matched, view.start.depths)}</div></div>"
     )
 
 
@@ -296,7 +293,7 @@ def round_table_html(view: RoundView) -> str:
         f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
     ]
     parts += [_batch_html(view, k, batch) for k, batch in enumerate(view.batches)]
-    commits = view.round_commits
+    commits = view.commits
     for j, c in enumerate(commits):
         parts += _commit_html(view, c, f" {j + 1} of {len(commits)}" if len(commits) > 1 else "")
     if commits:
@@ -320,11 +317,11 @@ def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
     vocab, rows = token_texts(view), []
     for i in batch:
         n = view.nodes[i]
-        top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.get("top") or [])
-        masked = ", ".join(_cand(t, vocab) for t in n.get("masked") or []) or "—"
-        where = f"{esc(n['position'])} (+{esc(n['position'] - view.commit_position)})"
-        rows.append([esc(i), esc(n["kind"]), where, _cand(n["token"], vocab), top, masked])
-    title = f"{_stage_key(k, view.start['depths'])} · batch of {len(batch)}"
+        top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.top)
+        masked = ", ".join(_cand(t, vocab) for t in n.masked) or "—"
+        where = f"{esc(n.position)} (+{esc(n.position - view.commit_position)})"
+        rows.append([esc(i), esc(n.kind), where, _cand(n.token, vocab), top, masked])
+    title = f"{_stage_key(k, view.start.depths)} · batch of {len(batch)}"
     if not rows:
         return f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>"
     table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
@@ -332,28 +329,28 @@ def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
     return f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>"
 
 
-def _commit_html(view: RoundView, c: dict, which: str) -> list[str]:
+def _commit_html(view: RoundView, c: CommitRecord, which: str) -> list[str]:
     """One commit: its token, matched stage and marks (near-tie, drafted, next anchor), then the anchor's table."""
-    vocab, depths = token_texts(view), view.start["depths"]
+    vocab, depths = token_texts(view), view.start.depths
     rows = [
         [
             esc(_stage_name(k, depths)),
             esc(nid),
             _cand(tok, vocab),
-            "✓ matched" if k == c["matched_stage"] else "",
+            "✓ matched" if k == c.matched_stage else "",
         ]
-        for k, (nid, tok) in enumerate(zip(c["anchor_nodes"], c["anchor_candidates"]))
+        for k, (nid, tok) in enumerate(zip(c.anchor_nodes, c.anchor_candidates))
     ]
-    near = near_tie_sentence(c, view.start.get("dtype"))
+    near = near_tie_sentence(c, view.start.dtype)
     badge = (
         f" <span class='dex-near-tie' style='{_NEAR_TIE} padding: 0 4px;'>≈ near-tie</span>" if near else ""
     )
-    if c.get("drafted") is True:
+    if c.drafted:
         badge += f" · <span class='dex-drafted' style='{_DRAFTED}'>drafted</span> (its input came from a draft chain)"
-    badge += f" · next anchor: {esc(_VIA[c['via']])}" if c.get("via") in _VIA else ""
+    badge += f" · next anchor: {esc(_VIA[c.via])}" if c.via in _VIA else ""
     parts = [
-        f"<div><b>Commit{which}</b> token {_cand(c['token'], vocab)} at position {esc(c['position'])}, "
-        f"matched at stage {esc(c['matched_stage'])} (d={esc(depths[c['matched_stage']])}){badge}</div>"
+        f"<div><b>Commit{which}</b> token {_cand(c.token, vocab)} at position {esc(c.position)}, "
+        f"matched at stage {esc(c.matched_stage)} (d={esc(depths[c.matched_stage])}){badge}</div>"
     ]
     if near:
         parts.append(f"<div style='font-size: 12px;'>{near}</div>")

@@ -5,8 +5,8 @@
 - a ``dex bench`` JSON report: its comparison chart.
 
 ``python -m visualize.report IN.json OUT.html`` reads either a trace (saved by ``dex generate --trace``
-or the app), validated as every trace is (``dex_core.trace.validate``), or a bench report. Either way every
-value from the file is escaped.
+or the app), read as every trace is (``load_trace``: validated, then typed), or a bench report. Either way
+every value from the file is escaped.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from dex_core.trace.events import EndEvent, Event
+from dex_core.trace.files import load_trace
 from dex_core.trace.schema import TRACE_FORMAT
-from dex_core.trace.validate import validate_trace
 
 from .charts import bench_figure
 from .lattice import lattice_figure
@@ -46,23 +47,24 @@ def standalone_html(title: str, body: str) -> str:
     return _PAGE.format(title=esc(title), js=get_plotlyjs(), body=body)
 
 
-def run_report_html(events: list[dict], meta: dict | None = None) -> str:
-    """One DEX run as a standalone page: what ran, the text, the numbers, the timeline and the last round."""
+def run_report_html(events: list[Event], meta: dict | None = None) -> str:
+    """One DEX run (its typed events) as a standalone page: what ran, the text, the numbers, the timeline and
+    the last round."""
     views = replay(events)
     if not views:
         raise ValueError("this trace has no explorer rounds (an AR trace?): nothing to draw")
-    last, start = views[-1], events[0]
-    end = events[-1] if events[-1].get("event") == "end" else None
+    last, start = views[-1], views.start
+    end = events[-1] if isinstance(events[-1], EndEvent) else None
     meta = meta or {}
     facts = [
         ("model", meta.get("model", "not recorded")),
         ("prompt", meta.get("prompt", "not recorded")),
-        ("depths", ", ".join(map(str, start["depths"]))),
-        ("adapters at depths", ", ".join(map(str, start.get("adapter_depths") or [])) or "none"),
-        ("DECS", "on" if start.get("decs") else "off"),
-        ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.get("draft") or {}).items()) or "off"),
+        ("depths", ", ".join(map(str, start.depths))),
+        ("adapters at depths", ", ".join(map(str, start.adapter_depths)) or "none"),
+        ("DECS", "on" if start.decs else "off"),
+        ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.draft or {}).items()) or "off"),
         ("rounds", len(views)),
-        ("finished", end["stop"] if end else "no (stopped early)"),
+        ("finished", end.stop if end else "no (stopped early)"),
     ]
     rows = "".join(
         f"<tr><th style='text-align: left; padding-right: 12px;'>{esc(k)}</th><td>{esc(v)}</td></tr>"
@@ -71,13 +73,13 @@ def run_report_html(events: list[dict], meta: dict | None = None) -> str:
     body = (
         f"<h1>DEX run</h1><table>{rows}</table><h2>Text</h2>{tokens_html(last)}<h2>Numbers</h2>"
         f"{stats_html(last, end)}<h2>Timeline: every node of the run</h2>"
-        f"{stage_legend_html(start['depths'], 'stage')}{_figure(timeline_figure(events), 'dex-timeline')}"
+        f"{stage_legend_html(start.depths, 'stage')}{_figure(timeline_figure(events), 'dex-timeline')}"
         f"<h2>The last round</h2>{_figure(lattice_figure(last), 'dex-lattice')}{round_table_html(last)}"
     )
     return standalone_html("DEX run", body)
 
 
-def write_run_report(events: list[dict], meta: dict | None, path: str | Path) -> Path:
+def write_run_report(events: list[Event], meta: dict | None, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(run_report_html(events, meta), encoding="utf-8")
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     try:
         doc = json.loads(Path(args.input).read_text())
         if isinstance(doc, dict) and doc.get("format") == TRACE_FORMAT:
-            write_run_report(*validate_trace(doc), args.html)  # sizes, schema, references checked
+            write_run_report(*load_trace(args.input), args.html)  # sizes, schema, references checked; typed
         else:
             Path(args.html).parent.mkdir(parents=True, exist_ok=True)
             bench_figure(doc).write_html(args.html, include_plotlyjs=True)

@@ -13,6 +13,7 @@ edges run dashed along the position axis (``palette.CHAIN_LINE``, ``CHAIN_EDGE``
 shows its round, stage, candidate, top-k with text and fate; every point carries its round in
 ``customdata`` so a click can open that round (the app does). Surviving edges are drawn, the edges
 into discarded (or cut) nodes sit behind a legend toggle. Trace values in Plotly text pass ``plot_text``.
+It draws a run's typed events (``dex_core.trace.events``), as the graph does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 
 import plotly.graph_objects as go
 
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import Event, NodeRecord, RoundEvent, StartEvent
 
 from .graph import FATES, lattice_graph
 from .markup import plot_text
@@ -53,14 +54,13 @@ def _describe(token: int, vocab: dict[int, str]) -> str:
     return f"{text!r} ({token})" if text is not None else f"#{token}"
 
 
-def _hover(node: dict, record: dict, depths, vocab: dict[int, str]) -> str:
-    top = (
-        ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in record.get("top") or []) or "not recorded"
-    )
+def _hover(node: dict, record: NodeRecord, depths, vocab: dict[int, str]) -> str:
+    """A node's hover: ``node`` its attributes in the graph, ``record`` its node record."""
+    top = ", ".join(f"{_describe(t, vocab)} {p:.3f}" for t, p, *_ in record.top) or "not recorded"
     fate = node["fate"] + (f" (in round {node['cut_round']})" if node["fate"] in ("discarded", "cut") else "")
     chain = " · draft chain (its input was looked up)" if node["drafted"] else ""
     lines = [
-        f"node {record['id']} · round {node['round']}{chain}",
+        f"node {record.id} · round {node['round']}{chain}",
         f"E{node['stage']} · d={depths[node['stage']]} · position {node['position']}",
         f"candidate {_describe(node['token'], vocab)}",
         f"top: {top}",
@@ -93,54 +93,51 @@ def _place(graph, row_px: float) -> dict[int, tuple[float, float, float]]:
     return place
 
 
-def _cuts(events: list[dict], graph) -> tuple[dict, dict]:
+def _cuts(events: list[Event], graph) -> tuple[dict, dict]:
     """Collapse lines (x, y with None breaks) and one marker per collapse (x, round, label, hover), after
     the round's last commit; a round of several commits is labelled ×N and its hover says which were drafted."""
     lines: dict[str, list] = {"x": [], "y": []}
     marks: dict[str, list] = {"x": [], "round": [], "label": [], "hover": []}
     for event in events:
-        collapse, commits = (
-            event.get("collapse"),
-            round_commits(event) if event.get("event") == "round" else [],
-        )
-        if not collapse or not commits:
+        if not isinstance(event, RoundEvent) or not event.collapse or not event.commits:
             continue
-        last = commits[-1]["position"]
+        collapse, commits = event.collapse, event.commits
+        last = commits[-1].position
         x = last + 0.5
-        stages = [graph.nodes[i]["stage"] for i in collapse.get("dropped", []) if i in graph]
+        stages = [graph.nodes[i]["stage"] for i in collapse["dropped"] if i in graph]
         if stages:
             lines["x"] += [x, x, None]
             lines["y"] += [min(stages) - 0.45, max(stages) + 0.45, None]
         marks["x"].append(x)
-        marks["round"].append(event["round"])
+        marks["round"].append(event.round)
         marks["label"].append(f"×{len(commits)}" if len(commits) > 1 else "")
-        drafted = [c["position"] for c in commits if c.get("drafted") is True]
+        drafted = [c.position for c in commits if c.drafted]
         what = (
-            f"committed {len(commits)} tokens at positions {commits[0]['position']}–{last} "
+            f"committed {len(commits)} tokens at positions {commits[0].position}–{last} "
             f"(drafted: {', '.join(map(str, drafted)) or 'none'}), "
             if len(commits) > 1
             else ""
         )
         marks["hover"].append(
             plot_text(
-                f"round {event['round']}: {what}collapse after position {last}, "
-                f"kept {len(collapse.get('kept', []))}, dropped {len(stages)}"
+                f"round {event.round}: {what}collapse after position {last}, "
+                f"kept {len(collapse['kept'])}, dropped {len(stages)}"
             )
         )
     return lines, marks
 
 
-def timeline_figure(events: list[dict], note: str = "") -> go.Figure:
-    """The whole run's lattice as one figure (an AR trace or a run without rounds gives an empty one);
-    ``note`` (plain text, e.g. what a click does where the figure is shown) ends its title."""
-    start = events[0] if events and events[0].get("event") == "start" else {}
-    depths = start.get("depths", [])
-    graph = lattice_graph(events)
+def timeline_figure(events: list[Event], note: str = "") -> go.Figure:
+    """The whole run's lattice as one figure, from its typed events (an AR trace or a run without rounds
+    gives an empty one); ``note`` (plain text, e.g. what a click does where the figure is shown) ends its
+    title."""
+    graph = lattice_graph(events)  # refuses plain records
+    depths = events[0].depths if events and isinstance(events[0], StartEvent) else []
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
     records, vocab = {}, {}
-    for event in events:
-        if event.get("event") == "round":
-            records.update((n["id"], n) for n in event["nodes"])
-            vocab.update(event_texts(event))
+    for event in rounds:
+        records.update((n.id, n) for n in event.nodes)
+        vocab.update(event_texts(event))
     place = _place(graph, plot_height(len(depths)) / y_units(len(depths)))
     edges = _edge_lines(graph, place)
     traces = [
@@ -163,8 +160,7 @@ def timeline_figure(events: list[dict], note: str = "") -> go.Figure:
     traces += _chain_traces(graph, place, edges["chain"], len(depths)) + _collapse_traces(
         *_cuts(events, graph)
     )
-    rounds = sum(1 for e in events if e.get("event") == "round")
-    title = f"Whole run: {graph.number_of_nodes()} nodes in {rounds} rounds" + (
+    title = f"Whole run: {graph.number_of_nodes()} nodes in {len(rounds)} rounds" + (
         f" · {plot_text(note)}" if note else ""
     )
     return _laid_out(go.Figure(data=traces), title, depths)

@@ -5,6 +5,7 @@ progress is ``app.ui.estimate.Pace``."""
 from __future__ import annotations
 
 from dex_core.analysis.forecast import Forecast, forecast
+from dex_core.trace.stats import GenerationStats
 
 SLOW_SECONDS = 60  # a run expected to take longer gets a warning before it, or a notice during it
 LEARNED_RUNS = 4  # finished runs whose rounds a token the next first estimate averages
@@ -20,11 +21,11 @@ class Learned:
     def __init__(self, K: int):
         self.K, self.runs = K, []  # (seconds a token, rounds a token past the pipeline's fill) per run
 
-    def add(self, stats: dict, seconds: float) -> None:
+    def add(self, stats: GenerationStats, seconds: float) -> None:
         """A finished run's end-event stats and its ``seconds`` as the page saw them (its frames drawn too)."""
-        if stats.get("rounds", 0) >= self.K and stats.get("tokens") and stats.get("stop") != "cancelled":
-            own = (stats["rounds"] - (self.K - 1)) / stats["tokens"]
-            self.runs = [*self.runs, (seconds / stats["tokens"], own)][-LEARNED_RUNS:]
+        if stats.rounds >= self.K and stats.tokens and stats.stop != "cancelled":
+            own = (stats.rounds - (self.K - 1)) / stats.tokens
+            self.runs = [*self.runs, (seconds / stats.tokens, own)][-LEARNED_RUNS:]
 
     def forecast(self, max_new_tokens: int) -> Forecast | None:
         if not self.runs:

@@ -14,19 +14,22 @@ newer sessions push the session out. ``Sessions`` bounds that:
 - the sweep drops the large output values Gradio keeps for deep links (the browser has them), and the
   replays of traces no session holds (``REPLAYS``); freed heap pages go back to the OS (``_trim``).
 
-A trace's memory is estimated from its JSON: Python's records take at most about ``JSON_FACTOR`` bytes per
-byte of JSON and ``COMPACT_FACTOR`` after ``compact``, which every loaded trace gets. Measured with
-tracemalloc on traces of K=3..8, 0.05 to 25 MB: 5.1 to 8.0 and 3.6 to 6.0. The process's RSS grows more,
-by the allocator's own overhead: 8.9x for a compacted 17 MB trace with the system allocator that
-``app/main.py`` runs the server with (8.1x with CPython's), so ``COMPACT_FACTOR`` is that.
+A loaded trace's memory is estimated from its file: its typed events (``dex_core.trace.events``), their repeated
+values shared as the server reads them (``app.host.trace_worker.compacted``), take at most about ``COMPACT_FACTOR``
+bytes of the process's RSS per byte of JSON, the allocator's own overhead included (the system allocator that
+``app/main.py`` runs the server with): 4.3 to 4.8 for an 11 MB K=8 trace (7.3 not shared; the plain dicts they
+replaced took 8.9 shared), 5.6 for a 17 MB one held by a session of a running server, its replay and page outputs
+included. A trace held otherwise (a live run's, a bundled one) is measured: its objects' own sizes
+(``footprint``, what tracemalloc counts) times ``HEAP_FACTOR``, the allocator's overhead (1.17 to 1.29 there).
 """
 
 from __future__ import annotations
 
 import copy
 import ctypes
+import dataclasses
 import gc
-import json
+import sys
 import threading
 import time
 from datetime import datetime
@@ -36,11 +39,12 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError
+from dex_core.trace.events import Event, StartEvent
 
 from .files import Files
 
-JSON_FACTOR = 9
-COMPACT_FACTOR = 9
+COMPACT_FACTOR = 7  # a margin over the 5.6 measured below
+HEAP_FACTOR = 1.3
 RESERVE_SECONDS = 60  # a load's reservation counts until its trace is in the session's State
 RECORD_SECONDS = 5  # a size recorded for a loaded trace is kept this long for its session to hold it
 RECENT_SECONDS = 60  # sessions used this recently get their large output values dropped
@@ -56,35 +60,33 @@ _SLICE = (
 REPLAYS = viz.ReplayCache(size=8)  # the process's replays (Prev/Next/Play); the sweep keeps only held traces'
 
 
-def traces_in(value) -> list[list[dict]]:
+def traces_in(value) -> list[list[Event]]:
     """The event lists a State value holds: a trace (a list that opens with a start event) or a run's."""
     if isinstance(value, dict):
         value = value.get("events")
-    if isinstance(value, list) and value and isinstance(value[0], dict) and value[0].get("event") == "start":
+    if isinstance(value, list) and value and isinstance(value[0], StartEvent):
         return [value]
     return []
 
 
-def compact(events: list[dict]) -> list[dict]:
-    """Share a loaded trace's repeated values, in place: one string per token text, one float per
-    probability, one int per node id of the alive lists, and top entries as tuples. JSON parsing makes a
-    new object for every occurrence; shared, a trace takes about 30% less memory. Returns ``events``."""
-    texts, probs, ids = {}, {}, {}
-
-    def text(x):
-        return texts.setdefault(x, x) if isinstance(x, str) else x
-
-    for event in events:
-        for node in event.get("nodes") or ():
-            node["text"] = text(node.get("text"))
-            if node.get("top"):
-                node["top"] = [
-                    (t, probs.setdefault(p, p) if type(p) is float else p, *map(text, rest))
-                    for t, p, *rest in node["top"]
-                ]
-        if event.get("alive"):
-            event["alive"] = [ids.setdefault(i, i) for i in event["alive"]]
-    return events
+def footprint(event: Event) -> int:
+    """Bytes of an event's own objects (``sys.getsizeof``, each object once): its records, their lists, dicts,
+    strings and numbers."""
+    seen, stack, total = set(), [event], 0
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        total += sys.getsizeof(x)
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif dataclasses.is_dataclass(x):
+            total += sys.getsizeof(vars(x)) if hasattr(x, "__dict__") else 0  # GenerationStats has one
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+    return total
 
 
 def _large(value) -> bool:
@@ -123,7 +125,7 @@ class Sessions:
     def _holder(self):
         return getattr(self.blocks, "state_holder", None)
 
-    def _bytes(self, events: list[dict]) -> int:
+    def _bytes(self, events: list[Event]) -> int:
         """A held trace's estimated size, measured once per event (an entry keeps the trace's first event,
         so a new list at a freed list's id is measured afresh)."""
         first, counted, size, _ = self._sizes.get(id(events), (None, 0, 0, 0.0))
@@ -131,12 +133,13 @@ class Sessions:
             counted, size = 0, 0
         if counted < len(events):
             new = events[counted:]  # one read: a live run appends meanwhile
-            size += int(JSON_FACTOR * sum(len(json.dumps(e, separators=(",", ":"))) for e in new))
+            size += int(HEAP_FACTOR * sum(map(footprint, new)))
             self._sizes[id(events)] = (events[0], counted + len(new), size, time.monotonic())
         return size
 
-    def record(self, events: list[dict], file_bytes: int) -> None:
-        """The size of a compacted trace loaded from a file of ``file_bytes``, before its session holds it."""
+    def record(self, events: list[Event], file_bytes: int) -> None:
+        """The size of a trace loaded from a file of ``file_bytes`` (``COMPACT_FACTOR``), before its session holds
+        it."""
         with self._lock:
             self._sizes[id(events)] = (
                 events[0],

@@ -3,24 +3,24 @@ when explorer processes hold it, what the parent holds of it (``UnloadedModel``)
 the run's settings (``RunSettings``), or the torchrun launch's one group — this machine's seconds profile, and what
 finished runs teach the next estimate. Its settings: ``app.host.settings``.
 
-Sessions keep only plain trace records (in ``gr.State``), bounded by ``app.host.sessions`` (memory) and
-``app.host.files`` (disk), which the runtime holds. Model work is serialized by the app's event concurrency settings.
+Sessions keep only typed trace events (``dex_core.trace.events``, in ``gr.State``), bounded by ``app.host.sessions``
+(memory) and ``app.host.files`` (disk), which the runtime holds. Model work is serialized by the app's event
+concurrency settings.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from collections import OrderedDict
 from dataclasses import replace
 
 import torch
 
-from dex_core import DexConfig, DexDecoder, DexError, encode_prompt, load_model, shipped_adapters
+from dex_core import DecoderPool, DexConfig, DexDecoder, DexError, encode_prompt, load_model, shipped_adapters
 from dex_core.analysis.forecast import Forecast, ar_seconds, run_forecast
 from dex_core.analysis.profile import measure_profile, one_row, one_row_seconds
-from dex_core.runtime.settings import RunSettings
 from dex_core.runtime.unloaded import UnloadedModel, device_type
+from dex_core.trace.events import EndEvent
 
 from .files import Files
 from .gate import Calls
@@ -41,7 +41,7 @@ class Runtime:
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
         self._model = self._tokenizer = self._unloaded = None
-        self._groups: OrderedDict[RunSettings, DexDecoder] = OrderedDict()  # least recently used first
+        self._pool: DecoderPool | None = None  # decoders by run settings, or the torchrun launch's one
         self.files = Files(self.settings)  # the app's folder, exports, what the gate serves
         self.uploads = Uploads(self.settings, self.files)  # uploads, counted from their first byte
         self.calls = Calls()  # malformed API calls, counted; a flood rate-limited
@@ -49,7 +49,6 @@ class Runtime:
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
         self._one_row: dict[int, dict] = {}  # one-row seconds by proposal-head rows: first estimates
         self._learned: dict[int, Learned] = {}  # by K: what finished runs teach the next first estimate
-        self._launched: DexDecoder | None = None  # the torchrun group's decoder (backend torchrun)
 
     @property
     def distributed(self) -> bool:
@@ -59,7 +58,8 @@ class Runtime:
     @property
     def launch_explorers(self) -> int | None:
         """K when a torchrun launch fixed the explorers and their settings (None: the controls choose)."""
-        return None if self._launched is None else self._launched.K
+        launched = self._pool.launched if self._pool is not None else None
+        return None if launched is None else launched.K
 
     def join_torchrun(self) -> None:
         """Every rank of ``torchrun ... app/main.py --backend torchrun``, before the app launches: join the group
@@ -68,10 +68,10 @@ class Runtime:
         options = replace(
             DexConfig(model=self.settings.model).decoder(), backend="torchrun", trace_top=TRACE_TOP
         )
-        self._launched = DexDecoder.from_pretrained(
+        self._pool = DecoderPool.open(
             self.settings.model, options, dtype=self.settings.dtype, device=self.settings.device
         )
-        self._tokenizer = self._launched.tokenizer
+        self._tokenizer = self._pool.tokenizer
         atexit.register(self.close)  # the other ranks end when rank 0 closes the group
 
     @property
@@ -92,11 +92,13 @@ class Runtime:
                     self.settings.model, self.settings.dtype, kind, log=log or (lambda line: None)
                 )
                 self._tokenizer = self._unloaded.tokenizer
+                self._pool = DecoderPool(self._unloaded, self.settings.max_groups)
             else:
                 more = {"log": log} if log is not None else {}
                 self._model, self._tokenizer = load_model(
                     self.settings.model, dtype=self.settings.dtype, device=self.settings.device, **more
                 )
+                self._pool = DecoderPool(self._model, self.settings.max_groups, tokenizer=self._tokenizer)
 
     def tokenizer(self):
         self.prepare()
@@ -153,8 +155,8 @@ class Runtime:
     def learn(self, K: int, events: list, seconds: float | None) -> None:
         """What a finished run at K that took ``seconds`` (None: not measured) teaches the next run's first
         estimate at K (``Learned``; a run that did not finish teaches nothing)."""
-        if seconds and events and events[-1]["event"] == "end":
-            self._learned.setdefault(K, Learned(K)).add(events[-1].get("stats", {}), seconds)
+        if seconds and events and isinstance(events[-1], EndEvent):
+            self._learned.setdefault(K, Learned(K)).add(events[-1].stats, seconds)
 
     def slow_notice(
         self, decoder: DexDecoder | None, max_new_tokens: int, ar: bool = False, first: Forecast | None = None
@@ -210,32 +212,19 @@ class Runtime:
         return shipped_adapters(self.settings.model) is not None
 
     def decoder(self, config: DexConfig) -> DexDecoder:
-        """A decoder for the config's exploration. Distributed groups are kept, keyed by the run's settings
-        (``RunSettings``: the resolved depths, adapters, proposal heads, pruning, draft bounds, DECS), at most
-        ``max_groups`` at once: the least recently used one is closed first."""
+        """A decoder for the config's exploration, from the runtime's ``DecoderPool``: decoders (and their explorer
+        groups) are kept, keyed by the run's settings, at most ``max_groups`` at once, the least recently used closed
+        first; under torchrun, the launch's one decoder. Distributed, each explorer reads its own part of the
+        checkpoint (DEX_DEVICE=cpu: CPU explorers, even beside GPUs)."""
         options = replace(config.decoder(), backend=self.settings.backend)
-        if options.backend == "torchrun":  # one group, its settings fixed by the launch (join_torchrun)
-            if self._launched is None:
-                raise DexError("the torchrun backend needs the app started under torchrun (see README)")
-            return self._launched
+        if options.backend == "torchrun" and self.launch_explorers is None:
+            raise DexError("the torchrun backend needs the app started under torchrun (see README)")
         if options.backend == "sequential":
-            model, tokenizer = self.model()
-            return DexDecoder(model, options, tokenizer=tokenizer)
+            self.model()  # loaded on first use
         self.prepare()
-        settings = self._unloaded.settings(options)
-        with self._lock:
-            if settings in self._groups:
-                self._groups.move_to_end(settings)
-                return self._groups[settings]
-            while len(self._groups) >= self.settings.max_groups:
-                self._groups.popitem(last=False)[1].close()
-            # each explorer reads its own part of the checkpoint; DEX_DEVICE=cpu: CPU explorers, even beside GPUs
-            self._groups[settings] = DexDecoder.from_unloaded(self._unloaded, options, settings=settings)
-            return self._groups[settings]
+        return self._pool.decoder(options)
 
     def close(self) -> None:
         with self._lock:
-            for decoder in [*self._groups.values(), *([self._launched] if self._launched else [])]:
-                decoder.close()
-            self._groups.clear()
-            self._launched = None
+            if self._pool is not None:
+                self._pool.close()

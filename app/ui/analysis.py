@@ -13,10 +13,11 @@ import visualize as viz
 from dex_core import DexError, ar_stream
 from dex_core.analysis.answer import analyse_answer
 from dex_core.runtime.request import check_text
+from dex_core.trace.events import TokenEvent
 
 from ..host.state import Runtime
 from .handlers import Deadline, short_error
-from .inputs import Controls
+from .inputs import Inputs
 
 METRICS = ("probability", "rank")  # the Analysis's depth view colours
 
@@ -26,8 +27,8 @@ def _greedy_answer(model, ids, config, deadline: Deadline, progress) -> tuple[li
     counts its tokens."""
     tokens = []
     for event in ar_stream(model, ids, options=config.generation()):
-        if event["event"] == "token":
-            tokens.append(event["token"])
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token)
             progress((len(tokens), config.max_new_tokens), desc="the greedy answer", unit="tokens")
             if deadline.reason():
                 return tokens, deadline.reason()
@@ -44,8 +45,8 @@ def analyse(
     try:
         if metric not in METRICS:
             raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
-        config = Controls(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens).config()
-        check_text(prompt)
+        config = Inputs(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens).config()
+        prompt = check_text(prompt)
         runtime.need_whole_model("the Analysis")
         ids = runtime.encode(prompt, config.chat)
         progress(0, desc="loading the model (once per server)")

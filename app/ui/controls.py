@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from dex_core import DecoderOptions, DexConfig, GenerationOptions
-from dex_core.config import MAX_SEED
+from dex_core import DecoderOptions, GenerationOptions
 from dex_core.flags import control
 
 from ..host.state import Runtime
@@ -18,33 +17,22 @@ def sampling_editable(sample):
     return (gr.update(interactive=sample is True),) * 4
 
 
+def _sampling(name: str) -> dict:
+    """A sampling control's value and range (``control``: as the API shows the option), not editable until Sample
+    is on."""
+    c = control(GenerationOptions, name)
+    return {"value": c["value"], "minimum": c["minimum"], "maximum": c["maximum"], "interactive": False}
+
+
 def sampling_controls():
     with gr.Row():  # the sampling settings are editable only while Sample is on
         sample = gr.Checkbox(label="Sample (else greedy)", value=False, elem_id="live-sample")
         temperature = gr.Slider(
-            0.05,
-            2.0,
-            value=1.0,
-            step=0.05,
-            label="Temperature",
-            interactive=False,
-            elem_id="live-temperature",
+            step=0.05, label="Temperature", elem_id="live-temperature", **_sampling("temperature")
         )
-        top_k = gr.Number(
-            value=0, precision=0, minimum=0, label="Top-k (0 = off)", interactive=False, elem_id="live-top-k"
-        )
-        top_p = gr.Slider(
-            0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)", interactive=False, elem_id="live-top-p"
-        )
-        seed = gr.Number(
-            value=DexConfig.seed,
-            precision=0,
-            minimum=0,
-            maximum=MAX_SEED,
-            label="Seed",
-            interactive=False,
-            elem_id="live-seed",
-        )
+        top_k = gr.Number(precision=0, label="Top-k (0 = off)", elem_id="live-top-k", **_sampling("top_k"))
+        top_p = gr.Slider(step=0.05, label="Top-p (1 = off)", elem_id="live-top-p", **_sampling("top_p"))
+        seed = gr.Number(precision=0, label="Seed", elem_id="live-seed", **_sampling("seed"))
     sample.change(sampling_editable, sample, [temperature, top_k, top_p, seed], queue=False, **HUSH)
     return sample, temperature, top_k, top_p, seed
 

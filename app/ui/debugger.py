@@ -18,10 +18,11 @@ from pathlib import Path
 import gradio as gr
 
 import visualize as viz
-from dex_core import DexError, load_trace, save_trace
+from dex_core import DexError
+from dex_core.trace.files import load_trace, save_trace
 from visualize.markup import esc
 
-from ..host.sessions import COMPACT_FACTOR, REPLAYS, compact
+from ..host.sessions import COMPACT_FACTOR, REPLAYS
 from ..host.state import Runtime
 from ..host.trace_worker import read_trace
 from ..host.uploads import request_visitor
@@ -214,7 +215,7 @@ def read_upload(file) -> Opened:
     except DexError as err:
         raise DexError(clean_message(err, path)) from None
     origin = f"loaded {Path(path).name!r}"
-    return Opened(compact(events), meta, origin, describe(meta, origin))
+    return Opened(events, meta, origin, describe(meta, origin))
 
 
 def _path(file) -> str:

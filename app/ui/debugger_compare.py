@@ -15,6 +15,7 @@ import gradio as gr
 import visualize as viz
 from dex_core import DexError
 from dex_core.analysis.run_cost import trace_cost
+from dex_core.trace.events import EndEvent
 from visualize.markup import esc
 
 from . import debugger as dbg
@@ -34,8 +35,7 @@ HINT = (
 
 def _ended(events) -> str | None:
     """The end event's stop reason; None for a run stopped before its end."""
-    end = events[-1] if events and events[-1].get("event") == "end" else None
-    return end and end.get("stop")
+    return events[-1].stop if events and isinstance(events[-1], EndEvent) else None
 
 
 def side(name: str, run: dict) -> viz.RunSide | None:

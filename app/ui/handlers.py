@@ -24,15 +24,16 @@ QUIET = {"api_visibility": "undocumented"}  # event options: UI plumbing, not pa
 HUSH = {**QUIET, "show_progress": "hidden"}  # and quick: no progress overlay over the panels it redraws
 
 
-def bind(fn, *bound, record=None):
+def bind(fn, *bound, record=None, names=None):
     """``functools.partial(fn, *bound)`` as Gradio needs it: Gradio fills a ``gr.Request`` parameter only when it
     reads the annotation, which a partial hides (every session then looked the same to Stop), and streams only from
     a generator function. With ``record`` (a dataclass), ``fn``'s next parameter takes the event's inputs as one
-    record: the handler's parameters are the record's fields instead (the API's names, order and defaults)."""
+    record: the handler's parameters are the record's fields named in ``names`` (all by default) instead, in that
+    order (the API's names, order and defaults); the record's other fields keep their defaults."""
     call = functools.partial(fn, *bound)
     signature = inspect.signature(call)
     if record is not None:
-        call, signature = _packing(call, signature, record)
+        call, signature = _packing(call, signature, record, names)
     if inspect.isgeneratorfunction(fn):
 
         def handler(*args, **kwargs):
@@ -50,10 +51,12 @@ def bind(fn, *bound, record=None):
     return handler
 
 
-def _packing(call, signature: inspect.Signature, record):
-    """``call`` whose first parameter is a ``record``, as a call that takes the record's fields, and its signature."""
+def _packing(call, signature: inspect.Signature, record, names=None):
+    """``call`` whose first parameter is a ``record``, as a call that takes the record's fields ``names``, and its
+    signature."""
     _, *rest = signature.parameters.values()
-    fields = list(inspect.signature(record).parameters.values())
+    every = inspect.signature(record).parameters
+    fields = [every[name] for name in names or every]
     spread = signature.replace(parameters=[*fields, *rest])
 
     def packed(*args, **kwargs):

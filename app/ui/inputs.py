@@ -1,7 +1,7 @@
-"""What the page's inputs send, as records: the option controls' values (``Controls``, turned into a validated
-``DexConfig`` by ``config``), and the inputs of the endpoints with many (``LiveInputs`` for ``/generate``,
-``RaceInputs`` for ``/race``: their fields are the API's parameters, in order, with its defaults), with what a
-control for an option shows (``control``).
+"""What the page's inputs send, as one record (``Inputs``: every option control's value and the prompt, turned into a
+validated ``DexConfig`` by ``config``); an endpoint takes the fields it names (``LIVE``, ``RACE``: its API parameters,
+in order, ``app.ui.handlers.bind``), the others keep their defaults — each the option's, from its metadata
+(``dex_core.flags.control``).
 
 Values arrive as sent (the events pass them unprocessed): sliders and number boxes send floats, API clients may
 send anything, so every value is checked here and a bad one is a ``DexError`` that says what was wrong."""
@@ -57,9 +57,14 @@ def _whole(value, name: str, cls=None) -> int:
     return number
 
 
+def _shown(cls, name: str):
+    """What the control of option ``name`` starts at (its default, as the app's control shows it)."""
+    return control(cls, name)["value"]
+
+
 @dataclass(frozen=True)
-class Controls:
-    """The option controls' values, as sent; a tab without a control for an option sends its default.
+class Inputs:
+    """The page's inputs, as sent; a tab without a control for an option sends its default.
 
     Off-values of the controls: greedy unless ``sample``; ``top_k`` 0 and ``top_p`` 1 mean off; an
     empty ``depths`` box means a uniform split of ``explorers``; the adapters box picks 'auto' or 'none';
@@ -67,24 +72,20 @@ class Controls:
     Explorers and max_new_tokens must lie in the range their sliders offer (``ui_min``/``ui_max``).
     """
 
-    chat: object = True
-    explorers: object = DecoderOptions.explorers
+    prompt: object = ""
+    chat: object = DexConfig.chat
+    explorers: object = _shown(DecoderOptions, "explorers")
     depths: object = ""
     adapters: object = True
-    decs: object = True
+    decs: object = DecoderOptions.decs
     sample: object = False
-    temperature: object = 1.0
-    top_k: object = 0
-    top_p: object = 1.0
-    seed: object = 0
-    max_new_tokens: object = DexConfig.max_new_tokens
+    temperature: object = _shown(GenerationOptions, "temperature")
+    top_k: object = _shown(GenerationOptions, "top_k")
+    top_p: object = _shown(GenerationOptions, "top_p")
+    seed: object = _shown(GenerationOptions, "seed")
+    max_new_tokens: object = _shown(GenerationOptions, "max_new_tokens")
     prune: object = DecoderOptions.prune
     draft: object = True
-
-    @classmethod
-    def of(cls, inputs) -> Controls:
-        """The controls among an endpoint's ``inputs`` (a record with some of these fields)."""
-        return cls(**{f.name: getattr(inputs, f.name) for f in fields(cls) if hasattr(inputs, f.name)})
 
     def config(self) -> DexConfig:
         """These values as a validated DexConfig (DexError on bad input)."""
@@ -113,33 +114,7 @@ class Controls:
         )
 
 
-@dataclass(frozen=True)
-class LiveInputs:
-    """The Live tab's inputs: the parameters of ``/generate``, in its order (docs/APP.md)."""
-
-    prompt: object
-    chat: object
-    explorers: object
-    depths: object
-    adapters: object
-    decs: object
-    sample: object
-    temperature: object
-    top_k: object
-    top_p: object
-    seed: object
-    max_new_tokens: object
-    prune: object = "auto"
-    draft: object = True
-
-
-@dataclass(frozen=True)
-class RaceInputs:
-    """The Race tab's inputs: the parameters of ``/race``, in its order (docs/APP.md)."""
-
-    prompt: object
-    chat: object
-    explorers: object
-    adapters: object
-    max_new_tokens: object
-    draft: object = True
+LIVE = tuple(
+    f.name for f in fields(Inputs)
+)  # /generate's parameters: every input, in this order (docs/APP.md)
+RACE = ("prompt", "chat", "explorers", "adapters", "max_new_tokens", "draft")  # /race's (docs/APP.md)

@@ -3,7 +3,7 @@ panels and the status line, with Stop; the panels a trace's last round shows (``
 too). They call ``dex_core`` and draw with ``visualize`` (traces only).
 
 The API's events pass their inputs unprocessed (``preprocess=False``): the handler checks its own inputs
-(``Controls.config``, ``check_text``), so bad input from an API client gets the documented message and no
+(``Inputs.config``, ``check_text``), so bad input from an API client gets the documented message and no
 traceback. It never raises on it: it yields only a status line ("error: …") and leaves every panel as it was, so
 the previous run stays on screen, labelled as such, with one message. A request's model time is bounded by the
 host (``Deadline``); a run past it ends with what it made.
@@ -19,21 +19,21 @@ import gradio as gr
 import visualize as viz
 from dex_core import DexError, ExplorerError
 from dex_core.analysis.forecast import Forecast
-from dex_core.runtime.request import check_text, ignored_settings, no_chat_template
-from dex_core.trace.events import round_commits
+from dex_core.runtime.request import check_text, no_chat_template
+from dex_core.trace.events import EndEvent, Event, RoundEvent
 
 from ..host.state import Runtime
 from . import debugger as dbg
 from .estimate import Pace
 from .handlers import Deadline, Stopping, StopRequests, explorer_line, loading, session_of
-from .inputs import Controls, LiveInputs
+from .inputs import Inputs
 
 PREVIOUS = "the panels below still show the previous run"
 LIVE = "this session's live run"  # the origin of a Live run's trace
 
 
-def _end(events):
-    return events[-1] if events and events[-1]["event"] == "end" else None
+def _end(events) -> EndEvent | None:
+    return events[-1] if events and isinstance(events[-1], EndEvent) else None
 
 
 def panels(events) -> tuple:
@@ -57,7 +57,7 @@ class LiveRun:
     prompt), K and its token count, its first time estimate (None for explorer groups) and its ``Pace`` once it
     runs, and a note on the prompt that the status line says (None: nothing to say)."""
 
-    stream: Iterator[dict]
+    stream: Iterator[Event]
     meta: dict
     K: int
     max_new_tokens: int
@@ -71,18 +71,18 @@ class LiveRun:
         return panels(self.events) + (self.events, self.meta, LIVE, viz.status_html(state, detail))
 
 
-def live_frames(runtime: Runtime, stops: StopRequests, inputs: LiveInputs, request: gr.Request = None):
+def live_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
     yield _status_only("running", "starting")
     try:
-        config = Controls.of(inputs).config()
-        check_text(inputs.prompt)  # bad input is told before a first use loads the model
+        config = inputs.config()
+        prompt = check_text(inputs.prompt)  # bad input is told before a first use loads the model; once
         for line in loading(runtime):
             yield _status_only("running", line)
-        run = _live_start(runtime, config, inputs.prompt)
+        run = _live_start(runtime, config, prompt)
         if run.first or run.note:
             estimate = (
                 f"K={run.K} × {run.max_new_tokens} tokens: {run.first.text()}" if run.first else "starting"
@@ -105,13 +105,15 @@ def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
     """The run of ``config`` on the prompt: its decoder's stream, its first time estimate and what the status line
     says of the prompt (without a chat template it goes in as written), after warning about slow settings and what
     the model's generation config asks for that DEX does not apply."""
-    ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
+    request = decoder.request(
+        runtime.encode(prompt, config.chat), options=config.generation()
+    )  # checked once
     first = runtime.forecast(decoder, config.max_new_tokens)
     notices = [
         runtime.device_notice(decoder.K),
         runtime.slow_notice(decoder, config.max_new_tokens, first=first),
-        *ignored_settings(decoder.view.model.generation_config, config.generation()),
+        *request.notes,  # what the model's generation config asks for that DEX does not apply
     ]
     for notice in notices:
         if notice:
@@ -121,7 +123,7 @@ def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
         and "no chat template: the prompt goes in as written"
     )
     return LiveRun(
-        stream=decoder.stream(ids, options=config.generation()),
+        stream=decoder.stream(request),
         meta={"model": runtime.settings.model, "prompt": prompt},
         K=decoder.K,
         max_new_tokens=config.max_new_tokens,
@@ -136,29 +138,29 @@ def _live_rounds(run: LiveRun, stopping: Stopping):
     finished line repeats the note on the prompt."""
     for event in run.stream:
         run.events.append(event)
-        if event["event"] != "round":
+        if not isinstance(event, RoundEvent):
             continue
-        run.tokens += len(round_commits(event))  # several when a draft chain committed
+        run.tokens += len(event.commits)  # several when a draft chain committed
         why = stopping.reason()
         if why:
             run.stream.close()
             yield run.frame(
                 "stopped",
-                f"stopped {why} after round {event['round']} ({run.tokens} tokens): the panels show "
+                f"stopped {why} after round {event.round} ({run.tokens} tokens): the panels show "
                 "the run so far; the Debugger holds what ran",
             )
             return
         if run.pace:
-            run.pace.update(event["round"], run.tokens)
+            run.pace.update(event.round, run.tokens)
             notice = run.pace.notice()
             if notice:
                 gr.Info(notice)
         left = f" · {run.pace.status()}" if run.pace else ""
-        yield run.frame("running", f"round {event['round']} · {run.tokens} tokens · K={run.K}{left}")
-    stats = run.events[-1]["stats"] if _end(run.events) else {}
+        yield run.frame("running", f"round {event.round} · {run.tokens} tokens · K={run.K}{left}")
+    end = _end(run.events)
     yield run.frame(
         "finished",
-        f"{run.tokens} tokens in {stats.get('rounds', '?')} rounds · K={run.K}"
+        f"{run.tokens} tokens in {end.stats.rounds if end else '?'} rounds · K={run.K}"
         + f" · {run.note}" * bool(run.note),
     )
 

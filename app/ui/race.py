@@ -22,7 +22,7 @@ from dex_core import DexDecoder, DexError, ExplorerError, ar_stream
 from dex_core.analysis.profile import projected_round_seconds
 from dex_core.analysis.run_cost import run_cost
 from dex_core.runtime.request import check_text
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import EndEvent, Event, StartEvent, TokenEvent
 
 from ..host.state import Runtime
 from .handlers import (
@@ -35,7 +35,7 @@ from .handlers import (
     session_of,
     short_error,
 )
-from .inputs import Controls, RaceInputs
+from .inputs import Inputs
 
 
 def _status(line: str) -> tuple:
@@ -61,11 +61,11 @@ class Lane:
     tokens and the clock's time at each, and its end event once it ended."""
 
     name: str
-    stream: Iterator[dict] | None = None
+    stream: Iterator[Event] | None = None
     clock: float = 0.0
     tokens: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
-    end: dict | None = None
+    end: EndEvent | None = None
 
 
 @dataclass
@@ -76,9 +76,7 @@ class Race:
     dex: Lane
     decoder: DexDecoder
     tokenizer: object
-    start: (
-        dict  # DEX's start event: its depths, adapters and weights, what its cost per token is counted from
-    )
+    start: StartEvent  # DEX's: its depths, adapters and weights, what its cost per token is counted from
     profile: dict | None  # the seconds profile for the projection (None: distributed, measured for real)
     projected: Lane = field(default_factory=lambda: Lane("DEX projected"))
     first: str | None = None  # the lane that finished first (the other then ran alone)
@@ -96,20 +94,20 @@ class Race:
             event = next(lane.stream)
         except ExplorerError as err:
             raise gr.Error(explorer_line(err), print_exception=False) from None
-        if event["event"] == "end":
+        if isinstance(event, EndEvent):
             lane.end = event
             self.first = self.first or lane.name
-        elif event["event"] == "token":  # AR over the whole model
-            lane.clock = event["seconds"]
-            lane.tokens.append(event["token"])
+        elif isinstance(event, TokenEvent):  # AR over the whole model
+            lane.clock = event.seconds
+            lane.tokens.append(event.token)
             lane.times.append(lane.clock)
         else:  # a round: of DEX, or of AR through the stages
-            lane.clock += event["timings"]["prefill"] + event["timings"]["round"]
+            lane.clock += event.timings["prefill"] + event.timings["round"]
             projecting = lane is self.dex and self.profile is not None
             if projecting:
                 self.projected.clock += projected_round_seconds(self.profile, event)
-            for commit in round_commits(event):  # several when a draft chain committed
-                lane.tokens.append(commit["token"])
+            for commit in event.commits:  # several when a draft chain committed
+                lane.tokens.append(commit.token)
                 lane.times.append(lane.clock)
                 if projecting:
                     self.projected.times.append(self.projected.clock)
@@ -154,12 +152,12 @@ class Race:
         and its cost per token against AR's (``run_cost``)."""
         facts = {"K": self.decoder.K, "first": self.first, "distributed": self.decoder.group is not None}
         if self.dex.end is not None:
-            stats = self.dex.end["stats"]
-            cost = run_cost(self.start, stats["batch_sizes"], stats["tokens"])
+            stats = self.dex.end.stats
+            cost = run_cost(self.start, stats.batch_sizes, stats.tokens)
             facts.update(
-                depths=list(self.start["depths"]),
-                rounds_per_token=stats["rounds_per_token"],
-                depth_speedup=stats["depth_speedup"],
+                depths=list(self.start.depths),
+                rounds_per_token=stats.rounds_per_token,
+                depth_speedup=stats.depth_speedup,
                 ar_cost=cost.ar,
                 dex_cost=cost.memory,
                 dex_cost_rows=cost.rows,
@@ -167,7 +165,7 @@ class Race:
         return facts
 
 
-def race_frames(runtime: Runtime, stops: StopRequests, inputs: RaceInputs, request: gr.Request = None):
+def race_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
     takes the next step, so both run under the same load until one finishes.
 
@@ -179,9 +177,8 @@ def race_frames(runtime: Runtime, stops: StopRequests, inputs: RaceInputs, reque
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this race started does not apply to it
     try:
-        config = Controls.of(inputs).config()
-        check_text(inputs.prompt)
-        race = yield from _start(runtime, config, inputs.prompt)
+        config = inputs.config()
+        race = yield from _start(runtime, config, check_text(inputs.prompt))
     except DexError as err:
         raise short_error(err) from None
     # model time from here: loading and profiling are not in it

@@ -32,6 +32,7 @@ import torch
 from ..config import (
     ADAPTER_CHOICES,
     ANALYSED_KS,
+    DEFAULT_PROPOSAL_VOCAB,
     DEVICE_HELP,
     DexConfig,
     DexError,
@@ -250,7 +251,7 @@ class EadConfig:
     )
     proposal_vocab: str = option(
         "auto",
-        "rows of the non-final light proposal heads: N, full or auto (8192 "
+        f"rows of the non-final light proposal heads: N, full or auto ({DEFAULT_PROPOSAL_VOCAB} "
         "with a token ranking: the adapter file's, else from the training text)",
     )
 

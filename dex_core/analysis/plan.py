@@ -19,7 +19,17 @@ from pathlib import Path
 
 import torch
 
-from ..config import DTYPES, DecoderOptions, DexError, DraftBounds, adapter_file, integer, option, rows_option
+from ..config import (
+    DEFAULT_PROPOSAL_VOCAB,
+    DTYPES,
+    DecoderOptions,
+    DexError,
+    DraftBounds,
+    adapter_file,
+    integer,
+    option,
+    rows_option,
+)
 from ..device import dtype_name, resolve_dtype
 from ..log import quiet
 from ..model.adapter_choice import choose_depths
@@ -249,7 +259,7 @@ class PlanConfig:
         "none, default, trained (m = 2h, as dex train-adapters makes them) or a file",
     )
     proposal_vocab: int | str = option(
-        "auto", "rows of the non-final light heads: N, full, or auto (8192)", kind=str
+        "auto", f"rows of the non-final light heads: N, full, or auto ({DEFAULT_PROPOSAL_VOCAB})", kind=str
     )
     draft: str = option(
         "auto", "draft chains (their rows join the lattice's): auto, none, or bounds", kind=str

@@ -35,6 +35,7 @@ from ..model.explorer import Explorer
 from ..model.proposal import ProposalHead
 from ..model.view import model_view
 from ..runtime.clock import Clock, decode_order_seconds
+from ..trace.events import RoundEvent
 from .collectives import link_seconds
 
 ROWS = (1, 2, 4, 8, 16)
@@ -181,7 +182,7 @@ def exchange_seconds(profile: dict, batch_sizes) -> float:
     return interpolate(profile["exchange"], max(1, max(batch_sizes)))
 
 
-def projected_round_seconds(profile: dict, event: dict) -> float:
+def projected_round_seconds(profile: dict, event: RoundEvent) -> float:
     """Round ``event`` on K devices: its slowest explorer's measured share (its ``projected`` timing) and the
     exchange of its largest batch (``exchange_seconds``)."""
-    return event["timings"]["projected"] + exchange_seconds(profile, [len(b) for b in event["batches"]])
+    return event.timings["projected"] + exchange_seconds(profile, [len(b) for b in event.batches])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.cost import ModelCost
-from ..trace.events import round_commits
+from ..trace.events import RoundEvent, StartEvent
 
 
 @dataclass(frozen=True)
@@ -20,24 +20,22 @@ class RunCost:
     whole: bool  # heads and adapters counted (False: a trace without weights, decoder layers only)
 
 
-def run_cost(start: dict, batch_sizes, tokens: int) -> RunCost:
+def run_cost(start: StartEvent, batch_sizes, tokens: int) -> RunCost:
     """The cost per token of a run of start event ``start`` whose rounds had ``batch_sizes`` (per round, per
     explorer: ``GenerationStats.batch_sizes``) and committed ``tokens``."""
-    model = ModelCost.from_weights(start["num_layers"], start.get("cost"))
-    adapted = start.get("adapter_depths", [])
+    model = ModelCost.from_weights(start.num_layers, start.cost)
+    adapted = start.adapter_depths
     return RunCost(
-        memory=model.dex(start["depths"], batch_sizes, tokens, "memory", adapted),
-        rows=model.dex(start["depths"], batch_sizes, tokens, "rows", adapted),
+        memory=model.dex(start.depths, batch_sizes, tokens, "memory", adapted),
+        rows=model.dex(start.depths, batch_sizes, tokens, "rows", adapted),
         ar=model.ar(),
-        whole=bool(start.get("cost")),
+        whole=bool(start.cost),
     )
 
 
 def trace_cost(events) -> RunCost:
-    """The cost per token of a DEX trace's rounds (a run stopped before its end included)."""
-    rounds = [e for e in events if e.get("event") == "round"]
+    """The cost per token of a DEX trace's rounds (its typed events; a run stopped before its end included)."""
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
     return run_cost(
-        events[0],
-        [[len(batch) for batch in e["batches"]] for e in rounds],
-        sum(len(round_commits(e)) for e in rounds),
+        events[0], [[len(batch) for batch in e.batches] for e in rounds], sum(len(e.commits) for e in rounds)
     )

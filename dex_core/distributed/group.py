@@ -42,6 +42,7 @@ from ..config import DecoderOptions
 from ..model.stage_load import PartSource, StateDict, part_bytes
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
+from ..trace.events import EndEvent
 from .placement import default_threads, resolve_devices
 from .rank import KEY_ENV, Start
 
@@ -330,7 +331,7 @@ class ExplorerGroup:
             while True:
                 kind, key, events = self._get(self._check_run)
                 for event in events if kind == "events" and key == rid else ():  # rank 0's batches
-                    finished = event["event"] == "end"
+                    finished = isinstance(event, EndEvent)
                     yield event
                 if finished:
                     return
@@ -339,7 +340,7 @@ class ExplorerGroup:
                 self._send_all(("cancel", rid))
                 while self._procs is not None:
                     kind, key, events = self._get(self._check_run)
-                    if kind == "events" and key == rid and events[-1]["event"] == "end":
+                    if kind == "events" and key == rid and isinstance(events[-1], EndEvent):
                         break
 
     def _send_all(self, msg) -> None:

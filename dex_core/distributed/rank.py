@@ -43,6 +43,7 @@ from ..model.view import model_view
 from ..runtime.engine import run_rounds
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
+from ..trace.events import EndEvent, Event
 from .link import DistLink
 
 KEY_ENV = "DEX_GROUP_KEY"
@@ -228,13 +229,13 @@ class EventBatch:
 
     def __init__(self, send, request_id: int, clock=time.monotonic):
         self.send, self.id, self.clock = send, request_id, clock
-        self.events: list[dict] = []
+        self.events: list[Event] = []
         self.last = clock()
 
-    def add(self, event: dict) -> None:
+    def add(self, event: Event) -> None:
         self.events.append(event)
         now = self.clock()
-        if event["event"] == "end" or now - self.last >= BATCH_SECONDS:
+        if isinstance(event, EndEvent) or now - self.last >= BATCH_SECONDS:
             self.send("events", self.id, self.events)
             self.events, self.last = [], now
 

@@ -26,6 +26,7 @@ from ..model.stage_load import PartSource, checkpoint_identity, skeleton
 from ..model.view import model_view
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings, resolve_run
+from ..trace.events import EndEvent
 from .group import IMPORT_SECONDS, LOAD_RATE
 from .placement import default_threads
 from .rank import connect, init_world, open_part, serve_request
@@ -115,7 +116,7 @@ class TorchrunGroup:
         events = serve_request(self.view, self.explorer, self.link, request, self.settings)
         try:
             for event in events:
-                finished = event["event"] == "end"
+                finished = isinstance(event, EndEvent)
                 yield event
         finally:
             if not finished:  # the caller stopped early: every rank stops in step at the next round

@@ -35,8 +35,8 @@ from ..model.checkpoint import missing_locally
 from ..model.load import load_model, resolve_device
 from ..model.view import model_view
 from ..runtime.request import prompt_ids
-from ..trace.events import load_trace
-from ..trace.typed import EndEvent, RoundEvent, StartEvent, TokenEvent, parse_events
+from ..trace.events import EndEvent, RoundEvent, StartEvent, TokenEvent, parse_events
+from ..trace.files import load_trace
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def trace_tokens(events: list) -> list[int]:
 
 
 def verifier_model(
-    events: list[dict],
+    events: list,
     meta: dict,
     spec: str | None = None,
     dtype: str | None = None,

@@ -23,11 +23,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from ..config import DexError
+from ..config import DEFAULT_PROPOSAL_VOCAB, DexError
 from .adapter_choice import named_file, rewrite_adapters
 from .adapters import RANKING, check_tensors, header, read_metadata
-
-DEFAULT_PROPOSAL_VOCAB = 8192
 
 
 def proposal_rows(spec, vocab: int, ranked: bool = True) -> int:

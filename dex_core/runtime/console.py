@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from .results import matched_histogram
+from ..trace.events import StartEvent
+from ..trace.stats import GenerationStats, matched_histogram
 
 
 class TextStream:
@@ -44,29 +45,29 @@ class TextStream:
         self.window, self.printed = [], 0
 
 
-def print_report(stats: dict, start: dict, elapsed: float, schedule: str) -> None:
-    """The run report below the text (``start``: the trace's start event): whose answer it is, the
-    exploration set, rounds against AR through the same stages, tokens/s on this machine."""
-    depths = start["depths"]
-    hist = matched_histogram(stats["matched_stages"], len(depths))
+def print_report(stats: GenerationStats, start: StartEvent, elapsed: float, schedule: str) -> None:
+    """The run report below the text (``stats``: the end event's; ``start``: the trace's start event): whose answer
+    it is, the exploration set, rounds against AR through the same stages, tokens/s on this machine."""
+    depths = start.depths
+    hist = matched_histogram(stats.matched_stages, len(depths))
     print("\n")
     print(whose_answer(start))
     print(
-        f"depths {list(depths)} (K={len(depths)}; {start.get('depth_choice', 'given')}), "
-        f"decs={'on' if start['decs'] else 'off'}, adapters at {start.get('adapter_depths') or 'none'}, "
-        f"non-final proposal heads of {start.get('proposal_vocab')} rows"
+        f"depths {list(depths)} (K={len(depths)}; {start.depth_choice or 'given'}), "
+        f"decs={'on' if start.decs else 'off'}, adapters at {start.adapter_depths or 'none'}, "
+        f"non-final proposal heads of {start.proposal_vocab} rows"
     )
-    print(f"{stats['tokens']} tokens in {stats['rounds']} rounds, stop: {stats['stop']}")
+    print(f"{stats.tokens} tokens in {stats.rounds} rounds, stop: {stats.stop}")
     print("matched stage: " + "  ".join(f"{k}@{d}: {c}" for k, (d, c) in enumerate(zip(depths, hist))))
     print(rounds_line(stats, len(depths)))
     print("\n".join(speed_lines(stats, len(depths), elapsed, schedule)))
 
 
-def whose_answer(start: dict) -> str:
+def whose_answer(start: StartEvent) -> str:
     """One line: the text is the model's own answer, what AR decoding gives (per sampling and dtype)."""
-    sampled = bool(start.get("sampling", {}).get("temperature"))
+    sampled = bool(start.sampling.get("temperature"))
     how = "AR sampling with the same seed" if sampled else "greedy AR decoding"
-    dtype = start.get("dtype")
+    dtype = start.dtype
     ties = f", up to {dtype}'s near-ties (dex verify certifies)" if dtype in ("bfloat16", "float16") else ""
     return (
         f"answer: the model's own, token for token what {how} gives{ties}; a weak answer is the model's, "
@@ -74,22 +75,22 @@ def whose_answer(start: dict) -> str:
     )
 
 
-def rounds_line(stats: dict, K: int) -> str:
+def rounds_line(stats: GenerationStats, K: int) -> str:
     """Rounds per token against AR through the same K stages (K rounds per token): the depth-side speedup."""
-    ratio = stats["depth_speedup"]
+    ratio = stats.depth_speedup
     than = f"{ratio:.2f}× fewer" if ratio >= 1 else f"{1 / ratio:.2f}× more" if ratio else "none"
     return (
-        f"rounds: {than} than AR through the same {K} stages ({stats['rounds_per_token']:.3f} per token vs "
+        f"rounds: {than} than AR through the same {K} stages ({stats.rounds_per_token:.3f} per token vs "
         f"{K}; the depth-side speedup)"
     )
 
 
-def speed_lines(stats: dict, K: int, elapsed: float, schedule: str) -> list[str]:
+def speed_lines(stats: GenerationStats, K: int, elapsed: float, schedule: str) -> list[str]:
     """Tokens/s measured on this machine and what the schedule means for it; AR's, or where to get it."""
-    rate = stats["tokens"] / elapsed if elapsed > 0 else 0.0
+    rate = stats.tokens / elapsed if elapsed > 0 else 0.0
     if schedule == "sequential":
-        projected = stats["projected_seconds"]
-        on_k = f"; on {K} devices: {stats['tokens'] / projected:.1f}, projected" if projected > 0 else ""
+        projected = stats.projected_seconds
+        on_k = f"; on {K} devices: {stats.tokens / projected:.1f}, projected" if projected > 0 else ""
         line = (
             f"tokens/s on this machine: {rate:.1f} (sequential schedule: one device runs the {K} stages in "
             f"turn){on_k}"
@@ -97,7 +98,7 @@ def speed_lines(stats: dict, K: int, elapsed: float, schedule: str) -> list[str]
     else:
         line = (
             f"tokens/s on this machine: {rate:.1f} (distributed schedule: {K} explorer processes, end to end; "
-            f"{stats['communication_seconds']:.2f} s of {elapsed:.2f} s waiting on the others)"
+            f"{stats.communication_seconds:.2f} s of {elapsed:.2f} s waiting on the others)"
         )
     return [line, "AR's tokens/s: not measured in this run (dex bench measures DEX and AR side by side)"]
 

@@ -10,20 +10,22 @@ read after the round and counted in the stats by ``account``) and tracing observ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..algorithm.chains import ChainPlanner
-from ..algorithm.lattice import NO_PROPOSAL, Collapse, Commit, Lattice, RoundPlan
+from ..algorithm.lattice import Collapse, Commit, Lattice, RoundPlan
 from ..algorithm.sampling import Sampler
 from ..model.explorer import Explorer
 from ..model.view import ModelView
-from ..trace.events import collapse_record, commit_record, end_event, node_record, round_event, round_timings
+from ..trace.build import collapse_record, commit_record, end_event, node_record, round_event, round_timings
+from ..trace.events import EndEvent, RoundEvent
+from ..trace.stats import GenerationStats
 from .clock import Clock
 from .links import Link
 from .readback import Choice, StageOutput
 from .request import Request
-from .results import GenerationStats
 from .settings import RunSettings
 from .stage import choose_round, expand, prepare
 
@@ -39,7 +41,6 @@ class Run:
     explorers: list[Explorer]  # the ones this process runs (all, or one per process)
     link: Link  # LocalLink or DistLink
     request: Request
-    text: Callable[[int], str] | None
     lattice: Lattice
     sampler: Sampler
     clock: Clock
@@ -54,15 +55,11 @@ class Run:
 
 
 def run_rounds(
-    view: ModelView,
-    settings: RunSettings,
-    explorers: list[Explorer],
-    link: Link,
-    request: Request,
-    text: Callable[[int], str] | None = None,
-) -> Iterator[dict]:
-    """Algorithm 1: yields one trace event per round, then the end event (``text``: token text for the trace)."""
-    run = start(view, settings, explorers, link, request, text)  # S <- init(x, {E_k}): the prompt's prefill
+    view: ModelView, settings: RunSettings, explorers: list[Explorer], link: Link, request: Request
+) -> Iterator[RoundEvent | EndEvent]:
+    """Algorithm 1: yields one trace event per round (its tokens without text: ``trace.build.with_text``), then the
+    end event."""
+    run = start(view, settings, explorers, link, request)  # S <- init(x, {E_k}): the prompt's prefill
     while not run.finished:
         with run.clock.span("round"):
             plan = plan_round(run)  # the nodes (ETKs) of FSM state q, by stage
@@ -76,15 +73,15 @@ def run_rounds(
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
             stop_if_cancelled(run)  # a participant asked to stop: this round is the last
             event = round_record(run, plan, outputs, masked, commits)
-        event["timings"] = round_seconds(run, outputs)  # read from the clock once the round is over
-        account(run, event["timings"], plan)  # the round's seconds and batch sizes into the run's stats
+        event = dataclasses.replace(event, timings=round_seconds(run, outputs))  # read once the round is over
+        account(run, event.timings, plan)  # the round's seconds and batch sizes into the run's stats
         yield event
     account_rest(run)
     run.stats.finish(len(run.tokens), run.clock.since(run.begun))
     yield end_event(run.tokens, run.stats)
 
 
-def start(view, settings: RunSettings, explorers, link: Link, request: Request, text) -> Run:
+def start(view, settings: RunSettings, explorers, link: Link, request: Request) -> Run:
     """A fresh run: caches and link reset, the prompt (all but its last token) through every stage."""
     o, prompt = request.options, list(request.prompt)
     clock = Clock(view.device)
@@ -94,7 +91,6 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request, 
         explorers=explorers,
         link=link,
         request=request,
-        text=text,
         lattice=Lattice(
             settings.K,
             prompt[-1],
@@ -180,23 +176,17 @@ def stop_if_cancelled(run: Run) -> None:
         run.stats.stop = "cancelled"
 
 
-def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> dict:
+def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> RoundEvent:
     """The round's trace event (its timings added once the round is over: ``round_seconds``)."""
     with run.clock.span("trace"):
-        text, first = run.text, len(run.tokens) - len(commits)
+        first = len(run.tokens) - len(commits)
         nodes = [
-            node_record(
-                n,
-                text(n.token) if text and n.token != NO_PROPOSAL else None,
-                [[t, round(p, 4)] + ([text(t)] if text else []) for t, p in out.top[i]],
-                masked[n.id],
-            )
+            node_record(n, [[t, round(p, 4)] for t, p in out.top[i]], masked[n.id])
             for k, out in outputs.items()
             for i, n in enumerate(plan.batches[k])
         ]
         records = [
-            commit_record(c, first + i, text(c.token) if text else None, **margin(plan, outputs, c))
-            for i, (c, _) in enumerate(commits)
+            commit_record(c, first + i, **margin(plan, outputs, c)) for i, (c, _) in enumerate(commits)
         ]
         return round_event(plan, run.lattice, nodes, records, collapse_record(commits))
 

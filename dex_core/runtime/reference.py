@@ -14,10 +14,12 @@ from ..algorithm.sampling import Sampler
 from ..config import GenerationOptions
 from ..device import check_float32_matmuls, to_device
 from ..model.view import model_view
-from ..trace.events import end_event, start_event, token_event
+from ..trace.build import end_event, start_event, token_event, with_text
+from ..trace.events import Event
+from ..trace.stats import GenerationStats
 from .clock import Clock
-from .request import make_request
-from .results import GenerationResult, GenerationStats
+from .request import make_request, warn
+from .results import GenerationResult
 
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # what hf_greedy keeps of a generation config
 
@@ -45,8 +47,8 @@ def ar_stream(
     options: GenerationOptions | None = None,
     tokenizer=None,
     **overrides,
-) -> Iterator[dict]:
-    """``ar_generate`` as events: start, one ``token`` event per token, end.
+) -> Iterator[Event]:
+    """``ar_generate`` as events: start, one ``TokenEvent`` per token, end.
 
     A token event's ``seconds`` is the generator's own compute time so far (time spent by the
     consumer between events is not counted; on CUDA read from events), so AR can be raced against DEX
@@ -54,8 +56,10 @@ def ar_stream(
     """
 
     view = model_view(model)
-    request = make_request(
-        view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+    request = warn(
+        make_request(
+            view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+        )
     )
     o, prompt = request.options, list(request.prompt)
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)
@@ -78,9 +82,8 @@ def ar_stream(
         if token in request.eos:
             stats.stop = "eos"
         busy += clock.seconds("token")
-        yield token_event(
-            len(tokens) - 1, position, token, None if tokenizer is None else tokenizer.decode([token]), busy
-        )
+        event = token_event(len(tokens) - 1, position, token, busy)
+        yield event if tokenizer is None else with_text(event, lambda t: tokenizer.decode([t]))
     stats.round_seconds = stats.compute_seconds[0] = stats.projected_seconds = busy
     stats.rounds = len(tokens)
     stats.matched_stages = [0] * len(tokens)

@@ -4,7 +4,9 @@
 A request means what its ``GenerationOptions`` say. Of the model's generation config only the EOS ids are
 taken (where the options name none); every other setting there that would change ``model.generate()``'s
 tokens (repetition penalty, n-gram ban, suppressed tokens, sampling defaults, ...) is not applied, by DEX
-and by ``ar_generate`` alike, and ``make_request`` names each one in a ``GenerationConfigWarning``.
+and by ``ar_generate`` alike: ``make_request`` names each one in the request's ``notes``, and ``warn`` says them in a
+``GenerationConfigWarning``. A request is checked once, where it enters (the CLI, the app, the HTTP API: prompt
+text by ``check_text``, the rest by ``make_request``), and travels as this record from there on.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ class Request:
     """One checked generation: prompt token ids, the options, and the EOS ids it stops at. ``pipeline``: AR
     through the same K stages (pipeline-parallel AR at batch 1) — no stage but the last proposes, so every token
     walks all K stages in K rounds: exactly the AR reference's tokens, the like-for-like baseline on the devices
-    DEX runs on."""
+    DEX runs on. ``notes``: the settings of the model's generation config the request does not apply
+    (``ignored_settings``)."""
 
     prompt: tuple[int, ...]
     options: GenerationOptions
     eos: tuple[int, ...]
     id: int = 0
     pipeline: bool = False
+    notes: tuple[str, ...] = ()
 
 
 def _token(t) -> int:
@@ -154,11 +158,15 @@ def ignored_settings(generation_config, options: GenerationOptions) -> list[str]
 
 
 def make_request(
-    view: ModelView, input_ids, options: GenerationOptions, eos: tuple[int, ...] | None = None
+    view: ModelView,
+    input_ids,
+    options: GenerationOptions,
+    eos: tuple[int, ...] | None = None,
+    pipeline: bool = False,
 ) -> Request:
     """Check a prompt and its options against the model; DexError says what to change. ``eos``
     (default: ``options.eos_token_id``, else the model's generation config) is where it stops. Every other
-    setting of that config that ``model.generate()`` would apply is named in a ``GenerationConfigWarning``.
+    setting of that config that ``model.generate()`` would apply is named in the request's ``notes``.
     A float32 model refuses while this process runs float32 matmuls as TF32 (``device.check_float32_matmuls``)."""
     check_float32_matmuls(view.dtype, view.device)
     prompt = prompt_ids(input_ids, view.vocab)
@@ -168,9 +176,17 @@ def make_request(
             f"the prompt ({len(prompt)} tokens) plus max_new_tokens ({n}) exceeds "
             f"the model's context window of {view.max_positions} tokens; ask for fewer tokens"
         )
-    for note in ignored_settings(getattr(view.model, "generation_config", None), options):
-        warnings.warn(note, GenerationConfigWarning, stacklevel=2)
-    return Request(tuple(prompt), options, eos_ids(view.model, options.eos_token_id) if eos is None else eos)
+    notes = ignored_settings(getattr(view.model, "generation_config", None), options)
+    eos = eos_ids(view.model, options.eos_token_id) if eos is None else eos
+    return Request(tuple(prompt), options, eos, pipeline=pipeline, notes=tuple(notes))
+
+
+def warn(request: Request, stacklevel: int = 3) -> Request:
+    """``request`` after its notes were said, each in a ``GenerationConfigWarning`` (for library callers; the app
+    shows them on the page)."""
+    for note in request.notes:
+        warnings.warn(note, GenerationConfigWarning, stacklevel=stacklevel)
+    return request
 
 
 def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -> list[int]:
@@ -183,8 +199,12 @@ def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -
     ]
 
 
-def check_text(prompt) -> str:
-    """``prompt`` if it is non-empty text a tokenizer can encode (UTF-8: no lone surrogates)."""
+class Text(str):
+    """Prompt text that ``check_text`` passed: checked once, where it entered, and not again."""
+
+
+def check_text(prompt) -> Text:
+    """``prompt`` if it is non-empty text a tokenizer can encode (UTF-8: no lone surrogates), as ``Text``."""
     if not isinstance(prompt, str):
         raise DexError(f"the prompt must be text (a str); got {type(prompt).__name__}")
     try:
@@ -196,7 +216,7 @@ def check_text(prompt) -> str:
         ) from None
     if not prompt.strip():
         raise DexError("the prompt is empty; give some text to continue")
-    return prompt
+    return Text(prompt)
 
 
 NO_TEMPLATE = (
@@ -210,9 +230,9 @@ def no_chat_template(tokenizer, chat: bool) -> str | None:
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """Token ids of ``prompt``; through the tokenizer's chat template when it has one and ``chat`` (else as
-    written: ``no_chat_template`` says so)."""
-    check_text(prompt)
+    """Token ids of ``prompt`` (checked by ``check_text`` unless it is ``Text`` already); through the tokenizer's
+    chat template when it has one and ``chat`` (else as written: ``no_chat_template`` says so)."""
+    prompt = prompt if isinstance(prompt, Text) else check_text(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_ids(tokenizer, [{"role": "user", "content": prompt}], generation_prompt=True)
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]

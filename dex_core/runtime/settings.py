@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import DecoderOptions, DexError, DraftBounds
+from ..config import AUTO_ROWS, DecoderOptions, DexError, DraftBounds
 from ..data.ranking import NoRanking, token_ranking
 from ..device import dtype_name
 from ..log import stderr
@@ -77,13 +77,6 @@ def resolve_run(
         dtype=dtype_name(view.dtype),
         compile=options.compile,
     )
-
-
-# ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
-# CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
-# accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
-# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check").
-AUTO_ROWS = {"cpu": 2, "accelerator": 64}
 
 
 def resolve_prune(prune, device_types) -> int | None:

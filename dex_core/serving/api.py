@@ -26,11 +26,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import DexError
-from ..decoder import DexDecoder
 from ..runtime.console import TextStream
-from ..trace.events import round_commits
-from .api_requests import ApiError, Completion, parse_request
+from ..trace.events import EndEvent, Event, RoundEvent
+from .api_requests import ApiError, Completion, ErrorBody, parse_request, request_models
 from .metrics import CONTENT_TYPE, Metrics
+from .pool import DecoderPool
 
 
 class _Text:
@@ -109,21 +109,21 @@ class Runner:
         for event in stream:
             emit(event)
             late = self.seconds and time.monotonic() - start > self.seconds
-            if event["event"] == "round" and (gone.is_set() or late):
+            if isinstance(event, RoundEvent) and (gone.is_set() or late):
                 stream.close()
-                emit({"event": "cut", "why": "gone" if gone.is_set() else "time"})
+                emit(_Ended("gone" if gone.is_set() else "time"))
                 return
 
 
-def usage(prompt: int, events: list[dict]) -> dict:
-    """The OpenAI ``usage`` of a run (its events), with DEX's own counts."""
+def usage(prompt: int, events: list[Event]) -> dict:
+    """The OpenAI ``usage`` of a run (its typed events), with DEX's own counts."""
     start = events[0]
-    K, commits = start["explorers"], [c for e in events if e["event"] == "round" for c in round_commits(e)]
+    K, commits = start.explorers, [c for e in events for c in e.commits]
     matched = [0] * K
     for c in commits:
-        matched[c["matched_stage"]] += 1
-    accepted = sum(1 for c in commits if c["matched_stage"] < K - 1 or c.get("drafted"))
-    rounds = sum(1 for e in events if e["event"] == "round")
+        matched[c.matched_stage] += 1
+    accepted = sum(1 for c in commits if c.matched_stage < K - 1 or c.drafted)
+    rounds = sum(1 for e in events if isinstance(e, RoundEvent))
     return {
         "prompt_tokens": prompt,
         "completion_tokens": len(commits),
@@ -131,7 +131,7 @@ def usage(prompt: int, events: list[dict]) -> dict:
         "completion_tokens_details": {"accepted_prediction_tokens": accepted},
         "dex": {
             "explorers": K,
-            "depths": start["depths"],
+            "depths": start.depths,
             "rounds": rounds,
             "rounds_per_token": round(rounds / max(1, len(commits)), 4),
             "matched_per_stage": matched,
@@ -160,9 +160,18 @@ def _chunk(job: Completion, rid: str, served: str, text: str | None, finish: str
     return _reply(job, rid, served, choice)
 
 
-def _finish(text: _Text, end: dict | None) -> str:
+@dataclass(frozen=True)
+class _Ended:
+    """What ends a run's queue of events early: the client went (``"gone"``), its model time ran out (``"time"``),
+    or the run failed (``"failed"``: ``detail`` says why)."""
+
+    why: str
+    detail: str = ""
+
+
+def _finish(text: _Text, end: EndEvent | None) -> str:
     """Why the completion ended, in OpenAI's words: ``stop`` (a stop string or the model's EOS), else ``length``."""
-    if text.stopped or (end is not None and end["stats"].get("stop") == "eos"):
+    if text.stopped or (end is not None and end.stop == "eos"):
         return "stop"
     return "length"
 
@@ -209,15 +218,47 @@ def make_app(
     async def models():
         return {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "dex"}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **_documented(False))
     async def completions(request: Request):
         return await _complete(api, request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **_documented(True))
     async def chat_completions(request: Request):
         return await _complete(api, request, chat=True)
 
+    _publish(app, request_models(most_tokens))
     return app
+
+
+def _documented(chat: bool) -> dict:
+    """What ``/openapi.json`` says of a completion route: its request body (``request_models``, checked by hand from
+    the raw body so that every refusal keeps OpenAI's error body) and its refusals."""
+    name = "ChatCompletionRequest" if chat else "CompletionRequest"
+    body = {"$ref": f"#/components/schemas/{name}"}
+    refused = {"description": "refused: OpenAI's error body", "model": ErrorBody}
+    return {
+        "openapi_extra": {
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}}
+        },
+        "responses": {code: refused for code in (400, 404, 413, 429, 500)},
+    }
+
+
+def _publish(app: FastAPI, models: dict) -> None:
+    """Add the request bodies' schemas to the app's ``/openapi.json``."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models.values():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(body.pop("$defs", {}))
+                schemas[model.__name__] = body
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 async def _complete(api: _Served, request: Request, chat: bool):
@@ -249,7 +290,7 @@ def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue,
         try:
             runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone)
         except Exception as err:  # the run failed (an explorer died): the client is told
-            loop.call_soon_threadsafe(events.put_nowait, {"event": "failed", "why": str(err)[:200]})
+            loop.call_soon_threadsafe(events.put_nowait, _Ended("failed", str(err)[:200]))
         finally:
             loop.call_soon_threadsafe(events.put_nowait, None)
             runner.release(client)
@@ -264,18 +305,19 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
     text, seen, end, reason = _Text(tokenizer, job.stop), [], None, "abort"
     try:
         while (event := await events.get()) is not None:
-            seen.append(event)
-            if event["event"] == "failed":
+            if isinstance(event, _Ended) and event.why == "failed":
                 reason = "error"
-                raise ApiError(500, f"the run failed: {event['why']}", kind="server_error")
+                raise ApiError(500, f"the run failed: {event.detail}", kind="server_error")
+            if isinstance(event, _Ended):
+                continue
+            seen.append(event)
             tally.see(event)
-            for commit in round_commits(event) if event["event"] == "round" and not text.stopped else []:
-                piece = text.push(commit["token"])
+            for commit in () if text.stopped else event.commits:
+                piece = text.push(commit.token)
                 yield piece, None, None
                 if text.stopped:
                     gone.set()  # the stop string came: the run ends after this round
-            if event["event"] == "end":
-                end = event
+            end = event if isinstance(event, EndEvent) else end
         reason = _finish(text, end)
         yield "", reason, usage(tally.prompt, seen)
     finally:
@@ -319,12 +361,11 @@ def serve_http(config, where: str, log, queue: int = 8, seconds: float = 0) -> N
     """Serve ``config``'s model (a ``DexConfig``: its schedule, sequential or distributed) at ``where``
     (HOST:PORT) until interrupted; at most ``config.max_new_tokens`` new tokens a request."""
     host, port = address(where)
-    decoder = DexDecoder.from_pretrained(
-        config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log
-    )
+    pool = DecoderPool.open(config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log)
     try:
+        decoder = pool.decoder(config.decoder())
         app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, queue, seconds)
         log(f"serving {config.model!r} (K={decoder.K}, {config.backend}) at http://{host}:{port}/v1")
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
-        decoder.close()
+        pool.close()

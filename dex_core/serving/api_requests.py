@@ -1,37 +1,121 @@
 """What an OpenAI-style request asks of DEX (``parse_request``): the body of ``POST /v1/completions`` or
-``/v1/chat/completions`` checked field by field and turned into a ``Completion`` (token ids and
-``GenerationOptions``), or ``ApiError`` with the HTTP status and the OpenAI error body that says what is wrong.
+``/v1/chat/completions`` checked against its declared schema (``request_models``: pydantic models, published in the
+server's ``/openapi.json``) and turned into a ``Completion`` (token ids and ``GenerationOptions``), or ``ApiError``
+with the HTTP status and the OpenAI error body that says what is wrong.
 
 Fields DEX maps: ``model`` (must name the served model), ``prompt`` (completions: one string) or ``messages``
-(chat: ``[{"role", "content"}]`` through the tokenizer's chat template), ``max_tokens`` (or
-``max_completion_tokens``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (a string or up to 4),
-``stream``, ``n`` (1 only), ``user``. Any other field is refused by name rather than ignored: a client that sets
+(chat: ``[{"role", "content"}]`` through the tokenizer's chat template), ``stop`` (a string or up to 4),
+``stream``, ``n`` (1 only), ``user``, ``max_completion_tokens`` (chat: ``max_tokens``' newer name), and the
+generation options the config declares for the API (``GenerationOptions`` fields whose metadata has ``api``:
+``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``), their types, defaults and ranges read from that
+metadata (``dex_core.flags.api_fields``). Any other field is refused by name rather than ignored: a client that sets
 ``logprobs`` or ``presence_penalty`` would otherwise get text made without it.
 """
 
 from __future__ import annotations
 
+import functools
+import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..config import DexError, GenerationOptions
+from ..flags import api_fields
 from ..runtime.request import chat_ids, check_text
 
-KNOWN = {
-    "model",
-    "prompt",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stream",
-    "n",
-    "user",
-}
 MAX_PROMPT_CHARS = 256 * 2**10  # characters of prompt text one request may send
+FIXED = {  # what a field must be, said whatever was wrong with it
+    "prompt": "prompt must be one string (DEX runs one prompt a request)",
+    "messages": "messages must be a non-empty list of {role, content}, each role system, user or assistant",
+    "stop": "stop must be a non-empty string or a list of up to 4 of them",
+    "n": "n must be 1: DEX makes one completion a request",
+}
+TYPES = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "text",
+}
+
+
+_Stop = Annotated[str, Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Message(BaseModel):
+    """One chat message (other keys OpenAI defines, such as ``name``, are not used)."""
+
+    model_config = ConfigDict(strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+def _option(info: dict, kind: type, **override):
+    """A generation option as the API declares it: null or absent takes its default."""
+    bounds = {"ge": info["minimum"], "gt": info["exclusive_minimum"], "le": info["maximum"], **override}
+    bounds = {k: v for k, v in bounds.items() if v is not None and k != "default"}
+    default = override.get("default", info["default"])
+    return Annotated[kind | None, Field(default=default, description=info["help"], **bounds)]
+
+
+def _options(most_tokens: int, chat: bool) -> dict:
+    """The generation options the API takes (``api_fields``), typed from ``GenerationOptions``; ``max_tokens`` is
+    bounded by the server and defaults as OpenAI's do (16 for completions, the bound for chat)."""
+    hints = typing.get_type_hints(GenerationOptions)
+    out = {}
+    for name, info in api_fields(GenerationOptions).items():
+        kind = next(
+            t
+            for t in (int, float)
+            if hints[info["option"]] is t or t in typing.get_args(hints[info["option"]])
+        )
+        bound = {"le": most_tokens, "default": most_tokens if chat else min(16, most_tokens)}
+        out[name] = _option(info, kind, **(bound if info["option"] == "max_new_tokens" else {}))
+    if chat:  # max_tokens' newer name: it wins when given
+        info = api_fields(GenerationOptions)["max_tokens"]
+        out["max_completion_tokens"] = _option(info, int, le=most_tokens, default=None)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
+    """The request bodies (chat: True) of a server that makes at most ``most_tokens`` tokens a request."""
+    common = {
+        "model": (str, Field(description="the served model's name (GET /v1/models)")),
+        "stop": (
+            _Stop | Annotated[list[_Stop], Field(max_length=4)] | None,
+            Field(default=None, description="up to 4 stop strings"),
+        ),
+        "stream": (
+            bool,
+            Field(default=False, description="server-sent events, one chunk per committed token"),
+        ),
+        "n": (Literal[1], Field(default=1, description="completions a request: 1")),
+        "user": (str | None, None),
+    }
+    prompt = {"prompt": (str, Field(description="the prompt text"))}
+    messages = {"messages": (list[Message], Field(min_length=1, description="the conversation"))}
+    return {
+        chat: create_model(
+            "ChatCompletionRequest" if chat else "CompletionRequest",
+            __base__=_Strict,
+            **common,
+            **(messages if chat else prompt),
+            **_options(most_tokens, chat),
+        )
+        for chat in (False, True)
+    }
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: dict[str, str | None]
 
 
 class ApiError(Exception):
@@ -58,40 +142,49 @@ class Completion:
     chat: bool
 
 
-def _number(body: dict, name: str, kind: type, default):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if kind is float and type(value) is int:
-        value = float(value)
-    if type(value) is not kind:
-        raise ApiError(400, f"{name} must be {'a number' if kind is float else 'an integer'}", name)
-    return value
+def _refusal(err: ValidationError, model: type[BaseModel]) -> ApiError:
+    """The first thing wrong with a body of ``model``, in words that name the field (unknown fields first, all of
+    them)."""
+    errors = err.errors(include_url=False)
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+    if unknown:
+        return ApiError(400, f"DEX does not support {', '.join(map(repr, unknown))}", unknown[0])
+    first = errors[0]
+    name = str(first["loc"][0]) if first["loc"] else None
+    if name is None:
+        return ApiError(400, "the request body must be a JSON object")
+    if name in FIXED:
+        return ApiError(400, FIXED[name], name)
+    if first["type"] == "missing":
+        return ApiError(400, f"{name} is required", name)
+    if first["type"] in TYPES:
+        return ApiError(400, f"{name} must be {TYPES[first['type']]}", name)
+    return ApiError(400, f"{name} {_range(_schema(model)['properties'][name])}", name)
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-        raise ApiError(400, "stop must be a non-empty string or a list of up to 4 of them", "stop")
-    return tuple(stops)
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict:
+    return model.model_json_schema()
 
 
-def _prompt_ids(body: dict, tokenizer, chat: bool) -> list[int]:
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list of {role, content}", "messages")
-        for m in messages:
-            if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")):
-                raise ApiError(400, "each message needs a role: system, user or assistant", "messages")
-            if not isinstance(m.get("content"), str):
-                raise ApiError(400, "each message's content must be text", "messages")
-        text = "".join(m["content"] for m in messages)
-    else:
-        text = body.get("prompt")
-        if not isinstance(text, str):
-            raise ApiError(400, "prompt must be one string (DEX runs one prompt a request)", "prompt")
+def _range(prop: dict) -> str:
+    """The range a property's schema allows, in words."""
+    bounds = next((p for p in prop.get("anyOf", [prop]) if p.get("type") in ("integer", "number")), prop)
+
+    def shown(key):
+        value = bounds.get(key)
+        return f"{value:g}" if isinstance(value, float) else value
+
+    low, above, high = shown("minimum"), shown("exclusiveMinimum"), shown("maximum")
+    if above is not None:
+        return f"must be in ({above}, {high}]" if high is not None else f"must be > {above}"
+    if low is not None and high is not None:
+        return f"must be between {low} and {high}"
+    return f"must be >= {low}" if low is not None else f"must be <= {high}"
+
+
+def _prompt_ids(body, tokenizer, chat: bool) -> list[int]:
+    text = "".join(m.content for m in body.messages) if chat else body.prompt
     if len(text) > MAX_PROMPT_CHARS:
         raise ApiError(413, f"the prompt is longer than {MAX_PROMPT_CHARS} characters", "prompt")
     try:
@@ -99,9 +192,15 @@ def _prompt_ids(body: dict, tokenizer, chat: bool) -> list[int]:
     except DexError as err:
         raise ApiError(400, str(err), "prompt") from None
     if chat:
-        messages = [{"role": m["role"], "content": m["content"]} for m in body["messages"]]
+        messages = [{"role": m.role, "content": m.content} for m in body.messages]
         return chat_ids(tokenizer, messages, generation_prompt=True)
     return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def _option_value(body, name: str):
+    """A generation option as the body gives it (null: its default)."""
+    value = getattr(body, name)
+    return body.model_fields[name].default if value is None else value
 
 
 def parse_request(body, tokenizer, served: str, most_tokens: int, chat: bool) -> Completion:
@@ -109,41 +208,32 @@ def parse_request(body, tokenizer, served: str, most_tokens: int, chat: bool) ->
     tokens. ``ApiError`` for a field that is missing, of the wrong type, out of range or not supported."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise ApiError(400, f"DEX does not support {', '.join(map(repr, unknown))}", unknown[0])
-    if body.get("model") != served:
+    model = request_models(most_tokens)[chat]
+    try:
+        request = model.model_validate(body)
+    except ValidationError as err:
+        raise _refusal(err, model) from None
+    if request.model != served:
         raise ApiError(
             404,
-            f"the model {str(body.get('model'))[:80]!r} is not served here; this serves {served!r}",
+            f"the model {request.model[:80]!r} is not served here; this serves {served!r}",
             "model",
             "not_found_error",
         )
-    if _number(body, "n", int, 1) != 1:
-        raise ApiError(400, "n must be 1: DEX makes one completion a request", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be true or false", "stream")
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    tokens = _number(body, name, int, most_tokens if chat else min(16, most_tokens))  # OpenAI's defaults
-    if not 1 <= tokens <= most_tokens:
-        raise ApiError(400, f"{name} must be between 1 and {most_tokens} (this server's bound)", name)
-    temperature = _number(body, "temperature", float, 1.0)  # OpenAI's default: sampling
-    top_p = _number(body, "top_p", float, 1.0)
-    top_k = _number(body, "top_k", int, 0)
-    seed = _number(body, "seed", int, 0)
-    if temperature < 0:
-        raise ApiError(400, "temperature must be >= 0 (0: greedy)", "temperature")
-    if not 0 < top_p <= 1:
-        raise ApiError(400, "top_p must be in (0, 1]", "top_p")
+    length = "max_completion_tokens" if chat and request.max_completion_tokens is not None else "max_tokens"
+    given = {
+        info["option"]: _option_value(request, name) for name, info in api_fields(GenerationOptions).items()
+    }
+    given["max_new_tokens"] = _option_value(request, length)
     try:
         options = GenerationOptions(
-            max_new_tokens=tokens,
-            temperature=temperature,
-            top_k=top_k or None,
-            top_p=None if top_p == 1 else top_p,
-            seed=seed,
+            **{
+                **given,
+                "top_k": given["top_k"] or None,
+                "top_p": None if given["top_p"] == 1 else given["top_p"],
+            }
         )
     except DexError as err:
         raise ApiError(400, str(err)) from None
-    return Completion(_prompt_ids(body, tokenizer, chat), options, _stop(body), stream, chat)
+    stops = () if request.stop is None else (request.stop,) if isinstance(request.stop, str) else request.stop
+    return Completion(_prompt_ids(request, tokenizer, chat), options, tuple(stops), request.stream, chat)

@@ -26,7 +26,6 @@ import torch
 from ..config import DecoderOptions, DexError, GenerationOptions
 from ..decoder import DexDecoder
 from ..runtime.request import HF_SAMPLING, PROCESSORS, WARPERS, GenerationConfigWarning
-from ..trace.events import round_commits
 
 REPO = Path(__file__).resolve().parent / "hub_method"  # custom_generate/generate.py: transformers' layout
 FIRST = (4, 52)  # the transformers release that runs custom_generate from a folder or a Hub repository
@@ -138,10 +137,10 @@ def _run(decoder: DexDecoder, ids: list[int], options, criteria, streamer) -> li
     tokens, stream = [], decoder.stream(ids, options=options)
     try:
         for event in stream:
-            for commit in round_commits(event) if event["event"] == "round" else []:
-                tokens.append(commit["token"])
+            for commit in event.commits:
+                tokens.append(commit.token)
                 if streamer is not None:
-                    streamer.put(torch.tensor([commit["token"]], device="cpu"))
+                    streamer.put(torch.tensor([commit.token], device="cpu"))
                 sequences = torch.tensor([ids + tokens], device=device) if stopping_criteria else None
                 if stopping_criteria and bool(stopping_criteria(sequences, None).all()):
                     return tokens

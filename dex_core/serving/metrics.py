@@ -28,7 +28,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..trace.events import round_commits
+from ..trace.events import Event, RoundEvent, StartEvent
 
 REASONS = ("stop", "length", "abort", "error")
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -95,20 +95,20 @@ class Metrics:
                 self.matched.labels(str(stage), str(depth))
                 self.proposed.labels(str(stage), str(depth))
 
-    def round(self, event: dict) -> None:
+    def round(self, event: RoundEvent) -> None:
         """A round event of a run: its commits and its nodes counted."""
         self.rounds.inc()
         self.counts["rounds"] += 1
         K = len(self.depths)
-        for node in event["nodes"]:
-            if node["token"] >= 0:
-                self.proposed.labels(str(node["stage"]), str(self.depths[node["stage"]])).inc()
-        for commit in round_commits(event):
-            stage = commit["matched_stage"]
+        for node in event.nodes:
+            if node.token >= 0:
+                self.proposed.labels(str(node.stage), str(self.depths[node.stage])).inc()
+        for commit in event.commits:
+            stage = commit.matched_stage
             self.matched.labels(str(stage), str(self.depths[stage])).inc()
             self.generated.inc()
             self.counts["tokens"] += 1
-            if stage < K - 1 or commit.get("drafted"):
+            if stage < K - 1 or commit.drafted:
                 self.accepted.inc()
 
     def start(self, prompt: int, arrived: float) -> Tally:
@@ -125,14 +125,13 @@ class Tally:
     def __init__(self, metrics: Metrics, prompt: int, arrived: float):
         self.metrics, self.prompt, self.arrived, self.times, self.done = metrics, prompt, arrived, [], False
 
-    def see(self, event: dict) -> None:
+    def see(self, event: Event) -> None:
         """An event of the request's run, as it comes."""
-        if event["event"] == "start":
-            self.metrics.know(event["depths"])
-        if event["event"] != "round":
-            return
-        self.metrics.round(event)
-        self.times += [time.monotonic()] * len(round_commits(event))
+        if isinstance(event, StartEvent):
+            self.metrics.know(event.depths)
+        if isinstance(event, RoundEvent):
+            self.metrics.round(event)
+            self.times += [time.monotonic()] * len(event.commits)
 
     def end(self, reason: str) -> None:
         """The request ended (``reason``, one of ``REASONS``); counted once."""

@@ -1,11 +1,13 @@
 """The torchrun entry point: one explorer per rank, across processes or nodes.
 
 ``torchrun --nproc-per-node K -m dex_core.serving --model SPEC --prompt ...`` (or ``dex serve`` under
-torchrun): rank 0 resolves the run's settings (``RunSettings``) and hands them to the other ranks through
-torchrun's rendezvous store; each rank then reads only its own part of the model from the checkpoint
+torchrun): every rank joins the launch through the decoder's face (``DecoderPool.open``, backend torchrun:
+``DexDecoder.from_pretrained``): rank 0 resolves the run's settings (``RunSettings``) and hands them to the other
+ranks through torchrun's rendezvous store; each rank then reads only its own part of the model from the checkpoint
 (``dex_core.model.stage_load``; every node locates the model itself: the default model and .gguf files are converted
-once per cache, hub models fetched once per HF cache). Rank 0 reads the prompts (``--prompt``, repeatable, else
-one per line on stdin), broadcasts each typed request on the control group and prints the text and the stats.
+once per cache, hub models fetched once per HF cache); the other ranks serve rank 0's requests until it closes the
+group. Rank 0 reads the prompts (``--prompt``, repeatable, else one per line on stdin), checks each once, streams it
+through its decoder and prints the text and the stats.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import sys
 import time
 
 from ..config import DexConfig
-from ..distributed.torchrun import join, world
+from ..distributed.torchrun import world
 from ..flags import add_flags, from_args
 from ..runtime.console import TextStream, print_report
-from ..runtime.request import encode_prompt, eos_ids, make_request
-from ..trace.events import round_commits, start_event
+from ..runtime.request import check_text, encode_prompt
+from .pool import DecoderPool
 
 # DexConfig fields that make sense per rank (backend and devices are fixed by torchrun; device: auto, cuda or cpu)
 FLAGS = (
@@ -69,15 +71,19 @@ def run(args: argparse.Namespace) -> None:
     """Serve the prompts of ``args`` as this torchrun rank (``--http`` is the entry point's:
     ``dex_core.serving.serve``)."""
     rank, count = world()
-    config = from_args(DexConfig, args, explorers=count)
-    group = join(config.model, config.decoder(), config.dtype, config.device, rank_log(rank))
-    if rank != 0:
-        group.follow()
+    config = from_args(DexConfig, args, explorers=count, backend="torchrun")
+    try:  # ranks other than 0 serve rank 0's requests in here, then end (SystemExit 0)
+        pool = DecoderPool.open(
+            config.model, config.decoder(), dtype=config.dtype, device=config.device, log=rank_log(rank)
+        )
+    except SystemExit as done:
+        if done.code:
+            raise
         return
     try:
-        _serve(args, config, group)
+        _serve(args, config, pool.decoder(config.decoder()))
     finally:
-        group.close()
+        pool.close()
 
 
 def rank_log(rank: int):
@@ -87,19 +93,16 @@ def rank_log(rank: int):
     return lambda line: print(f"[dex] {line}", file=sys.stderr, flush=True)
 
 
-def _serve(args, config: DexConfig, group) -> None:
+def _serve(args, config: DexConfig, decoder) -> None:
     """Rank 0: each prompt as a request to every rank; the answers printed as they come, then the stats."""
-    view, settings, tokenizer = group.view, group.settings, group.tokenizer
     for text in args.prompt or (line.rstrip("\n") for line in sys.stdin):
         if not text.strip():
             continue
-        ids = encode_prompt(tokenizer, text, config.chat)
-        request = make_request(view, ids, config.generation(), eos_ids(view.model, config.eos_token_id))
-        stream, tic = TextStream(tokenizer), time.perf_counter()
-        for event in group.run(request):
-            for commit in round_commits(event) if event["event"] == "round" else []:
-                stream.push(commit["token"])
+        ids = encode_prompt(decoder.tokenizer, check_text(text), config.chat)
+        stream, tic, events = TextStream(decoder.tokenizer), time.perf_counter(), []
+        for event in decoder.stream(ids, options=config.generation()):
+            events.append(event)
+            for commit in event.commits:
+                stream.push(commit.token)
         stream.finish()
-        print_report(
-            event["stats"], start_event(request, view, settings), time.perf_counter() - tic, "distributed"
-        )
+        print_report(events[-1].stats, events[0], time.perf_counter() - tic, "distributed")

@@ -1,2 +1,3 @@
-"""The trace: the event records every run yields, their documented schema and the validator of saved traces. The
-only interface between ``dex_core`` and the viewers."""
+"""The trace: the events every run yields, each declared once (``events``, with their JSON Schemas: ``schema``), how
+a run builds them (``build``), the validator of saved traces (``validate``) and trace files (``files``). Torch-free:
+the only interface between ``dex_core`` and the viewers."""

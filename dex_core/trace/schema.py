@@ -1,24 +1,22 @@
-"""The schema of saved traces: JSON Schemas (``trace_schemas``) of the records documented in
-``dex_core.trace.events`` — types (an integer is never a float or a bool), required keys, no unknown keys, integer
-and probability ranges, string lengths, array sizes — under size limits (``TraceLimits``; ``TRACE_LIMITS`` holds the
-defaults, and the app's upload size limit is ``TRACE_LIMITS.max_file_bytes``). ``dex_core.trace.validate`` checks a
-trace file against them."""
+"""How a trace record is declared: each field of the dataclasses in ``dex_core.trace.events`` carries its JSON Schema
+(``spec``: a function of the size limits, built from the helpers here), and ``schema_of`` derives a record's JSON
+Schema from those fields — types (an integer is never a float or a bool), required keys (a field without a default;
+a field with one is a key older traces lack), no unknown keys, integer and probability ranges, string lengths, array
+sizes — under size limits (``TraceLimits``; ``TRACE_LIMITS`` holds the defaults, and the app's upload size limit is
+``TRACE_LIMITS.max_file_bytes``)."""
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import MISSING, dataclass
 from typing import Literal, get_args
 
-from ..algorithm.lattice import NodeKind, Via
-from ..config import DEPTH_CHOICES, DTYPES, MAX_SEED, DexError
-from ..families import SUPPORTED_TYPES
+from ..config import DexError
 
 TRACE_FORMAT = "dex-trace"
 TRACE_VERSION = 1
 MAX_INT = 2**31 - 1  # ids, slots, tokens, positions, layers
 MAX_NUMBER = 1e15  # seconds, rates and other measurements
-EVENT_KINDS = ("start", "round", "token", "end")
 Stopped = Literal["eos", "length", "cancelled"]  # why a finished run stopped (``GenerationStats.stop``)
 STOPS = get_args(Stopped)
 
@@ -37,7 +35,7 @@ class TraceLimits:
     max_meta_chars: int = 65_536  # a string in the file's metadata (the prompt text, the model)
 
     def __post_init__(self):
-        for f in fields(self):
+        for f in dataclasses.fields(self):
             if type(value := getattr(self, f.name)) is not int or value < 1:
                 raise DexError(f"TraceLimits.{f.name} must be a positive integer; got {value!r}")
 
@@ -45,27 +43,76 @@ class TraceLimits:
 TRACE_LIMITS = TraceLimits()
 
 
-def _int(lo: int = 0, hi: int = MAX_INT, null: bool = False) -> dict:
-    return {"type": ["integer", "null"] if null else "integer", "minimum": lo, "maximum": hi}
+def spec(schema, default=MISSING, *, factory=MISSING, sparse: bool = False):
+    """A record's field: ``schema(limits)`` is its JSON Schema; a ``default`` (or ``factory``) makes it a key that
+    older traces lack; ``sparse``: the key is written only when its value is not the default."""
+    meta = {"schema": schema, "sparse": sparse}
+    if factory is not MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-def _num(lo: float = 0.0, hi: float = MAX_NUMBER, null: bool = False) -> dict:
-    return {"type": ["number", "null"] if null else "number", "minimum": lo, "maximum": hi}
+def optional(f: dataclasses.Field) -> bool:
+    """Whether a declared field may be absent from a record (older traces lack it)."""
+    return f.default is not MISSING or f.default_factory is not MISSING
 
 
-def _list(items: dict, n: int, min_items: int = 0) -> dict:
-    return {"type": "array", "items": items, "maxItems": n, "minItems": min_items}
+def schema_of(cls, lim: TraceLimits, null: bool = False, **extra: dict) -> dict:
+    """The JSON Schema of the record that dataclass ``cls`` declares (``extra``: keys its record has beyond its
+    fields, each required)."""
+    fields = dataclasses.fields(cls)
+    props = {f.name: f.metadata["schema"](lim) for f in fields} | extra
+    return record(props, tuple(f.name for f in fields if optional(f)), null)
 
 
-def _text(n: int) -> dict:
+def integer(lo: int = 0, hi: int = MAX_INT, null: bool = False):
+    return lambda lim: {"type": ["integer", "null"] if null else "integer", "minimum": lo, "maximum": hi}
+
+
+def number(lo: float = 0.0, hi: float = MAX_NUMBER, null: bool = False):
+    return lambda lim: {"type": ["number", "null"] if null else "number", "minimum": lo, "maximum": hi}
+
+
+def boolean(lim: TraceLimits) -> dict:
+    return {"type": "boolean"}
+
+
+def one_of(values):
+    return lambda lim: {"enum": list(values)}
+
+
+def k_range(lo: int = 1, less: int = 0):
+    """An integer from ``lo`` to the number of explorers the limits allow, less ``less``."""
+    return lambda lim: integer(lo, lim.max_explorers - less)(lim)
+
+
+def array(items, size, min_items: int = 0):
+    """A list of ``items`` (a schema function) of at most ``size(limits)`` entries."""
+    return lambda lim: {"type": "array", "items": items(lim), "maxItems": size(lim), "minItems": min_items}
+
+
+def ids(lim: TraceLimits) -> dict:
+    """Node ids of one round."""
+    return array(integer(), lambda lim: lim.max_nodes_per_round)(lim)
+
+
+def text(lim: TraceLimits) -> dict:
+    """A token's text, or null without a tokenizer (no lone surrogates)."""
+    return {"type": ["string", "null"], "maxLength": lim.max_text_chars, "pattern": r"^[^\ud800-\udfff]*$"}
+
+
+def seconds_by_name(lim: TraceLimits) -> dict:
+    """A round's ``timings``: each explorer's expansion, then named spans (seconds)."""
+    expand = array(number(), lambda lim: lim.max_explorers)(lim)
     return {
-        "type": ["string", "null"],
-        "maxLength": n,
-        "pattern": r"^[^\ud800-\udfff]*$",
-    }  # no lone surrogates
+        "type": "object",
+        "maxProperties": 64,
+        "properties": {"expand": expand},
+        "additionalProperties": number()(lim),
+    }
 
 
-def _record(props: dict, optional: tuple[str, ...] = (), null: bool = False) -> dict:
+def record(props: dict, optional: tuple[str, ...] = (), null: bool = False) -> dict:
     return {
         "type": ["object", "null"] if null else "object",
         "properties": props,
@@ -74,209 +121,16 @@ def _record(props: dict, optional: tuple[str, ...] = (), null: bool = False) -> 
     }
 
 
-def _scalar(lim: TraceLimits) -> dict:
+def nested(props: dict, optional: tuple[str, ...] = (), null: bool = False):
+    """A sub-record of plain values (``props``: name -> schema function)."""
+    return lambda lim: record({k: s(lim) for k, s in props.items()}, optional, null)
+
+
+def scalar(lim: TraceLimits) -> dict:
+    """A value of the file's metadata, or of a stats key that this DEX does not know (recorded by another)."""
     return {
         "type": ["number", "string", "boolean", "null"],
         "maxLength": lim.max_meta_chars,
         "minimum": -MAX_NUMBER,
         "maximum": MAX_NUMBER,
-    }
-
-
-def _start(lim: TraceLimits) -> dict:
-    K = lim.max_explorers
-    sampling = _record(
-        {
-            "temperature": _num(),
-            "top_k": _int(0, null=True),
-            "top_p": _num(0.0, 1.0, null=True),
-            "seed": _int(0, MAX_SEED),  # as GenerationOptions takes it
-        }
-    )
-    return _record(
-        {
-            "event": {"enum": ["start"]},
-            "version": _int(1, TRACE_VERSION),
-            "method": {"enum": ["dex", "ar"]},
-            "explorers": _int(1, K),
-            "depths": _list(_int(1), K, 1),
-            "num_layers": _int(1),
-            "prompt": _list(_int(), lim.max_prompt_tokens, 1),
-            "max_new_tokens": _int(1),
-            "decs": {"type": "boolean"},
-            "adapter_depths": _list(_int(1), K),
-            "sampling": sampling,
-            "proposal_vocab": _int(1),
-            "depth_choice": {"enum": list(DEPTH_CHOICES)},
-            "prune": _int(1),
-            "draft": {"type": "object", "maxProperties": 16, "additionalProperties": _int()},
-            "cost": _record({"head": _num(), "adapter": _num(), "proposal": _num(null=True)}),
-            "dtype": {"enum": list(DTYPES)},
-            "device": {"type": "string", "pattern": r"^[a-z]{1,16}(:[0-9]{1,4})?$"},
-            "pipeline": {"type": "boolean"},
-            "model": _record(
-                {
-                    "model_type": {"enum": list(SUPPORTED_TYPES)},
-                    "num_layers": _int(1),
-                    "hidden_size": _int(1),
-                    "vocab_size": _int(1),
-                    "fingerprint": _num(),
-                },
-                optional=("fingerprint",),
-            ),
-        },
-        optional=(
-            "pipeline",
-            "model",
-            "adapter_depths",
-            "proposal_vocab",
-            "depth_choice",
-            "prune",
-            "draft",
-            "cost",
-            "dtype",
-            "device",
-        ),
-    )
-
-
-def _node(lim: TraceLimits) -> dict:
-    K = lim.max_explorers
-    top = {
-        "type": "array",
-        "items": [_int(), _num(0.0, 1.0), _text(lim.max_text_chars)],
-        "additionalItems": False,
-        "minItems": 2,
-    }
-    return _record(
-        {
-            "id": _int(),
-            "slot": _int(),
-            "parent": _int(null=True),
-            "kind": {"enum": list(get_args(NodeKind))},
-            "stage": _int(0, K - 1),
-            "position": _int(),
-            "input_token": _int(),
-            "token": _int(-1),  # -1: the stage proposed nothing (AR through the stages, start's "pipeline")
-            "text": _text(lim.max_text_chars),
-            "top": _list(top, lim.max_top_k),
-            "masked": _list(_int(), K),
-        }
-    )
-
-
-def _commit(lim: TraceLimits) -> dict:
-    K = lim.max_explorers
-    return _record(
-        {
-            "index": _int(),
-            "position": _int(),
-            "token": _int(),
-            "text": _text(lim.max_text_chars),
-            "matched_stage": _int(0, K - 1),
-            "anchor_nodes": _list(_int(), K, 1),
-            "anchor_candidates": _list(_int(-1), K, 1),
-            "margin": _num(),
-            "near_tie": {"type": "boolean"},
-            "tie_gap": _num(),
-            "drafted": {"type": "boolean"},
-            "via": {"enum": list(get_args(Via))},
-        },
-        optional=("margin", "near_tie", "tie_gap", "drafted", "via"),
-        null=True,
-    )
-
-
-def _round(lim: TraceLimits) -> dict:
-    K, ids = lim.max_explorers, _list(_int(), lim.max_nodes_per_round)
-    collapse = _record(
-        {"committed": ids, "kept": ids, "dropped": ids, "new_anchor": _int(null=True)}, null=True
-    )
-    timings = {
-        "type": "object",
-        "maxProperties": 64,
-        "properties": {"expand": _list(_num(), K)},
-        "additionalProperties": _num(),
-    }
-    return _record(
-        {
-            "event": {"enum": ["round"]},
-            "round": _int(1),
-            "state_before": _int(0, K),
-            "state_after": _int(0, K),
-            "batches": _list(ids, K, 1),
-            "nodes": _list(_node(lim), lim.max_nodes_per_round),
-            "commit": _commit(lim),
-            "collapse": collapse,
-            "alive": ids,
-            "timings": timings,
-            "pruned": ids,
-            "commits": _list(_commit(lim), lim.max_tokens),
-            "chains": _list(ids, lim.max_nodes_per_round),
-            "cut": ids,
-        },
-        optional=("timings", "pruned", "commits", "chains", "cut"),
-    )
-
-
-def _token(lim: TraceLimits) -> dict:
-    return _record(
-        {
-            "event": {"enum": ["token"]},
-            "index": _int(),
-            "position": _int(),
-            "token": _int(),
-            "text": _text(lim.max_text_chars),
-            "seconds": _num(),
-        }
-    )
-
-
-def _end(lim: TraceLimits) -> dict:
-    K, stop = lim.max_explorers, {"enum": list(STOPS)}
-    seconds = ("bookkeeping", "communication", "round", "projected", "prefill", "wall")
-    stats = {
-        "type": "object",
-        "maxProperties": 64,
-        "properties": {  # GenerationStats.to_dict(), each optional
-            "explorers": _int(1, K),
-            "depths": _list(_int(1), K),
-            "tokens": _int(),
-            "rounds": _int(),
-            "drafted": _int(),
-            "matched_stages": _list(_int(0, K - 1), lim.max_tokens),
-            "batch_sizes": _list(_list(_int(), K), lim.max_rounds),
-            "compute_seconds": _list(_num(), K),
-            "stop": stop,
-            **{k: _num() for k in ("rounds_per_token", "depth_speedup", "tokens_per_second")},
-            **{f"{k}_seconds": _num() for k in seconds},
-        },
-        "additionalProperties": {"anyOf": [_scalar(lim), _list(_num(-MAX_NUMBER), lim.max_rounds)]},
-    }
-    return _record(
-        {"event": {"enum": ["end"]}, "tokens": _list(_int(), lim.max_tokens), "stop": stop, "stats": stats}
-    )
-
-
-def _document(lim: TraceLimits) -> dict:
-    event = {"type": "object", "required": ["event"], "properties": {"event": {"enum": list(EVENT_KINDS)}}}
-    return _record(
-        {
-            "format": {"enum": [TRACE_FORMAT]},
-            "version": _int(1, TRACE_VERSION),
-            "meta": {"type": "object", "maxProperties": 64, "additionalProperties": _scalar(lim)},
-            "events": _list(event, max(lim.max_rounds, lim.max_tokens) + 2, 1),
-        },
-        optional=("meta",),
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def trace_schemas(limits: TraceLimits = TRACE_LIMITS) -> dict[str, dict]:
-    """JSON Schemas (draft 4: integers exclude floats) of a saved trace under ``limits``: "document" and each event
-    kind."""
-    builders = {"document": _document, "start": _start, "round": _round, "token": _token, "end": _end}
-    return {
-        name: {"$schema": "http://json-schema.org/draft-04/schema#", **build(limits)}
-        for name, build in builders.items()
     }

@@ -7,7 +7,7 @@ integer``); messages never echo values or paths from the file. It checks, in thi
 
 1. size: the bytes (``max_file_bytes``), JSON without NaN or infinity, the counts of rounds, tokens, nodes;
 2. structure: JSON Schemas (``trace_schemas``: the envelope, then each event by its kind) of the
-   records documented in ``dex_core.trace.events``, compiled by ``fastjsonschema`` (about 30 times faster
+   records declared in ``dex_core.trace.events``, compiled by ``fastjsonschema`` (about 30 times faster
    than ``jsonschema``: a 64 MB trace is checked in seconds): types (an integer is never a float or a
    bool), required keys, no unknown keys, integer and probability ranges, string lengths, array sizes;
 3. references: the first event is ``start`` and only the last may be ``end``; round events in DEX
@@ -30,7 +30,8 @@ import fastjsonschema
 
 from ..algorithm.lattice import NO_PROPOSAL
 from ..config import DexError
-from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits, trace_schemas
+from .events import trace_schemas
+from .schema import TRACE_FORMAT, TRACE_LIMITS, TRACE_VERSION, TraceLimits
 
 
 @functools.lru_cache(maxsize=4)

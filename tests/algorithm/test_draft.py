@@ -14,7 +14,7 @@ from dex_core.algorithm.draft import PromptLookup
 from dex_core.algorithm.lattice import Lattice
 from dex_core.config import DraftBounds
 from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent
 
 LAYERS, VOCAB = 6, 48
 
@@ -177,9 +177,9 @@ def test_dex_with_draft_chains_forced_on_emits_the_ar_references_tokens(case):
     seed, decoder_options, generation, prompt = case
     result = DexDecoder(model(seed), tokenizer=tokenizer(), **decoder_options).generate(prompt, **generation)
     assert result.tokens == ar_generate(model(seed), prompt, **generation).tokens
-    commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
-    assert [c["token"] for c in commits] == result.tokens and result.stats.drafted == sum(
-        c["drafted"] for c in commits
+    commits = [c for e in result.trace if isinstance(e, RoundEvent) for c in e.commits]
+    assert [c.token for c in commits] == result.tokens and result.stats.drafted == sum(
+        c.drafted for c in commits
     )
     event(
         "several commits in a round"

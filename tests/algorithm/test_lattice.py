@@ -169,17 +169,18 @@ def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(llama, optio
     """At a budget of 2 rows a stage, draft chains on (their rows within it); the golden traces hold a budget of 1
     (K = 2, 3, 4, greedy and sampled)."""
     from dex_core import DexDecoder, ar_generate
+    from dex_core.trace.events import RoundEvent
 
     model, budget = llama, 2
     prompt = [4, 9, 1, 30, 4, 9, 1, 30, 4, 9]  # it repeats: draft chains find drafts
     result = DexDecoder(model, explorers=4, prune=budget).generate(prompt, 30, **options)
     assert result.tokens == ar_generate(model, prompt, 30, **options).tokens
-    rounds = [e for e in result.trace if e["event"] == "round"]
-    assert max(len(b) for e in rounds for b in e["batches"]) == budget  # full, and never over
-    kinds = {n["id"]: n["kind"] for e in rounds for n in e["nodes"]}
-    assert "chain" in kinds.values() and sum(len(e["pruned"]) for e in rounds) > 0
-    computed = {n["id"] for e in rounds for n in e["nodes"]}
-    assert all(set(e["pruned"]) <= computed for e in rounds)
+    rounds = [e for e in result.trace if isinstance(e, RoundEvent)]
+    assert max(len(b) for e in rounds for b in e.batches) == budget  # full, and never over
+    kinds = {n.id: n.kind for e in rounds for n in e.nodes}
+    assert "chain" in kinds.values() and sum(len(e.pruned) for e in rounds) > 0
+    computed = {n.id for e in rounds for n in e.nodes}
+    assert all(set(e.pruned) <= computed for e in rounds)
 
 
 def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace(llama):
@@ -192,5 +193,5 @@ def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace(llama):
     model = llama
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")
     assert (auto.prune, off.prune) == (2, None)
-    start = auto.generate([4, 9, 1, 30], 12).trace[0]
-    assert start["prune"] == 2 and "prune" not in off.generate([4, 9, 1, 30], 12).trace[0]
+    start, off_start = auto.generate([4, 9, 1, 30], 12).trace[0], off.generate([4, 9, 1, 30], 12).trace[0]
+    assert start.prune == 2 and off_start.prune is None and "prune" not in off_start.record()

@@ -215,8 +215,8 @@ def test_the_trace_records_the_weights_and_a_viewer_rebuilds_the_same_cost_model
     )
     start = decoder.generate([1, 2, 3], 4).trace[0]
     built = ModelCost.of(llama, decoder.adapters, decoder.proposal_vocab)
-    assert start["cost"] == built.weights() and start["cost"]["proposal"] < start["cost"]["head"]
-    assert ModelCost.from_weights(start["num_layers"], start["cost"]) == built
+    assert start.cost == built.weights() and start.cost["proposal"] < start.cost["head"]
+    assert ModelCost.from_weights(start.num_layers, start.cost) == built
     assert ModelCost.from_weights(6, None) == built.layers_only()
 
 
@@ -224,6 +224,7 @@ def test_a_runs_cost_read_from_its_trace_is_the_decoders_own_count_and_a_trace_w
     llama, tokenizer
 ):
     from dex_core.analysis.run_cost import RunCost, run_cost, trace_cost
+    from dex_core.trace.events import parse_event
 
     decoder = DexDecoder(
         llama, explorers=3, proposal_vocab=8, adapters=new_adapters(llama, [2, 4]), tokenizer=tokenizer
@@ -238,7 +239,8 @@ def test_a_runs_cost_read_from_its_trace_is_the_decoders_own_count_and_a_trace_w
     )
     assert run_cost(result.trace[0], stats.batch_sizes, stats.tokens) == own == trace_cost(result.trace)
     assert own.rows > own.memory > 0  # several rows a round on some stage: counted once memory-bound
-    older = [{k: v for k, v in result.trace[0].items() if k != "cost"}, *result.trace[1:]]
+    older_start = parse_event({k: v for k, v in result.trace[0].record().items() if k != "cost"})
+    older = [older_start, *result.trace[1:]]  # a start event recorded before the weights were
     layers = decoder.cost_model.layers_only()
     assert trace_cost(older) == RunCost(
         memory=layers.dex(decoder.depths, stats.batch_sizes, stats.tokens, "memory", adapted),

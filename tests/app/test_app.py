@@ -2,13 +2,14 @@
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from helpers import needs_chromium, shown_tokens
 
 from dex_core import DexDecoder, ar_generate, encode_prompt
 from dex_core.testing import tiny_tokenizer
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent, StartEvent
 
 PROMPT = "hello world the prime number"
 
@@ -17,7 +18,7 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_server
     from gradio_client import Client
     from transformers import AutoModelForCausalLM
 
-    from app.ui.inputs import Controls
+    from app.ui.inputs import Inputs
 
     client = Client(app_server.url, verbose=False)
     controls = (
@@ -52,15 +53,15 @@ def test_streaming_endpoint_updates_every_round_and_ends_with_ar_text(app_server
         "seed",
         "max_new_tokens",
     )
-    config = Controls(**dict(zip(names, controls))).config()
+    config = Inputs(**dict(zip(names, controls))).config()
     trace = (
         DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
     )
-    rounds = [e for e in trace if e["event"] == "round"]
+    rounds = [e for e in trace if isinstance(e, RoundEvent)]
     # one frame per explorer round, in order, each showing the tokens committed up to that round
     frames = [(int(m.group(1)), u) for u in updates if (m := re.search(r"round (\d+) ·", u[4]))]
-    assert [r for r, _ in frames] == [e["round"] for e in rounds]
-    committed = [[c["token"] for c in round_commits(e)] for e in rounds]
+    assert [r for r, _ in frames] == [e.round for e in rounds]
+    committed = [[c.token for c in e.commits] for e in rounds]
     for r, frame in frames:
         assert shown_tokens(frame[0]) == "".join(tok.decode([t]) for ts in committed[:r] for t in ts), r
     ar = ar_generate(model, ids, 16).tokens
@@ -162,38 +163,38 @@ SEEDS = (
     ],
 )
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):
-    from app.ui.inputs import Controls
+    from app.ui.inputs import Inputs
     from dex_core import DexError
 
     with pytest.raises(DexError, match=re.escape(message)):
-        Controls(**controls).config()
+        Inputs(**controls).config()
 
 
 def test_the_largest_seed_is_taken_exactly_and_the_seed_box_offers_only_seeds():
     import gradio as gr
 
     from app.ui.controls import sampling_controls
-    from app.ui.inputs import Controls
+    from app.ui.inputs import Inputs
 
     top = 2**64 - 1
     sent = (top, str(top), f" {top} ", "+7", 7.0)  # text is read exactly, not through a float (2**64 there)
-    assert [Controls(seed=s).config().seed for s in sent] == [top, top, top, 7, 7]
+    assert [Inputs(seed=s).config().seed for s in sent] == [top, top, top, 7, 7]
     with gr.Blocks():
         seed = sampling_controls()[-1]
     assert (seed.minimum, seed.maximum, seed.precision) == (0, top, 0)
 
 
 def test_ui_off_values_map_to_the_library_defaults():
-    from app.ui.inputs import Controls
+    from app.ui.inputs import Inputs
     from dex_core import DexConfig
 
-    greedy = Controls(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5).config()  # sampling ignored
+    greedy = Inputs(explorers=3.0, temperature=0.7, top_k=5, top_p=0.5).config()  # sampling ignored
     assert (greedy.explorers, greedy.temperature, greedy.top_k, greedy.top_p) == (3, 0.0, None, None)
-    sampled = Controls(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False).config()
+    sampled = Inputs(sample=True, temperature=0.7, top_k=0, top_p=1.0, adapters=False).config()
     assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.adapters) == (0.7, None, None, "none")
-    default = Controls().config()
+    default = Inputs().config()
     assert default.max_new_tokens == DexConfig.max_new_tokens and default.adapters == "auto"
-    prunes = [Controls(prune=p).config().prune for p in ("auto", "none", "2")]
+    prunes = [Inputs(prune=p).config().prune for p in ("auto", "none", "2")]
     assert prunes == ["auto", None, 2]
 
 
@@ -231,7 +232,7 @@ def test_bundled_traces_are_read_by_name_from_assets_traces_only_and_an_empty_de
 
     opened = dbg.bundled(None)
     events = opened.events
-    assert "example" in dbg.bundled_names() and events[0]["event"] == "start"
+    assert "example" in dbg.bundled_names() and isinstance(events[0], StartEvent)
     assert opened.origin == "bundled trace 'example'" and opened.origin in opened.note
     for name in ("../../README", "/etc/passwd", "example.json"):
         fallback = dbg.bundled(name)
@@ -289,7 +290,7 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     from app.host.state import Runtime
     from app.ui import debugger as dbg
     from app.ui import debugger_compare as cmp
-    from dex_core import save_trace
+    from dex_core.trace.files import save_trace
 
     example = dbg.bundled(None)
     assert "Nothing pinned" in cmp.update(None, example.events, example.meta, example.origin)[0]
@@ -301,10 +302,10 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     result = DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer()).generate([1, 2, 3, 4], 6)
     events, tiny = result.trace, result.stats
     table, plot = cmp.update(run_a, events, {"model": "<b>tiny</b>"}, "this session's live run")
-    end = example.events[-1]["stats"]
+    end = example.events[-1].stats
     assert "run A pinned: bundled trace &#x27;example&#x27; · K=4 (9, 18, 27, 30)" in status
     assert "data-state='finished'" in status
-    assert f"{end['rounds_per_token']:.3f}" in table and f"{end['depth_speedup']:.3f}" in table
+    assert f"{end.rounds_per_token:.3f}" in table and f"{end.depth_speedup:.3f}" in table
     assert (
         f"{tiny.rounds_per_token:.3f}" in table
         and "&lt;b&gt;tiny&lt;/b&gt;" in table
@@ -313,19 +314,19 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert "outputs differ" in table and "the prompts differ" in table
     bars = json.loads(plot.value["plot"])["data"]
     assert len(bars) == 2 and bars[0]["marker"]["color"] != bars[1]["marker"]["color"]
-    depths = sorted(set(end["depths"]) | set(tiny.depths))
+    depths = sorted(set(end.depths) | set(tiny.depths))
     assert bars[0]["x"] == bars[1]["x"] == [str(d) for d in depths]  # one group per depth of either run
     assert sum(int(b or 0) for b in bars[1]["text"]) == tiny.tokens
     assert [y is None for y in bars[1]["y"]] == [d not in tiny.depths for d in depths]
-    d, w = [0] + end["depths"], example.events[0]["cost"]  # the weights of the example's heads and adapters
+    d, w = [0] + end.depths, example.events[0].cost  # the weights of the example's heads and adapters
     stage = [
         d[k + 1] - d[k] + (w["head"] if k == len(d) - 2 else w["proposal"] + w["adapter"])
         for k in range(len(d) - 1)
     ]
     slowest = [
-        max(stage[k] for k, n in enumerate(b) if n) for b in end["batch_sizes"]
+        max(stage[k] for k, n in enumerate(b) if n) for b in end.batch_sizes
     ]  # memory-bound: per round
-    assert f"{sum(slowest) / end['tokens']:.1f} on K devices" in table and "all the work" in table
+    assert f"{sum(slowest) / end.tokens:.1f} on K devices" in table and "all the work" in table
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "dex-trace"')
     runtime = Runtime(AppSettings())  # its sessions' memory budget admits run A like any loaded trace
@@ -333,7 +334,7 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     assert kept == {"__type__": "update"} and "not loaded" in refused and str(tmp_path) not in refused
     assert box is None  # the upload box emptied, ready for another file
     stopped = events[:2]  # a run stopped after its first round, before any commit: no end event
-    assert not stopped[1]["commit"]
+    assert not stopped[1].commits
     run_s, status_s, _ = cmp.pin(stopped, {}, "this session's live run")
     assert "data-state='stopped'" in status_s and "0 tokens, stopped" in status_s
     table = cmp.update(run_a, stopped, {}, "this session's live run")[0]
@@ -343,7 +344,7 @@ def test_compare_puts_the_pinned_run_next_to_the_shown_one_and_a_refused_file_ke
     loaded, note, _, box = cmp.load_pinned(runtime, str(tmp_path / "k2.json"))
     assert loaded["origin"] == "loaded 'k2.json'"
     assert "Pin a run, then show another" in cmp.update(loaded, events, {}, "")[0]  # the same run, shown
-    other = [dict(events[0], decs=not events[0]["decs"]), *events[1:]]  # another run, the same tokens
+    other = [replace(events[0], decs=not events[0].decs), *events[1:]]  # another run, the same tokens
     assert "identical outputs" in cmp.update(loaded, other, {}, "")[0]
 
 

@@ -64,30 +64,43 @@ def dex_seconds(frame) -> float:
 def test_the_first_races_clocks_exclude_profiling_and_the_profile_is_measured_once(tiny_dir, profiles):
     from app.ui import race
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import Controls, RaceInputs
+    from app.ui.inputs import Inputs
 
     runtime, stops = runtime_for(tiny_dir), StopRequests()
     runtime.model()
-    frames = list(race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 12)))
+    frames = list(
+        race.race_frames(
+            runtime, stops, Inputs(prompt=PROMPT, chat=False, explorers=3, adapters=False, max_new_tokens=12)
+        )
+    )
     timing = [f[3] for f in frames if "first race: timing" in str(f[3])]
-    assert profiles == [runtime.decoder(Controls(explorers=3).config()).proposal_vocab] and timing
+    assert profiles == [runtime.decoder(Inputs(explorers=3).config()).proposal_vocab] and timing
     assert "identical output" in frames[-1][3]
     assert (
         dex_seconds(frames[-1]) < 1.0 and max(frames[-1][2].data[0].x) < 1.0
     )  # the 2 s of profiling are in neither clock
-    again = list(race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 12)))
+    again = list(
+        race.race_frames(
+            runtime, stops, Inputs(prompt=PROMPT, chat=False, explorers=3, adapters=False, max_new_tokens=12)
+        )
+    )
     assert len(profiles) == 1 and not any("first race" in str(f[3]) for f in again)
 
 
 def test_stop_ends_the_race_after_the_step_in_progress_and_both_panes_keep_their_tokens(tiny_dir, profiles):
     from app.ui import race
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import RaceInputs
+    from app.ui.inputs import Inputs
     from dex_core import ar_generate, encode_prompt
 
     runtime, stops, request = runtime_for(tiny_dir), StopRequests(), SimpleNamespace(session_hash="visitor")
     race.stop(stops, request)  # a Stop pressed before the race does not stop it
-    frames = race.race_frames(runtime, stops, RaceInputs(PROMPT, False, 3, False, 40), request=request)
+    frames = race.race_frames(
+        runtime,
+        stops,
+        Inputs(prompt=PROMPT, chat=False, explorers=3, adapters=False, max_new_tokens=40),
+        request=request,
+    )
     shown = []
     for frame in frames:
         shown.append(frame)
@@ -114,9 +127,9 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     from app.ui import analysis as analysis_tab
     from app.ui import live, race
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import LiveInputs, RaceInputs
+    from app.ui.inputs import Inputs
     from dex_core import DexError
-    from dex_core.trace.events import round_commits
+    from dex_core.trace.events import RoundEvent
 
     assert AppSettings.from_env({"DEX_REQUEST_SECONDS": "30"}).request_seconds == 30
     with pytest.raises(DexError, match="request_seconds must be an integer >= 0"):
@@ -125,7 +138,7 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
     slow_explorers(monkeypatch)
     tic = time.monotonic()
     *_, last = live.live_frames(
-        runtime, StopRequests(), LiveInputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200)
+        runtime, StopRequests(), Inputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 200)
     )
     status, events = last[-1], last[4]
     assert time.monotonic() - tic < 8  # the profile is not in the Live tab; a full run would take about 25 s
@@ -133,9 +146,13 @@ def test_a_request_past_the_hosts_bound_ends_with_a_clear_message_and_keeps_what
         "data-state='stopped'" in status
         and "at this host&#x27;s limit of 1 s of model time per request" in status
     )
-    made = sum(len(round_commits(e)) for e in events if e["event"] == "round")
+    made = sum(len(e.commits) for e in events if isinstance(e, RoundEvent))
     assert 0 < made < 200 and f"({made} tokens)" in status
-    *_, raced = race.race_frames(runtime, StopRequests(), RaceInputs(PROMPT, False, 3, False, 200))
+    *_, raced = race.race_frames(
+        runtime,
+        StopRequests(),
+        Inputs(prompt=PROMPT, chat=False, explorers=3, adapters=False, max_new_tokens=200),
+    )
     assert (
         "stopped at this host&#x27;s limit of 1 s" in raced[3]
         and raced[1]
@@ -156,7 +173,7 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
     from app.ui import analysis as analysis_tab
     from app.ui import live, race
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import LiveInputs, RaceInputs
+    from app.ui.inputs import Inputs
 
     runtime = runtime_for(tiny_dir, request_seconds=10)
     # this machine, as its one-row profile says: 6 layers and the head at one row take 1 s, an AR token
@@ -167,16 +184,20 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
     with pytest.warns(
         UserWarning, match=r"a race of K=3 × 4 tokens and AR beside them: about 13 s.*after 10 s"
     ):
-        list(race.race_frames(runtime, StopRequests(), RaceInputs(PROMPT, False, 3, False, 4)))
+        list(
+            race.race_frames(
+                runtime,
+                StopRequests(),
+                Inputs(prompt=PROMPT, chat=False, explorers=3, adapters=False, max_new_tokens=4),
+            )
+        )
     # then Live (its finished run is what the next estimate at K=3 learns from)
     with pytest.warns(
         UserWarning, match=r"K=3 × 4 tokens: about 9 s \(between 6 and 12 s; from this machine"
     ):
         list(
             live.live_frames(
-                runtime,
-                StopRequests(),
-                LiveInputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4),
+                runtime, StopRequests(), Inputs(PROMPT, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4)
             )
         )
     with pytest.warns(UserWarning, match=r"analysing 4 tokens: about 6 s here; fewer tokens is faster\.$"):
@@ -288,13 +309,13 @@ def guide_endpoints() -> dict:
 def test_without_a_chat_template_the_live_status_says_the_prompt_goes_in_as_written(tiny_dir):
     from app.ui import live
     from app.ui.handlers import StopRequests
-    from app.ui.inputs import LiveInputs
+    from app.ui.inputs import Inputs
 
     runtime = runtime_for(tiny_dir)  # the tiny tokenizer has no chat template, as Gemma 3 270M's GGUF
 
     def statuses(chat):
         args = (PROMPT, chat, 3, "", False, True, False, 1.0, 0, 1.0, 0, 4)
-        return [frame[-1] for frame in live.live_frames(runtime, StopRequests(), LiveInputs(*args))]
+        return [frame[-1] for frame in live.live_frames(runtime, StopRequests(), Inputs(*args))]
 
     said = "no chat template: the prompt goes in as written"
     chat = statuses(True)

@@ -19,6 +19,7 @@ import pytest
 from helpers import tuned, uploads_in
 
 from dex_core import TRACE_VERSION, DexError
+from dex_core.trace.events import EndEvent, StartEvent
 
 BOUNDARY = "dexboundary"
 PART = (
@@ -195,7 +196,7 @@ def test_the_trace_workers_helper_reads_a_trace_in_under_100_mb_without_torch():
     from app.host import trace_worker
 
     events, meta = trace_worker.read_trace(ROOT / "assets" / "traces" / "example.json")
-    assert events[0]["event"] == "start" and events[-1]["event"] == "end"
+    assert isinstance(events[0], StartEvent) and isinstance(events[-1], EndEvent)
     helper = psutil.Process(trace_worker._helper[0].pid)
     libraries = {Path(m.path).name for m in helper.memory_maps() if m.path}
     assert not {name for name in libraries if "torch" in name}, "the helper loaded torch"

@@ -4,11 +4,14 @@ runtime learns from a finished run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.ui import estimate
 from app.ui.estimate import Pace
 from dex_core.analysis.forecast import forecast, round_seconds
+from dex_core.trace.events import RoundEvent
 
 ONE_ROW = {"layer": 0.01, "head": 0.05, "proposal": 0.005}  # seconds at one row
 
@@ -71,7 +74,7 @@ def test_on_a_steady_clock_the_time_left_and_the_near_token_hold_within_10_perce
 
     decoder = DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer())
     events = decoder.generate([1, 2, 3, 4], 120).trace
-    made = [len(e["commits"]) for e in events if e["event"] == "round"]  # tokens each round committed
+    made = [len(e.commits) for e in events if isinstance(e, RoundEvent)]  # tokens each round committed
     clock, per_round = Clock(), 0.05
     expected = per_round * len(made)
     pace = Pace(
@@ -146,16 +149,16 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     runtime.learn(3, events[:-1], 9.0)  # a run that did not finish teaches nothing
     assert runtime.forecast(decoder, 20).basis == "this machine's profile"
     runtime.learn(3, events, 9.0)  # its seconds as the page saw them
-    stats = events[-1]["stats"]
+    stats = events[-1].stats
     learned = runtime.forecast(decoder, 20)
     assert learned.basis == "the last run at K=3"
-    assert learned.seconds == pytest.approx(9.0 / stats["tokens"] * 20)  # seconds a token
-    own = (stats["rounds"] - 2) / stats["tokens"]  # past the pipeline's fill
+    assert learned.seconds == pytest.approx(9.0 / stats.tokens * 20)  # seconds a token
+    own = (stats.rounds - 2) / stats.tokens  # past the pipeline's fill
     assert learned.rounds_per_token == pytest.approx((2 + own) / 2)  # with the prior (K + 1) / 2 as one run
-    other = {**stats, "rounds": 2 + 40}
-    runtime.learn(3, [*events[:-1], {**events[-1], "stats": other}], 27.0)
+    other = replace(stats, rounds=2 + 40)
+    runtime.learn(3, [*events[:-1], replace(events[-1], stats=other)], 27.0)
     again = runtime.forecast(decoder, 20)
     assert again.basis == "the last 2 runs at K=3"
-    assert again.seconds == pytest.approx(18.0 / stats["tokens"] * 20)  # the mean of 9 s and 27 s a run
-    assert again.rounds_per_token == pytest.approx((2 + own + 40 / stats["tokens"]) / 3)
+    assert again.seconds == pytest.approx(18.0 / stats.tokens * 20)  # the mean of 9 s and 27 s a run
+    assert again.rounds_per_token == pytest.approx((2 + own + 40 / stats.tokens) / 3)
     assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == "this machine's profile"  # per K

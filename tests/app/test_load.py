@@ -76,7 +76,7 @@ def test_eight_concurrent_clients_get_exact_answers_and_memory_returns_near_base
 def test_distributed_requests_with_different_settings_leave_at_most_one_explorer_group(tiny_dir):
     from app.host.settings import AppSettings
     from app.host.state import Runtime
-    from app.ui.inputs import Controls
+    from app.ui.inputs import Inputs
 
     runtime = Runtime(AppSettings(model=str(tiny_dir), backend="distributed"))
     running = live_children()  # the session's own (its Chromium, explorer groups other tests share)
@@ -92,7 +92,7 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
         ]
         groups = []
         for controls in settings:
-            config = Controls(max_new_tokens=6, **controls).config()
+            config = Inputs(max_new_tokens=6, **controls).config()
             decoder = runtime.decoder(config)
             groups.append(decoder.group.pids())
             ids = encode_prompt(tiny_tokenizer(), "hello world", chat=False)
@@ -108,10 +108,16 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
             runtime.model("the Analysis")
         # the Race's AR lane: AR through the same stages on the same group, then DEX (no third group)
         from app.ui.handlers import StopRequests
-        from app.ui.inputs import RaceInputs
+        from app.ui.inputs import Inputs
         from app.ui.race import race_frames
 
-        frames = list(race_frames(runtime, StopRequests(), RaceInputs("hello world", False, 2, True, 6)))
+        frames = list(
+            race_frames(
+                runtime,
+                StopRequests(),
+                Inputs(prompt="hello world", chat=False, explorers=2, adapters=True, max_new_tokens=6),
+            )
+        )
         ar_text, dex_text, figure, summary = frames[-1]
         assert ar_text == dex_text and "identical output" in summary
         assert [t.name for t in figure.data] == [

@@ -12,6 +12,8 @@ import pytest
 from helpers import launch_app, needs_chromium
 
 from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.events import Event, RoundEvent
+from dex_core.trace.files import load_trace, save_trace
 
 pytestmark = needs_chromium
 PROMPT = "hello world the prime number"
@@ -54,14 +56,14 @@ def plot_ready(page, elem: str, timeout=180_000):  # generous: a loaded 2-core C
     )
 
 
-def example_events() -> list[dict]:
+def example_events() -> list[Event]:
     from app.ui.debugger import TRACES
 
-    return json.loads((TRACES / "example.json").read_text())["events"]
+    return load_trace(TRACES / "example.json")[0]
 
 
 def example_nodes() -> int:
-    return sum(len(e["nodes"]) for e in example_events() if e["event"] == "round")
+    return sum(len(e.nodes) for e in example_events() if isinstance(e, RoundEvent))
 
 
 def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, page):
@@ -69,7 +71,7 @@ def test_the_bundled_example_is_shown_on_first_load_without_a_model(app_url, pag
     page.goto(url, timeout=60_000)
     plot_ready(page, "live-lattice")
     assert page.evaluate(STATUS) == "example" and "bundled trace 'example'" in page.inner_text("#live-status")
-    assert page.locator("#live-text .dex-tok").count() == len(example_events()[-1]["tokens"])
+    assert page.locator("#live-text .dex-tok").count() == len(example_events()[-1].tokens)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
     assert "Round" in page.evaluate(TITLE) and "E0" in page.inner_text("#dbg-table")
@@ -236,9 +238,9 @@ def test_the_exported_html_opens_from_disk_with_its_figures(app_url, page, tmp_p
     # the Numbers panel: each figure is the <b> under its label
     figure = """label => [...document.querySelectorAll('div')].find(d => d.childElementCount === 0
         && d.textContent === label)?.nextElementSibling?.innerText"""
-    assert offline.evaluate(figure, "tokens") == str(len(events[-1]["tokens"]))
-    assert offline.evaluate(figure, "rounds") == str(sum(e["event"] == "round" for e in events))
-    assert offline.locator(".dex-tok").count() == len(events[-1]["tokens"])
+    assert offline.evaluate(figure, "tokens") == str(len(events[-1].tokens))
+    assert offline.evaluate(figure, "rounds") == str(sum(isinstance(e, RoundEvent) for e in events))
+    assert offline.locator(".dex-tok").count() == len(events[-1].tokens)
 
 
 def open_round(page, round_no: int):
@@ -270,7 +272,7 @@ def test_pause_stops_play_within_one_tick(app_url, page):
 
 
 def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page, tmp_path):
-    from dex_core import DexDecoder, save_trace
+    from dex_core import DexDecoder
 
     result = DexDecoder(tiny_model("llama", layers=8), explorers=2, tokenizer=tiny_tokenizer()).generate(
         [1, 2, 3, 4], 10
@@ -304,12 +306,12 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     assert (
         "bundled trace 'example' · K=4" in text and "loaded 'k2.json' · K=2" in text
     )  # heads: source, settings
-    end = example_events()[-1]["stats"]
+    end = example_events()[-1].stats
     numbers = [
         f"{x:.3f}"
         for x in (
-            end["rounds_per_token"],
-            end["depth_speedup"],
+            end.rounds_per_token,
+            end.depth_speedup,
             result.stats.rounds_per_token,
             result.stats.depth_speedup,
         )
@@ -322,7 +324,7 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
         ".map(t => [t.type, t.marker.color, t.text.filter(Boolean).map(Number)])"
     )
     assert [b[0] for b in bars] == ["bar", "bar"] and bars[0][1] != bars[1][1]
-    assert sum(bars[0][2]) == end["tokens"] and sum(bars[1][2]) == result.stats.tokens
+    assert sum(bars[0][2]) == end.tokens and sum(bars[1][2]) == result.stats.tokens
     page.locator("#dbg-compare-load input[type=file]").set_input_files(str(tmp_path / "bad.json"))
     refused = "() => document.querySelector('#dbg-compare-status [data-state]')?.dataset.state === 'error'"
     page.wait_for_function(refused, timeout=60_000)
@@ -357,7 +359,7 @@ def upload(page, path):
 def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fate_legend_in_view(
     page, app_url, tmp_path
 ):
-    from dex_core import DexDecoder, save_trace
+    from dex_core import DexDecoder
     from visualize import lattice_graph
 
     model, fates = tiny_model("llama", layers=8), {}
@@ -446,22 +448,22 @@ COLLAPSE_AT = f"""round => {{ const gd = document.querySelector('#dbg-timeline .
 def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_opened_from_the_timeline(
     llama, page, app_url, tmp_path
 ):
-    from dex_core import DexDecoder, save_trace
+    from dex_core import DexDecoder
     from visualize import lattice_graph
 
     decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0")
     trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24).trace
     save_trace(tmp_path / "chains.json", trace, {"model": "tiny, draft chains"})
     drafted = sum(d["drafted"] for _, d in lattice_graph(trace).nodes(data=True))
-    rounds = [e for e in trace if e["event"] == "round"]
-    several = next(e for e in rounds if len(e["commits"]) > 1)
-    n, upto = len(several["commits"]), rounds[: rounds.index(several) + 1]
+    rounds = [e for e in trace if isinstance(e, RoundEvent)]
+    several = next(e for e in rounds if len(e.commits) > 1)
+    n, upto = len(several.commits), rounds[: rounds.index(several) + 1]
     url, _ = app_url
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
     upload(page, tmp_path / "chains.json")  # the bundled example has chains too: wait for this run's timeline
-    title = f"Whole run: {sum(len(e['nodes']) for e in rounds)} nodes in {len(rounds)} rounds"
+    title = f"Whole run: {sum(len(e.nodes) for e in rounds)} nodes in {len(rounds)} rounds"
     page.wait_for_function(
         f"() => document.querySelector('#dbg-timeline .js-plotly-plot')?.layout.title.text"
         f".startsWith({title!r}) && ({FRAMES})().path > 0",
@@ -473,7 +475,7 @@ def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_ope
         "",
     )  # every chain node framed, dotted
     assert "draft chain" in frames["legend"]
-    x, y, label = page.evaluate(f"({COLLAPSE_AT})({several['round']})")
+    x, y, label = page.evaluate(f"({COLLAPSE_AT})({several.round})")
     assert label == f"×{n}"
     page.mouse.move(x, y)
     page.wait_for_timeout(300)
@@ -483,11 +485,11 @@ def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_ope
         timeout=30_000,
     )
     fsm = page.inner_text("#dbg-fsm")
-    assert fsm.count("(drafted)") == sum(c["drafted"] for c in several["commits"]) >= 1
+    assert fsm.count("(drafted)") == sum(c.drafted for c in several.commits) >= 1
     assert f"committed {n} tokens" in page.evaluate(TITLE) and f"Commit {n} of {n}" in page.inner_text(
         "#dbg-table"
     )
-    marked = sum(c["drafted"] for e in upto for c in e["commits"])
+    marked = sum(c.drafted for e in upto for c in e.commits)
     assert page.locator("#dbg-text .dex-tok[data-drafted='1']").count() == marked
 
 
@@ -505,7 +507,7 @@ def test_play_at_the_last_round_starts_from_the_first_and_save_downloads_in_one_
     page.goto(url, timeout=60_000)
     page.get_by_role("tab", name="Debugger").click()
     plot_ready(page, "dbg-timeline")
-    rounds = [e["round"] for e in example_events() if e["event"] == "round"]
+    rounds = [e.round for e in example_events() if isinstance(e, RoundEvent)]
     assert page.evaluate(ROUND) == rounds[-1]  # every trace opens at its last round
     page.locator("#dbg-play").click()
     page.wait_for_function(f"() => ({ROUND})() < {rounds[-1]}", timeout=30_000)  # it plays from the first
@@ -523,8 +525,6 @@ def test_play_at_the_last_round_starts_from_the_first_and_save_downloads_in_one_
 
 def test_a_refused_upload_leaves_the_box_empty_and_ready_for_another_file(app_url, page, tmp_path):
     from helpers import long_chain_trace
-
-    from dex_core import save_trace
 
     (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
     save_trace(tmp_path / "k8.json", long_chain_trace(), {"model": "tiny k8, long chains"})  # 3 rounds

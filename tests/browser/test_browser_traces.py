@@ -8,8 +8,9 @@ import re
 import pytest
 from helpers import needs_chromium
 
-from dex_core import DexDecoder, save_trace
+from dex_core import TRACE_VERSION, DexDecoder
 from dex_core.testing import tiny_tokenizer
+from dex_core.trace.files import load_trace, records
 
 PAYLOADS = [
     '<img src=x onerror="window.__xss=1">',
@@ -27,6 +28,13 @@ STATUS = "() => document.querySelector('#dbg-status')?.innerText || ''"
 pytestmark = needs_chromium
 
 
+def write(path, events: list[dict], meta: dict) -> None:
+    """A crafted trace file: its records as they are, never typed (a hostile file need not be a trace)."""
+    path.write_text(
+        json.dumps({"format": "dex-trace", "version": TRACE_VERSION, "meta": meta, "events": events})
+    )
+
+
 def same_first_commit(events):
     """A round records its first commit twice (``commit`` and ``commits[0]``): an edit of one is made to both."""
     for event in events:
@@ -39,14 +47,12 @@ def traces(llama, tmp_path_factory):
     """A clean trace, the same trace with markup in every text field, and one file per confirmed
     numeric XSS vector (markup where a number or a kind belongs)."""
     folder = tmp_path_factory.mktemp("crafted")
-    events = json.loads(
-        json.dumps(
-            DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5)
-            .generate([1, 2, 3, 4], 6)
-            .trace
-        )
+    events = records(
+        DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5)
+        .generate([1, 2, 3, 4], 6)
+        .trace
     )
-    save_trace(folder / "clean.json", events, {"model": "tiny"})
+    write(folder / "clean.json", events, {"model": "tiny"})
     marked = json.loads(json.dumps(events))
     n = 0
     for event in marked:
@@ -54,7 +60,7 @@ def traces(llama, tmp_path_factory):
             if "text" in record:
                 record["text"], n = PAYLOADS[n % len(PAYLOADS)], n + 1
     same_first_commit(marked)
-    save_trace(folder / "markup.json", marked, {"model": PAYLOADS[0], "prompt": PAYLOADS[3]})
+    write(folder / "markup.json", marked, {"model": PAYLOADS[0], "prompt": PAYLOADS[3]})
     commit = next(i for i, e in enumerate(events) if e.get("commit"))
     vectors = {
         "depths": (0, "depths", 0),
@@ -72,7 +78,7 @@ def traces(llama, tmp_path_factory):
             target = target[key]
         target[path[-1]] = [PAYLOADS[1]] if name == "kept" else PAYLOADS[1]
         same_first_commit(bad)
-        save_trace(folder / f"{name}.json", bad, {})
+        write(folder / f"{name}.json", bad, {})
         numeric[name] = folder / f"{name}.json"
     return folder / "clean.json", folder / "markup.json", numeric
 
@@ -107,7 +113,7 @@ def test_crafted_traces_render_as_text_or_are_refused_and_keep_the_previous_trac
 
     clean, markup, numeric = traces
     # the rounds Prev steps through (the markup trace's are the clean one's), the last first
-    rounds = [view.round for view in Replay(json.loads(clean.read_text())["events"])][::-1]
+    rounds = [view.round for view in Replay(load_trace(clean)[0])][::-1]
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.goto(app_server.url, timeout=60_000)

@@ -15,6 +15,7 @@ from helpers import live_children, started_since
 from dex_core import DexDecoder, ar_generate
 from dex_core.distributed.group import ExplorerError, ExplorerGroup
 from dex_core.testing import tiny_tokenizer
+from dex_core.trace.events import RoundEvent
 
 pytestmark = pytest.mark.process  # every test here starts explorer processes, or a script that does
 
@@ -24,7 +25,7 @@ SAMPLED = dict(temperature=0.9, top_k=30, top_p=0.95)
 
 
 def without_timings(trace):
-    return [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
+    return [{k: v for k, v in e.record().items() if k not in ("timings", "stats")} for e in trace]
 
 
 def running(pids) -> list[int]:
@@ -59,7 +60,7 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_of_one_group
         distributed = dist_decoder.generate(prompt, 24)
         assert distributed.tokens == sequential.tokens == ar_generate(model, prompt, 24).tokens
         assert without_timings(distributed.trace) == without_timings(sequential.trace)
-        chained = [e for e in distributed.trace if e["event"] == "round" and len(e.get("commits", [])) > 1]
+        chained = [e for e in distributed.trace if len(e.commits) > 1]
         assert chained or not is_light or i < 2  # the repeating prompt commits along draft chains
         sampled = dist_decoder.generate(prompt, 16, **SAMPLED, seed=i)
         assert sampled.tokens == ar_generate(model, prompt, 16, **SAMPLED, seed=i).tokens
@@ -67,13 +68,13 @@ def test_distributed_equals_sequential_equals_ar_over_several_calls_of_one_group
         assert piped.tokens == ar_generate(model, prompt, 8).tokens and piped.stats.rounds == K * 8
     assert dist_decoder.group.pids() == pids  # the same processes served every call
     # every distributed round exchanges (rows, or at least the control all-gather); the sequential schedule never
-    rounds = [e for e in distributed.trace if e["event"] == "round"]
-    assert all(len(e["timings"]["expand"]) == K and e["timings"]["communication"] > 0 for e in rounds)
-    assert distributed.trace[-1]["stats"]["communication_seconds"] == pytest.approx(
-        sum(e["timings"]["communication"] for e in rounds)
+    rounds = [e for e in distributed.trace if isinstance(e, RoundEvent)]
+    assert all(len(e.timings["expand"]) == K and e.timings["communication"] > 0 for e in rounds)
+    assert distributed.trace[-1].stats.communication_seconds == pytest.approx(
+        sum(e.timings["communication"] for e in rounds)
     )
-    assert all(e["timings"]["communication"] == 0 for e in sequential.trace if e["event"] == "round")
-    assert sequential.trace[-1]["stats"]["communication_seconds"] == 0
+    assert all(e.timings["communication"] == 0 for e in sequential.trace if isinstance(e, RoundEvent))
+    assert sequential.trace[-1].stats.communication_seconds == 0
 
 
 def test_a_reused_explorer_group_gives_the_trace_of_a_fresh_one(model, explorer_group, light):
@@ -88,7 +89,7 @@ def test_a_reused_explorer_group_gives_the_trace_of_a_fresh_one(model, explorer_
     reused.generate(PROMPTS[2], 12, **SAMPLED, seed=7)
     stream = reused.stream(PROMPTS[2], 60)
     for event in stream:
-        if event["event"] == "round" and event["round"] == 5:
+        if isinstance(event, RoundEvent) and event.round == 5:
             break
     stream.close()
     requests = [(PROMPTS[0], {}), (PROMPTS[2], {}), (PROMPTS[1], dict(SAMPLED, seed=3))]
@@ -187,7 +188,8 @@ def test_cli_distributed_backend_and_device_errors(tiny_dir, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"{missing} is not available: {gpus} GPU(s) visible for 2 explorers" in err
     code = main(["generate", "hello", "--model", str(tiny_dir), "--explorers", "2", "--backend", "mpi"])
-    assert code == 2 and "backend must be one of sequential, distributed" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the flag offers DecoderOptions.backend's choices
+    assert code == 2 and "--backend: invalid choice: 'mpi'" in err and "'sequential', 'distributed'" in err
 
 
 PLAIN_SCRIPT = """
@@ -217,7 +219,7 @@ def _fault_after_round(decoder, prompt, at_round, fault):
     the seconds from the fault to the error."""
     stream = decoder.stream(prompt, 200)
     for event in stream:
-        if event["event"] == "round" and event["round"] == at_round:
+        if isinstance(event, RoundEvent) and event.round == at_round:
             break
     tic = time.monotonic()
     fault(decoder.group.pids())

@@ -294,14 +294,25 @@ def test_both_links_meet_the_contract_the_round_loop_relies_on():
 
 def test_rank_0_sends_its_events_in_batches_of_the_batch_window_and_slow_rounds_and_the_end_at_once():
     from dex_core.distributed import rank as rank_module
+    from dex_core.trace.events import EndEvent, RoundEvent
+    from dex_core.trace.stats import GenerationStats
 
     sent, now, window = [], [0.0], rank_module.BATCH_SECONDS
     batch = rank_module.EventBatch(lambda *msg: sent.append(msg), 7, clock=lambda: now[0])
 
+    def event(kind: str, t: float):  # a round (or the end) made at t
+        if kind == "end":
+            return EndEvent(tokens=[], stop="length", stats=GenerationStats(2, [1, 2], wall_seconds=t))
+        fields = dict(state_before=0, state_after=0, batches=[[]], nodes=[], collapse=None, alive=[])
+        return RoundEvent(round=1, **fields, timings={"round": t})
+
+    def made(e) -> float:
+        return e.stats.wall_seconds if isinstance(e, EndEvent) else e.timings["round"]
+
     def at(t: float, kind: str = "round") -> list:
         now[0] = t
-        batch.add({"event": kind, "t": t})
-        return [(k, rid, [e["t"] for e in events]) for k, rid, events in sent]
+        batch.add(event(kind, t))
+        return [(k, rid, [made(e) for e in events]) for k, rid, events in sent]
 
     assert at(0.3 * window) == at(0.6 * window) == []  # fast rounds: held
     assert at(window) == [("events", 7, [0.3 * window, 0.6 * window, window])]  # the window passed: they go

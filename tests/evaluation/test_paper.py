@@ -14,6 +14,7 @@ import pytest
 from dex_core.cli import main
 from dex_core.evaluation.paper.paper import CLAIMS, PROGRESS, findings, write_paper
 from dex_core.evaluation.paper.walltime import fit, predict, table1
+from dex_core.trace.events import RoundEvent
 from visualize.paper import paper_html
 
 
@@ -90,7 +91,7 @@ def test_the_walltime_model_recovers_constant_overheads_and_table1_adds_up(llama
     assert row["predicted_speedup"] == pytest.approx(8.0 / 11.5) and row["error"] == pytest.approx(0.0)
     trace = explorer_group(llama, 2).generate([3, 1, 4, 1, 5], 12).trace
     table = table1([trace])
-    rounds = [e["timings"] for e in trace if e["event"] == "round"]
+    rounds = [e.timings for e in trace if isinstance(e, RoundEvent)]
     assert table["rounds"] == len(rounds) and table["ranks"] == 2
     parts = {r["part"]: r for r in table["rows"]}
     expand = sum(sum(t["expand"]) / 2 for t in rounds)  # the mean over the explorers, per round

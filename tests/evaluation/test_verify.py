@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import huggingface_hub
 import pytest
@@ -16,7 +17,7 @@ from dex_core.evaluation import verify
 from dex_core.evaluation.verify import Certificate, certify_tokens, verify_trace
 from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent
 
 PROMPT = [4, 8, 15, 16, 23, 42]
 SAMPLED = {"temperature": 0.8, "top_k": 20, "seed": 4}
@@ -36,7 +37,7 @@ def test_dex_and_ar_traces_certify_every_token(llama, sampling):
     dex = DexDecoder(llama, explorers=3, prune="none").generate(PROMPT, 24, **sampling)
     _checks_agree_with_the_run(verify_trace(dex.trace, model=llama), dex.tokens)
     ar = ar_generate(llama, PROMPT, 24, **sampling)
-    assert ar.trace[0]["method"] == "ar"
+    assert ar.trace[0].method == "ar"
     _checks_agree_with_the_run(verify_trace(ar.trace, model=llama), ar.tokens)
     assert ar.tokens == dex.tokens
 
@@ -87,15 +88,15 @@ def test_reduced_precision_dex_commits_only_certified_tokens_and_records_each_ma
     model = tiny_model("llama", layers=6, vocab=96, seed=2).to(dtype)
     dex = DexDecoder(model, explorers=3, trace_top=3)
     result = dex.generate(PROMPT, 32)
-    commits = [c for e in result.trace if e["event"] == "round" for c in round_commits(e)]
-    assert [c["token"] for c in commits] == result.tokens and len(commits) == 32
-    assert all(c["margin"] >= 0 and c["near_tie"] == (c["margin"] <= c["tie_gap"]) for c in commits)
-    nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
-    assert all(0 <= p <= 1 for n in nodes for _, p, *_ in n["top"])  # masks in reduced precision: no NaN
+    commits = [c for e in result.trace if isinstance(e, RoundEvent) for c in e.commits]
+    assert [c.token for c in commits] == result.tokens and len(commits) == 32
+    assert all(c.margin >= 0 and c.near_tie == (c.margin <= c.tie_gap) for c in commits)
+    nodes = [n for e in result.trace if isinstance(e, RoundEvent) for n in e.nodes]
+    assert all(0 <= p <= 1 for n in nodes for _, p, *_ in n.top)  # masks in reduced precision: no NaN
     cert = verify_trace(result.trace, model=model)
     assert cert.dtype == str(dtype).removeprefix("torch.") and cert.ok and cert.total == 32
     # a commit the engine called clear (margin beyond the gap) is the teacher-forced model's own choice
-    clear = [c["index"] for c in commits if not c["near_tie"]]
+    clear = [c.index for c in commits if not c.near_tie]
     assert clear and all(cert.checks[i].token == cert.checks[i].top for i in clear)
 
 
@@ -133,15 +134,14 @@ def test_tie_gap_is_four_units_in_the_last_place_and_scales_with_the_dtype():
 
 def test_sampled_traces_verify_only_on_the_device_type_they_were_made_on(llama):
     events = DexDecoder(llama, explorers=2).generate(PROMPT, 6, **SAMPLED).trace
-    moved = [{**events[0], "device": "cuda:0"}] + events[1:]
+    moved = [replace(events[0], device="cuda:0")] + events[1:]
     with pytest.raises(DexError, match="made on cuda.*verify it on cuda"):
         verify_trace(moved, model=llama)
     greedy = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
-    assert verify_trace(
-        [{**greedy[0], "device": "cuda:0"}] + greedy[1:], model=llama
-    ).ok  # greedy: any device
+    anywhere = [replace(greedy[0], device="cuda:0")] + greedy[1:]
+    assert verify_trace(anywhere, model=llama).ok  # greedy: any device
     with pytest.raises(DexError, match="made in bfloat16 but the model given is float64"):
-        verify_trace([{**greedy[0], "dtype": "bfloat16"}] + greedy[1:], model=llama)
+        verify_trace([replace(greedy[0], dtype="bfloat16")] + greedy[1:], model=llama)
 
 
 def _verify(capsys, *argv):
@@ -176,7 +176,7 @@ def test_dex_verify_passes_a_real_trace_and_fails_a_corrupted_one(tiny_dir, tmp_
     assert lines[-1] == "certified: 12 of 12 tokens within the tie gap (worst gap 0)" and len(lines) == 2
     assert lines[0].startswith("dex trace, greedy; float32 on cpu")
     doc = json.loads(path.read_text())
-    commits = [c for e in doc["events"] if e["event"] == "round" for c in round_commits(e)]
+    commits = [c for e in doc["events"] if e["event"] == "round" for c in e["commits"]]
     for e in doc["events"]:  # read from JSON, "commit" is a copy of "commits"[0]: one record to corrupt
         if e["event"] == "round" and e["commit"]:
             e["commit"] = e["commits"][0]
@@ -202,10 +202,8 @@ def test_dex_verify_refuses_bad_input_with_exit_2(llama, tiny_dir, tmp_path, cap
     trace = DexDecoder(llama, explorers=2).generate(PROMPT, 4).trace
     save_trace(tmp_path / "nameless.json", trace)
     (tmp_path / "foreign.json").write_text('{"x": 1}')
-    split = [
-        *trace[:-1],
-        {**trace[-1], "tokens": trace[-1]["tokens"][:2] + [(t + 1) % 96 for t in trace[-1]["tokens"][2:]]},
-    ]
+    end = trace[-1]
+    split = [*trace[:-1], replace(end, tokens=end.tokens[:2] + [(t + 1) % 96 for t in end.tokens[2:]])]
     save_trace(tmp_path / "split.json", split, {"model": str(tiny_dir)})
     for name, message in [
         ("missing.json", "cannot read the trace file"),
@@ -219,17 +217,17 @@ def test_dex_verify_refuses_bad_input_with_exit_2(llama, tiny_dir, tmp_path, cap
 
 def test_a_token_outside_the_models_vocabulary_is_named_as_the_cause(llama):
     trace = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
-    edited = json.loads(
-        json.dumps(trace)
-    )  # as read from a file: commit and its copy commits[0] are two records
-    for e in edited[1:-1]:
-        for c in [e["commit"] or {}, *e["commits"]]:
-            c["token"] = 96 if c.get("index") == 2 else c.get("token")
-    edited[-1]["tokens"][2] = 96
+    edited = [
+        replace(e, commits=[replace(c, token=96) if c.index == 2 else c for c in e.commits])
+        if isinstance(e, RoundEvent)
+        else e
+        for e in trace
+    ]
+    edited[-1] = replace(edited[-1], tokens=[96 if i == 2 else t for i, t in enumerate(edited[-1].tokens)])
     outside = "is outside the model's vocabulary of 96 (ids 0 to 95): the trace was made with another model"
     with pytest.raises(DexError, match=re.escape(f"token id 96 (committed token 2) {outside}")):
         verify_trace(edited, model=llama)
-    edited[0]["prompt"] = [*PROMPT[:3], 200, *PROMPT[4:]]
+    edited[0] = replace(edited[0], prompt=[*PROMPT[:3], 200, *PROMPT[4:]])
     with pytest.raises(DexError, match=re.escape(f"token id 200 (prompt token 3) {outside}")):
         verify_trace(edited, model=llama)
 
@@ -296,7 +294,7 @@ def test_dex_verify_refuses_a_trace_made_by_another_model_in_one_line_naming_bot
     tiny_tokenizer().save_pretrained(tmp_path / "other")
     capsys.readouterr()  # the save's progress bar
     trace = DexDecoder(made, explorers=2).generate(PROMPT, 6).trace
-    assert trace[0]["model"] == {
+    assert trace[0].model == {
         "model_type": "llama",
         "num_layers": 6,
         "hidden_size": 48,
@@ -329,7 +327,7 @@ def test_dex_verify_refuses_a_trace_made_by_another_model_in_one_line_naming_bot
 
 def test_an_older_trace_without_the_models_identity_verifies_and_is_checked_by_its_layers(llama, tmp_path):
     trace = DexDecoder(llama, explorers=2).generate(PROMPT, 6).trace
-    old = [{k: v for k, v in trace[0].items() if k != "model"}, *trace[1:]]
+    old = [replace(trace[0], model=None), *trace[1:]]  # sparse: its record has no "model" key
     save_trace(tmp_path / "old.json", old)
     assert verify_trace(tmp_path / "old.json", model=llama).certified == 6
     with pytest.raises(

@@ -354,7 +354,7 @@ def test_the_adapter_files_best_set_for_k_is_used_unless_depths_are_given(tmp_pa
     assert decoder.depths == (4, 6) and decoder.depth_choice == "best set stored with the adapters"
     assert sorted(decoder.adapters) == [4]
     trace = decoder.generate([3, 5, 7], 3).trace
-    assert trace[0]["depths"] == [4, 6] and "best set" in trace[0]["depth_choice"]
+    assert trace[0].depths == [4, 6] and "best set" in trace[0].depth_choice
     assert DexDecoder(model, explorers=2, depths=(3, 6), adapters=str(path)).depth_choice == "given"
     assert DexDecoder(model, explorers=4, adapters=str(path)).depth_choice == "uniform split"
     assert DexDecoder(model, explorers=2, adapters="none").depths == (3, 6)

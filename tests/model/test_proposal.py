@@ -15,6 +15,7 @@ from dex_core.model.cost import ModelCost
 from dex_core.model.proposal import ProposalHead, adapter_ranking, proposal_rows, store_ranking
 from dex_core.model.view import model_view
 from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.trace.events import RoundEvent
 
 PROMPT = [5, 9, 14, 3, 22]
 
@@ -71,13 +72,11 @@ def test_small_shortlists_keep_every_mode_exact_and_propose_only_shortlisted_tok
     result = decoder.generate(PROMPT, 20, **options)
     assert result.tokens == ar_generate(model, PROMPT, 20, **options).tokens
     shortlist = set(decoder.shortlist.tolist())
-    assert len(shortlist) == 6 and result.trace[0]["proposal_vocab"] == 6
-    nodes = [n for e in result.trace if e["event"] == "round" for n in e["nodes"]]
-    assert all(
-        n["token"] in shortlist and {t for t, *_ in n["top"]} <= shortlist for n in nodes if n["stage"] < 2
-    )
-    assert any(n["token"] not in shortlist for n in nodes if n["stage"] == 2)  # the final head is full
-    assert DexDecoder(model, explorers=3).generate(PROMPT, 4).trace[0]["proposal_vocab"] == 96
+    assert len(shortlist) == 6 and result.trace[0].proposal_vocab == 6
+    nodes = [n for e in result.trace if isinstance(e, RoundEvent) for n in e.nodes]
+    assert all(n.token in shortlist and {t for t, *_ in n.top} <= shortlist for n in nodes if n.stage < 2)
+    assert any(n.token not in shortlist for n in nodes if n.stage == 2)  # the final head is full
+    assert DexDecoder(model, explorers=3).generate(PROMPT, 4).trace[0].proposal_vocab == 96
 
 
 def test_the_ranking_travels_with_the_adapter_file(tmp_path):

@@ -234,7 +234,7 @@ def test_distributed_from_a_checkpoint_the_parent_holds_no_weights_and_each_rank
             assert got.tokens == same.tokens == ar_generate(model, prompt, 24).tokens
 
             def strip(trace):
-                return [{k: v for k, v in e.items() if k not in ("timings", "stats")} for e in trace]
+                return [{k: v for k, v in e.record().items() if k not in ("timings", "stats")} for e in trace]
 
             assert strip(got.trace) == strip(
                 same.trace

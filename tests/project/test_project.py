@@ -24,6 +24,7 @@ LAYERS = (
         "foundation",
         (
             "dex_core.config",
+            "dex_core.values",
             "dex_core.device",
             "dex_core.log",
             "dex_core.flags",
@@ -483,7 +484,9 @@ HEAVY = ("torch", "transformers", "fastapi")
 def test_the_trace_package_and_the_viewers_import_neither_torch_nor_fastapi():
     """``import dex_core`` is a lazy face (PEP 562): the trace package's records and validator, the viewers and
     the app's trace worker load no model library; a name of the face loads the part it lives in."""
-    assert loaded_after("import dex_core.trace.events, dex_core.trace.typed, dex_core.trace.validate") == "[]"
+    modules = sorted(p.stem for p in (ROOT / "dex_core" / "trace").glob("*.py") if p.stem != "__init__")
+    assert {"events", "schema", "stats", "build", "files", "validate"} <= set(modules)  # the whole package
+    assert loaded_after("import " + ", ".join(f"dex_core.trace.{m}" for m in modules)) == "[]"
     assert loaded_after("import visualize, visualize.timeline, visualize.report") == "[]"
     assert loaded_after("import app.host.trace_worker") == "[]"
     assert loaded_after("from dex_core import DexError, load_trace, TRACE_VERSION") == "[]"

@@ -29,6 +29,7 @@ from dex_core.model.adapters import new_adapters, read_metadata, save_adapters
 from dex_core.model.lens import depth_view, layer_candidates
 from dex_core.model.load import resolve_device
 from dex_core.testing import tiny_model
+from dex_core.trace.events import RoundEvent
 
 FACTORIES = {
     torch.tensor,
@@ -409,9 +410,10 @@ def test_a_round_reads_back_from_the_device_once_with_adapters_light_heads_and_t
     )
     reads = []
     for event, watch in reads_per_event(dex.stream(PROMPT, 12, **sampling)):
-        if event["event"] == "round":  # tokens, probabilities, margins and top-5 of every explorer together
+        # tokens, probabilities, margins and top-5 of every explorer together
+        if isinstance(event, RoundEvent):
             reads.append(watch.where)
-            assert any(node["top"] for node in event["nodes"])  # the top-5 really came back
+            assert any(node.top for node in event.nodes)  # the top-5 really came back
     assert reads and all(len(r) == 1 and "readback.py" in r[0][1] for r in reads), reads
 
 

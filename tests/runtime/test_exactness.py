@@ -10,7 +10,7 @@ import torch
 
 from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.testing import tiny_model
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent
 
 FAMILIES = {
     "llama": {},
@@ -57,14 +57,12 @@ def test_greedy_dex_equals_hf_generate_for_every_uniform_K(family_model, prompt_
         # stage k the next commits k + 1 rounds later, after a miss K rounds later; where a draft chain carried
         # on, as many rounds later as stages its chain slot still lacked: none when it started with its
         # predecessor, fewer than K when the chain grew later
-        commits = [(e["round"], c) for e in result.trace if e["event"] == "round" for c in round_commits(e)]
-        assert [c["matched_stage"] for _, c in commits] == result.stats.matched_stages and commits[0][0] == K
+        commits = [(e.round, c) for e in result.trace if isinstance(e, RoundEvent) for c in e.commits]
+        assert [c.matched_stage for _, c in commits] == result.stats.matched_stages and commits[0][0] == K
         for (r, c), (later, _) in zip(commits, commits[1:]):
             gap = later - r
             assert (
-                0 <= gap < K
-                if c["via"] == "chain"
-                else gap == (K if c["via"] == "root" else c["matched_stage"] + 1)
+                0 <= gap < K if c.via == "chain" else gap == (K if c.via == "root" else c.matched_stage + 1)
             )
         assert result.stats.rounds == commits[-1][0]
 
@@ -189,7 +187,7 @@ def test_ar_through_the_stages_equals_the_ar_reference_in_k_rounds_per_token(
 ):
     """``pipeline=True``: no stage but the last proposes, so each token walks all K stages (K rounds), nothing
     speculative runs (no DECS mask or chain, though the decoder has chains on), and the trace says so and loads."""
-    from dex_core.trace.events import load_trace, save_trace
+    from dex_core.trace.files import load_trace, save_trace
 
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     decoder = DexDecoder(family_model, explorers=K, draft="gate=0")
@@ -197,9 +195,14 @@ def test_ar_through_the_stages_equals_the_ar_reference_in_k_rounds_per_token(
     assert got.tokens == ar_generate(family_model, prompt, 12, **sampling).tokens
     assert got.stats.rounds == 12 * K and got.stats.matched_stages == [K - 1] * 12 and got.stats.drafted == 0
     assert got.stats.batch_sizes[: 2 * K] == [[int(k == r % K) for k in range(K)] for r in range(2 * K)]
-    start, rounds = got.trace[0], [e for e in got.trace if e["event"] == "round"]
-    assert start["pipeline"] is True and start["decs"] is False and "draft" not in start
-    assert all(n["token"] == -1 and n["top"] == [] for e in rounds for n in e["nodes"] if n["stage"] < K - 1)
+    start, rounds = got.trace[0], [e for e in got.trace if isinstance(e, RoundEvent)]
+    assert (
+        start.pipeline is True
+        and start.decs is False
+        and start.draft is None
+        and "draft" not in start.record()
+    )
+    assert all(n.token == -1 and n.top == [] for e in rounds for n in e.nodes if n.stage < K - 1)
     save_trace(tmp_path / "pipeline.json", got.trace)
     assert load_trace(tmp_path / "pipeline.json")[0] == got.trace
     assert decoder.generate(prompt, 12, **sampling).tokens == got.tokens  # the same decoder runs DEX after it

@@ -8,6 +8,7 @@ import torch
 from dex_core import DexDecoder, hf_greedy
 from dex_core.shapes import OpShapes
 from dex_core.testing import tiny_model
+from dex_core.trace.events import RoundEvent
 
 PROMPT = 20  # the prompts of one test share a length: the prefill is not a round, and runs the same shapes
 
@@ -22,7 +23,7 @@ def model():
 
 
 def rows_per_stage(result) -> set[int]:
-    return {len(b) for e in result.trace if e["event"] == "round" for b in e["batches"] if b}
+    return {len(b) for e in result.trace if isinstance(e, RoundEvent) for b in e.batches if b}
 
 
 def recorded(decoder, tokens: list[int], new: int):
@@ -37,7 +38,7 @@ def test_after_warm_up_rounds_run_no_new_op_shapes_beyond_the_buckets(model):
     decoder = DexDecoder(model, explorers=4, prune=3)  # at most 3 rows: 1, 2, and 3 padded to the bucket of 4
     warm, before = recorded(decoder, prompt(1), 48)
     result, after = recorded(decoder, prompt(2), 160)
-    rounds = sum(e["event"] == "round" for e in result.trace)
+    rounds = sum(isinstance(e, RoundEvent) for e in result.trace)
     assert rounds >= 100 and rows_per_stage(result) == {
         1,
         2,

@@ -98,20 +98,20 @@ def test_dex_and_ar_generate_name_each_setting_they_do_not_apply_once_per_reques
 
 def test_sampling_defaults_are_not_taken_from_the_generation_config(model):
     events, notes = caught(lambda: list(DexDecoder(model, explorers=2).stream(PROMPT, NEW)))
-    assert events[0]["sampling"] == {
+    assert events[0].sampling == {
         "temperature": 0.0,
         "top_k": None,
         "top_p": None,
         "seed": 0,
     }  # greedy, recorded
-    assert events[-1]["tokens"] == hf_greedy(model, PROMPT, NEW) and SAMPLING in notes
+    assert events[-1].tokens == hf_greedy(model, PROMPT, NEW) and SAMPLING in notes
     asked = {"temperature": 0.7, "top_k": 50, "top_p": 0.8, "seed": 3}  # what the warning says to pass
     result, notes = caught(lambda: DexDecoder(model, explorers=3).generate(PROMPT, NEW, **asked))
     assert notes == [PENALTY, NGRAM]  # the request samples with the config's values: nothing more to say
     assert (
         result.tokens
         == caught(lambda: ar_generate(model, PROMPT, NEW, **asked))[0].tokens
-        != events[-1]["tokens"]
+        != events[-1].tokens
     )
 
 

@@ -9,6 +9,7 @@ from dex_core import DexDecoder
 from dex_core.host_reads import HostReads, reads_per_event
 from dex_core.runtime.reference import ar_generate, hf_greedy
 from dex_core.testing import tiny_model
+from dex_core.trace.events import EndEvent, RoundEvent
 
 PROMPT = [3, 5, 7, 9, 3, 5, 7, 9, 3, 5]  # repeats: draft chains find drafts
 
@@ -17,9 +18,9 @@ def rounds_reads(decoder, prompt, new: int, **options) -> tuple[list[int], list[
     """Host reads counted in each round of a sequential run, and its tokens."""
     reads, tokens = [], None
     for event, counted in reads_per_event(decoder.stream(prompt, new, **options)):
-        if event["event"] == "round":
+        if isinstance(event, RoundEvent):
             reads.append(counted.count)
-        tokens = event.get("tokens", tokens)
+        tokens = event.tokens if isinstance(event, EndEvent) else tokens
     return reads, tokens
 
 

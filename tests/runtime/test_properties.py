@@ -17,7 +17,7 @@ from helpers import run_cli
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from app.ui.inputs import PRUNE_CHOICES, Controls
+from app.ui.inputs import PRUNE_CHOICES, Inputs
 from dex_core import DecoderOptions, DexConfig, DexDecoder, DexError, GenerationOptions, ar_generate
 from dex_core.flags import control
 from dex_core.runtime.request import encode_prompt
@@ -265,7 +265,7 @@ def number(value):
 
 
 def ui_defaults() -> dict:
-    return {name: p.default for name, p in inspect.signature(Controls).parameters.items()}
+    return {name: p.default for name, p in inspect.signature(Inputs).parameters.items()}
 
 
 def parsed_depths(depths):
@@ -278,7 +278,7 @@ def parsed_depths(depths):
 @settings(max_examples=16 * settings.default.max_examples)
 @given(controls=st.fixed_dictionaries({}, optional=UI_VALID))
 def test_the_apps_valid_control_values_give_the_config_they_say(controls):
-    config = Controls(**controls).config()  # never a DexError
+    config = Inputs(**controls).config()  # never a DexError
     sent = {**ui_defaults(), **controls}
     sample = sent["sample"]
     expected = {
@@ -315,7 +315,7 @@ def test_one_refused_control_value_is_a_dex_error_naming_that_control(name, data
     if name in ("temperature", "top_k", "top_p"):
         controls["sample"] = True  # with sampling off the app ignores these three
     with pytest.raises(DexError, match=re.escape(UI_NAMES.get(name, name))):
-        Controls(**controls).config()
+        Inputs(**controls).config()
 
 
 SEEDS = (

@@ -15,7 +15,7 @@ from helpers import free_port
 from dex_core import DexDecoder, ar_generate
 from dex_core.serving.api import make_app
 from dex_core.testing import tiny_tokenizer
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent
 
 PROMPT = "hello world the prime number"
 SERVED = "tiny-llama"
@@ -72,8 +72,8 @@ def test_a_completion_is_ars_text_with_usage_from_its_trace(sequential, llama, t
     assert reply.choices[0].text == tokenizer.decode(tokens, skip_special_tokens=True)
     assert reply.choices[0].finish_reason in ("length", "stop")
     trace = decoder.generate(ids, 24).trace
-    commits = [c for e in trace if e["event"] == "round" for c in round_commits(e)]
-    accepted = sum(1 for c in commits if c["matched_stage"] < 2 or c.get("drafted"))
+    commits = [c for e in trace for c in e.commits]
+    accepted = sum(1 for c in commits if c.matched_stage < 2 or c.drafted)
     assert accepted > 0  # the check below can fail: DEX matched early here
     usage = reply.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(tokens))
@@ -134,13 +134,13 @@ def test_metrics_count_each_stage_as_the_trace_does(sequential, llama, tokenizer
     )
     after = scrape(url)
     trace = decoder.generate(expected(llama, tokenizer, 24)[0], 24).trace
-    rounds = [e for e in trace if e["event"] == "round"]
+    rounds = [e for e in trace if isinstance(e, RoundEvent)]
     matched, proposed = [0, 0, 0], [0, 0, 0]
     for event in rounds:
-        for commit in round_commits(event):
-            matched[commit["matched_stage"]] += 1
-        for node in event["nodes"]:
-            proposed[node["stage"]] += node["token"] >= 0
+        for commit in event.commits:
+            matched[commit.matched_stage] += 1
+        for node in event.nodes:
+            proposed[node.stage] += node.token >= 0
     assert matched[0] + matched[1] > 0  # stages before the last matched: the per-stage check can fail
 
     def delta(name, **labels):
@@ -170,7 +170,11 @@ BAD = [
     ({"model": "gpt-4"}, 404, "is not served here"),
     ({"prompt": ["a", "b"]}, 400, "prompt must be one string"),
     ({"prompt": "x" * 2**20}, 413, "the prompt is longer than"),
-    ({"seed": 2**64}, 400, "seed must be an integer from 0 to 2**64 - 1"),
+    ({"seed": 2**64}, 400, f"seed must be between 0 and {2**64 - 1}"),
+    ({"seed": 1.5}, 400, "seed must be an integer"),
+    ({"top_k": -1}, 400, "top_k must be >= 0"),
+    ({"stream": "yes"}, 400, "stream must be true or false"),
+    ({"stop": ["a"] * 5}, 400, "stop must be a non-empty string or a list of up to 4"),
 ]
 
 

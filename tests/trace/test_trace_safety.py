@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from dex_core import DexDecoder, DexError, ar_stream, load_trace, save_trace
 from dex_core.testing import tiny_tokenizer
+from dex_core.trace.events import parse_events
+from dex_core.trace.files import read_records, records
 from dex_core.trace.schema import TRACE_LIMITS, TraceLimits
 from dex_core.trace.validate import parse_trace
 from visualize import (
@@ -67,6 +69,8 @@ def first_of_each_field(doc: dict, kind) -> list[tuple]:
 
 
 def render_everything(events) -> str:
+    """Every view of a trace (its validated records, or its typed events) drawn."""
+    events = parse_events(events)
     html = ""
     for view in replay(events):
         fig = lattice_figure(view)
@@ -100,7 +104,7 @@ def real_traces(llama):
 
 @pytest.fixture(scope="module")
 def valid(real_traces) -> dict:
-    return json.loads(json.dumps(document(real_traces["greedy-K3"])))
+    return json.loads(json.dumps(document(records(real_traces["greedy-K3"]))))
 
 
 def rejected(doc_or_text, limits=TRACE_LIMITS) -> str:
@@ -114,7 +118,8 @@ def test_every_trace_dex_records_is_accepted(real_traces, tmp_path):
     for name, events in real_traces.items():
         save_trace(tmp_path / f"{name}.json", events, {"model": "tiny", "prompt": "hello <b>"})
         loaded, meta = load_trace(tmp_path / f"{name}.json")
-        assert loaded == json.loads(json.dumps(events)) and meta["prompt"] == "hello <b>", name
+        assert loaded == events and meta["prompt"] == "hello <b>", name
+        assert read_records(tmp_path / f"{name}.json")[0] == json.loads(json.dumps(records(events))), name
 
 
 def test_markup_in_any_numeric_field_is_refused_with_the_field_named(valid):
@@ -362,7 +367,7 @@ def test_replay_cache_reuses_a_replay_until_the_trace_grows_or_is_evicted(real_t
 
 def test_a_long_trace_at_the_round_cap_replays_one_frame_at_a_time():
     events, _ = parse_trace(json.dumps(minimal_rounds(TRACE_LIMITS.max_rounds, K=2, nodes_per_round=3)))
-    views = replay(events)
+    views = replay(parse_events(events))
     last = views[-1]
     assert len(views) == TRACE_LIMITS.max_rounds and len(last.tokens) == TRACE_LIMITS.max_rounds
     assert tokens_html(last).count('class="dex-tok"') == TRACE_LIMITS.max_rounds and len(last.nodes) == 3

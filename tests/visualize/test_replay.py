@@ -4,6 +4,7 @@ import pytest
 
 from dex_core import DexDecoder
 from dex_core.testing import tiny_tokenizer
+from dex_core.trace.events import RoundEvent
 from visualize import ReplayCache, replay
 from visualize.replay import _Index
 
@@ -27,8 +28,8 @@ def indexed(monkeypatch):
 
 def test_the_extended_replay_equals_a_full_rebuild_after_every_round(trace, indexed):
     cache, events, earlier = ReplayCache(size=2), [], []
-    rounds = [e for e in trace if e["event"] == "round"]
-    assert len(rounds) > 24 and any(e["commit"] for e in rounds) and any(not e["commit"] for e in rounds)
+    rounds = [e for e in trace if isinstance(e, RoundEvent)]
+    assert len(rounds) > 24 and any(e.commit for e in rounds) and any(not e.commit for e in rounds)
     for event in trace:
         events.append(event)
         if len(events) == 1:
@@ -38,7 +39,7 @@ def test_the_extended_replay_equals_a_full_rebuild_after_every_round(trace, inde
         assert len(views) == len(rebuilt) and list(views) == list(rebuilt)
         assert views.vocab == rebuilt.vocab
         earlier.append((views, list(views)))
-    assert len(views) == len(rounds) and views[-1].tokens == trace[-1]["tokens"]
+    assert len(views) == len(rounds) and views[-1].tokens == trace[-1].tokens
     assert all(list(v) == snapshot for v, snapshot in earlier)  # an earlier replay keeps its rounds
     assert len(earlier[3][0]) < len(views)
 
@@ -51,7 +52,7 @@ def test_following_a_live_trace_indexes_each_round_once(trace, indexed):
         cache(events)  # a second panel asking for the same length reuses the replay
     live = len(indexed)
     replay(trace)
-    assert live == len(indexed) - live == sum(e["event"] == "round" for e in trace)
+    assert live == len(indexed) - live == sum(isinstance(e, RoundEvent) for e in trace)
 
 
 def test_a_trace_cut_short_in_place_is_indexed_again(trace):
@@ -69,4 +70,6 @@ def test_the_live_tab_extends_one_replay_per_run(trace, indexed):
     for event in trace[1:]:
         events.append(event)
         last = dbg.views(events)[-1]
-    assert last == replay(list(trace))[-1] and len(indexed) == 2 * sum(e["event"] == "round" for e in trace)
+    assert last == replay(list(trace))[-1] and len(indexed) == 2 * sum(
+        isinstance(e, RoundEvent) for e in trace
+    )

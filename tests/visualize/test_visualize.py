@@ -1,7 +1,6 @@
 """The trace viewers: replay, lattice figure, HTML panels and charts, on real tiny-model traces."""
 
 import dataclasses
-import json
 import re
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from helpers import long_chain_trace
 
 from dex_core import DexDecoder, ar_generate
 from dex_core.testing import tiny_model, tiny_tokenizer
-from dex_core.trace.events import round_commits
+from dex_core.trace.events import RoundEvent, parse_events
+from dex_core.trace.files import load_trace
 from visualize import (
     FATE_COLORS,
     OKABE_ITO,
@@ -108,21 +108,23 @@ class Spans(HTMLParser):
 def test_replay_rebuilds_the_committed_tokens_of_the_end_event(trace):
     views = replay(trace)
     end = trace[-1]
-    assert len(views) == end["stats"]["rounds"]
-    assert views[-1].tokens == end["tokens"]
-    assert views[-1].matched == end["stats"]["matched_stages"]
+    assert len(views) == end.stats.rounds
+    assert views[-1].tokens == end.tokens
+    assert views[-1].matched == end.stats.matched_stages
     assert [v.index for v in views] == list(range(len(views)))
 
 
 def test_replay_holds_the_lattice_before_collapse(trace):
-    pruned = "prune" in trace[0]  # the sampled fixture runs with the CPU default, one new branch per round
-    assert pruned == (trace[0]["sampling"]["temperature"] > 0)
+    pruned = (
+        trace[0].prune is not None
+    )  # the sampled fixture runs with the CPU default, one new branch a round
+    assert pruned == (trace[0].sampling["temperature"] > 0)
     for view in replay(trace):
         if view.commit:
             assert lattice_size(view) == len(view.committed_ids) + len(view.kept) + len(view.dropped) + len(
                 view.cut
             )
-        elif any(n["kind"] == "chain" for n in view.nodes.values()):  # draft chains add slots to the lattice
+        elif any(n.kind == "chain" for n in view.nodes.values()):  # draft chains add slots to the lattice
             assert lattice_size(view) > 2**view.state_after - 1 or view.cut
         elif pruned:  # a full lattice at state q holds 2^q - 1 nodes; pruning leaves out branches
             assert lattice_size(view) <= 2**view.state_after - 1
@@ -135,9 +137,9 @@ def test_replay_holds_the_lattice_before_collapse(trace):
 def test_commit_position_is_prompt_length_plus_tokens_committed_before(greedy):
     for view in replay(greedy):
         before = len(view.tokens) - (1 if view.commit else 0)
-        assert view.commit_position == len(greedy[0]["prompt"]) + before
+        assert view.commit_position == len(greedy[0].prompt) + before
         if view.commit:
-            assert view.commit["position"] == view.commit_position
+            assert view.commit.position == view.commit_position
 
 
 def test_anchor_chains_carry_each_stage_candidate_and_its_text(greedy):
@@ -160,18 +162,16 @@ def test_lattice_figure_draws_one_marker_per_node_in_one_trace_per_status(trace)
 
 def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
     views = replay(trace)
-    view = first_commit_with(views, lambda v: v.commit["matched_stage"] < 3 and v.dropped)
-    for c in view.round_commits:  # a round along a draft chain commits several tokens
-        final, matched = c["anchor_nodes"][-1], c["anchor_nodes"][c["matched_stage"]]
+    view = first_commit_with(views, lambda v: v.commit.matched_stage < 3 and v.dropped)
+    for c in view.commits:  # a round along a draft chain commits several tokens
+        final, matched = c.anchor_nodes[-1], c.anchor_nodes[c.matched_stage]
         assert node_status(view, final) == "final"
         assert node_status(view, matched) == ("final" if matched == final else "accepted")
     assert all(node_status(view, i) == "accepted" for i in view.kept)
     assert all(node_status(view, i) == "discarded" for i in view.dropped)
     fig = lattice_figure(view)
     by_name = {t.name: t for t in fig.data}
-    assert len(by_name["final"].x) == len(view.round_commits) and len(by_name["discarded"].x) == len(
-        view.dropped
-    )
+    assert len(by_name["final"].x) == len(view.commits) and len(by_name["discarded"].x) == len(view.dropped)
     assert by_name["discarded"].marker.opacity == pytest.approx(
         0.25
     )  # the marker fades, its label stays dark
@@ -179,14 +179,14 @@ def test_commit_round_marks_final_accepted_and_discarded_nodes(trace):
     assert by_name["accepted"].marker.opacity == 1
     for status, color in STATUS_COLORS.items():
         assert by_name[status].marker.color == color
-    assert f"matched at stage {view.commit['matched_stage']}" in fig.layout.title.text
+    assert f"matched at stage {view.commit.matched_stage}" in fig.layout.title.text
 
 
 def test_pending_rounds_mark_the_anchor_slot_and_pending_nodes(greedy):
     view = next(v for v in replay(greedy) if not v.commit and v.state_after == 3)
     statuses = {i: node_status(view, i) for i in view.nodes}
     assert sorted(i for i, s in statuses.items() if s == "anchor") == sorted(
-        i for i, n in view.nodes.items() if n["position"] == view.commit_position
+        i for i, n in view.nodes.items() if n.position == view.commit_position
     )
     assert list(statuses.values()).count("anchor") == 3 and list(statuses.values()).count("pending") == 4
 
@@ -194,7 +194,7 @@ def test_pending_rounds_mark_the_anchor_slot_and_pending_nodes(greedy):
 def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
     view = replay(greedy)[5]
     fig = lattice_figure(view)
-    depths = greedy[0]["depths"]
+    depths = greedy[0].depths
     assert list(fig.layout.xaxis.ticktext)[:2] == ["+0", "+1"]
     for k, (tick, d) in enumerate(zip(fig.layout.yaxis.ticktext, depths)):
         assert tick == f"<span style='color:{stage_color(k, depths)}'>■</span> E{k} · d={d}"
@@ -204,7 +204,7 @@ def test_lattice_axes_label_relative_positions_and_stage_depths(greedy):
 
 def test_k8_lattice_of_255_nodes_renders_every_node(deep):
     views = replay(deep)
-    assert views[-1].tokens == deep[-1]["tokens"]
+    assert views[-1].tokens == deep[-1].tokens
     full = max(views, key=lattice_size)
     assert lattice_size(full) == 255
     fig = lattice_figure(full)
@@ -222,11 +222,11 @@ def test_tokens_html_has_one_span_per_token_and_escapes_markup(greedy):
     html = tokens_html(replay(greedy))
     assert html.count('class="dex-tok"') == len(view.tokens)
     assert "white-space: pre-wrap" in html
-    matched = [e["commit"]["matched_stage"] for e in greedy if e["event"] == "round" and e["commit"]]
+    matched = [e.commit.matched_stage for e in greedy if isinstance(e, RoundEvent) and e.commit]
     assert len(set(matched)) > 1  # the run shows several colours
     spans = Spans(html).spans
     shown = [(style["background"], text) for cls, style, text in spans if cls == "dex-tok"]
-    depths = greedy[0]["depths"]
+    depths = greedy[0].depths
     assert shown == [
         (stage_color(k, depths), tiny_tokenizer().decode([t])) for k, t in zip(matched, view.tokens)
     ]
@@ -245,9 +245,9 @@ def test_fsm_html_shows_states_and_kv_entries_per_explorer(greedy):
     view = first_commit_with(replay(greedy), lambda v: True)
     html = fsm_html(view)
     assert f"q={view.state_before}</b> → <b>q={view.state_after}" in html
-    committed = len(greedy[0]["prompt"]) - 1 + len(view.tokens) - 1
-    for k, d in enumerate(greedy[0]["depths"]):
-        lattice = sum(1 for n in view.nodes.values() if n["stage"] == k)
+    committed = len(greedy[0].prompt) - 1 + len(view.tokens) - 1
+    for k, d in enumerate(greedy[0].depths):
+        lattice = sum(1 for n in view.nodes.values() if n.stage == k)
         assert f"E{k} · d={d}" in html
         assert f"<b>{committed}</b> +1 + <b>{lattice}</b>" in html
     assert f"lattice {lattice_size(view)} nodes" in html
@@ -255,14 +255,14 @@ def test_fsm_html_shows_states_and_kv_entries_per_explorer(greedy):
 
 def test_stats_html_matches_the_end_event_numbers(greedy):
     end = greedy[-1]
-    stats = end["stats"]
+    stats = end.stats
     html = stats_html(replay(greedy)[-1], end)
-    assert f"<b>{stats['tokens']}</b>" in html and f"<b>{stats['rounds']}</b>" in html
-    assert f"<b>{stats['rounds_per_token']:.2f}</b>" in html
-    assert f"<b>{stats['depth_speedup']:.2f}×</b>" in html
-    assert f"<b>{stats['tokens_per_second']:.1f}</b>" in html
+    assert f"<b>{stats.tokens}</b>" in html and f"<b>{stats.rounds}</b>" in html
+    assert f"<b>{stats.rounds_per_token:.2f}</b>" in html
+    assert f"<b>{stats.depth_speedup:.2f}×</b>" in html
+    assert f"<b>{stats.tokens_per_second:.1f}</b>" in html
     for k in range(4):
-        assert f"E{k} · d={greedy[0]['depths'][k]}</span>" in html
+        assert f"E{k} · d={greedy[0].depths[k]}</span>" in html
     assert "tokens/s" not in stats_html(replay(greedy)[-1])
 
 
@@ -271,10 +271,10 @@ def test_round_table_lists_each_batch_and_the_commit_decision(greedy):
     view = first_commit_with(views, lambda v: v.kept)
     html = round_table_html(view)
     for k, batch in enumerate(view.batches):
-        assert f"E{k} · d={greedy[0]['depths'][k]}</span> · batch of {len(batch)}" in html
+        assert f"E{k} · d={greedy[0].depths[k]}</span> · batch of {len(batch)}" in html
         for i in batch:
-            assert re.search(rf">{i}</td><td[^>]*>{view.nodes[i]['kind']}</td>", html)
-    assert f"matched at stage {view.commit['matched_stage']}" in html
+            assert re.search(rf">{i}</td><td[^>]*>{view.nodes[i].kind}</td>", html)
+    assert f"matched at stage {view.commit.matched_stage}" in html
     assert f"kept ({len(view.kept)}): {', '.join(map(str, view.kept))}" in html
     assert f"dropped ({len(view.dropped)})" in html
     assert "no commit this round" in round_table_html(views[0])
@@ -338,7 +338,7 @@ def test_visualize_imports_no_model_code():
         "import sys, visualize, visualize.timeline, visualize.report; "
         "bad = {'torch', 'transformers', 'fastapi'} & set(sys.modules); "
         "bad |= {m for m in sys.modules if m.startswith('dex_core.') and m.split('.')[1] not in "
-        "('trace', 'config', 'families', 'algorithm')}; assert not bad, bad"
+        "('trace', 'config', 'values', 'families', 'algorithm')}; assert not bad, bad"
     )  # of dex_core only the trace package and the torch-free records it is written in
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
 
@@ -347,20 +347,20 @@ def test_lattice_graph_holds_every_node_of_the_run_as_a_dag_with_each_nodes_fate
     import networkx as nx
 
     graph = lattice_graph(trace)
-    rounds = [e for e in trace if e["event"] == "round"]
-    assert graph.number_of_nodes() == sum(len(e["nodes"]) for e in rounds)
+    rounds = [e for e in trace if isinstance(e, RoundEvent)]
+    assert graph.number_of_nodes() == sum(len(e.nodes) for e in rounds)
     assert nx.is_directed_acyclic_graph(graph)
     fates = [d["fate"] for _, d in graph.nodes(data=True)]
-    tokens, K = trace[-1]["tokens"], trace[0]["explorers"]
+    tokens, K = trace[-1].tokens, trace[0].explorers
     assert fates.count("matched") == len(tokens)  # one matched anchor node per committed token
     assert fates.count("matched") + fates.count("final") + fates.count("committed") == K * len(tokens)
-    dropped = {i for e in rounds if e["collapse"] for i in e["collapse"]["dropped"]}
+    dropped = {i for e in rounds if e.collapse for i in e.collapse["dropped"]}
     assert {i for i, d in graph.nodes(data=True) if d["fate"] == "discarded"} == dropped
     cut = {
-        i: e["round"] for e in rounds for i in e.get("cut", [])
+        i: e.round for e in rounds for i in e.cut or []
     }  # draft-chain nodes their predecessor contradicted
     assert {i: d["cut_round"] for i, d in graph.nodes(data=True) if d["fate"] == "cut"} == cut
-    assert {i for i, d in graph.nodes(data=True) if d["fate"] == "pending"} == set(rounds[-1]["alive"])
+    assert {i for i, d in graph.nodes(data=True) if d["fate"] == "pending"} == set(rounds[-1].alive)
     for parent, child, kind in graph.edges(data="kind"):
         p, c = graph.nodes[parent], graph.nodes[child]
         assert (c["stage"], c["position"]) == (
@@ -485,7 +485,7 @@ def test_bench_report_chart_is_written_from_the_json_report(tmp_path):
 
 def test_every_stage_colour_is_an_okabe_ito_colour_and_the_same_in_every_panel(greedy):
     view = first_commit_with(replay(greedy), lambda v: True)
-    depths = greedy[0]["depths"]
+    depths = greedy[0].depths
     assert len(set(OKABE_ITO)) == 8 and palette.stage_colors(range(1, 9)) == list(OKABE_ITO)
     panels = tokens_html(view) + fsm_html(view) + stats_html(view)
     ticks = lattice_figure(view).layout.yaxis.ticktext + timeline_figure(greedy).layout.yaxis.ticktext
@@ -537,9 +537,7 @@ def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colou
     views = replay(deep)
     figures = [lattice_figure(v) for v in (views[0], first_commit_with(views, lambda v: True))]
     figures += [timeline_figure(greedy), timeline_figure(deep), timeline_figure(cut_chains)]
-    figures += [
-        lattice_figure(v) for v in replay(cut_chains) if v.cut and len(v.round_commits) > 1
-    ]  # chains, cuts
+    figures += [lattice_figure(v) for v in replay(cut_chains) if v.cut and len(v.commits) > 1]  # chains, cuts
     for fig in figures:
         drawn = figure_colours(fig)
         assert drawn and not drawn & set(OKABE_ITO), drawn & set(OKABE_ITO)
@@ -549,7 +547,7 @@ def test_status_and_fate_marks_never_use_a_stage_colour_and_differ_without_colou
 def test_the_stage_legend_keeps_each_key_on_one_line_and_k8_in_one_row_of_short_keys(deep):
     from visualize import stage_legend_html
 
-    spans = Spans(stage_legend_html(deep[0]["depths"])).spans
+    spans = Spans(stage_legend_html(deep[0].depths)).spans
     keys = [(style, text) for cls, style, text in spans if cls == "dex-key"]
     assert [text for _, text in keys] == [f"E{k} · d={k + 1}" for k in range(8)]
     assert all(style["white-space"] == "nowrap" and style["display"] == "inline-block" for style, _ in keys)
@@ -563,23 +561,21 @@ def test_k8_panels_fold_node_ids_and_labels_are_whole_or_absent(deep):
     assert len(folded) == 8  # one per explorer: each lists its stage's node ids, the new ones in bold
     for k, chips in enumerate(folded):
         spans = Spans(chips).spans
-        assert [int(text) for _, _, text in spans] == sorted(
-            i for i, n in full.nodes.items() if n["stage"] == k
-        )
+        assert [int(text) for _, _, text in spans] == sorted(i for i, n in full.nodes.items() if n.stage == k)
         assert {int(text) for _, style, text in spans if style.get("font-weight") == "bold"} == {
-            i for i in full.new if full.nodes[i]["stage"] == k
+            i for i in full.new if full.nodes[i].stage == k
         }
     outside = Spans(re.sub(r"<details>.*?</details>", "", html, flags=re.S)).spans
     assert not [
         text for _, _, text in outside if text.strip().isdigit()
     ]  # every id chip is behind a <details>
     for k in range(8):
-        assert f"<b>{sum(1 for n in full.nodes.values() if n['stage'] == k)}</b> (" in html
+        assert f"<b>{sum(1 for n in full.nodes.values() if n.stage == k)}</b> (" in html
     fig = lattice_figure(full)
     for t in fig.data:
         if "markers" in t.mode:
             assert all("…" not in label for label in t.text)
-    labels = {n["id"]: n["text"] for n in full.nodes.values()}
+    labels = {n.id: n.text for n in full.nodes.values()}
     assert any(label for t in lattice_figure(replay(deep)[0]).data if "markers" in t.mode for label in t.text)
     assert len(labels) == 255
     edges = {t.name: t for t in fig.data if t.mode == "lines"}
@@ -595,12 +591,12 @@ def test_top_k_lists_name_tokens_by_text_from_the_whole_run(greedy):
     html = round_table_html(view)
     for batch in view.batches:
         for i in batch:
-            for token, *_ in view.nodes[i]["top"]:
+            for token, *_ in view.nodes[i].top:
                 if token in view.vocab:
                     assert f"({token})" in html and f"#{token} (no text)" not in html
-    crafted = json.loads(json.dumps(greedy))
-    node = crafted[1]["nodes"][0]
-    node["top"] = [[99999, 0.5, "<zebra>"]] + node["top"][1:]
+    first = greedy[1].nodes[0]
+    node = dataclasses.replace(first, top=[[99999, 0.5, "<zebra>"]] + first.top[1:])
+    crafted = [greedy[0], dataclasses.replace(greedy[1], nodes=[node, *greedy[1].nodes[1:]]), *greedy[2:]]
     shown = round_table_html(replay(crafted)[0])
     assert "&#x27;&lt;zebra&gt;&#x27; (99999)" in shown and "<zebra>" not in shown
 
@@ -614,12 +610,10 @@ def test_timeline_draws_every_node_once_at_its_position_with_its_round_and_fate(
         assert t.marker.color == FATE_COLORS[fate]
         members = sorted((n["round"], n["position"]) for _, n in graph.nodes(data=True) if n["fate"] == fate)
         assert sorted(zip(t.customdata, (round(x) for x in t.x))) == members
-    commits = [e for e in trace if e.get("event") == "round" and e["commit"]]
+    commits = [e for e in trace if isinstance(e, RoundEvent) and e.commit]
     cuts = next(t for t in fig.data if t.name == "collapses")
-    assert list(cuts.customdata) == [e["round"] for e in commits]
-    assert [x - 0.5 for x in cuts.x] == [
-        round_commits(e)[-1]["position"] for e in commits
-    ]  # after the round's last
+    assert list(cuts.customdata) == [e.round for e in commits]
+    assert [x - 0.5 for x in cuts.x] == [e.commits[-1].position for e in commits]  # after the round's last
     hover = " ".join(nodes["matched"].hovertext)
     assert "top: &#39;" in hover or "top: '" in hover or "top: #" in hover
     assert "fate: matched" in hover and "round " in hover
@@ -648,19 +642,13 @@ def test_status_line_names_its_state_and_escapes_its_detail():
 
 
 def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(greedy):
-    commits = [e for e in greedy if e["event"] == "round" and e["commit"]]
-    assert all(
-        c["commit"].get("near_tie") is False and c["commit"]["margin"] > c["commit"]["tie_gap"]
-        for c in commits
-    )
+    commits = [e for e in greedy if isinstance(e, RoundEvent) and e.commit]
+    assert all(c.commit.near_tie is False and c.commit.margin > c.commit.tie_gap for c in commits)
     index = next(i for i, e in enumerate(greedy) if e is commits[2])
-    marked = json.loads(json.dumps(greedy))
-    marked[0]["dtype"] = "bfloat16"
-    for commit in (
-        marked[index]["commit"],
-        marked[index]["commits"][0],
-    ):  # the first commit is recorded in both
-        commit.update(margin=0.125, near_tie=True, tie_gap=0.5)
+    marked = list(greedy)
+    marked[0] = dataclasses.replace(greedy[0], dtype="bfloat16")
+    tie = dataclasses.replace(greedy[index].commit, margin=0.125, near_tie=True, tie_gap=0.5)
+    marked[index] = dataclasses.replace(greedy[index], commits=[tie])
     views = replay(marked)
     html = tokens_html(views)
     assert html.count('data-near-tie="1"') == 1 and html.count("dashed") == 2 and "1 near-tie commit:" in html
@@ -672,17 +660,15 @@ def test_a_near_tie_commit_is_marked_and_explained_and_other_commits_are_not(gre
     )
     tables = {v.round: round_table_html(v) for v in views}
     assert [r for r, t in tables.items() if sentence in t and "≈ near-tie</span>" in t] == [
-        marked[index]["round"]
+        marked[index].round
     ]
-    older = json.loads(
-        json.dumps(greedy)
-    )  # traces made before commits carried the key (or a commits list) show nothing
-    for e in older:
-        if e["event"] == "round" and e["commit"]:
+    older = [e.record() for e in greedy]  # traces made before commits carried the key (or a commits list)
+    for e in older:  # show nothing
+        if e.get("commit"):
             e.pop("commits")
             for key in ("margin", "near_tie", "tie_gap"):
                 e["commit"].pop(key)
-    for trace in (greedy, older):
+    for trace in (greedy, parse_events(older)):
         views = replay(trace)
         assert "near-tie" not in tokens_html(views) and "dashed" not in tokens_html(views)
         assert not any("near-tie" in round_table_html(v).lower() for v in views)
@@ -747,9 +733,7 @@ def test_a_k8_round_of_30_positions_labels_half_its_nodes_apart_opens_near_the_a
     trace = long_chain_trace(
         rounds=1
     )  # a chain of 30 slots beside the root (later rounds add 31 branches on it)
-    wide = [
-        v for v in replay(trace) if max(n["position"] - v.commit_position for n in v.nodes.values()) >= 29
-    ]
+    wide = [v for v in replay(trace) if max(n.position - v.commit_position for n in v.nodes.values()) >= 29]
     assert wide, "no round reaches 30 positions"
     for view in wide:
         fig = lattice_figure(view)
@@ -792,11 +776,7 @@ def test_stage_colours_follow_the_depth_so_a_k2_and_a_k4_run_read_alike():
         assert len(set(colours)) == len(depths) and [OKABE_ITO.index(c) for c in colours] == sorted(
             OKABE_ITO.index(c) for c in colours
         ), depths  # apart within a run, in depth order
-    fig = lattice_figure(
-        replay(json.loads((Path(__file__).parents[2] / "assets/traces/example.json").read_text())["events"])[
-            -1
-        ]
-    )
+    fig = lattice_figure(replay(load_trace(Path(__file__).parents[2] / "assets/traces/example.json")[0])[-1])
     assert (
         fig.layout.yaxis.ticktext[1].startswith(f"<span style='color:{k4[1]}'>")
         and "d=18" in fig.layout.yaxis.ticktext[1]

@@ -7,6 +7,7 @@ import re
 
 from dex_core import DexDecoder
 from dex_core.testing import tiny_tokenizer
+from dex_core.trace.events import RoundEvent
 from visualize import (
     fsm_html,
     lattice_figure,
@@ -24,7 +25,7 @@ from visualize.lattice import CHAIN_EDGES, CHAIN_FRAMES, chain_nodes
 
 def several(views):
     """The views of rounds that committed more than one token (the fixture's run must have some)."""
-    out = [v for v in views if len(v.round_commits) > 1]
+    out = [v for v in views if len(v.commits) > 1]
     assert out, "the run committed one token per round: no chain completed"
     return out
 
@@ -56,7 +57,7 @@ def test_every_chain_node_is_framed_on_the_lattice_and_chain_edges_run_one_posit
         segments = [
             (edges.x[i], edges.y[i], edges.x[i + 1], edges.y[i + 1]) for i in range(0, len(edges.x), 3)
         ]
-        kinds = [n for n in view.nodes.values() if n["kind"] == "chain" and n["parent"] in view.nodes]
+        kinds = [n for n in view.nodes.values() if n.kind == "chain" and n.parent in view.nodes]
         assert len(segments) == len(kinds)
         assert all(0.5 < x1 - x0 < 1.5 and abs(y0) < 0.5 and abs(y1) < 0.5 for x0, y0, x1, y1 in segments)
     bare = next(
@@ -68,21 +69,21 @@ def test_every_chain_node_is_framed_on_the_lattice_and_chain_edges_run_one_posit
 def test_the_lattice_reaches_as_far_as_a_chain_and_draws_every_node(chains):
     for view in replay(chains):
         fig = lattice_figure(view)
-        reach = max(n["position"] - view.commit_position for n in view.nodes.values())
+        reach = max(n.position - view.commit_position for n in view.nodes.values())
         assert list(fig.layout.xaxis.ticktext)[-1] == f"+{max(reach, 3)}"
         assert sum(len(t.x) for t in fig.data if "markers" in t.mode) == len(view.nodes)
 
 
 def test_a_round_of_several_commits_marks_each_final_and_matched_node_and_says_so_in_its_title(chains):
     for view in several(replay(chains)):
-        finals = [c["anchor_nodes"][-1] for c in view.round_commits]
+        finals = [c.anchor_nodes[-1] for c in view.commits]
         assert [node_status(view, i) for i in finals] == ["final"] * len(finals)
-        for c in view.round_commits:
-            matched = c["anchor_nodes"][c["matched_stage"]]
+        for c in view.commits:
+            matched = c.anchor_nodes[c.matched_stage]
             assert node_status(view, matched) in ("accepted", "final")
         fig = lattice_figure(view)
         assert len(next(t for t in fig.data if t.name == "final").x) == len(finals)
-        drafted = sum(c["drafted"] for c in view.round_commits)
+        drafted = sum(c.drafted for c in view.commits)
         assert drafted >= 1  # the commits after the first come from chain slots
         assert f"committed {len(finals)} tokens " in fig.layout.title.text
         assert fig.layout.title.text.endswith(f"({drafted} drafted)")
@@ -107,14 +108,14 @@ def test_cut_chain_nodes_have_their_own_status_fate_and_mark(cut_chains, chains)
 
 def test_the_graph_marks_every_node_of_a_chain_slot_drafted_and_chain_edges_go_one_position_on(chains):
     graph = lattice_graph(chains)
-    records = {n["id"]: n for e in chains if e["event"] == "round" for n in e["nodes"]}
-    slots = {n["slot"] for n in records.values() if n["kind"] == "chain"}
+    records = {n.id: n for e in chains if isinstance(e, RoundEvent) for n in e.nodes}
+    slots = {n.slot for n in records.values() if n.kind == "chain"}
     assert slots and {i for i, d in graph.nodes(data=True) if d["drafted"]} == {
-        i for i, n in records.items() if n["slot"] in slots
+        i for i, n in records.items() if n.slot in slots
     }
-    assert any(records[i]["stage"] > 0 for i, d in graph.nodes(data=True) if d["drafted"])  # deeper nodes too
+    assert any(records[i].stage > 0 for i, d in graph.nodes(data=True) if d["drafted"])  # deeper nodes too
     chain_edges = [(a, b) for a, b, kind in graph.edges(data="kind") if kind == "chain"]
-    assert len(chain_edges) == sum(n["kind"] == "chain" for n in records.values())
+    assert len(chain_edges) == sum(n.kind == "chain" for n in records.values())
     for a, b in chain_edges:
         assert graph.nodes[b]["stage"] == graph.nodes[a]["stage"] == 0
         assert graph.nodes[b]["position"] == graph.nodes[a]["position"] + 1
@@ -142,41 +143,37 @@ def test_the_timeline_frames_chain_nodes_and_labels_a_round_of_n_commits_xn(chai
     ]
     assert legend.index("draft chain") == legend.index("pending") + 1
     collapses = by_name["collapses"][0]
-    rounds = [e for e in chains if e["event"] == "round" and e["commits"]]
-    assert list(collapses.text) == [f"×{len(e['commits'])}" if len(e["commits"]) > 1 else "" for e in rounds]
+    rounds = [e for e in chains if isinstance(e, RoundEvent) and e.commits]
+    assert list(collapses.text) == [f"×{len(e.commits)}" if len(e.commits) > 1 else "" for e in rounds]
     assert "×2" in collapses.text
     for e, hover in zip(rounds, collapses.hovertext):
-        if len(e["commits"]) > 1:
-            drafted = ", ".join(str(c["position"]) for c in e["commits"] if c["drafted"])
-            assert (
-                f"committed {len(e['commits'])} tokens at positions {e['commits'][0]['position']}–" in hover
-            )
+        if len(e.commits) > 1:
+            drafted = ", ".join(str(c.position) for c in e.commits if c.drafted)
+            assert f"committed {len(e.commits)} tokens at positions {e.commits[0].position}–" in hover
             assert f"(drafted: {drafted})" in hover
 
 
 def test_the_fsm_panel_says_how_many_tokens_a_round_committed_and_which_were_drafted(chains):
     views = replay(chains)
     for view in several(views):
-        html, n = fsm_html(view), len(view.round_commits)
+        html, n = fsm_html(view), len(view.commits)
         assert f"(committed {n} tokens this round; lattice {len(view.nodes)} nodes)" in html
         listed = re.search(r"class='dex-fsm-commits'[^>]*>(.*?)</span>", html).group(1)
-        assert listed.count("(drafted)") == sum(c["drafted"] for c in view.round_commits) >= 1
-        assert [int(p) for p in re.findall(r" at (\d+)", listed)] == [
-            c["position"] for c in view.round_commits
-        ]
-        committed = len(chains[0]["prompt"]) - 1 + len(view.tokens) - n
+        assert listed.count("(drafted)") == sum(c.drafted for c in view.commits) >= 1
+        assert [int(p) for p in re.findall(r" at (\d+)", listed)] == [c.position for c in view.commits]
+        committed = len(chains[0].prompt) - 1 + len(view.tokens) - n
         assert (
             html.count(f"<b>{committed}</b> +{n} + ") == 4 and f"+{n}: the tokens this round commit<" in html
         )
-    single = next(v for v in views if len(v.round_commits) == 1 and not v.round_commits[0]["drafted"])
+    single = next(v for v in views if len(v.commits) == 1 and not v.commits[0].drafted)
     assert "(committed 1 token this round;" in fsm_html(single) and "dex-fsm-commits" not in fsm_html(single)
-    assert "(no commit;" in fsm_html(next(v for v in views if not v.round_commits))
+    assert "(no commit;" in fsm_html(next(v for v in views if not v.commits))
 
 
 def test_drafted_tokens_are_underlined_in_the_text_and_marked_in_the_round_table_and_counted(chains, llama):
     views = replay(chains)
-    drafted = [i for i, c in enumerate(views[-1].commits) if c["drafted"]]
-    assert len(drafted) == chains[-1]["stats"]["drafted"] >= 2
+    drafted = [i for i, c in enumerate(views[-1].token_commits) if c.drafted]
+    assert len(drafted) == chains[-1].stats.drafted >= 2
     html = tokens_html(views)
     spans = re.findall(r'<span class="dex-tok"[^>]*>', html)
     assert [i for i, s in enumerate(spans) if 'data-drafted="1"' in s] == drafted
@@ -184,11 +181,11 @@ def test_drafted_tokens_are_underlined_in_the_text_and_marked_in_the_round_table
     assert f"{len(drafted)} drafted tokens</span>" in html
     for view in several(views):
         table = round_table_html(view)
-        n = len(view.round_commits)
+        n = len(view.commits)
         assert [int(j) for j in re.findall(rf"<b>Commit (\d+) of {n}</b>", table)] == list(range(1, n + 1))
-        assert table.count("class='dex-drafted'") == sum(c["drafted"] for c in view.round_commits)
-        for c in view.round_commits:
-            assert f"at position {c['position']}, matched at stage {c['matched_stage']}" in table
+        assert table.count("class='dex-drafted'") == sum(c.drafted for c in view.commits)
+        for c in view.commits:
+            assert f"at position {c.position}, matched at stage {c.matched_stage}" in table
     assert f"<b>{len(drafted)}</b>" in stats_html(views[-1]).split("drafted tokens (draft chains)")[1][:80]
     plain = (
         DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
@@ -207,5 +204,5 @@ def test_the_round_table_lists_the_cut_chain_nodes(cut_chains):
 
 def test_the_run_report_names_the_draft_bounds(chains):
     page = run_report_html(chains, {"model": "tiny"})
-    bounds = ", ".join(f"{k}={v}" for k, v in chains[0]["draft"].items())
+    bounds = ", ".join(f"{k}={v}" for k, v in chains[0].draft.items())
     assert "gate=0" in bounds and f"<td>{bounds}</td>" in page and "draft chain" in page

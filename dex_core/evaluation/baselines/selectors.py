@@ -38,7 +38,7 @@ from ...model.cost import ModelCost
 from ...model.explorer import Explorer
 from ...model.view import model_view
 from ...runtime.clock import Clock
-from ...runtime.request import make_request
+from ...runtime.request import make_request, warn
 from .speculation import speculation_result
 
 THRESHOLDS = (0.2, 0.4, 0.6, 0.8)  # AdaDecode's grid in the paper (App. D)
@@ -236,8 +236,10 @@ def select_generate(
     exits = tuple(exits or uniform_exits(L))
     if not exits or list(exits) != sorted(set(exits)) or not 1 <= exits[0] <= exits[-1] < L:
         raise DexError(f"candidate exits must be distinct depths in 1..{L - 1}; got {list(exits)}")
-    request = make_request(
-        view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+    request = warn(
+        make_request(
+            view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+        )
     )
     prompt, eos, o = list(request.prompt), request.eos, request.options
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)

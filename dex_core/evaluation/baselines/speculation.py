@@ -25,8 +25,8 @@ from ...model.explorer import Explorer
 from ...model.view import model_view
 from ...runtime.clock import Clock
 from ...runtime.reference import plain_generation
-from ...runtime.request import make_request
-from ...runtime.results import GenerationStats
+from ...runtime.request import make_request, warn
+from ...trace.stats import GenerationStats
 
 
 class _SelfSpec:
@@ -89,8 +89,10 @@ def self_spec_generate(
         raise DexError(f"the exit layer must lie in 1..{L - 1}; got {exit_layer}")
     if draft < 1:
         raise DexError(f"the draft length must be at least 1; got {draft}")
-    request = make_request(
-        view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+    request = warn(
+        make_request(
+            view, input_ids, GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
+        )
     )
     prompt, eos, o = list(request.prompt), request.eos, request.options
     sampler = Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed)

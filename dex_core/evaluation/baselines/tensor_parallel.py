@@ -42,6 +42,7 @@ from ...distributed.placement import default_threads
 from ...distributed.rank import exit_with_parent, init_world, leave
 from ...log import libraries_quiet, quiet_libraries
 from ...runtime.reference import ar_stream
+from ...trace.events import TokenEvent
 
 KEY_ENV = "DEX_TP_KEY"
 SILENT_SECONDS = 600.0  # the longest a rank may take to start (imports, its shard) or to answer one request
@@ -276,12 +277,10 @@ def _load(args):
 def _generate(model, prompt: list[int], options: GenerationOptions) -> TPAnswer:
     seconds, end = [], None
     for event in ar_stream(model, prompt, options=options):
-        if event["event"] == "token":
-            seconds.append(event["seconds"])
+        if isinstance(event, TokenEvent):
+            seconds.append(event.seconds)
         end = event
-    return TPAnswer(
-        end["tokens"], seconds[-1] if seconds else 0.0, seconds[0] if seconds else 0.0, end["stop"]
-    )
+    return TPAnswer(end.tokens, seconds[-1] if seconds else 0.0, seconds[0] if seconds else 0.0, end.stop)
 
 
 def main(argv=None) -> None:

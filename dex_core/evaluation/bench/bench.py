@@ -46,6 +46,8 @@ import torch
 from ...analysis.profile import measure_profile
 from ...config import (
     ADAPTER_CHOICES,
+    AUTO_ROWS_TEXT,
+    DEFAULT_PROPOSAL_VOCAB,
     DEVICE_HELP,
     DecoderOptions,
     DexConfig,
@@ -149,13 +151,15 @@ class BenchConfig:
         "communication to the projected K-device tokens/s",
     )
     proposal_vocab: str = option(
-        "auto", "rows of DEX's non-final light proposal heads: N, full or auto (8192 with a token ranking)"
+        "auto",
+        f"rows of DEX's non-final light proposal heads: N, full or auto ({DEFAULT_PROPOSAL_VOCAB} with a token "
+        "ranking)",
     )
     prune: tuple[str, ...] = option(
         ("auto",),
         "DEX lattice row budgets to compare, e.g. none,2 ('none' = unbounded; B = "
         "at most B rows per stage a round, the branches most likely reused first; auto = the library's "
-        "default: 2 on CPU, 64 on accelerators)",
+        f"default: {AUTO_ROWS_TEXT})",
     )
     draft: str = option(
         "none;auto",

@@ -22,6 +22,8 @@ tree masks and round plan, which this implementation times apart).
 
 from __future__ import annotations
 
+from ...trace.events import Event, RoundEvent
+
 
 def fit(rows: list[dict], L: int, tau: float) -> dict:
     """δ_AR and each DEX row's δ_X (by its depths) from one set's tune-split bench rows."""
@@ -66,10 +68,10 @@ TABLE1 = {  # Table 1's parts: the round timings (trace events) each sums
 }
 
 
-def table1(traces: list[list[dict]]) -> dict:
+def table1(traces: list[list[Event]]) -> dict:
     """Table 1 from the traces of distributed runs: per part, milliseconds per rank-round (expansion: the mean
     over the explorers of each one's own) and share of the profiled time."""
-    rounds = [e["timings"] for trace in traces for e in trace if e["event"] == "round"]
+    rounds = [e.timings for trace in traces for e in trace if isinstance(e, RoundEvent)]
     ranks = len(rounds[0]["expand"])
     seconds = {
         part: sum(sum(t[k]) / ranks if k == "expand" else t[k] for t in rounds for k in keys)
