@@ -150,7 +150,10 @@ class Files:
         return any(str(path) in files for files in cached)
 
     def denies(self, name: str) -> bool:
-        """Whether a file route's path (as requested) is in Gradio's temp folder and not one the app serves."""
+        """Whether a file route's path (as requested) is in Gradio's temp folder and not one the app serves; a path
+        no file can have (a NUL byte) is denied."""
+        if "\x00" in name:
+            return True
         path = Path(os.path.abspath(name)).resolve()
         return within(path, self.temp) and not self.serves(path)
 

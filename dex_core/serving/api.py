@@ -3,24 +3,27 @@ server of one's own): ``POST /v1/completions``, ``POST /v1/chat/completions`` (`
 events, one chunk per committed token in order, then ``[DONE]``), ``GET /v1/models``, ``GET /health``.
 
 The decoder is the schedule: sequential or distributed explorer processes alike. One request runs at a time
-(``Runner``); ``queue`` more may wait and any beyond get 429 at once; each is bounded by ``most_tokens`` new tokens
-and ``seconds`` of model time (its run then ends after the round in progress, ``finish_reason: "length"``); a
-streaming client that goes away ends its run after the round in progress. ``usage`` counts the prompt's and the
-completion's tokens, ``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not
-have to wait for the final stage to find (matched at a non-final stage, or committed from a draft chain), and a
-``dex`` block the run's rounds, rounds per token, the tokens matched at each stage, K and the depths. A malformed
-request gets a 4xx with an OpenAI error body (``api_requests``), and nothing in the server's log.
-"""
+(``Runner``); ``queue`` more may wait and any beyond get 429 at once; each is bounded by ``most_tokens`` new
+tokens and ``seconds`` of model time (its run then ends after the round in progress, ``finish_reason:
+"length"``); a client that goes away (streaming or not) ends its run after the round in progress. Bodies are
+bounded before they are parsed and checked off the event loop (``api_requests.read_body``, ``parse_request``).
+``usage`` counts the prompt's and the completion's tokens,
+``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not have to wait for the
+final stage to find (matched at a non-final stage, or committed from a draft chain), and a ``dex`` block the
+run's rounds, rounds per token, the tokens matched at each stage, K and the depths. A malformed request gets a
+4xx with an OpenAI error body (``api_requests``), and nothing in the server's log."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,7 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..config import DexError
 from ..runtime.console import TextStream
 from ..trace.events import EndEvent, Event, RoundEvent
-from .api_requests import ApiError, Completion, ErrorBody, parse_request, request_models
+from .api_requests import ApiError, Completion, ErrorBody, Gone, parse_request, read_body, request_models
 from .metrics import CONTENT_TYPE, Metrics
 from .pool import DecoderPool
 
@@ -185,6 +188,7 @@ class _Served:
     most_tokens: int
     runner: Runner
     metrics: Metrics
+    context: int | None  # the model's positions: a prompt and its new tokens fit within them
 
 
 def make_app(
@@ -200,7 +204,8 @@ def make_app(
     ``Runner``'s."""
     app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds, per_client)
     metrics = Metrics(lambda: runner.running, lambda: runner.admitted - runner.running)
-    api = _Served(tokenizer, served, most_tokens, runner, metrics)
+    context = getattr(getattr(decoder, "view", None), "max_positions", None)
+    api = _Served(tokenizer, served, most_tokens, runner, metrics, context)
 
     @app.exception_handler(ApiError)
     async def refused(_request, err: ApiError):
@@ -265,19 +270,37 @@ async def _complete(api: _Served, request: Request, chat: bool):
     """One completion: checked, admitted, run in a worker thread; streamed or answered whole."""
     arrived = time.monotonic()
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the request body must be JSON (UTF-8)") from None
-    job = parse_request(body, api.tokenizer, api.served, api.most_tokens, chat)
+        body = await read_body(request)
+    except Gone:  # the client left before its request arrived: nothing to answer, nothing to log
+        return Response(status_code=400)
+    checked = functools.partial(
+        parse_request, body, api.tokenizer, api.served, api.most_tokens, chat, api.context
+    )
+    job = await anyio.to_thread.run_sync(checked)  # the template and the tokenizer run off the event loop
     events, gone = _start(api.runner, job, request.client.host if request.client else "")
     pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if job.stream:
         return StreamingResponse(_sse(job, rid, api.served, pieces, gone), media_type="text/event-stream")
     text, final = "", None
-    async for piece, finish, use in pieces:
-        text, final = text + (piece or ""), (finish, use) if finish else final
+    watch = asyncio.create_task(
+        _watch(request, gone)
+    )  # a client that leaves ends its run, as a stream's does
+    try:
+        async for piece, finish, use in pieces:
+            text, final = text + (piece or ""), (finish, use) if finish else final
+    finally:
+        watch.cancel()
     return _whole(job, rid, api.served, text, *final)
+
+
+async def _watch(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client of a whole (not streamed) answer disconnects."""
+    while not gone.is_set():
+        if await request.is_disconnected():
+            gone.set()
+            return
+        await asyncio.sleep(0.05)
 
 
 def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue, threading.Event]:
@@ -302,13 +325,14 @@ def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue,
 async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, tally):
     """(text, None, None) per committed token, then ("", finish_reason, usage); a client that stops reading ends
     the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
-    text, seen, end, reason = _Text(tokenizer, job.stop), [], None, "abort"
+    text, seen, end, reason, left = _Text(tokenizer, job.stop), [], None, "abort", False
     try:
         while (event := await events.get()) is not None:
             if isinstance(event, _Ended) and event.why == "failed":
                 reason = "error"
                 raise ApiError(500, f"the run failed: {event.detail}", kind="server_error")
             if isinstance(event, _Ended):
+                left = event.why == "gone" and not text.stopped  # the client went: the run was cut for it
                 continue
             seen.append(event)
             tally.see(event)
@@ -318,7 +342,7 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
                 if text.stopped:
                     gone.set()  # the stop string came: the run ends after this round
             end = event if isinstance(event, EndEvent) else end
-        reason = _finish(text, end)
+        reason = "abort" if left else _finish(text, end)
         yield "", reason, usage(tally.prompt, seen)
     finally:
         gone.set()

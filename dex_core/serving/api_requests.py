@@ -15,20 +15,25 @@ metadata (``dex_core.flags.api_fields``). Any other field is refused by name rat
 from __future__ import annotations
 
 import functools
+import json
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from starlette.requests import ClientDisconnect
 
 from ..config import DexError, GenerationOptions
 from ..flags import api_fields
 from ..runtime.request import chat_ids, check_text
 
 MAX_PROMPT_CHARS = 256 * 2**10  # characters of prompt text one request may send
+MAX_BODY_BYTES = 4 * 2**20  # bytes of one request body (413 beyond): the longest prompt as UTF-8 JSON fits
+MAX_MESSAGES = 512  # messages of one chat request (each adds its template's text to the prompt)
 FIXED = {  # what a field must be, said whatever was wrong with it
     "prompt": "prompt must be one string (DEX runs one prompt a request)",
-    "messages": "messages must be a non-empty list of {role, content}, each role system, user or assistant",
+    "messages": f"messages must be a list of 1 to {MAX_MESSAGES} {{role, content}}, each role system, user or "
+    "assistant",
     "stop": "stop must be a non-empty string or a list of up to 4 of them",
     "n": "n must be 1: DEX makes one completion a request",
 }
@@ -99,7 +104,12 @@ def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
         "user": (str | None, None),
     }
     prompt = {"prompt": (str, Field(description="the prompt text"))}
-    messages = {"messages": (list[Message], Field(min_length=1, description="the conversation"))}
+    messages = {
+        "messages": (
+            list[Message],
+            Field(min_length=1, max_length=MAX_MESSAGES, description="the conversation"),
+        )
+    }
     return {
         chat: create_model(
             "ChatCompletionRequest" if chat else "CompletionRequest",
@@ -116,6 +126,33 @@ class ErrorBody(BaseModel):
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
 
     error: dict[str, str | None]
+
+
+class Gone(Exception):
+    """The client went away before its request arrived whole: there is no one to answer."""
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES):
+    """The JSON of ``request``'s body, read at most ``limit`` bytes far (413 beyond, said before reading when the
+    headers declare more); ``ApiError`` 400 for what is not JSON or nests too deeply, ``Gone`` for a body cut off."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is larger than {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise Gone from None
+    try:
+        return json.loads(b"".join(chunks))
+    except RecursionError:
+        raise ApiError(400, "the request body's JSON is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body must be JSON (UTF-8)") from None
 
 
 class ApiError(Exception):
@@ -203,9 +240,12 @@ def _option_value(body, name: str):
     return body.model_fields[name].default if value is None else value
 
 
-def parse_request(body, tokenizer, served: str, most_tokens: int, chat: bool) -> Completion:
+def parse_request(
+    body, tokenizer, served: str, most_tokens: int, chat: bool, context: int | None = None
+) -> Completion:
     """``body`` (parsed JSON) as a ``Completion`` for the model named ``served``; at most ``most_tokens`` new
-    tokens. ``ApiError`` for a field that is missing, of the wrong type, out of range or not supported."""
+    tokens, and the prompt and them within the model's ``context`` window (its positions). ``ApiError`` for a
+    field that is missing, of the wrong type, out of range or not supported."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = request_models(most_tokens)[chat]
@@ -224,7 +264,10 @@ def parse_request(body, tokenizer, served: str, most_tokens: int, chat: bool) ->
     given = {
         info["option"]: _option_value(request, name) for name, info in api_fields(GenerationOptions).items()
     }
-    given["max_new_tokens"] = _option_value(request, length)
+    ids = _prompt_ids(request, tokenizer, chat)
+    given["max_new_tokens"] = _fitted(
+        len(ids), _option_value(request, length), context, getattr(request, length)
+    )
     try:
         options = GenerationOptions(
             **{
@@ -236,4 +279,19 @@ def parse_request(body, tokenizer, served: str, most_tokens: int, chat: bool) ->
     except DexError as err:
         raise ApiError(400, str(err)) from None
     stops = () if request.stop is None else (request.stop,) if isinstance(request.stop, str) else request.stop
-    return Completion(_prompt_ids(request, tokenizer, chat), options, tuple(stops), request.stream, chat)
+    return Completion(ids, options, tuple(stops), request.stream, chat)
+
+
+def _fitted(prompt: int, tokens: int, context: int | None, asked: int | None) -> int:
+    """The new tokens a request runs: ``tokens`` when the prompt's ``prompt`` tokens and they fit the model's
+    ``context``; a length the client did not give (``asked`` None) shrinks to what fits. 400 naming both otherwise."""
+    if context is None or prompt + tokens <= context:
+        return tokens
+    if asked is None and prompt < context:
+        return context - prompt
+    raise ApiError(
+        400,
+        f"the prompt is {prompt} tokens and {tokens} more were asked for: the model's context window is {context} "
+        "tokens; send a shorter prompt or ask for fewer tokens",
+        "prompt" if prompt >= context else "max_tokens",
+    )

@@ -203,6 +203,8 @@ def test_files_in_gradios_temp_folder_the_app_did_not_write_are_not_served(app_s
     stored = httpx.post(f"{url}gradio_api/upload", files={"files": ("up.json", b"{}")}).json()[0]
     assert httpx.get(f"{url}gradio_api/file={stored}").status_code == 403  # uploads are not served back
     assert httpx.get(f"{url}gradio_api/deep_link", params={"session_hash": "x"}).status_code == 404
+    nul = httpx.get(f"{url}gradio_api/file={temp}/x%00.png")  # no file has such a name: refused, no traceback
+    assert nul.status_code in (403, 404) and "Traceback" not in nul.text
 
 
 def test_analysis_links_dex_papers_report_which_is_served_and_nothing_beside_it(app_server):

@@ -4,6 +4,9 @@ committed token in order, ``usage`` counts what the trace shows, bad requests ge
 and nothing in the server's log, and a full queue answers 429 at once."""
 
 import contextlib
+import functools
+import json
+import socket
 import threading
 import time
 
@@ -14,6 +17,7 @@ from helpers import free_port
 
 from dex_core import DexDecoder, ar_generate
 from dex_core.serving.api import make_app
+from dex_core.serving.api_requests import MAX_BODY_BYTES, MAX_MESSAGES
 from dex_core.testing import tiny_tokenizer
 from dex_core.trace.events import RoundEvent
 
@@ -195,6 +199,66 @@ def test_bad_requests_get_an_openai_error_body_and_the_server_logs_nothing(seque
     assert time.monotonic() - start < 5
     log = capfd.readouterr()
     assert "Traceback" not in log.err + log.out
+
+
+def _cut_off(url: str, declared: int, sent: bytes) -> None:
+    """A client that declares a body of ``declared`` bytes, sends ``sent`` and closes its connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        conn.sendall(f"{head}Content-Length: {declared}\r\n\r\n".encode() + sent)
+
+
+def test_hostile_bodies_are_refused_at_the_door_and_the_server_logs_nothing(sequential, tokenizer, capfd):
+    url, decoder = sequential
+    capfd.readouterr()
+    post = functools.partial(httpx.post, f"{url}/v1/completions", timeout=30)
+    nested = b'{"model": "%s", "prompt": ' % SERVED.encode() + b"[" * 2000 + b"]" * 2000 + b"}"
+    deep = post(content=nested)
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+    huge = post(content=b" " * (MAX_BODY_BYTES + 1))  # told by its length, before any of it is parsed
+    assert huge.status_code == 413 and huge.json()["error"]["type"] == "invalid_request_error"
+    streamed = post(content=iter([b" " * 2**20] * 5))  # no length declared: counted as it arrives
+    assert streamed.status_code == 413 and "larger than" in streamed.json()["error"]["message"]
+    chat = {"model": SERVED, "messages": [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)}
+    many = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=30)
+    assert many.status_code == 400 and f"1 to {MAX_MESSAGES}" in many.json()["error"]["message"]
+    context = decoder.view.max_positions
+    long = " ".join(["prime"] * context)  # more tokens than the model's positions
+    beyond = post(json={"model": SERVED, "prompt": long, "max_tokens": 4})
+    assert (
+        beyond.status_code == 400
+        and f"context window is {context} tokens" in beyond.json()["error"]["message"]
+    )
+    prompt = " ".join(["prime"] * (context - 40))
+    size = len(tokenizer(prompt)["input_ids"])
+    fits = post(json={"model": SERVED, "prompt": prompt, "max_tokens": 64})  # asked for more than fits: 400
+    assert fits.status_code == 400 and fits.json()["error"]["param"] == "max_tokens"
+    shrunk = post(json={"model": SERVED, "prompt": prompt, "temperature": 0})  # no length asked: what fits
+    assert shrunk.status_code == 200 and shrunk.json()["usage"]["completion_tokens"] <= context - size
+    for _ in range(50):
+        _cut_off(url, 1000, b'{"model":')  # the body never arrives whole
+    assert httpx.get(f"{url}/health", timeout=5).json() == {"status": "ok"}
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out and len((log.err + log.out).splitlines()) <= 5
+
+
+def test_a_client_of_a_whole_answer_that_leaves_ends_its_run(llama, tokenizer):
+    body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 64, "temperature": 0}
+    paced = Paced(DexDecoder(llama, explorers=3, tokenizer=tokenizer))
+    with serving(paced, tokenizer, most_tokens=64, queue=0) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            data = json.dumps(body).encode()
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            conn.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            time.sleep(0.5)  # it runs (a 64-token run takes over 6 s here)
+        left = time.monotonic()
+        while 'finished_reason="abort"} 1.0' not in (metrics := httpx.get(f"{url}/metrics", timeout=5).text):
+            assert time.monotonic() - left < 3, metrics
+            time.sleep(0.05)
+        again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2}, timeout=30)
+        assert again.status_code == 200 and time.monotonic() - left < 3  # its slot is free again
 
 
 class Paced:
