@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.requests import ClientDisconnect
 
@@ -30,6 +31,7 @@ from ..runtime.request import chat_ids, check_text
 MAX_PROMPT_CHARS = 256 * 2**10  # characters of prompt text one request may send
 MAX_BODY_BYTES = 4 * 2**20  # bytes of one request body (413 beyond): the longest prompt as UTF-8 JSON fits
 MAX_MESSAGES = 512  # messages of one chat request (each adds its template's text to the prompt)
+BODY_SECONDS = 30.0  # a body that has not arrived whole this long after its headers is refused (408)
 FIXED = {  # what a field must be, said whatever was wrong with it
     "prompt": "prompt must be one string (DEX runs one prompt a request)",
     "messages": f"messages must be a list of 1 to {MAX_MESSAGES} {{role, content}}, each role system, user or "
@@ -134,19 +136,23 @@ class Gone(Exception):
 
 async def read_body(request, limit: int = MAX_BODY_BYTES):
     """The JSON of ``request``'s body, read at most ``limit`` bytes far (413 beyond, said before reading when the
-    headers declare more); ``ApiError`` 400 for what is not JSON or nests too deeply, ``Gone`` for a body cut off."""
+    headers declare more) and within ``BODY_SECONDS`` (408 for a client that stalls); ``ApiError`` 400 for what is
+    not JSON or nests too deeply, ``Gone`` for a body cut off."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is larger than {limit} bytes")
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"the request body is larger than {limit} bytes")
-            chunks.append(chunk)
+        with anyio.fail_after(BODY_SECONDS):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is larger than {limit} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:
         raise Gone from None
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
     try:
         return json.loads(b"".join(chunks))
     except RecursionError:

@@ -243,6 +243,21 @@ def test_hostile_bodies_are_refused_at_the_door_and_the_server_logs_nothing(sequ
     assert "Traceback" not in log.err + log.out and len((log.err + log.out).splitlines()) <= 5
 
 
+def test_a_body_that_stalls_is_refused_within_its_bound(sequential, monkeypatch):
+    from dex_core.serving import api_requests
+
+    monkeypatch.setattr(api_requests, "BODY_SECONDS", 0.5)
+    url, _ = sequential
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        conn.sendall(f"{head}Content-Length: 100\r\n\r\n".encode() + b'{"model":')  # then nothing
+        start = time.monotonic()
+        answer = conn.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer
+    assert time.monotonic() - start < 3
+
+
 def test_a_client_of_a_whole_answer_that_leaves_ends_its_run(llama, tokenizer):
     body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 64, "temperature": 0}
     paced = Paced(DexDecoder(llama, explorers=3, tokenizer=tokenizer))
