@@ -23,11 +23,11 @@ from pathlib import Path
 
 from .values import (
     DexError,
-    _items,
-    _number,
     adapter_file,
+    finite,
     flag,
     integer,
+    items_of,
     parse_depths,
     parse_device,
     parse_ints,
@@ -115,11 +115,11 @@ class GenerationOptions:
 
     def __post_init__(self):
         self.max_new_tokens = integer(self.max_new_tokens, "max_new_tokens", 1)
-        self.temperature = _number(self.temperature, "temperature")
+        self.temperature = finite(self.temperature, "temperature")
         if self.temperature < 0:
             raise DexError(f"temperature must be >= 0 (0 is greedy); got {self.temperature!r}")
         self.top_k = None if self.top_k is None else integer(self.top_k, "top_k", 1)
-        self.top_p = None if self.top_p is None else _number(self.top_p, "top_p")
+        self.top_p = None if self.top_p is None else finite(self.top_p, "top_p")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise DexError(f"top_p must be in (0, 1]; got {self.top_p!r}")
         self.seed = integer(self.seed, "seed")
@@ -169,7 +169,7 @@ class DraftBounds:
         if isinstance(value, cls) or value in (None, "none", "auto"):
             return cls() if value == "auto" else None if value == "none" else value
         try:
-            pairs = dict(item.split("=") for item in _items(value, "draft"))
+            pairs = dict(item.split("=") for item in items_of(value, "draft"))
             out = cls(
                 **{
                     k.strip(): integer(int(v), f"draft {k.strip()}", k.strip() != "gate")
@@ -268,8 +268,8 @@ class DecoderOptions:
         self.devices = None if self.devices is None else parse_list(self.devices, "devices")
         self.threads = None if self.threads is None else integer(self.threads, "threads", 1)
         if (
-            not _number(self.op_timeout, "op_timeout") > 0
-            or not _number(self.start_timeout, "start_timeout") > 0
+            not finite(self.op_timeout, "op_timeout") > 0
+            or not finite(self.start_timeout, "start_timeout") > 0
         ):
             raise DexError(
                 f"timeouts must be positive; got op_timeout={self.op_timeout!r}, "

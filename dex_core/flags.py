@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import typing
 
 
@@ -74,6 +75,7 @@ def control(cls, name: str) -> dict:
     }
 
 
+@functools.cache
 def api_fields(cls) -> dict[str, dict]:
     """The fields of ``cls`` that the OpenAI-compatible API takes, by their name there: the option's name, its
     help, default and range there (``api`` in the metadata: what differs from the option's own)."""

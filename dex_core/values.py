@@ -34,7 +34,7 @@ def rows_option(value, name: str = "proposal_vocab", words=("auto", "full")):
     )
 
 
-def _number(value, name: str) -> float:
+def finite(value, name: str) -> float:
     try:
         if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
             return float(value)
@@ -50,7 +50,7 @@ def flag(value, name: str) -> bool:
     raise DexError(f"{name} must be True or False; got {value!r:.80}")
 
 
-def _items(value, name: str) -> list:
+def items_of(value, name: str) -> list:
     """'a, ,b' -> ['a', 'b'] (blank entries dropped); a sequence -> a list of its items."""
     if isinstance(value, str):
         return [v for v in value.split(",") if v.strip()]
@@ -62,13 +62,13 @@ def _items(value, name: str) -> list:
 
 def parse_list(value, name: str) -> tuple[str, ...]:
     """'a,b' or a sequence -> a tuple of non-empty stripped strings."""
-    return tuple(s for s in (str(v).strip() for v in _items(value, name)) if s)
+    return tuple(s for s in (str(v).strip() for v in items_of(value, name)) if s)
 
 
 def parse_ints(value, name: str, minimum: int = 1) -> tuple[int, ...]:
     """'2,3,4' or a sequence of ints -> a non-empty tuple of integers >= ``minimum``. Text is parsed ('2.5' is
     an error); a sequence must hold ints (2.5, '2' and True are errors, not 2)."""
-    items = _items(value, name)
+    items = items_of(value, name)
     try:
         out = tuple(int(v) if isinstance(value, str) else integer(v, name) for v in items)
     except (TypeError, ValueError):
@@ -89,7 +89,7 @@ def parse_device(value) -> str:
 
 def parse_depths(depths) -> tuple[int, ...]:
     """'8,15,23,30' or a sequence of ints -> a strictly increasing tuple of positive ints."""
-    if not _items(depths, "depths"):
+    if not items_of(depths, "depths"):
         raise DexError("depths is empty; give at least the model's layer count, e.g. 30")
     out = parse_ints(depths, "depths")
     if any(b <= a for a, b in zip(out, out[1:])):

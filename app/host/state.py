@@ -40,7 +40,7 @@ class Runtime:
     def __init__(self, settings: AppSettings | None = None):
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
-        self._model = self._tokenizer = self._unloaded = None
+        self._model = self._tokenizer = None
         self._pool: DecoderPool | None = None  # decoders by run settings, or the torchrun launch's one
         self.files = Files(self.settings)  # the app's folder, exports, what the gate serves
         self.uploads = Uploads(self.settings, self.files)  # uploads, counted from their first byte
@@ -88,11 +88,11 @@ class Runtime:
                 return
             if self.distributed:
                 kind = device_type(None, self.settings.device)
-                self._unloaded = UnloadedModel.read(
+                unloaded = UnloadedModel.read(
                     self.settings.model, self.settings.dtype, kind, log=log or (lambda line: None)
                 )
-                self._tokenizer = self._unloaded.tokenizer
-                self._pool = DecoderPool(self._unloaded, self.settings.max_groups)
+                self._tokenizer = unloaded.tokenizer
+                self._pool = DecoderPool(unloaded, self.settings.max_groups)
             else:
                 more = {"log": log} if log is not None else {}
                 self._model, self._tokenizer = load_model(
