@@ -72,6 +72,10 @@ ANALYSIS_HINT = (
     "Press Analyse to see, for each token of the model's greedy answer, the earliest layer that already "
     "predicts it (EAD), the speedup that predicts for K = 2..8, and the token's probability at every layer."
 )
+VISITORS = (
+    "[dex-app] a visitor is a client address: the peer's own, or the one X-Forwarded-For names when the peer is "
+    "trusted (FORWARDED_ALLOW_IPS={}); behind another proxy every visitor shares its address (docs/HOSTING.md)"
+)
 PRUNE_INFO = f"rows per stage a round; auto: {AUTO_ROWS['cpu']} on CPU, {AUTO_ROWS['accelerator']} on GPUs"
 
 
@@ -372,6 +376,7 @@ def main(argv=None) -> None:
         runtime.join_torchrun()
     app = build_demo(runtime=runtime)
     app.runtime.files.exit_on_sigterm()  # SIGTERM removes the app's folder too
+    print(VISITORS.format(os.environ.get("FORWARDED_ALLOW_IPS") or "127.0.0.1"), flush=True)
     app.launch(
         server_name=settings.host, server_port=settings.port, show_error=True, max_file_size=UPLOAD_LIMIT
     )

@@ -1,18 +1,27 @@
 """Plain helpers the tests share (no fixtures: those are ``conftest.py``'s): CI and Chromium, the shared app's
-settings for one test, the processes and upload files a test leaves, free ports and the app's launch, the CLI run
-in-process, the text a page shows, a long draft-chain trace."""
+settings for one test, the processes and upload files a test leaves, free ports, the app's launch and the API's,
+hostile connections, the CLI run in-process, the text a page shows, a long draft-chain trace."""
 
 import contextlib
 import html
+import importlib.util
 import os
 import re
+import resource
+import selectors
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
 
 from dex_core import DexDecoder
+from dex_core.serving.api import make_app
+from dex_core.serving.connections import server_config
 from dex_core.testing import tiny_model, tiny_tokenizer
 from dex_core.trace.events import RoundEvent
 
@@ -110,6 +119,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVED = "tiny-llama"  # the model name ``serving``'s API serves
+
+
+@contextlib.contextmanager
+def serving(decoder, tokenizer, **bounds):
+    """``dex serve --http``'s API (``make_app``, ``bounds`` its keywords) over ``decoder`` on a free local port, in a
+    thread of this process, its connections bounded as ``dex serve --http`` bounds them; yields its base URL."""
+    port = free_port()
+    app = make_app(decoder, tokenizer, SERVED, **bounds)
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def launch_app(settings, **launch):
     """Build the app for ``settings`` and serve it on a free local port; returns (demo, url). A port another
     process (a second pytest-xdist worker) took between the probe and the launch is answered by a fresh one."""
@@ -127,6 +158,62 @@ def launch_app(settings, **launch):
                 raise
             continue
         return demo, f"http://127.0.0.1:{port}/"
+
+
+def answers(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 within 2 s (a server that has started)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def half_open(url: str, count: int, start: bytes = b"GET / HTTP/1.1\r\nHost: x\r\n") -> list:
+    """``count`` connections to the server at ``url`` that each send ``start`` (by default a request head that
+    never ends) and then nothing. Raises this process's open-file limit to fit them (and the server's ends, where
+    it runs in this process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * count + 1024
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    connections = []
+    for _ in range(count):
+        connection = socket.create_connection((host, int(port)), timeout=5)
+        connection.sendall(start)
+        connections.append(connection)
+    return connections
+
+
+def closed_within(connections: list, seconds: float) -> int:
+    """How many of ``connections`` the server closed within ``seconds`` (each is closed here once it has);
+    whatever the server sent on them is read and dropped."""
+    deadline, closed = time.monotonic() + seconds, 0
+    with selectors.DefaultSelector() as waiting:
+        for connection in connections:
+            waiting.register(connection, selectors.EVENT_READ)
+        while closed < len(connections) and (left := deadline - time.monotonic()) > 0:
+            for key, _ in waiting.select(left):
+                try:
+                    ended = not key.fileobj.recv(65536)
+                except OSError:  # reset by the server
+                    ended = True
+                if ended:
+                    waiting.unregister(key.fileobj)
+                    key.fileobj.close()
+                    closed += 1
+    for connection in connections:
+        connection.close()
+    return closed
+
+
+def hostile_http():
+    """``benchmarks/hostile_http.py`` as a module: its ``KINDS`` of hostile request and ``health_during``."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hostile_http.py"
+    spec = importlib.util.spec_from_file_location("hostile_http", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_cli(capsys, *argv):

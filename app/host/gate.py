@@ -1,7 +1,11 @@
 """The gate: an ASGI middleware in front of Gradio (``Gate``). It refuses what Gradio would hand out or take that a
 public Space must not: files in Gradio's temp folder the app did not export (``Files.denies``), deep links, uploads
-past a bound (``app.host.uploads``: it answers every upload request itself) and the calls of a client that keeps sending
-malformed ones (``Calls``: each is answered with one line, and one line in the server log, never a traceback).
+past a bound (``app.host.uploads``: it answers every upload request itself), any other request body of Gradio's
+past ``BODY_BYTES`` (413, read whole before Gradio sees it: Gradio would hold a body of any size in memory; the
+OpenAI API under ``/openai`` bounds its own, with OpenAI's error bodies) and the calls
+of a client that keeps sending malformed ones (``Calls``: each is answered with one line, and one line in the server
+log, never a traceback). A peer that sends ``X-Forwarded-For`` which uvicorn did not trust is named once in the log
+(``Proxies``): every client behind it counts as one visitor.
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ import threading
 import time
 from collections import deque
 
+import anyio
+
+from dex_core import BODY_SECONDS, MAX_BODY_BYTES
+
 from .files import Files
 from .uploads import FORM_ROOM, Uploads, visitor
 
@@ -21,16 +29,19 @@ DEEP_LINK = re.compile(r"/gradio_api/deep_link/?$")
 CALL_ROUTE = re.compile(r"/gradio_api/(queue/join|call/|run/|api/)")
 FLOOD_CALLS = 20  # malformed calls from one client within FLOOD_SECONDS before its calls are refused (429)
 FLOOD_SECONDS = 60
+BODY_BYTES = MAX_BODY_BYTES  # bytes of any request body but an upload's (the API's bound: 4 MiB)
 
 
 class Calls:
-    """Malformed API calls (too few inputs for an endpoint), counted per client; a flood is rate-limited."""
+    """Malformed API calls (too few inputs for an endpoint), counted per client; a flood is rate-limited, and the
+    log has at most one line per client every ``FLOOD_SECONDS``."""
 
     def __init__(self, log=None):
         self._lock = threading.Lock()
         self._recent: dict[str, deque] = {}
+        self._logged: dict[str, float] = {}  # client -> when its last line was written
         self.count = 0  # malformed calls since the server started
-        self._log = log or (lambda line: print(f"[dex-app] {line}", file=sys.stderr, flush=True))
+        self.log = log or (lambda line: print(f"[dex-app] {line}", file=sys.stderr, flush=True))
 
     def malformed(self, who: str, endpoint: str, why: str) -> None:
         now = time.monotonic()
@@ -40,9 +51,16 @@ class Calls:
             recent.append(now)
             while recent and now - recent[0] > FLOOD_SECONDS:
                 recent.popleft()
-            n = len(recent)
-        if n <= FLOOD_CALLS:  # past it the client's calls are refused at the gate, and the log stays quiet
-            self._log(f"malformed call to {endpoint} from {who}: {why} ({n} in {FLOOD_SECONDS} s)")
+            quiet = now - self._logged.get(who, -FLOOD_SECONDS) < FLOOD_SECONDS
+            if not quiet:
+                if len(self._logged) > 1024:  # forget clients quiet for a minute: the table stays small
+                    self._logged = {c: t for c, t in self._logged.items() if now - t < FLOOD_SECONDS}
+                self._logged[who] = now
+        if not quiet:
+            self.log(
+                f"malformed call to {endpoint} from {who}: {why} (the next ones from it in {FLOOD_SECONDS} s "
+                "are counted, not logged)"
+            )
 
     def refusal(self, who: str) -> str | None:
         """Why ``who``'s calls are refused now (too many malformed calls lately), or None."""
@@ -58,6 +76,57 @@ class Calls:
                 return None
             wait = FLOOD_SECONDS - (now - recent[0])
         return f"too many malformed calls from this client; try again in {max(1, int(wait))} s"
+
+
+class Proxies:
+    """Peers whose ``X-Forwarded-For`` uvicorn ignored (they are not in ``FORWARDED_ALLOW_IPS``): each is named in
+    the log once, as every client behind it counts as one visitor (docs/HOSTING.md, Visitors)."""
+
+    MOST = 1024  # peers remembered; past it the log stays quiet
+
+    def __init__(self, log):
+        self._seen: set[str] = set()
+        self.log = log
+
+    def note(self, scope) -> None:
+        forwarded = dict(scope.get("headers") or []).get(b"x-forwarded-for")
+        who = visitor(scope)
+        if not forwarded or who in self._seen or len(self._seen) >= self.MOST:
+            return
+        if who in (part.strip() for part in forwarded.decode("latin-1").split(",")):
+            return  # uvicorn trusted the peer and took the client from the header
+        self._seen.add(who)
+        self.log(
+            f"requests from {who} carry X-Forwarded-For, which this server does not trust: every client behind "
+            f"{who} counts as one visitor; if it is your proxy, start the app with FORWARDED_ALLOW_IPS={who} "
+            "(docs/HOSTING.md, Visitors)"
+        )
+
+
+async def _whole_body(receive, limit: int) -> list | None:
+    """The messages of a request body read to its end, or None once it passes ``limit`` bytes; a client that
+    leaves is a disconnect message, passed on as it came."""
+    messages, size = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        size += len(message.get("body", b""))
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return messages
+
+
+def _replaying(messages: list, receive):
+    """A ``receive`` that gives ``messages`` first, then what ``receive`` gives (a later disconnect)."""
+    pending = list(messages)
+
+    async def replay():
+        return pending.pop(0) if pending else await receive()
+
+    return replay
 
 
 async def _answer(send, status: int, text: str) -> None:
@@ -76,8 +145,14 @@ async def _answer(send, status: int, text: str) -> None:
 
 
 class Gate:
-    def __init__(self, app, files: Files, uploads: Uploads, calls: Calls):
-        self.app, self.files, self.uploads, self.calls = app, files, uploads, calls
+    def __init__(self, app, files: Files, uploads: Uploads, calls: Calls, api: str | None = None):
+        """``api``: the route prefix of the OpenAI API, whose door bounds its bodies with OpenAI's error bodies."""
+        self.app, self.files, self.uploads, self.calls, self.api = app, files, uploads, calls, api
+        self.proxies = Proxies(calls.log)
+
+    def _own_bounds(self, route: str) -> bool:
+        """Whether the request's route bounds its body itself: an upload (``app.host.uploads``), the API."""
+        return bool(UPLOAD_ROUTE.search(route)) or (self.api is not None and route.startswith(f"{self.api}/"))
 
     def refusal(self, scope, length: int | None) -> tuple[int, str] | None:
         """(HTTP status, text) for a request the gate refuses; None lets it through."""
@@ -94,6 +169,8 @@ class Gate:
             return 403, "File not allowed: files are served only while the session that made them lasts."
         if CALL_ROUTE.search(route) and method == "POST" and (why := self.calls.refusal(visitor(scope))):
             return 429, why
+        if length is not None and length > BODY_BYTES and not self._own_bounds(route):
+            return 413, f"A request body may be at most {BODY_BYTES // 2**20} MB."
         if UPLOAD_ROUTE.search(route) and method == "POST":
             if length is None:
                 return 411, "An upload must say its size (Content-Length)."
@@ -110,23 +187,45 @@ class Gate:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         length = int(length) if length and length.isdigit() else None
+        self.proxies.note(scope)
         refused = self.refusal(scope, length)
         if refused is not None:
             return await _answer(send, *refused)
         if UPLOAD_ROUTE.search(scope["path"]) and scope["method"] == "POST":
-            return await self.uploads.serve(scope, receive, send)
+            if await _failed(self.uploads.serve, scope, receive, send):  # Gradio's form parser failed on it
+                await _answer(
+                    send, 400, "The upload's form could not be read: send each file as a file part."
+                )
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH") and not self._own_bounds(scope["path"]):
+            with anyio.move_on_after(BODY_SECONDS) as waited:
+                messages = await _whole_body(receive, BODY_BYTES)
+            if waited.cancelled_caught:
+                return await _answer(send, 408, f"The request body did not arrive within {BODY_SECONDS:g} s.")
+            if messages is None:
+                return await _answer(send, 413, f"A request body may be at most {BODY_BYTES // 2**20} MB.")
+            receive = _replaying(messages, receive)
         if not (CALL_ROUTE.search(scope["path"]) and scope["method"] == "POST"):
             return await self.app(scope, receive, send)
-        started = [False]
-
-        async def noting(message):
-            started[0] = started[0] or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, noting)
-        except Exception as err:  # Gradio's routing failed on what the call named (an endpoint, an index)
-            if started[0]:
-                raise
+        err = await _failed(self.app, scope, receive, send)
+        if err is not None:  # Gradio's routing failed on what the call named (an endpoint, an index)
             self.calls.malformed(visitor(scope), scope["path"], f"{type(err).__name__}: {str(err)[:80]}")
             await _answer(send, 404, "no such endpoint or event handler")
+
+
+async def _failed(app, scope, receive, send) -> Exception | None:
+    """Run ``app`` on the request; the exception it raised before its answer began (the caller answers in one
+    line, not Gradio's traceback and 500), else None."""
+    started = [False]
+
+    async def noting(message):
+        started[0] = started[0] or message["type"] == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, receive, noting)
+    except Exception as err:
+        if started[0]:
+            raise
+        return err
+    return None

@@ -20,10 +20,11 @@ from gradio.exceptions import InvalidPathError
 from pydantic import ValidationError
 from starlette.middleware import Middleware
 
+from dex_core import bounded_connections
 from dex_core.trace.schema import TRACE_LIMITS
 
 from . import trace_worker
-from .api_routes import openai_routes
+from .api_routes import PREFIX, openai_routes
 from .gate import Gate
 from .state import Runtime
 from .uploads import request_visitor
@@ -76,7 +77,8 @@ def launch_options(blocks: SessionBlocks, given: dict) -> dict:
                 async with outer(app) as state:
                     yield state
 
-    gate = Middleware(Gate, files=runtime.files, uploads=runtime.uploads, calls=runtime.calls)
+    api = PREFIX if runtime.settings.openai_api else None
+    gate = Middleware(Gate, files=runtime.files, uploads=runtime.uploads, calls=runtime.calls, api=api)
     app_kwargs["middleware"] = [gate, *app_kwargs.get("middleware", [])]
     if runtime.settings.openai_api:  # ahead of Gradio's routes, behind the gate
         app_kwargs["routes"] = [openai_routes(runtime), *app_kwargs.get("routes", [])]
@@ -94,7 +96,8 @@ class SessionBlocks(gr.Blocks):
         self.unload(runtime.sessions.closed)
 
     def launch(self, *args, **kwargs):
-        return super().launch(*args, **launch_options(self, kwargs))
+        with bounded_connections():  # Gradio's server gets them too (dex_core.serving.connections)
+            return super().launch(*args, **launch_options(self, kwargs))
 
     async def process_api(self, block_fn, inputs, *args, **kwargs):
         fn = self.fns[block_fn] if isinstance(block_fn, int) else block_fn

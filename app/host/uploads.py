@@ -10,10 +10,13 @@ itself (``serve``, called by the gate, ``app.host.gate``), through Gradio's own 
 - every byte received counts at once against the visitor's slice (``visitor_upload_mb``) and the server's budget
   (``upload_mb``); a request that would pass either is refused before it is read (by its Content-Length) or cut
   off with 413 the moment it does (a body may lie about its length); a refusal names the bound and when it frees;
-- a stored upload counts until the Debugger read it (and ``READ_GRACE`` seconds more) or ``file_ttl`` passed.
+- a stored upload counts until the Debugger read it (and ``READ_GRACE`` seconds more), ``UNREAD_SECONDS`` if it
+  is never read, or ``file_ttl`` passed, whichever is first.
 
 A visitor is the client's address as uvicorn reports it: behind a proxy, the address the trusted proxy put in
-``X-Forwarded-For`` (uvicorn's ``FORWARDED_ALLOW_IPS``, docs/HOSTING.md), else the peer's own.
+``X-Forwarded-For`` (uvicorn's ``FORWARDED_ALLOW_IPS``, docs/HOSTING.md), else the peer's own. An upload that sends
+nothing for ``BODY_GAP_SECONDS`` is dropped by the server's protocol (``dex_core.serving.connections``): its
+handler sees the client leave and its bytes stop counting.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
 
 READ_GRACE = 10  # seconds an upload stays after it was read (two visitors who upload one file share its path)
+# seconds an upload the app never read stays: the page loads an upload the moment it lands, a client of the API
+# right after its upload call, so one unread this long was left (or sent to hold the upload budget)
+UNREAD_SECONDS = 120
 FORM_ROOM = 2**20  # bytes of multipart framing allowed around a file of the largest size
 
 
@@ -46,8 +52,11 @@ class Stored:
     read: float | None = None
 
     def ends(self, ttl: float) -> float:
-        """When it goes: ``ttl`` after it came, or ``READ_GRACE`` (at most ``ttl``) after it was read."""
-        return min(self.came + ttl, math.inf if self.read is None else self.read + min(READ_GRACE, ttl))
+        """When it goes: ``UNREAD_SECONDS`` after it came if it is never read, ``READ_GRACE`` after it was read,
+        ``ttl`` after it came at the latest."""
+        if self.read is None:
+            return self.came + min(UNREAD_SECONDS, ttl)
+        return min(self.came + ttl, self.read + min(READ_GRACE, ttl))
 
 
 class _Over(Exception):
@@ -151,7 +160,8 @@ class Uploads:
         except _Over as over:
             status, body = 413, str(over).encode()
         except MultiPartException as exc:
-            status, body = (413 if "maximum allowed size" in exc.message else 400), exc.message.encode()
+            too_big = "File size exceeded" in exc.message  # a part's head Gradio cannot parse is a 400
+            status, body = (413 if too_big else 400), exc.message.encode()
         except HTTPException as exc:
             status, body = exc.status_code, str(exc.detail).encode()
         except ClientDisconnect:

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 import anyio
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..config import DexError
 from ..runtime.console import TextStream
 from ..trace.events import EndEvent, Event, RoundEvent
 from .api_requests import ApiError, Completion, ErrorBody, Gone, parse_request, read_body, request_models
+from .connections import server_config
 from .metrics import CONTENT_TYPE, Metrics
 from .pool import DecoderPool
 
@@ -215,7 +216,7 @@ def make_app(
     async def health():
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # Prometheus' text, so documented
     async def prometheus():
         return Response(metrics.text(), media_type=CONTENT_TYPE)
 
@@ -241,11 +242,13 @@ def _documented(chat: bool) -> dict:
     name = "ChatCompletionRequest" if chat else "CompletionRequest"
     body = {"$ref": f"#/components/schemas/{name}"}
     refused = {"description": "refused: OpenAI's error body", "model": ErrorBody}
+    event = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+    streamed = {"content": {"text/event-stream": {"schema": event}}}  # "stream": true (the schema: one event)
     return {
         "openapi_extra": {
             "requestBody": {"required": True, "content": {"application/json": {"schema": body}}}
         },
-        "responses": {code: refused for code in (400, 404, 413, 429, 500)},
+        "responses": {200: streamed, **{code: refused for code in (400, 404, 413, 429, 500)}},
     }
 
 
@@ -390,6 +393,6 @@ def serve_http(config, where: str, log, queue: int = 8, seconds: float = 0) -> N
         decoder = pool.decoder(config.decoder())
         app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, queue, seconds)
         log(f"serving {config.model!r} (K={decoder.K}, {config.backend}) at http://{host}:{port}/v1")
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Server(server_config(app, host, port, log_level="warning", access_log=False)).run()
     finally:
         pool.close()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from starlette.requests import ClientDisconnect
 
 from ..config import DexError, GenerationOptions
@@ -50,6 +50,11 @@ TYPES = {
 _Stop = Annotated[str, Field(min_length=1)]
 
 
+def _whole(value):
+    """A whole number written as a float (``16.0``) as the int it is: JSON Schema's ``integer`` takes it too."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -63,11 +68,13 @@ class Message(BaseModel):
 
 
 def _option(info: dict, kind: type, **override):
-    """A generation option as the API declares it: null or absent takes its default."""
+    """A generation option as the API declares it: null or absent takes its default; an integer may be written as
+    a whole float (``16.0``)."""
     bounds = {"ge": info["minimum"], "gt": info["exclusive_minimum"], "le": info["maximum"], **override}
     bounds = {k: v for k, v in bounds.items() if v is not None and k != "default"}
     default = override.get("default", info["default"])
-    return Annotated[kind | None, Field(default=default, description=info["help"], **bounds)]
+    option = Annotated[kind | None, Field(default=default, description=info["help"], **bounds)]
+    return Annotated[option, BeforeValidator(_whole)] if kind is int else option
 
 
 def _options(most_tokens: int, chat: bool) -> dict:
@@ -102,7 +109,10 @@ def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
             bool,
             Field(default=False, description="server-sent events, one chunk per committed token"),
         ),
-        "n": (Literal[1], Field(default=1, description="completions a request: 1")),
+        "n": (
+            Annotated[Literal[1], BeforeValidator(_whole)],
+            Field(default=1, description="completions a request: 1"),
+        ),
         "user": (str | None, None),
     }
     prompt = {"prompt": (str, Field(description="the prompt text"))}
@@ -243,7 +253,7 @@ def _prompt_ids(body, tokenizer, chat: bool) -> list[int]:
 def _option_value(body, name: str):
     """A generation option as the body gives it (null: its default)."""
     value = getattr(body, name)
-    return body.model_fields[name].default if value is None else value
+    return type(body).model_fields[name].default if value is None else value
 
 
 def parse_request(

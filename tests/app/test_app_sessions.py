@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import files_in, free_port, tuned, uploads_in
+from helpers import answers, files_in, free_port, tuned, uploads_in
 
 from app.host.files import LOCK
 from dex_core import DexDecoder
@@ -304,7 +304,7 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_64_mb_and_sigterm_r
     )
     url = f"http://127.0.0.1:{port}/"
     try:
-        assert until(lambda: _answers(url), 120), "the app did not start"
+        assert until(lambda: answers(url), 120), "the app did not start"
 
         def rss():
             return psutil.Process(server.pid).memory_info().rss
@@ -341,10 +341,3 @@ def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_64_mb_and_sigterm_r
         assert not list(temp.glob("dex-app-*"))
     finally:
         server.kill()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

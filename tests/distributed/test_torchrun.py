@@ -8,10 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
-from helpers import free_port
+from helpers import answers, free_port
 
 from dex_core import ar_generate, encode_prompt, load_model
 
@@ -80,7 +79,7 @@ def test_the_app_served_from_two_torchrun_nodes_answers_generate_and_race(tiny_d
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not _answers(url):
+        while time.monotonic() < deadline and not answers(url):
             assert all(p.poll() is None for p in nodes), (tmp_path / "node0.out").read_text()[-3000:]
             time.sleep(1)
         client = Client(url, verbose=False)
@@ -100,13 +99,6 @@ def test_the_app_served_from_two_torchrun_nodes_answers_generate_and_race(tiny_d
     assert all(code is not None for code in codes)
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.mark.slow  # one torchrun launch of two ranks serving HTTP (about 10 s)
 def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_dir, tmp_path):
     from openai import OpenAI
@@ -119,7 +111,7 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not _answers(f"{url}/health"):
+        while time.monotonic() < deadline and not answers(f"{url}/health"):
             assert launch.poll() is None, (tmp_path / "launch.out").read_text()[-3000:]
             time.sleep(0.5)
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)

@@ -3,47 +3,22 @@ sequential and the distributed schedule of a tiny float64 model: the text is AR'
 committed token in order, ``usage`` counts what the trace shows, bad requests get a 4xx with an OpenAI error body
 and nothing in the server's log, and a full queue answers 429 at once."""
 
-import contextlib
 import functools
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
-from helpers import free_port
+from helpers import SERVED, closed_within, half_open, hostile_http, serving
 
 from dex_core import DexDecoder, ar_generate
-from dex_core.serving.api import make_app
-from dex_core.serving.api_requests import MAX_BODY_BYTES, MAX_MESSAGES
+from dex_core.serving import connections
+from dex_core.serving.api_requests import MAX_BODY_BYTES, MAX_MESSAGES, parse_request
 from dex_core.testing import tiny_tokenizer
 from dex_core.trace.events import RoundEvent
 
 PROMPT = "hello world the prime number"
-SERVED = "tiny-llama"
-
-
-@contextlib.contextmanager
-def serving(decoder, tokenizer, **bounds):
-    """The API over ``decoder`` on a free local port, in a thread of this process; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            make_app(decoder, tokenizer, SERVED, **bounds), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +157,14 @@ BAD = [
 ]
 
 
+def test_a_whole_number_written_as_a_float_is_the_integer_it_is(tokenizer):
+    """``/openapi.json`` declares the counts as JSON Schema's ``integer``, which takes ``2.0`` (found by
+    tests/serving/test_fuzz.py); a fraction is refused (``BAD``)."""
+    body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 2.0, "seed": 7.0, "top_k": 3.0, "n": 1.0}
+    job = parse_request(body, tokenizer, SERVED, 64, chat=False)
+    assert (job.options.max_new_tokens, job.options.seed, job.options.top_k) == (2, 7, 3)
+
+
 def test_bad_requests_get_an_openai_error_body_and_the_server_logs_nothing(sequential, capfd):
     url, _ = sequential
     capfd.readouterr()
@@ -236,7 +219,7 @@ def test_hostile_bodies_are_refused_at_the_door_and_the_server_logs_nothing(sequ
     assert fits.status_code == 400 and fits.json()["error"]["param"] == "max_tokens"
     shrunk = post(json={"model": SERVED, "prompt": prompt, "temperature": 0})  # no length asked: what fits
     assert shrunk.status_code == 200 and shrunk.json()["usage"]["completion_tokens"] <= context - size
-    for _ in range(50):
+    for _ in range(1000):
         _cut_off(url, 1000, b'{"model":')  # the body never arrives whole
     assert httpx.get(f"{url}/health", timeout=5).json() == {"status": "ok"}
     log = capfd.readouterr()
@@ -259,6 +242,55 @@ def test_a_body_that_stalls_is_refused_within_its_bound(sequential, monkeypatch)
         answer = answer.decode()
     assert answer.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s" in answer
     assert time.monotonic() - start < 3
+
+
+@pytest.fixture
+def prompt_bounds(monkeypatch):
+    """The connections' bounds a second, checked every 0.2 s (``dex_core.serving.connections``)."""
+    for name, seconds in (("HEAD_SECONDS", 1.0), ("BODY_GAP_SECONDS", 1.0), ("CHECK_SECONDS", 0.2)):
+        monkeypatch.setattr(connections, name, seconds)
+
+
+def _stall_head(path: str = "/v1/completions") -> bytes:
+    """A request's head declaring 100 bytes of body, and the body's first 9."""
+    return f'POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{"model":'.encode()
+
+
+def test_connections_that_stop_sending_are_closed_and_others_are_served(sequential, prompt_bounds, capfd):
+    url, _ = sequential
+    capfd.readouterr()
+    silent = half_open(url, 500)  # a head that never ends
+    stalled = half_open(url, 20, start=_stall_head())  # a body that stops
+    start = time.monotonic()
+    body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 4}
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200 and time.monotonic() - start < 2
+    assert closed_within(silent + stalled, 6) == 520  # 1 s bounds, checked every 0.2 s, on a busy machine
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as slow:  # steady, if slow: never cut off
+        text = json.dumps(body).encode()
+        slow.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(text)}\r\n\r\n".encode()
+        )
+        for part in (text[:10], text[10:20], text[20:30], text[30:]):
+            time.sleep(0.6)  # each pause within the bound, all of them past it
+            slow.sendall(part)
+        assert slow.recv(64).startswith(b"HTTP/1.1 200")
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out and len((log.err + log.out).splitlines()) <= 5
+
+
+def test_health_answers_within_a_second_through_100_hostile_requests(sequential, prompt_bounds, capfd):
+    url, _ = sequential
+    capfd.readouterr()
+    result = hostile_http().health_during(url, 100, workers=8)
+    assert result["health_failures"] == 0 and result["longest_wait_s"] <= 1.0, result
+    answers = result["answers"]
+    assert answers["nested 2,000 deep"] == {"400": 13} and answers["100,000 empty messages"] == {"400": 13}
+    assert answers["5 MiB streamed"] == {"413": 13} and answers["prompt past the context"] == {"400": 12}
+    assert answers["head never ends"] == {"closed": 12} and answers["not HTTP"] == {"400": 12}
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err + log.out and len((log.err + log.out).splitlines()) <= 5
 
 
 def test_a_client_of_a_whole_answer_that_leaves_ends_its_run(llama, tokenizer):
