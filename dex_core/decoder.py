@@ -19,6 +19,7 @@ from .model.view import model_view
 from .runtime.request import Request, make_request, warn
 from .runtime.results import GenerationResult
 from .runtime.schedule import InProcess, Schedule
+from .runtime.scoring import Scored, score_prompt
 from .runtime.settings import RunSettings, resolve_run
 from .runtime.unloaded import UnloadedModel, device_type
 from .trace.build import start_event, with_text
@@ -217,6 +218,17 @@ class DexDecoder:
         ``stream``)."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
         return make_request(self.view, input_ids, opts, pipeline=pipeline)
+
+    def score(self, input_ids, top: int = 1) -> Scored:
+        """The prompt ``input_ids`` (token ids) scored by the unmodified model: each token's log-probability given
+        those before it and the ``top`` likeliest there, and after it (``runtime.scoring``). The model's forward runs
+        in this process: the sequential backend only (explorer processes hold parts of it)."""
+        if self.model is None:
+            raise DexError(
+                "scoring a prompt runs the whole model in one process: the sequential backend only (explorer "
+                "processes each hold a part of it)"
+            )
+        return score_prompt(self.model, list(input_ids), top)
 
     def generate(self, input_ids, max_new_tokens: int | None = None, **kwargs) -> GenerationResult:
         """Run to the end (arguments as ``stream``'s)."""

@@ -16,6 +16,7 @@ run's rounds, rounds per token, the tokens matched at each stage, K and the dept
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import threading
@@ -30,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from ..config import DexError
 from ..runtime.console import TextStream
+from ..runtime.scoring import Scored
 from ..trace.events import EndEvent, Event, RoundEvent
 from .api_requests import ApiError, Completion, ErrorBody, Gone, parse_request, read_body, request_models
 from .connections import server_config
@@ -97,18 +99,31 @@ class Runner:
             if not self._clients[client]:
                 del self._clients[client]
 
-    def run(self, job: Completion, emit, gone: threading.Event) -> None:
+    @contextlib.contextmanager
+    def holding(self, client: str = ""):
+        """One admission (429 beyond the bounds) for all that runs inside (a request's several prompts)."""
+        self.admit(client)
+        try:
+            yield
+        finally:
+            self.release(client)
+
+    def run(self, job: Completion, emit, gone: threading.Event, since: float | None = None) -> None:
         """In a worker thread: the run's events to ``emit`` (round by round, then the end's); it ends after the
-        round in progress when ``gone`` is set or ``seconds`` passed."""
+        round in progress when ``gone`` is set or ``seconds`` passed since ``since`` (default: its start)."""
         with self._model:
             self.running = 1
             try:
-                self._run(job, emit, gone)
+                self._run(job, emit, gone, time.monotonic() if since is None else since)
             finally:
                 self.running = 0
 
-    def _run(self, job: Completion, emit, gone: threading.Event) -> None:
-        start = time.monotonic()
+    def score(self, job: Completion) -> list[Scored]:
+        """In a worker thread: each of ``job``'s prompts scored by the model (``DexDecoder.score``)."""
+        with self._model:
+            return [self.decoder.score(ids, max(1, job.logprobs or 0)) for ids in job.prompts]
+
+    def _run(self, job: Completion, emit, gone: threading.Event, start: float) -> None:
         stream = self.decoder.stream(job.ids, options=job.options)
         for event in stream:
             emit(event)
@@ -143,25 +158,44 @@ def usage(prompt: int, events: list[Event]) -> dict:
     }
 
 
-def _reply(job: Completion, rid: str, served: str, choice: dict, suffix: str = "", **extra) -> dict:
-    """OpenAI's envelope around one ``choice``: a chat completion or a text completion (``suffix``: ".chunk")."""
+def combined(uses: list[dict]) -> dict:
+    """The ``usage`` of several prompts' runs (``usage``'s each): counts summed, DEX's rounds over all tokens."""
+    if len(uses) == 1:
+        return uses[0]
+    out = {key: sum(u[key] for u in uses) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    out["completion_tokens_details"] = {
+        "accepted_prediction_tokens": sum(
+            u["completion_tokens_details"]["accepted_prediction_tokens"] for u in uses
+        )
+    }
+    dex = {**uses[0]["dex"], "rounds": sum(u["dex"]["rounds"] for u in uses)}
+    dex["rounds_per_token"] = round(dex["rounds"] / max(1, out["completion_tokens"]), 4)
+    dex["matched_per_stage"] = [sum(m) for m in zip(*(u["dex"]["matched_per_stage"] for u in uses))]
+    return {**out, "dex": dex}
+
+
+def _reply(job: Completion, rid: str, served: str, choices: list, suffix: str = "", **extra) -> dict:
+    """OpenAI's envelope around ``choices``: a chat completion or a text completion (``suffix``: ".chunk")."""
     kind = ("chat.completion" if job.chat else "text_completion") + (suffix if job.chat else "")
     return {
         "id": rid,
         "object": kind,
         "created": int(time.time()),
         "model": served,
-        "choices": [choice],
+        "choices": choices,
         **extra,
     }
 
 
 def _chunk(job: Completion, rid: str, served: str, text: str | None, finish: str | None) -> dict:
+    """One chunk of a stream; with ``usage_chunk`` every chunk says ``usage: null`` but the last (OpenAI's)."""
+    usage = {"usage": None} if job.usage_chunk else {}
     if job.chat:
         delta = {} if text is None else {"content": text}
-        return _reply(job, rid, served, {"index": 0, "delta": delta, "finish_reason": finish}, ".chunk")
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return _reply(job, rid, served, [choice], ".chunk", **usage)
     choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-    return _reply(job, rid, served, choice)
+    return _reply(job, rid, served, [choice], **usage)
 
 
 @dataclass(frozen=True)
@@ -270,31 +304,101 @@ def _publish(app: FastAPI, models: dict) -> None:
 
 
 async def _complete(api: _Served, request: Request, chat: bool):
-    """One completion: checked, admitted, run in a worker thread; streamed or answered whole."""
+    """One completion request: checked, admitted, run in a worker thread; streamed or answered whole (several
+    prompts one after another under one admission; a prompt scored, ``echo``, by one forward)."""
     arrived = time.monotonic()
     try:
         body = await read_body(request)
     except Gone:  # the client left before its request arrived: nothing to answer, nothing to log
         return Response(status_code=400)
+    vocab = getattr(getattr(api.runner.decoder, "view", None), "vocab", None)
     checked = functools.partial(
-        parse_request, body, api.tokenizer, api.served, api.most_tokens, chat, api.context
+        parse_request, body, api.tokenizer, api.served, api.most_tokens, chat, api.context, vocab
     )
     job = await anyio.to_thread.run_sync(checked)  # the template and the tokenizer run off the event loop
-    events, gone = _start(api.runner, job, request.client.host if request.client else "")
-    pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    client, rid = (
+        request.client.host if request.client else "",
+        ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+    )
+    if job.echo:
+        return await _scored(api, job, rid, client)
     if job.stream:
+        events, gone = _start(api.runner, job, client)
+        pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
         return StreamingResponse(_sse(job, rid, api.served, pieces, gone), media_type="text/event-stream")
+    answers = []
+    with api.runner.holding(client):  # --request-seconds bounds the prompts together
+        since = time.monotonic()
+        for i in range(len(job.prompts)):
+            answers.append(
+                await _answer(api, request, job.one(i), client, arrived if i == 0 else None, since)
+            )
+            if answers[-1][1] == "abort":  # the client went: the prompts after it do not run
+                break
+    return _whole(job, rid, api.served, answers)
+
+
+async def _answer(api: _Served, request: Request, job: Completion, client: str, arrived, since: float):
+    """One prompt's run, answered whole: (its text, finish reason, usage); a client that leaves ends it."""
+    events, gone = _start(api.runner, job, client, held=True, since=since)
+    tally = api.metrics.start(len(job.ids), arrived or time.monotonic())
     text, final = "", None
     watch = asyncio.create_task(
         _watch(request, gone)
     )  # a client that leaves ends its run, as a stream's does
     try:
-        async for piece, finish, use in pieces:
+        async for piece, finish, use in _pieces(job, api.tokenizer, events, gone, tally):
             text, final = text + (piece or ""), (finish, use) if finish else final
     finally:
         watch.cancel()
-    return _whole(job, rid, api.served, text, *final)
+    return text, *final
+
+
+async def _scored(api: _Served, job: Completion, rid: str, client: str) -> dict:
+    """A completions request with ``echo``: each prompt scored by the model (``Runner.score``), with its greedy
+    next token when ``max_tokens`` is 1, as OpenAI's ``logprobs`` (``tokens``, ``token_logprobs``,
+    ``top_logprobs``, ``text_offset``)."""
+    if getattr(api.runner.decoder, "model", None) is None:
+        raise ApiError(
+            400,
+            "echo (a prompt scored) runs the whole model in the server's process: serve with --backend sequential",
+            "echo",
+        )
+    with api.runner.holding(client):
+        scored = await anyio.to_thread.run_sync(api.runner.score, job)
+    choices = [_scored_choice(job, api.tokenizer, i, s) for i, s in enumerate(scored)]
+    prompt = sum(map(len, job.prompts))
+    made = len(job.prompts) if job.next_token else 0
+    use = {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+    return _reply(job, rid, api.served, choices, usage=use)
+
+
+def _scored_choice(job: Completion, tokenizer, i: int, scored: Scored) -> dict:
+    """The ``i``-th prompt's choice: its text (and the next token's), its log-probabilities when asked."""
+    tokens, values, tops = list(job.prompts[i]), list(scored.logprobs), list(scored.top)
+    if job.next_token:
+        tokens, values, tops = (
+            tokens + [scored.next[0][0]],
+            values + [scored.next[0][1]],
+            tops + [scored.next],
+        )
+    pieces = [tokenizer.decode([t]) for t in tokens]
+    prompt = job.texts[i] if job.texts[i] is not None else tokenizer.decode(job.prompts[i])
+    text = prompt + (pieces[-1] if job.next_token else "")
+    logprobs = None
+    if job.logprobs is not None:
+        offsets = [sum(map(len, pieces[:j])) for j in range(len(pieces))]
+        alternatives = [
+            None if j == 0 else {tokenizer.decode([t]): v for t, v in top[: job.logprobs]}
+            for j, top in enumerate(tops)
+        ]
+        logprobs = {
+            "tokens": pieces,
+            "token_logprobs": values,
+            "top_logprobs": alternatives,
+            "text_offset": offsets,
+        }
+    return {"index": i, "text": text, "finish_reason": "length", "logprobs": logprobs}
 
 
 async def _watch(request: Request, gone: threading.Event) -> None:
@@ -306,20 +410,25 @@ async def _watch(request: Request, gone: threading.Event) -> None:
         await asyncio.sleep(0.05)
 
 
-def _start(runner: Runner, job: Completion, client: str) -> tuple[asyncio.Queue, threading.Event]:
-    """Admit ``job`` (429 beyond the bounds) and run it in a worker thread: its events come on the queue (None
-    last); setting the event ends it after the round in progress."""
-    runner.admit(client)
+def _start(
+    runner: Runner, job: Completion, client: str, held: bool = False, since: float | None = None
+) -> tuple[asyncio.Queue, threading.Event]:
+    """Admit ``job`` (429 beyond the bounds; ``held``: admitted already) and run it in a worker thread, its model
+    time counted from ``since`` (default: its start): its events come on the queue (None last); setting the event
+    ends it after the round in progress."""
+    if not held:
+        runner.admit(client)
     events, gone, loop = asyncio.Queue(), threading.Event(), asyncio.get_running_loop()
 
     def work():
         try:
-            runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone)
+            runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone, since)
         except Exception as err:  # the run failed (an explorer died): the client is told
             loop.call_soon_threadsafe(events.put_nowait, _Ended("failed", str(err)[:200]))
         finally:
             loop.call_soon_threadsafe(events.put_nowait, None)
-            runner.release(client)
+            if not held:
+                runner.release(client)
 
     threading.Thread(target=work, daemon=True).start()
     return events, gone
@@ -356,10 +465,9 @@ async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.E
     """The stream's events; a client that goes away (the response is cancelled) ends the run (``gone``)."""
     try:
         async for piece, finish, use in pieces:
-            if finish is None:
-                yield f"data: {json.dumps(_chunk(job, rid, served, piece, None))}\n\n"
-            else:
-                yield f"data: {json.dumps({**_chunk(job, rid, served, None, finish), 'usage': use})}\n\n"
+            yield f"data: {json.dumps(_chunk(job, rid, served, piece if finish is None else None, finish))}\n\n"
+            if finish is not None and job.usage_chunk:  # OpenAI's last chunk: no choices, the usage
+                yield f"data: {json.dumps(_reply(job, rid, served, [], '.chunk', usage=use))}\n\n"
     except ApiError as err:  # the run failed after the stream began: said in the stream
         yield f"data: {json.dumps(err.body())}\n\n"
     finally:
@@ -368,12 +476,19 @@ async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.E
     yield "data: [DONE]\n\n"
 
 
-def _whole(job: Completion, rid: str, served: str, text: str, finish: str, use: dict) -> dict:
+def _whole(job: Completion, rid: str, served: str, answers: list[tuple[str, str, dict]]) -> dict:
+    """The whole answer: a choice for each prompt's (text, finish reason, usage), their usage together."""
     if job.chat:
+        text, finish, use = answers[0]
         message = {"role": "assistant", "content": text}
-        return _reply(job, rid, served, {"index": 0, "message": message, "finish_reason": finish}, usage=use)
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return _reply(job, rid, served, choice, usage=use)
+        return _reply(
+            job, rid, served, [{"index": 0, "message": message, "finish_reason": finish}], usage=use
+        )
+    choices = [
+        {"index": i, "text": text, "finish_reason": finish, "logprobs": None}
+        for i, (text, finish, _) in enumerate(answers)
+    ]
+    return _reply(job, rid, served, choices, usage=combined([use for _, _, use in answers]))
 
 
 def address(text: str) -> tuple[str, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
 import anyio
@@ -31,9 +31,12 @@ from ..runtime.request import chat_ids, check_text
 MAX_PROMPT_CHARS = 256 * 2**10  # characters of prompt text one request may send
 MAX_BODY_BYTES = 4 * 2**20  # bytes of one request body (413 beyond): the longest prompt as UTF-8 JSON fits
 MAX_MESSAGES = 512  # messages of one chat request (each adds its template's text to the prompt)
+MAX_PROMPTS = 16  # prompts of one completions request (a list: each its own choice, run one after another)
+MAX_PROMPT_TOKENS = 32 * 2**10  # token ids of one prompt given as ids (the model's context bounds it further)
+MAX_LOGPROBS = {False: 5, True: 20}  # alternatives a position: completions' logprobs, chat's top_logprobs
 BODY_SECONDS = 30.0  # a body that has not arrived whole this long after its headers is refused (408)
 FIXED = {  # what a field must be, said whatever was wrong with it
-    "prompt": "prompt must be one string (DEX runs one prompt a request)",
+    "prompt": f"prompt must be a string, a list of token ids, or a list of 1 to {MAX_PROMPTS} of either",
     "messages": f"messages must be a list of 1 to {MAX_MESSAGES} {{role, content}}, each role system, user or "
     "assistant",
     "stop": "stop must be a non-empty string or a list of up to 4 of them",
@@ -57,6 +60,12 @@ def _whole(value):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    """What a stream adds: ``include_usage``, a last chunk with the request's usage and no choices."""
+
+    include_usage: bool = False
 
 
 class Message(BaseModel):
@@ -89,6 +98,7 @@ def _options(most_tokens: int, chat: bool) -> dict:
             if hints[info["option"]] is t or t in typing.get_args(hints[info["option"]])
         )
         bound = {"le": most_tokens, "default": most_tokens if chat else min(16, most_tokens)}
+        bound |= {} if chat else {"ge": 0}  # 0: a prompt scored (echo), nothing made
         out[name] = _option(info, kind, **(bound if info["option"] == "max_new_tokens" else {}))
     if chat:  # max_tokens' newer name: it wins when given
         info = api_fields(GenerationOptions)["max_tokens"]
@@ -114,8 +124,28 @@ def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
             Field(default=1, description="completions a request: 1"),
         ),
         "user": (str | None, None),
+        "stream_options": (
+            StreamOptions | None,
+            Field(default=None, description="with stream: include_usage adds a last chunk with the usage"),
+        ),
     }
-    prompt = {"prompt": (str, Field(description="the prompt text"))}
+    ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+    several = Annotated[list[str] | list[ids], Field(min_length=1, max_length=MAX_PROMPTS)]
+    prompt = {
+        "prompt": (
+            str | ids | several,
+            Field(description=f"the prompt: text, token ids, or a list of up to {MAX_PROMPTS} of either"),
+        ),
+        "echo": (bool, Field(default=False, description="score the prompt: its text and log-probabilities")),
+        "logprobs": (
+            int | None,
+            Field(default=None, ge=0, le=MAX_LOGPROBS[False], description="alternatives a token (with echo)"),
+        ),
+    }
+    chat_logprobs = {
+        "logprobs": (bool, Field(default=False, description="log-probabilities of the answer's tokens")),
+        "top_logprobs": (int | None, Field(default=None, ge=0, le=MAX_LOGPROBS[True])),
+    }
     messages = {
         "messages": (
             list[Message],
@@ -127,7 +157,7 @@ def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
             "ChatCompletionRequest" if chat else "CompletionRequest",
             __base__=_Strict,
             **common,
-            **(messages if chat else prompt),
+            **({**messages, **chat_logprobs} if chat else prompt),
             **_options(most_tokens, chat),
         )
         for chat in (False, True)
@@ -186,13 +216,30 @@ class ApiError(Exception):
 
 @dataclass
 class Completion:
-    """One request, ready to run: its prompt's token ids, its options, its stop strings, whether it streams."""
+    """One request, ready to run: its prompts' token ids (several: each its own choice, run one after another) and
+    their text where it was given as text, its options, its stop strings, whether it streams (and ends the stream
+    with its usage: ``usage_chunk``), and for a scored prompt (``echo``) the log-probability alternatives a token
+    (``logprobs``, None: none) and whether the model's next token follows (``next_token``)."""
 
-    ids: list[int]
+    prompts: list[list[int]]
     options: GenerationOptions
     stop: tuple[str, ...]
     stream: bool
     chat: bool
+    texts: list[str | None] = field(default_factory=lambda: [None])
+    usage_chunk: bool = False
+    echo: bool = False
+    logprobs: int | None = None
+    next_token: bool = False
+
+    @property
+    def ids(self) -> list[int]:
+        """The first prompt's token ids (the only one but in a completions request that gave several)."""
+        return self.prompts[0]
+
+    def one(self, i: int) -> Completion:
+        """This request for its ``i``-th prompt alone."""
+        return replace(self, prompts=[self.prompts[i]], texts=[self.texts[i]])
 
 
 def _refusal(err: ValidationError, model: type[BaseModel]) -> ApiError:
@@ -210,8 +257,8 @@ def _refusal(err: ValidationError, model: type[BaseModel]) -> ApiError:
         return ApiError(400, FIXED[name], name)
     if first["type"] == "missing":
         return ApiError(400, f"{name} is required", name)
-    if first["type"] in TYPES:
-        return ApiError(400, f"{name} must be {TYPES[first['type']]}", name)
+    if first["type"] in TYPES:  # a nested field by its path (stream_options.include_usage)
+        return ApiError(400, f"{'.'.join(map(str, first['loc']))} must be {TYPES[first['type']]}", name)
     return ApiError(400, f"{name} {_range(_schema(model)['properties'][name])}", name)
 
 
@@ -236,18 +283,31 @@ def _range(prop: dict) -> str:
     return f"must be >= {low}" if low is not None else f"must be <= {high}"
 
 
-def _prompt_ids(body, tokenizer, chat: bool) -> list[int]:
-    text = "".join(m.content for m in body.messages) if chat else body.prompt
+def _checked_text(text: str) -> str:
     if len(text) > MAX_PROMPT_CHARS:
         raise ApiError(413, f"the prompt is longer than {MAX_PROMPT_CHARS} characters", "prompt")
     try:
         check_text(text)
     except DexError as err:
         raise ApiError(400, str(err), "prompt") from None
+    return text
+
+
+def _prompts(body, tokenizer, chat: bool, vocab: int | None) -> list[tuple[str | None, list[int]]]:
+    """Each prompt of ``body`` as (its text, or None where given as ids; its token ids)."""
     if chat:
+        _checked_text("".join(m.content for m in body.messages))
         messages = [{"role": m.role, "content": m.content} for m in body.messages]
-        return chat_ids(tokenizer, messages, generation_prompt=True)
-    return tokenizer(text, add_special_tokens=True)["input_ids"]
+        return [(None, chat_ids(tokenizer, messages, generation_prompt=True))]
+    given = body.prompt
+    several = given if isinstance(given, list) and given and not isinstance(given[0], int) else [given]
+    if isinstance(several[0], str):
+        if sum(map(len, several)) > MAX_PROMPT_CHARS:
+            _checked_text("".join(several))  # says so
+        return [(_checked_text(t), tokenizer(t, add_special_tokens=True)["input_ids"]) for t in several]
+    if vocab is not None and any(t >= vocab for ids in several for t in ids):
+        raise ApiError(400, f"a prompt's token ids must be in [0, {vocab})", "prompt")
+    return [(None, list(ids)) for ids in several]
 
 
 def _option_value(body, name: str):
@@ -257,11 +317,17 @@ def _option_value(body, name: str):
 
 
 def parse_request(
-    body, tokenizer, served: str, most_tokens: int, chat: bool, context: int | None = None
+    body,
+    tokenizer,
+    served: str,
+    most_tokens: int,
+    chat: bool,
+    context: int | None = None,
+    vocab: int | None = None,
 ) -> Completion:
     """``body`` (parsed JSON) as a ``Completion`` for the model named ``served``; at most ``most_tokens`` new
-    tokens, and the prompt and them within the model's ``context`` window (its positions). ``ApiError`` for a
-    field that is missing, of the wrong type, out of range or not supported."""
+    tokens, and each prompt and them within the model's ``context`` window (its positions), its token ids within
+    ``vocab``. ``ApiError`` for a field that is missing, of the wrong type, out of range or not supported."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = request_models(most_tokens)[chat]
@@ -276,14 +342,17 @@ def parse_request(
             "model",
             "not_found_error",
         )
+    _check_modes(request, chat)
     length = "max_completion_tokens" if chat and request.max_completion_tokens is not None else "max_tokens"
     given = {
         info["option"]: _option_value(request, name) for name, info in api_fields(GenerationOptions).items()
     }
-    ids = _prompt_ids(request, tokenizer, chat)
-    given["max_new_tokens"] = _fitted(
-        len(ids), _option_value(request, length), context, getattr(request, length)
-    )
+    prompts = _prompts(request, tokenizer, chat, vocab)
+    if len(prompts) > 1 and request.stream:
+        raise ApiError(400, "a stream takes one prompt; send several prompts without stream", "stream")
+    tokens = _option_value(request, length)
+    fitted = [_fitted(len(ids), tokens, context, getattr(request, length)) for _, ids in prompts]
+    given["max_new_tokens"] = max(1, min(fitted))  # a scored prompt (echo) runs no generation
     try:
         options = GenerationOptions(
             **{
@@ -295,7 +364,57 @@ def parse_request(
     except DexError as err:
         raise ApiError(400, str(err)) from None
     stops = () if request.stop is None else (request.stop,) if isinstance(request.stop, str) else request.stop
-    return Completion(ids, options, tuple(stops), request.stream, chat)
+    echo = not chat and request.echo
+    return Completion(
+        [ids for _, ids in prompts],
+        options,
+        tuple(stops),
+        request.stream,
+        chat,
+        texts=[text for text, _ in prompts],
+        usage_chunk=request.stream_options is not None and request.stream_options.include_usage,
+        echo=echo,
+        logprobs=None if chat else request.logprobs,
+        next_token=echo and tokens == 1,
+    )
+
+
+def _check_modes(request, chat: bool) -> None:
+    """400 for a combination of fields DEX does not run: stream options without a stream; log-probabilities of
+    generated tokens (DEX gives them for a scored prompt: ``echo``); a scored prompt that streams, makes more than
+    the model's one greedy next token, or samples it."""
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options is for a stream (stream: true)", "stream_options")
+    if chat and (request.logprobs or request.top_logprobs is not None):
+        raise ApiError(
+            400,
+            "DEX does not return log-probabilities of generated tokens yet; a completions request with echo: true "
+            "scores a prompt",
+            "logprobs",
+        )
+    if chat:
+        return
+    tokens = _option_value(request, "max_tokens")
+    if not request.echo:
+        if request.logprobs is not None:
+            raise ApiError(
+                400,
+                "logprobs come with echo: true (a prompt scored); of generated tokens not yet",
+                "logprobs",
+            )
+        if tokens == 0:
+            raise ApiError(400, "max_tokens 0 is for scoring a prompt (echo: true)", "max_tokens")
+        return
+    if request.stream:
+        raise ApiError(400, "echo (a prompt scored) is answered whole, not streamed", "stream")
+    if tokens > 1:
+        raise ApiError(400, "echo scores the prompt: max_tokens must be 0 or 1", "max_tokens")
+    if tokens == 1 and _option_value(request, "temperature") != 0:
+        raise ApiError(
+            400,
+            "echo with max_tokens 1 gives the model's greedy next token: temperature must be 0",
+            "temperature",
+        )
 
 
 def _fitted(prompt: int, tokens: int, context: int | None, asked: int | None) -> int:

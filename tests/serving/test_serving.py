@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+import torch
 from helpers import SERVED, closed_within, half_open, hostile_http, serving
 
 from dex_core import DexDecoder, ar_generate
@@ -61,15 +62,78 @@ def test_a_completion_is_ars_text_with_usage_from_its_trace(sequential, llama, t
     assert extra["explorers"] == 3 and sum(extra["matched_per_stage"]) == len(tokens)
 
 
-def test_a_stream_gives_one_chunk_per_token_in_order_then_usage(sequential, llama, tokenizer):
+def test_several_prompts_are_each_a_choice_with_ars_text_and_their_usage_summed(sequential, llama, tokenizer):
+    url, _ = sequential
+    ids, tokens = expected(llama, tokenizer, 6)
+    other = tokenizer("the number", add_special_tokens=True)["input_ids"]
+    body = {
+        "model": SERVED,
+        "prompt": [ids, other],
+        "max_tokens": 6,
+        "temperature": 0,
+    }  # as lm-eval sends them
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    texts = [c["text"] for c in sorted(reply["choices"], key=lambda c: c["index"])]
+    assert texts == [
+        tokenizer.decode(ar_generate(llama, p, 6).tokens, skip_special_tokens=True) for p in (ids, other)
+    ]
+    assert (
+        reply["usage"]["prompt_tokens"] == len(ids) + len(other) and reply["usage"]["completion_tokens"] == 12
+    )
+
+
+def test_echo_scores_each_prompt_with_the_models_own_log_softmax(sequential, llama, tokenizer):
+    url, _ = sequential
+    ids = tokenizer(PROMPT, add_special_tokens=True)["input_ids"]
+    body = {
+        "model": SERVED,
+        "prompt": [ids, ids],
+        "echo": True,
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    text = httpx.post(f"{url}/v1/completions", json={**body, "prompt": PROMPT}, timeout=60).json()
+    with torch.no_grad():
+        truth = torch.log_softmax(llama(torch.tensor([ids])).logits[0].double(), dim=-1)
+    following = truth[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    for choice in reply["choices"]:
+        scores = choice["logprobs"]
+        assert scores["token_logprobs"][0] is None and scores["top_logprobs"][0] is None
+        assert scores["token_logprobs"][1:-1] == pytest.approx(following, abs=1e-5)  # the prompt's tokens
+        assert scores["token_logprobs"][-1] == pytest.approx(
+            truth[-1].max().item(), abs=1e-5
+        )  # its greedy next
+        assert choice["text"].endswith(tokenizer.decode([truth[-1].argmax().item()]))
+        assert all(len(top) <= 2 for top in scores["top_logprobs"][1:])
+        assert (
+            max(scores["top_logprobs"][-1].values()) == scores["token_logprobs"][-1]
+        )  # lm-eval's greedy test
+    assert text["choices"][0]["text"].startswith(PROMPT)  # a prompt given as text comes back as given
+    assert text["choices"][0]["logprobs"] == reply["choices"][0]["logprobs"]
+    assert reply["usage"] == {
+        "prompt_tokens": 2 * len(ids),
+        "completion_tokens": 2,
+        "total_tokens": 2 * len(ids) + 2,
+    }
+
+
+def test_a_stream_gives_one_chunk_per_token_in_order_then_usage_when_asked(sequential, llama, tokenizer):
     url, _ = sequential
     _, tokens = expected(llama, tokenizer, 20)
-    chunks = list(
-        client(url).completions.create(model=SERVED, prompt=PROMPT, max_tokens=20, temperature=0, stream=True)
+    ask = functools.partial(
+        client(url).completions.create, model=SERVED, prompt=PROMPT, max_tokens=20, temperature=0, stream=True
     )
-    texts = [c.choices[0].text for c in chunks[:-1]]
+    chunks = list(ask(stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks[:-2]]
     assert len(texts) == len(tokens) and "".join(texts) == tokenizer.decode(tokens, skip_special_tokens=True)
-    assert chunks[-1].choices[0].finish_reason and chunks[-1].usage.completion_tokens == len(tokens)
+    assert chunks[-2].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        tokens
+    )  # OpenAI's last chunk
+    plain = list(ask())  # not asked: no usage anywhere
+    assert len(plain) == len(tokens) + 1 and all(c.usage is None for c in plain)
 
 
 def test_the_distributed_schedule_answers_the_same_stream(llama, tokenizer, explorer_group):
@@ -140,14 +204,25 @@ def test_metrics_count_each_stage_as_the_trace_does(sequential, llama, tokenizer
 
 BAD = [
     ({"n": 2}, 400, "n must be 1"),
-    ({"max_tokens": 0}, 400, "max_tokens must be between 1 and 64"),
-    ({"max_tokens": 65}, 400, "max_tokens must be between 1 and 64"),
+    ({"max_tokens": 0}, 400, "max_tokens 0 is for scoring a prompt (echo: true)"),
+    ({"max_tokens": 65}, 400, "max_tokens must be between 0 and 64"),
+    ({"max_tokens": -1}, 400, "max_tokens must be between 0 and 64"),
     ({"temperature": -0.5}, 400, "temperature must be >= 0"),
     ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ({"max_tokens": "ten"}, 400, "max_tokens must be an integer"),
-    ({"logprobs": 2}, 400, "DEX does not support 'logprobs'"),
+    ({"logprobs": 2}, 400, "logprobs come with echo: true"),
+    ({"logprobs": 6, "echo": True, "max_tokens": 0}, 400, "logprobs must be between 0 and 5"),
+    ({"echo": True, "max_tokens": 2}, 400, "echo scores the prompt: max_tokens must be 0 or 1"),
+    ({"echo": True, "max_tokens": 1, "temperature": 0.7}, 400, "temperature must be 0"),
+    ({"echo": True, "max_tokens": 0, "stream": True}, 400, "is answered whole, not streamed"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options is for a stream"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage must be"),
+    ({"prompt": [5, 96]}, 400, "token ids must be in [0, 96)"),
+    ({"prompt": [5, -1]}, 400, "prompt must be a string, a list of token ids"),
+    ({"prompt": ["a"] * 17}, 400, "a list of 1 to 16"),
+    ({"prompt": ["a", [5]]}, 400, "prompt must be a string"),
+    ({"prompt": ["hello", "world"], "stream": True}, 400, "a stream takes one prompt"),
     ({"model": "gpt-4"}, 404, "is not served here"),
-    ({"prompt": ["a", "b"]}, 400, "prompt must be one string"),
     ({"prompt": "x" * 2**20}, 413, "the prompt is longer than"),
     ({"seed": 2**64}, 400, f"seed must be between 0 and {2**64 - 1}"),
     ({"seed": 1.5}, 400, "seed must be an integer"),
