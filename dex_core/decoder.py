@@ -209,15 +209,22 @@ class DexDecoder:
         *,
         options: GenerationOptions | None = None,
         pipeline: bool = False,
+        logprobs: int | None = None,
         **overrides,
     ) -> Request:
         """A checked request (``dex_core.runtime.request.Request``) for this decoder's model: the prompt's token ids
         and ``GenerationOptions`` (``overrides``: their fields, winning over ``options``); the settings of the model's
         generation config it does not apply are in its ``notes`` (for the caller to show; ``stream`` given token ids
         says them in a ``GenerationConfigWarning``). ``pipeline``: AR through the same stages instead of DEX (see
-        ``stream``)."""
+        ``stream``). ``logprobs``: each committed token's commit record carries its log-probability at the final
+        depth and this many likeliest alternatives (0 to 20; this process's explorers only: the sequential
+        backend)."""
         opts = GenerationOptions.build(options, max_new_tokens=max_new_tokens, **overrides)
-        return make_request(self.view, input_ids, opts, pipeline=pipeline)
+        if logprobs is not None and not isinstance(self.schedule, InProcess):
+            raise DexError(
+                "log-probabilities are read in this process's explorers: the sequential backend only"
+            )
+        return make_request(self.view, input_ids, opts, pipeline=pipeline, logprobs=logprobs)
 
     def score(self, input_ids, top: int = 1) -> Scored:
         """The prompt ``input_ids`` (token ids) scored by the unmodified model: each token's log-probability given

@@ -186,18 +186,23 @@ def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, comm
             for i, n in enumerate(plan.batches[k])
         ]
         records = [
-            commit_record(c, first + i, **margin(plan, outputs, c)) for i, (c, _) in enumerate(commits)
+            commit_record(c, first + i, **at_final_depth(plan, outputs, c))
+            for i, (c, _) in enumerate(commits)
         ]
         return round_event(plan, run.lattice, nodes, records, collapse_record(commits))
 
 
-def margin(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
-    """The committed final-depth node's top-1 minus top-2 score, its tie gap and whether it is a near-tie."""
+def at_final_depth(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:
+    """What the committed final-depth node says of its token: its top-1 minus top-2 score, its tie gap and whether
+    it is a near-tie; its log-probability and the likeliest alternatives when the request asks."""
     final = outputs.get(len(plan.batches) - 1)
     margins, gaps = (final.margins or [], final.tie_gaps or []) if final else ([], [])
-    for n, m, gap in zip(plan.batches[-1], margins, gaps):
+    for i, (n, m, gap) in enumerate(zip(plan.batches[-1], margins, gaps)):
         if n.id == commit.anchor_nodes[-1]:
-            return {"margin": m, "near_tie": m <= gap, "tie_gap": gap}
+            said = {"margin": m, "near_tie": m <= gap, "tie_gap": gap}
+            if final.logprobs is not None:
+                said["logprob"], said["top_logprobs"] = final.logprobs[i]
+            return said
     return {}
 
 

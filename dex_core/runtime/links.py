@@ -15,7 +15,7 @@ import torch
 
 from ..device import to_device
 from ..shapes import padded
-from .readback import Choice, StageOutput, read_round, top_of, unpack
+from .readback import Choice, StageOutput, read_logprobs, read_round, top_of, unpack
 
 
 class Link(Protocol):
@@ -95,6 +95,7 @@ class LocalLink:
             if c.hidden is not None:
                 self.hold([n.id for n in batch], c.hidden)
             outputs[k] = unpack(rows[k][: len(batch)], top_of(c.block.shape[1]), c.hidden, c.seconds(True))
+            outputs[k].logprobs = read_logprobs(c, len(batch))
         return outputs
 
     def keep(self, node_ids) -> None:

@@ -33,6 +33,10 @@ class StageOutput:
     probs: list[float] | None = None  # each chosen candidate's probability (for lattice pruning)
     margins: list[float] | None = None  # final stage (and those that chose with it): top-1 minus top-2 score
     tie_gaps: list[float] | None = None  # as margins: the dtype's tie gap at each node's top logit
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = (
+        None  # final stage, when asked: each chosen
+    )
+    # token's log-probability and the likeliest (token, log-probability) pairs (``Choice.logprobs``)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Choice:
     rows: int
     hidden: torch.Tensor | None
     seconds: Callable[[bool], float]
+    logprobs: torch.Tensor | None = None  # the final stage's, when a request asks: (rows of block, 1 + 2 k)
 
     @property
     def pack(self) -> torch.Tensor:
@@ -100,6 +105,16 @@ def read_round(choices: list[Choice]) -> list[list[list[float]]]:
             source[starts[key] : starts[key] + len(block)].copy_(block, non_blocking=True)
     values = source.tolist()  # the round's one read
     return [values[starts[id(c.block)] + c.at : starts[id(c.block)] + c.at + c.rows] for c in choices]
+
+
+def read_logprobs(choice: Choice, n: int) -> list[tuple[float, list[tuple[int, float]]]] | None:
+    """The log-probabilities of ``choice``'s first ``n`` rows (``Choice.logprobs``: the chosen token's, then k
+    ids and k values), read to the host (a second read, made only for a request that asks)."""
+    if choice.logprobs is None:
+        return None
+    k = (choice.logprobs.shape[1] - 1) // 2
+    rows = choice.logprobs[choice.at : choice.at + n].tolist()
+    return [(r[0], [(int(t), v) for t, v in zip(r[1 : 1 + k], r[1 + k :])]) for r in rows]
 
 
 def unpack(rows: list[list[float]], top: int, hidden, seconds: float) -> StageOutput:

@@ -20,6 +20,9 @@ import torch
 from ..config import DexError, GenerationOptions
 from ..device import check_float32_matmuls
 from ..model.view import ModelView
+from ..values import integer
+
+MAX_LOGPROBS = 20  # likeliest alternatives a committed token may report (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ class Request:
     through the same K stages (pipeline-parallel AR at batch 1) — no stage but the last proposes, so every token
     walks all K stages in K rounds: exactly the AR reference's tokens, the like-for-like baseline on the devices
     DEX runs on. ``notes``: the settings of the model's generation config the request does not apply
-    (``ignored_settings``)."""
+    (``ignored_settings``). ``logprobs``: each committed token's log-probability at the final depth and this many
+    likeliest alternatives there are reported with it (None: not asked)."""
 
     prompt: tuple[int, ...]
     options: GenerationOptions
@@ -36,6 +40,7 @@ class Request:
     id: int = 0
     pipeline: bool = False
     notes: tuple[str, ...] = ()
+    logprobs: int | None = None
 
 
 def _token(t) -> int:
@@ -163,6 +168,7 @@ def make_request(
     options: GenerationOptions,
     eos: tuple[int, ...] | None = None,
     pipeline: bool = False,
+    logprobs: int | None = None,
 ) -> Request:
     """Check a prompt and its options against the model; DexError says what to change. ``eos``
     (default: ``options.eos_token_id``, else the model's generation config) is where it stops. Every other
@@ -178,7 +184,11 @@ def make_request(
         )
     notes = ignored_settings(getattr(view.model, "generation_config", None), options)
     eos = eos_ids(view.model, options.eos_token_id) if eos is None else eos
-    return Request(tuple(prompt), options, eos, pipeline=pipeline, notes=tuple(notes))
+    if logprobs is not None:
+        logprobs = integer(logprobs, "logprobs", 0)
+        if logprobs > MAX_LOGPROBS:
+            raise DexError(f"logprobs takes 0 to {MAX_LOGPROBS} alternatives a token; got {logprobs}")
+    return Request(tuple(prompt), options, eos, pipeline=pipeline, notes=tuple(notes), logprobs=logprobs)
 
 
 def warn(request: Request, stacklevel: int = 3) -> Request:

@@ -123,11 +123,29 @@ def choose(run, plan, members: list, masked: dict[int, list[int]]) -> dict[int, 
             top_ids = top_ids if e.head is None else e.head.ids[top_ids]
         values, candidates = (probs, decision.margins, decision.gaps), (top_ids, top_probs) if top else None
         rows = pack(total, s.trace_top, logits.device, decision.tokens, values, candidates)
+        asked = run.request.logprobs if final and e.head is None else None
+        scored = None if asked is None else logprobs(logits, decision.tokens, asked)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return {
-        m[0].index: Choice(rows, at, n, None if m[0].final else m[1], _expand_seconds(run, m[0].index))
+        m[0].index: Choice(
+            rows,
+            at,
+            n,
+            None if m[0].final else m[1],
+            _expand_seconds(run, m[0].index),
+            scored if m[0].final else None,
+        )
         for m, at, n in zip(members, starts, sizes)
     }
+
+
+def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
+    """(n, 1 + 2 ``top``) float64: each row's ``tokens`` log-probability under the unmodified logits (the model's
+    own distribution, whatever the sampling), then the ``top`` likeliest ids and their log-probabilities, in the
+    logits' dtype promoted to at least float32."""
+    scores = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    values, ids = scores.topk(top, dim=-1)
+    return torch.cat([scores.gather(1, tokens[:, None]), ids.to(scores.dtype), values], dim=1).double()
 
 
 def joined(parts: list[torch.Tensor], total: int) -> torch.Tensor:

@@ -124,7 +124,8 @@ class Runner:
             return [self.decoder.score(ids, max(1, job.logprobs or 0)) for ids in job.prompts]
 
     def _run(self, job: Completion, emit, gone: threading.Event, start: float) -> None:
-        stream = self.decoder.stream(job.ids, options=job.options)
+        asked = {} if job.logprobs is None else {"logprobs": job.logprobs}
+        stream = self.decoder.stream(job.ids, options=job.options, **asked)
         for event in stream:
             emit(event)
             late = self.seconds and time.monotonic() - start > self.seconds
@@ -187,15 +188,46 @@ def _reply(job: Completion, rid: str, served: str, choices: list, suffix: str = 
     }
 
 
-def _chunk(job: Completion, rid: str, served: str, text: str | None, finish: str | None) -> dict:
-    """One chunk of a stream; with ``usage_chunk`` every chunk says ``usage: null`` but the last (OpenAI's)."""
+def _chunk(
+    job: Completion, rid: str, served: str, text: str | None, finish: str | None, scores: dict | None = None
+) -> dict:
+    """One chunk of a stream (``scores``: its token's log-probabilities, when asked); with ``usage_chunk`` every
+    chunk says ``usage: null`` but the last (OpenAI's)."""
     usage = {"usage": None} if job.usage_chunk else {}
     if job.chat:
         delta = {} if text is None else {"content": text}
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        choice |= {"logprobs": scores} if job.logprobs is not None else {}
         return _reply(job, rid, served, [choice], ".chunk", **usage)
-    choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+    choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": scores}
     return _reply(job, rid, served, [choice], **usage)
+
+
+def _said(token: str, value: float | None) -> dict:
+    """A token in chat's log-probabilities: its text, log-probability and UTF-8 bytes."""
+    return {"token": token, "logprob": value, "bytes": list(token.encode())}
+
+
+def _logprobs(job: Completion, tokenizer, commits: list, offset: int = 0) -> dict | None:
+    """The log-probabilities of ``commits`` (commit records, which carry them) in OpenAI's form: chat's
+    ``{"content": [{token, logprob, bytes, top_logprobs}]}``, a completion's ``{tokens, token_logprobs,
+    top_logprobs, text_offset}`` (its text starting ``offset`` characters in); None when the request did not ask."""
+    if job.logprobs is None:
+        return None
+    pieces = [tokenizer.decode([c.token]) for c in commits]
+    tops = [[(tokenizer.decode([t]), v) for t, v in (c.top_logprobs or [])[: job.logprobs]] for c in commits]
+    if job.chat:
+        content = [
+            {**_said(p, c.logprob), "top_logprobs": [_said(t, v) for t, v in top]}
+            for p, c, top in zip(pieces, commits, tops)
+        ]
+        return {"content": content}
+    return {
+        "tokens": pieces,
+        "token_logprobs": [c.logprob for c in commits],
+        "top_logprobs": [dict(top) for top in tops],
+        "text_offset": [offset + sum(map(len, pieces[:i])) for i in range(len(pieces))],
+    }
 
 
 @dataclass(frozen=True)
@@ -320,12 +352,20 @@ async def _complete(api: _Served, request: Request, chat: bool):
         request.client.host if request.client else "",
         ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
     )
+    if (job.echo or job.logprobs is not None) and getattr(api.runner.decoder, "model", None) is None:
+        raise ApiError(
+            400,
+            "log-probabilities and echo are read from the model in the server's process: serve with --backend "
+            "sequential",
+            "logprobs" if job.logprobs is not None else "echo",
+        )
     if job.echo:
         return await _scored(api, job, rid, client)
     if job.stream:
         events, gone = _start(api.runner, job, client)
         pieces = _pieces(job, api.tokenizer, events, gone, api.metrics.start(len(job.ids), arrived))
-        return StreamingResponse(_sse(job, rid, api.served, pieces, gone), media_type="text/event-stream")
+        stream = _sse(job, rid, api.served, pieces, gone, api.tokenizer)
+        return StreamingResponse(stream, media_type="text/event-stream")
     answers = []
     with api.runner.holding(client):  # --request-seconds bounds the prompts together
         since = time.monotonic()
@@ -339,31 +379,27 @@ async def _complete(api: _Served, request: Request, chat: bool):
 
 
 async def _answer(api: _Served, request: Request, job: Completion, client: str, arrived, since: float):
-    """One prompt's run, answered whole: (its text, finish reason, usage); a client that leaves ends it."""
+    """One prompt's run, answered whole: (its text, finish reason, usage, log-probabilities when asked); a client
+    that leaves ends it."""
     events, gone = _start(api.runner, job, client, held=True, since=since)
     tally = api.metrics.start(len(job.ids), arrived or time.monotonic())
-    text, final = "", None
+    text, final, commits = "", None, []
     watch = asyncio.create_task(
         _watch(request, gone)
     )  # a client that leaves ends its run, as a stream's does
     try:
-        async for piece, finish, use in _pieces(job, api.tokenizer, events, gone, tally):
-            text, final = text + (piece or ""), (finish, use) if finish else final
+        async for piece, finish, said in _pieces(job, api.tokenizer, events, gone, tally):
+            text, final = text + (piece or ""), (finish, said) if finish else final
+            commits += [] if finish else [said]
     finally:
         watch.cancel()
-    return text, *final
+    return text, *final, _logprobs(job, api.tokenizer, commits)
 
 
 async def _scored(api: _Served, job: Completion, rid: str, client: str) -> dict:
     """A completions request with ``echo``: each prompt scored by the model (``Runner.score``), with its greedy
     next token when ``max_tokens`` is 1, as OpenAI's ``logprobs`` (``tokens``, ``token_logprobs``,
     ``top_logprobs``, ``text_offset``)."""
-    if getattr(api.runner.decoder, "model", None) is None:
-        raise ApiError(
-            400,
-            "echo (a prompt scored) runs the whole model in the server's process: serve with --backend sequential",
-            "echo",
-        )
     with api.runner.holding(client):
         scored = await anyio.to_thread.run_sync(api.runner.score, job)
     choices = [_scored_choice(job, api.tokenizer, i, s) for i, s in enumerate(scored)]
@@ -435,8 +471,8 @@ def _start(
 
 
 async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, tally):
-    """(text, None, None) per committed token, then ("", finish_reason, usage); a client that stops reading ends
-    the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
+    """(text, None, commit record) per committed token, then ("", finish_reason, usage); a client that stops reading
+    ends the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
     text, seen, end, reason, left = _Text(tokenizer, job.stop), [], None, "abort", False
     try:
         while (event := await events.get()) is not None:
@@ -450,7 +486,7 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
             tally.see(event)
             for commit in () if text.stopped else event.commits:
                 piece = text.push(commit.token)
-                yield piece, None, None
+                yield piece, None, commit
                 if text.stopped:
                     gone.set()  # the stop string came: the run ends after this round
             end = event if isinstance(event, EndEvent) else end
@@ -461,13 +497,17 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
         tally.end(reason)
 
 
-async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.Event):
-    """The stream's events; a client that goes away (the response is cancelled) ends the run (``gone``)."""
+async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.Event, tokenizer):
+    """The stream's events (a token's log-probabilities in its chunk, when asked); a client that goes away (the
+    response is cancelled) ends the run (``gone``)."""
     try:
-        async for piece, finish, use in pieces:
-            yield f"data: {json.dumps(_chunk(job, rid, served, piece if finish is None else None, finish))}\n\n"
+        made = 0  # characters streamed so far: a completion's text_offset
+        async for piece, finish, said in pieces:
+            scores = None if finish else _logprobs(job, tokenizer, [said], made)
+            yield f"data: {json.dumps(_chunk(job, rid, served, None if finish else piece, finish, scores))}\n\n"
+            made += len(piece or "")
             if finish is not None and job.usage_chunk:  # OpenAI's last chunk: no choices, the usage
-                yield f"data: {json.dumps(_reply(job, rid, served, [], '.chunk', usage=use))}\n\n"
+                yield f"data: {json.dumps(_reply(job, rid, served, [], '.chunk', usage=said))}\n\n"
     except ApiError as err:  # the run failed after the stream began: said in the stream
         yield f"data: {json.dumps(err.body())}\n\n"
     finally:
@@ -476,19 +516,19 @@ async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.E
     yield "data: [DONE]\n\n"
 
 
-def _whole(job: Completion, rid: str, served: str, answers: list[tuple[str, str, dict]]) -> dict:
-    """The whole answer: a choice for each prompt's (text, finish reason, usage), their usage together."""
+def _whole(job: Completion, rid: str, served: str, answers: list[tuple]) -> dict:
+    """The whole answer: a choice for each prompt's (text, finish reason, usage, log-probabilities), their usage
+    together."""
     if job.chat:
-        text, finish, use = answers[0]
-        message = {"role": "assistant", "content": text}
-        return _reply(
-            job, rid, served, [{"index": 0, "message": message, "finish_reason": finish}], usage=use
-        )
+        text, finish, use, scores = answers[0]
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        choice |= {"logprobs": scores} if job.logprobs is not None else {}
+        return _reply(job, rid, served, [choice], usage=use)
     choices = [
-        {"index": i, "text": text, "finish_reason": finish, "logprobs": None}
-        for i, (text, finish, _) in enumerate(answers)
+        {"index": i, "text": text, "finish_reason": finish, "logprobs": scores}
+        for i, (text, finish, _, scores) in enumerate(answers)
     ]
-    return _reply(job, rid, served, choices, usage=combined([use for _, _, use in answers]))
+    return _reply(job, rid, served, choices, usage=combined([a[2] for a in answers]))
 
 
 def address(text: str) -> tuple[str, int]:

@@ -3,13 +3,16 @@
 server's ``/openapi.json``) and turned into a ``Completion`` (token ids and ``GenerationOptions``), or ``ApiError``
 with the HTTP status and the OpenAI error body that says what is wrong.
 
-Fields DEX maps: ``model`` (must name the served model), ``prompt`` (completions: one string) or ``messages``
-(chat: ``[{"role", "content"}]`` through the tokenizer's chat template), ``stop`` (a string or up to 4),
-``stream``, ``n`` (1 only), ``user``, ``max_completion_tokens`` (chat: ``max_tokens``' newer name), and the
-generation options the config declares for the API (``GenerationOptions`` fields whose metadata has ``api``:
-``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``), their types, defaults and ranges read from that
-metadata (``dex_core.flags.api_fields``). Any other field is refused by name rather than ignored: a client that sets
-``logprobs`` or ``presence_penalty`` would otherwise get text made without it.
+Fields DEX maps: ``model`` (must name the served model), ``prompt`` (completions: a string, token ids, or a list of
+up to ``MAX_PROMPTS`` of either, each its own choice) or ``messages`` (chat: ``[{"role", "content"}]`` through the
+tokenizer's chat template), ``stop`` (a string or up to 4), ``stream`` and ``stream_options.include_usage``, ``n``
+(1 only), ``user``, ``max_completion_tokens`` (chat: ``max_tokens``' newer name), log-probabilities (completions'
+``logprobs`` 0-5, chat's ``logprobs`` and ``top_logprobs`` 0-20: each committed token's at the final depth),
+``echo`` (completions: the prompt scored, ``max_tokens`` 0 or 1), and the generation options the config declares
+for the API (``GenerationOptions`` fields whose metadata has ``api``: ``max_tokens``, ``temperature``, ``top_p``,
+``top_k``, ``seed``), their types, defaults and ranges read from that metadata (``dex_core.flags.api_fields``). Any
+other field is refused by name rather than ignored: a client that sets ``presence_penalty`` would otherwise get text
+made without it.
 """
 
 from __future__ import annotations
@@ -374,34 +377,23 @@ def parse_request(
         texts=[text for text, _ in prompts],
         usage_chunk=request.stream_options is not None and request.stream_options.include_usage,
         echo=echo,
-        logprobs=None if chat else request.logprobs,
+        logprobs=((request.top_logprobs or 0) if request.logprobs else None) if chat else request.logprobs,
         next_token=echo and tokens == 1,
     )
 
 
 def _check_modes(request, chat: bool) -> None:
-    """400 for a combination of fields DEX does not run: stream options without a stream; log-probabilities of
-    generated tokens (DEX gives them for a scored prompt: ``echo``); a scored prompt that streams, makes more than
+    """400 for a combination of fields DEX does not run: stream options without a stream; chat's top_logprobs
+    without logprobs; max_tokens 0 but to score a prompt; a scored prompt (``echo``) that streams, makes more than
     the model's one greedy next token, or samples it."""
     if request.stream_options is not None and not request.stream:
         raise ApiError(400, "stream_options is for a stream (stream: true)", "stream_options")
-    if chat and (request.logprobs or request.top_logprobs is not None):
-        raise ApiError(
-            400,
-            "DEX does not return log-probabilities of generated tokens yet; a completions request with echo: true "
-            "scores a prompt",
-            "logprobs",
-        )
     if chat:
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         return
     tokens = _option_value(request, "max_tokens")
     if not request.echo:
-        if request.logprobs is not None:
-            raise ApiError(
-                400,
-                "logprobs come with echo: true (a prompt scored); of generated tokens not yet",
-                "logprobs",
-            )
         if tokens == 0:
             raise ApiError(400, "max_tokens 0 is for scoring a prompt (echo: true)", "max_tokens")
         return

@@ -105,10 +105,17 @@ def node_record(node, top: list, masked: list[int]) -> NodeRecord:
 
 
 def commit_record(
-    commit, index: int, margin: float | None = None, near_tie=None, tie_gap=None
+    commit,
+    index: int,
+    margin: float | None = None,
+    near_tie=None,
+    tie_gap=None,
+    logprob: float | None = None,
+    top_logprobs: list | None = None,
 ) -> CommitRecord:
-    """A round's commit (a lattice ``Commit``) with its final-depth top-2 margin when given. An infinite margin (no
-    second token left after top-k/top-p) is left out: JSON has no infinity."""
+    """A round's commit (a lattice ``Commit``) with its final-depth top-2 margin when given, and its log-probability
+    and likeliest alternatives when asked. An infinite margin (no second token left after top-k/top-p) is left out:
+    JSON has no infinity; so is a log-probability of minus infinity (a token top-k/top-p could not pick)."""
     return CommitRecord(
         index=index,
         position=commit.position,
@@ -122,6 +129,8 @@ def commit_record(
         margin=margin if margin is None or math.isfinite(margin) else None,
         near_tie=near_tie,
         tie_gap=tie_gap,
+        logprob=logprob if logprob is None or math.isfinite(logprob) else None,
+        top_logprobs=None if top_logprobs is None else [[t, v] for t, v in top_logprobs if math.isfinite(v)],
     )
 
 

@@ -24,6 +24,7 @@ from ..algorithm.lattice import NodeKind, Via
 from ..config import DEPTH_CHOICES, DTYPES, MAX_SEED, DexError
 from ..families import SUPPORTED_TYPES
 from .schema import (
+    MAX_NUMBER,
     STOPS,
     TRACE_FORMAT,
     TRACE_LIMITS,
@@ -91,6 +92,16 @@ def _top(lim: TraceLimits) -> dict:
     """One candidate at a node: ``[token, probability, text]`` (text only with a tokenizer)."""
     items = [integer()(lim), number(0.0, 1.0)(lim), text(lim)]
     return {"type": "array", "items": items, "additionalItems": False, "minItems": 2}
+
+
+def _logprob(lim: TraceLimits) -> dict:
+    """One alternative of a committed token: ``[token, log-probability]``."""
+    return {
+        "type": "array",
+        "items": [integer()(lim), number(-MAX_NUMBER, 0.0)(lim)],
+        "additionalItems": False,
+        "minItems": 2,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +199,9 @@ class CommitRecord(_Record):
     """A committed token: the shallowest stage whose anchor candidate matched it, and the anchor's node and candidate
     at every stage. ``margin``: the committed final-depth node's top-1 minus top-2 score in float32 (noise included
     when sampling; absent when no second token was left), ``near_tie``: whether it is within ``tie_gap`` of the dtype.
-    ``drafted``: its slot's input was a looked-up token; ``via``: how the next anchor was found."""
+    ``drafted``: its slot's input was a looked-up token; ``via``: how the next anchor was found. ``logprob`` and
+    ``top_logprobs`` (``[[token, log-probability], ...]``, likeliest first): the token's log-probability at the
+    final depth and the alternatives there, in a run that asked for them (``DexDecoder.request(logprobs=k)``)."""
 
     index: int = spec(integer())
     position: int = spec(integer())
@@ -202,6 +215,8 @@ class CommitRecord(_Record):
     margin: float | None = spec(number(), None, sparse=True)
     near_tie: bool | None = spec(boolean, None, sparse=True)
     tie_gap: float | None = spec(number(), None, sparse=True)
+    logprob: float | None = spec(number(-MAX_NUMBER, 0.0), None, sparse=True)
+    top_logprobs: list | None = spec(array(_logprob, lambda lim: lim.max_top_k), None, sparse=True)
 
 
 def _commit(lim: TraceLimits) -> dict:

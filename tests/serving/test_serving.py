@@ -14,6 +14,7 @@ import torch
 from helpers import SERVED, closed_within, half_open, hostile_http, serving
 
 from dex_core import DexDecoder, ar_generate
+from dex_core.runtime.request import chat_ids
 from dex_core.serving import connections
 from dex_core.serving.api_requests import MAX_BODY_BYTES, MAX_MESSAGES, parse_request
 from dex_core.testing import tiny_tokenizer
@@ -119,6 +120,57 @@ def test_echo_scores_each_prompt_with_the_models_own_log_softmax(sequential, lla
     }
 
 
+def test_chat_logprobs_are_the_models_log_softmax_at_each_token_streamed_and_whole(
+    sequential, llama, tokenizer
+):
+    url, _ = sequential
+    messages = [{"role": "user", "content": PROMPT}]
+    ids = chat_ids(tokenizer, messages, generation_prompt=True)
+    made = llama.generate(
+        torch.tensor([ids]),
+        max_new_tokens=12,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    truth = [torch.log_softmax(step[0].float(), dim=-1) for step in made.logits]
+    tokens = made.sequences[0, len(ids) :].tolist()
+    ask = functools.partial(
+        client(url).chat.completions.create,
+        model=SERVED,
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    whole = ask().choices[0].logprobs.content
+    streamed = [
+        entry
+        for chunk in ask(stream=True)
+        if chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    for content in (whole, streamed):
+        assert [entry.token for entry in content] == [tokenizer.decode([t]) for t in tokens]  # one a token
+        for entry, token, scores in zip(content, tokens, truth):
+            assert entry.logprob == pytest.approx(scores[token].item(), abs=1e-5)
+            best = scores.topk(3)
+            assert [e.logprob for e in entry.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-5)
+            assert [e.token for e in entry.top_logprobs] == [
+                tokenizer.decode([t]) for t in best.indices.tolist()
+            ]
+    plain = client(url).completions.create(
+        model=SERVED, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2
+    )
+    assert (
+        len(plain.choices[0].logprobs.token_logprobs) == 4
+        and len(plain.choices[0].logprobs.top_logprobs[0]) <= 2
+    )
+
+
 def test_a_stream_gives_one_chunk_per_token_in_order_then_usage_when_asked(sequential, llama, tokenizer):
     url, _ = sequential
     _, tokens = expected(llama, tokenizer, 20)
@@ -210,7 +262,6 @@ BAD = [
     ({"temperature": -0.5}, 400, "temperature must be >= 0"),
     ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ({"max_tokens": "ten"}, 400, "max_tokens must be an integer"),
-    ({"logprobs": 2}, 400, "logprobs come with echo: true"),
     ({"logprobs": 6, "echo": True, "max_tokens": 0}, 400, "logprobs must be between 0 and 5"),
     ({"echo": True, "max_tokens": 2}, 400, "echo scores the prompt: max_tokens must be 0 or 1"),
     ({"echo": True, "max_tokens": 1, "temperature": 0.7}, 400, "temperature must be 0"),
