@@ -42,7 +42,7 @@ from app.host.state import Runtime
 from app.ui import controls as ctl
 from app.ui import debugger as dbg
 from app.ui import debugger_compare as cmp
-from app.ui import live, page, race
+from app.ui import live, page, race, tools
 from app.ui.analysis import analyse
 from app.ui.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
 from app.ui.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
@@ -357,6 +357,8 @@ def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = No
         demo.load(None, js=TIMELINE_JS, **QUIET)
         demo.load(None, js=FIT_PLOTS_JS, **QUIET)
         demo.load(None, js=ROUND_ENTER_JS, **QUIET)
+        if runtime.settings.mcp_server:  # Generate, Race and Analyse for agents (app.ui.tools)
+            tools.register(demo, runtime)
     return demo.queue(max_size=runtime.settings.queue_size, default_concurrency_limit=4)
 
 

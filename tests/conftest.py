@@ -145,7 +145,8 @@ def app_server(tiny_dir, tmp_path_factory):
     """The app on the tiny Llama (K = 3 to start), served once a session on a free local port, with Gradio's temp
     folder of its own and one-second heartbeats (a closed client is noticed within about one); the upload and
     queue limits are the host's (``app.main.UPLOAD_LIMIT``, a queue of 64 for the load test); the OpenAI API is
-    on (``/openai``). A test that needs another setting changes it for its own duration only (``tuned``).
+    on (``/openai``), and the MCP server (``/gradio_api/mcp/``). A test that needs another setting changes it for its
+    own duration only (``tuned``).
     ``.demo``, ``.url``, ``.temp``."""
     from types import SimpleNamespace
 
@@ -156,7 +157,9 @@ def app_server(tiny_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("GRADIO_TEMP_DIR", str(temp))
         env.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
-        settings = AppSettings(model=str(tiny_dir), explorers=3, queue_size=64, openai_api=True)
+        settings = AppSettings(
+            model=str(tiny_dir), explorers=3, queue_size=64, openai_api=True, mcp_server=True
+        )
         demo, url = launch_app(settings, max_file_size=UPLOAD_LIMIT)
         yield SimpleNamespace(demo=demo, url=url, temp=temp.resolve())
         demo.close()

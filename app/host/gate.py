@@ -5,7 +5,8 @@ past ``BODY_BYTES`` (413, read whole before Gradio sees it: Gradio would hold a 
 OpenAI API under ``/openai`` bounds its own, with OpenAI's error bodies) and the calls
 of a client that keeps sending malformed ones (``Calls``: each is answered with one line, and one line in the server
 log, never a traceback). A peer that sends ``X-Forwarded-For`` which uvicorn did not trust is named once in the log
-(``Proxies``): every client behind it counts as one visitor.
+(``Proxies``): every client behind it counts as one visitor. On the MCP route (``app.host.mcp_route``) it refuses
+the transports the app does not serve and vouches for the caller, whose tool calls Gradio makes back over loopback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import anyio
 
 from dex_core import BODY_SECONDS, MAX_BODY_BYTES
 
+from . import mcp_route
 from .files import Files
 from .uploads import FORM_ROOM, Uploads, visitor
 
@@ -149,6 +151,7 @@ class Gate:
         """``api``: the route prefix of the OpenAI API, whose door bounds its bodies with OpenAI's error bodies."""
         self.app, self.files, self.uploads, self.calls, self.api = app, files, uploads, calls, api
         self.proxies = Proxies(calls.log)
+        self.callers = mcp_route.Callers()
 
     def _own_bounds(self, route: str) -> bool:
         """Whether the request's route bounds its body itself: an upload (``app.host.uploads``), the API."""
@@ -159,6 +162,8 @@ class Gate:
         method, route = scope["method"], scope["path"]
         if DEEP_LINK.search(route):
             return 404, "Not Found"
+        if why := mcp_route.refusal(scope):
+            return why
         found = FILE_ROUTE.search(route)
         if (
             found
@@ -184,6 +189,7 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope = self.callers.caller(scope)  # a tool call Gradio makes back: the MCP caller it is for
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         length = int(length) if length and length.isdigit() else None
@@ -205,12 +211,23 @@ class Gate:
             if messages is None:
                 return await _answer(send, 413, f"A request body may be at most {BODY_BYTES // 2**20} MB.")
             receive = _replaying(messages, receive)
+            if mcp_route.ROUTE.match(scope["path"]) and await _nested_too_deep(messages):
+                return await _answer(
+                    send, 400, f"A request's JSON may nest at most {mcp_route.DEPTH} levels."
+                )
+        if mcp_route.ROUTE.match(scope["path"]):
+            scope = self.callers.vouch(scope)
         if not (CALL_ROUTE.search(scope["path"]) and scope["method"] == "POST"):
             return await self.app(scope, receive, send)
         err = await _failed(self.app, scope, receive, send)
         if err is not None:  # Gradio's routing failed on what the call named (an endpoint, an index)
             self.calls.malformed(visitor(scope), scope["path"], f"{type(err).__name__}: {str(err)[:80]}")
             await _answer(send, 404, "no such endpoint or event handler")
+
+
+async def _nested_too_deep(messages: list) -> bool:
+    """Whether a body (its messages) nests too deeply for the MCP route (``mcp_route.too_deep``, in a thread)."""
+    return await anyio.to_thread.run_sync(mcp_route.too_deep, b"".join(m.get("body", b"") for m in messages))
 
 
 async def _failed(app, scope, receive, send) -> Exception | None:

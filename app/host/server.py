@@ -3,9 +3,9 @@
 app's bounds: the gate (``app.host.gate.Gate``, a FastAPI middleware: files, uploads, malformed calls), the app's
 folder made at the start (sweeping a killed server's) and removed at the end, the sweep of sessions and files
 every ``SWEEP_SECONDS`` (a task of the server's lifespan), the OpenAI-compatible API where the settings ask
-for it (``app.host.api_routes``), and the upload size limit (a trace file's,
-``TraceLimits.max_file_bytes``). A call with too few inputs for its endpoint is answered with one line and
-logged in one (``Calls``), not with Gradio's traceback.
+for it (``app.host.api_routes``), Gradio's MCP server where they ask for it, offering the page's tools only
+(``app.host.mcp_route``), and the upload size limit (a trace file's, ``TraceLimits.max_file_bytes``). A call with
+too few inputs for its endpoint is answered with one line and logged in one (``Calls``), not with Gradio's traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dex_core.trace.schema import TRACE_LIMITS
 from . import trace_worker
 from .api_routes import PREFIX, openai_routes
 from .gate import Gate
+from .mcp_route import keep_tools
 from .state import Runtime
 from .uploads import request_visitor
 
@@ -60,16 +61,19 @@ async def sweeping(runtime: Runtime):
 
 def launch_options(blocks: SessionBlocks, given: dict) -> dict:
     """``launch`` keywords with the app's bounds added to ``given``: the gate and the sweep (FastAPI
-    middleware and lifespan, composed with any the caller passes) and the upload size limit."""
+    middleware and lifespan, composed with any the caller passes), the upload size limit, and the MCP server as the
+    settings say (``AppSettings.mcp_server``, whatever ``given`` or ``GRADIO_MCP_SERVER`` say)."""
     runtime = blocks.runtime
     runtime.sessions.blocks = runtime.files.blocks = runtime.uploads.blocks = blocks
     options = dict(given)
     options.setdefault("max_file_size", TRACE_LIMITS.max_file_bytes)
+    options["mcp_server"] = runtime.settings.mcp_server
     app_kwargs = dict(options.get("app_kwargs") or {})
     outer = app_kwargs.get("lifespan")
 
     @asynccontextmanager
     async def lifespan(app):
+        keep_tools(blocks)  # Gradio made its MCP server (if any) before the server started
         async with sweeping(runtime):
             if outer is None:
                 yield
@@ -88,11 +92,13 @@ def launch_options(blocks: SessionBlocks, given: dict) -> dict:
 
 class SessionBlocks(gr.Blocks):
     """``gr.Blocks`` bound to the app's ``Runtime``: a closed tab frees its session, every launch gets
-    ``launch_options``, and a call with too few inputs is refused in one line."""
+    ``launch_options``, and a call with too few inputs is refused in one line. ``tools``: the API names of the
+    endpoints its MCP server offers (``app.ui.tools``)."""
 
     def __init__(self, runtime: Runtime, **kwargs):
         super().__init__(**kwargs)
         self.runtime = runtime
+        self.tools: list[str] = []
         self.unload(runtime.sessions.closed)
 
     def launch(self, *args, **kwargs):

@@ -3,6 +3,7 @@ page's controls send: ``app.ui.inputs``."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, fields
 
@@ -90,6 +91,12 @@ class AppSettings:
         "backend only; one request per visitor; docs/SERVING.md)",
         env="DEX_OPENAI_API",
     )
+    mcp_server: bool = option(
+        False,
+        "also serve the app as an MCP server at /gradio_api/mcp/ (streamable HTTP): Generate, Race and Analyse as "
+        "tools for agents, with the page's bounds; each caller counts as the visitor it is (docs/HOSTING.md)",
+        env="DEX_MCP_SERVER",
+    )
 
     def __post_init__(self):
         self.device = DexConfig(
@@ -118,6 +125,11 @@ class AppSettings:
                 "openai_api serves on a decoder of its own beside the app's runs, which only the sequential "
                 f"backend allows (an explorer group runs one request at a time); got backend {self.backend!r}: "
                 "run dex serve --http --backend distributed beside the app instead"
+            )
+        if self.mcp_server and importlib.util.find_spec("mcp") is None:  # Gradio would only print a line
+            raise DexError(
+                "mcp_server needs the PyPI package mcp, which this install lacks: pip install 'mcp>=1.24,<2' "
+                "(a dependency of dex-decoding: pip install -e . brings it)"
             )
 
     @classmethod

@@ -1,17 +1,19 @@
 """The Analysis tab's handler: the model's greedy answer to a prompt, analysed by the library in one call
 (``dex_core.analysis.answer``: EAD of each token, the speedups and costs it predicts for K = 2..8, the logit lens's
 depth view), drawn with ``visualize``. Like every model request its inputs are checked here and its model time is
-bounded by the host: an answer cut at the bound is analysed as far as it got, and the table says so first."""
+bounded by the host: an answer cut at the bound is analysed as far as it got, and the table says so first. The
+analysis itself is ``analysed`` (no drawing), which the page draws (``analyse``) and the MCP tool reads
+(``app.ui.tools``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ar_stream
-from dex_core.analysis.answer import analyse_answer
+from dex_core.analysis.answer import AnswerAnalysis, analyse_answer
 from dex_core.runtime.request import check_text
 from dex_core.trace.events import TokenEvent
 
@@ -35,6 +37,40 @@ def _greedy_answer(model, ids, config, deadline: Deadline, progress) -> tuple[li
     return tokens, None
 
 
+@dataclass(frozen=True)
+class Analysed:
+    """An answer analysed: the library's analysis, the answer's tokens, why it ended early (the host's bound; None if
+    it did not), the tokens asked for and the tokenizer that reads them."""
+
+    found: AnswerAnalysis
+    tokens: list[int]
+    cut: str | None
+    max_new_tokens: int
+    tokenizer: object
+
+
+def analysed(runtime: Runtime, inputs: Inputs, progress=None) -> Analysed:
+    """The greedy answer to ``inputs`` (its prompt, chat, adapters and max_new_tokens) and its analysis; DexError on
+    bad input. ``progress`` (Gradio's, or None) is told each phase: the model's loading, the answer's tokens."""
+    progress = progress or (lambda *args, **kwargs: None)
+    config = inputs.config()
+    prompt = check_text(inputs.prompt)
+    runtime.need_whole_model("the Analysis")
+    ids = runtime.encode(prompt, config.chat)
+    progress(0, desc="loading the model (once per server)")
+    model, tokenizer = runtime.model("the Analysis")
+    notice = runtime.slow_notice(None, config.max_new_tokens)
+    if notice:
+        gr.Warning(notice)
+    tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds), progress)
+    progress(1.0, desc=f"each layer's view of {len(tokens)} tokens (EAD, speedups, the depth view)")
+    options = replace(config.decoder(), explorers=runtime.settings.explorers)
+    found = analyse_answer(model, ids, tokens, options, tokenizer)
+    return Analysed(
+        found=found, tokens=tokens, cut=cut, max_new_tokens=config.max_new_tokens, tokenizer=tokenizer
+    )
+
+
 def analyse(
     runtime: Runtime, prompt, chat, adapters, max_new_tokens, metric="probability", progress=gr.Progress()
 ):
@@ -45,21 +81,11 @@ def analyse(
     try:
         if metric not in METRICS:
             raise DexError(f"metric must be one of {', '.join(METRICS)}; got {str(metric)!r:.40}")
-        config = Inputs(chat=chat, adapters=adapters, max_new_tokens=max_new_tokens).config()
-        prompt = check_text(prompt)
-        runtime.need_whole_model("the Analysis")
-        ids = runtime.encode(prompt, config.chat)
-        progress(0, desc="loading the model (once per server)")
-        model, tokenizer = runtime.model("the Analysis")
-        notice = runtime.slow_notice(None, config.max_new_tokens)
-        if notice:
-            gr.Warning(notice)
-        tokens, cut = _greedy_answer(model, ids, config, Deadline(runtime.settings.request_seconds), progress)
-        progress(1.0, desc=f"each layer's view of {len(tokens)} tokens (EAD, speedups, the depth view)")
-        options = replace(config.decoder(), explorers=runtime.settings.explorers)
-        found = analyse_answer(model, ids, tokens, options, tokenizer)
+        inputs = Inputs(prompt=prompt, chat=chat, adapters=adapters, max_new_tokens=max_new_tokens)
+        done = analysed(runtime, inputs, progress)
     except DexError as err:
         raise short_error(err) from None
+    found, tokens, cut, tokenizer = done.found, done.tokens, done.cut, done.tokenizer
     view = found.depth_view
     seen = {t for row in view["top"] for layer in row for t, _ in layer} | set(view["tokens"])
     texts = {t: tokenizer.decode([t]) for t in seen}
@@ -71,7 +97,7 @@ def analyse(
             viz.status_html(
                 "stopped",
                 f"the answer stopped {cut} after {len(tokens)} of "
-                f"{config.max_new_tokens} tokens: this analyses those",
+                f"{done.max_new_tokens} tokens: this analyses those",
             )
             + table
         )

@@ -6,13 +6,15 @@ The API's events pass their inputs unprocessed (``preprocess=False``): the handl
 (``Inputs.config``, ``check_text``), so bad input from an API client gets the documented message and no
 traceback. It never raises on it: it yields only a status line ("error: …") and leaves every panel as it was, so
 the previous run stays on screen, labelled as such, with one message. A request's model time is bounded by the
-host (``Deadline``); a run past it ends with what it made.
+host (``Deadline``); a run past it ends with what it made. The run itself is ``live_steps`` (typed ``Step``s, no
+drawing), which the page draws (``live_frames``) and the MCP tool reads (``app.ui.tools``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import gradio as gr
 
@@ -71,34 +73,63 @@ class LiveRun:
         return panels(self.events) + (self.events, self.meta, LIVE, viz.status_html(state, detail))
 
 
+@dataclass(frozen=True)
+class Step:
+    """One update of a Live run: its state (running, stopped, finished, error), what the status line says, and the
+    run when the panels show it (None: only the status line changes; an error's run: it failed after it began)."""
+
+    state: Literal["running", "stopped", "finished", "error"]
+    detail: str
+    run: LiveRun | None = None
+
+
 def live_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
     """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
     Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
+    for step in live_steps(runtime, stops, inputs, request):
+        if step.state == "error":
+            tail = (
+                "; the panels show this run up to its last round"
+                if step.run
+                else f" — nothing ran; {PREVIOUS}"
+            )
+            yield _status_only("error", step.detail + tail)
+        elif step.run is None:
+            yield _status_only(step.state, step.detail)
+        else:
+            yield step.run.frame(step.state, step.detail)
+
+
+def live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
+    """The Live run of ``inputs``, one ``Step`` per status line and per explorer round; bad input is one error step
+    and nothing runs. Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
-    yield _status_only("running", "starting")
+    yield Step("running", "starting")
     try:
         config = inputs.config()
         prompt = check_text(inputs.prompt)  # bad input is told before a first use loads the model; once
         for line in loading(runtime):
-            yield _status_only("running", line)
+            yield Step("running", line)
         run = _live_start(runtime, config, prompt)
         if run.first or run.note:
             estimate = (
                 f"K={run.K} × {run.max_new_tokens} tokens: {run.first.text()}" if run.first else "starting"
             )
-            yield _status_only("running", " · ".join(filter(None, (estimate, run.note))))
+            yield Step("running", " · ".join(filter(None, (estimate, run.note))))
         run.events.append(next(run.stream))  # the start event
     except (DexError, ExplorerError) as err:
-        yield _status_only("error", f"{err} — nothing ran; {PREVIOUS}")
+        yield Step("error", str(err))
         return
     bound = runtime.settings.request_seconds
     run.pace = run.first and Pace(run.first, run.K, run.max_new_tokens, bound)
     try:
         yield from _live_rounds(run, Stopping(stops, session, Deadline(bound)))
     except ExplorerError as err:
-        yield _status_only("error", f"{explorer_line(err)}; the panels show this run up to its last round")
-    runtime.learn(run.K, run.events, run.pace and run.pace.elapsed())  # as the page saw it, frames drawn too
+        yield Step("error", explorer_line(err), run)
+    runtime.learn(
+        run.K, run.events, run.pace and run.pace.elapsed()
+    )  # as its reader saw it (the page: drawn too)
 
 
 def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
@@ -133,7 +164,7 @@ def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
 
 
 def _live_rounds(run: LiveRun, stopping: Stopping):
-    """A frame per round until the end, or until Stop or the host's bound (``stopping``) ends the run after its
+    """A step per round until the end, or until Stop or the host's bound (``stopping``) ends the run after its
     round; the status line shows the run's one time-left figure (its ``Pace``), whose notice comes once, and the
     finished line repeats the note on the prompt."""
     for event in run.stream:
@@ -144,10 +175,11 @@ def _live_rounds(run: LiveRun, stopping: Stopping):
         why = stopping.reason()
         if why:
             run.stream.close()
-            yield run.frame(
+            yield Step(
                 "stopped",
                 f"stopped {why} after round {event.round} ({run.tokens} tokens): the panels show "
                 "the run so far; the Debugger holds what ran",
+                run,
             )
             return
         if run.pace:
@@ -156,12 +188,13 @@ def _live_rounds(run: LiveRun, stopping: Stopping):
             if notice:
                 gr.Info(notice)
         left = f" · {run.pace.status()}" if run.pace else ""
-        yield run.frame("running", f"round {event.round} · {run.tokens} tokens · K={run.K}{left}")
+        yield Step("running", f"round {event.round} · {run.tokens} tokens · K={run.K}{left}", run)
     end = _end(run.events)
-    yield run.frame(
+    yield Step(
         "finished",
         f"{run.tokens} tokens in {end.stats.rounds if end else '?'} rounds · K={run.K}"
         + f" · {run.note}" * bool(run.note),
+        run,
     )
 
 

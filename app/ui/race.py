@@ -7,7 +7,9 @@ same explorer processes and devices (``stream(pipeline=True)``, pipeline-paralle
 
 The clocks start only after the model is loaded and this machine's profile (``dex_core.analysis.profile``, for
 the K-device projection) is measured or read from its cache, so neither first-use cost is in either
-clock. A race that is stopped (by its visitor, or at the bound) ends with what both made so far.
+clock. A race that is stopped (by its visitor, or at the bound) ends with what both made so far. The race itself is
+``race_steps`` (status lines, then the ``Race`` after each step; no drawing), which the page draws (``race_frames``)
+and the MCP tool reads (``app.ui.tools``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Race:
     profile: dict | None  # the seconds profile for the projection (None: distributed, measured for real)
     projected: Lane = field(default_factory=lambda: Lane("DEX projected"))
     first: str | None = None  # the lane that finished first (the other then ran alone)
+    stopped: str | None = None  # why it ended before both lanes did ("by you", "at this host's limit …")
 
     @property
     def done(self) -> bool:
@@ -116,7 +119,7 @@ class Race:
         """The Race's panes: both texts, the tokens-vs-time figure and the summary (``stopped``: why it ended)."""
         times = {"ar": self.ar.times, "dex": self.dex.times, "proj": self.projected.times}
         summary = viz.race_summary_html(
-            {"ar": self.ar.tokens, "dex": self.dex.tokens}, times, self.done, self._facts(), stopped
+            {"ar": self.ar.tokens, "dex": self.dex.tokens}, times, self.done, self.facts(), stopped
         )
         return (
             self.tokenizer.decode(self.ar.tokens, skip_special_tokens=True),
@@ -147,7 +150,7 @@ class Race:
             },
         ]
 
-    def _facts(self) -> dict:
+    def facts(self) -> dict:
         """What the summary states: K, the schedule, who finished first, and once DEX ended its rounds per token
         and its cost per token against AR's (``run_cost``)."""
         facts = {"K": self.decoder.K, "first": self.first, "distributed": self.decoder.group is not None}
@@ -166,8 +169,16 @@ class Race:
 
 
 def race_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
+    """The Race's panes (AR text, DEX text, tokens-vs-time figure, summary) after each step of ``race_steps``, a status
+    line before the race starts."""
+    for step in race_steps(runtime, stops, inputs, request):
+        yield _status(step) if isinstance(step, str) else step.view(stopped=step.stopped)
+
+
+def race_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
-    takes the next step, so both run under the same load until one finishes.
+    takes the next step, so both run under the same load until one finishes. Yields status lines (str) while the
+    model loads and the machine is timed, then the ``Race`` after each step.
 
     Clocks are each method's own compute time, so the two panes fill at their measured speeds. DEX's
     projected K-device clock (each round's slowest explorer, plus the exchange between devices from this
@@ -188,17 +199,17 @@ def race_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: 
         if why:
             race.ar.stream.close()
             race.dex.stream.close()
-            yield race.view(stopped=why)
+            race.stopped = why
+            yield race
             return
         race.step()
-        yield race.view()
+        yield race
 
 
 def _start(runtime: Runtime, config, prompt: str):
     """Load the model (first use) and time this machine (first race), yielding status lines; then both streams,
     past their start events: the ``Race``."""
-    for line in loading(runtime):
-        yield _status(line)
+    yield from loading(runtime)
     ids = runtime.encode(prompt, config.chat)
     decoder = runtime.decoder(config)
     notice = runtime.slow_notice(decoder, config.max_new_tokens, ar=True)
@@ -209,7 +220,7 @@ def _start(runtime: Runtime, config, prompt: str):
         tokenizer = runtime.tokenizer()
     else:
         model, tokenizer = runtime.model("the Race (its AR lane)")
-        yield from map(_status, _profiling(runtime, decoder))
+        yield from _profiling(runtime, decoder)
         ar = ar_stream(model, ids, options=config.generation(), tokenizer=tokenizer)
         profile = runtime.profile(decoder)
     dex = decoder.stream(ids, options=config.generation())

@@ -30,39 +30,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..config import DexError
-from ..runtime.console import TextStream
 from ..runtime.scoring import Scored
-from ..trace.events import EndEvent, Event, RoundEvent
-from .api_requests import ApiError, Completion, ErrorBody, Gone, parse_request, read_body, request_models
+from ..trace.events import EndEvent, RoundEvent
+from .answers import TextPieces, chunk, logprobs_of, reply, scored_choice, usage, whole
+from .api_requests import ApiError, Completion, Gone, parse_request, read_body
+from .bodies import ErrorBody, request_models
 from .connections import server_config
 from .metrics import CONTENT_TYPE, Metrics
 from .pool import DecoderPool
-
-
-class _Text:
-    """The text of a growing token list, piece by piece (``TextStream``'s windowed decode), cut at a stop string."""
-
-    def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.pieces, self.stops, self.stopped = [], stops, False
-        self.stream = TextStream(tokenizer, out=self)
-
-    def write(self, piece: str) -> None:
-        self.pieces.append(piece)
-
-    def flush(self) -> None:
-        pass
-
-    def push(self, token: int) -> str:
-        """The new text ``token`` makes visible ("" while held back), cut before a stop string (then ``stopped``)."""
-        before, done = len(self.pieces), "".join(self.pieces)
-        self.stream.push(token)
-        new = "".join(self.pieces[before:])
-        for stop in self.stops:
-            at = (done + new).find(stop)
-            if at >= 0:
-                self.stopped = True
-                return (done + new)[:at][len(done) :]
-        return new
 
 
 class Runner:
@@ -135,101 +110,6 @@ class Runner:
                 return
 
 
-def usage(prompt: int, events: list[Event]) -> dict:
-    """The OpenAI ``usage`` of a run (its typed events), with DEX's own counts."""
-    start = events[0]
-    K, commits = start.explorers, [c for e in events for c in e.commits]
-    matched = [0] * K
-    for c in commits:
-        matched[c.matched_stage] += 1
-    accepted = sum(1 for c in commits if c.matched_stage < K - 1 or c.drafted)
-    rounds = sum(1 for e in events if isinstance(e, RoundEvent))
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": len(commits),
-        "total_tokens": prompt + len(commits),
-        "completion_tokens_details": {"accepted_prediction_tokens": accepted},
-        "dex": {
-            "explorers": K,
-            "depths": start.depths,
-            "rounds": rounds,
-            "rounds_per_token": round(rounds / max(1, len(commits)), 4),
-            "matched_per_stage": matched,
-        },
-    }
-
-
-def combined(uses: list[dict]) -> dict:
-    """The ``usage`` of several prompts' runs (``usage``'s each): counts summed, DEX's rounds over all tokens."""
-    if len(uses) == 1:
-        return uses[0]
-    out = {key: sum(u[key] for u in uses) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    out["completion_tokens_details"] = {
-        "accepted_prediction_tokens": sum(
-            u["completion_tokens_details"]["accepted_prediction_tokens"] for u in uses
-        )
-    }
-    dex = {**uses[0]["dex"], "rounds": sum(u["dex"]["rounds"] for u in uses)}
-    dex["rounds_per_token"] = round(dex["rounds"] / max(1, out["completion_tokens"]), 4)
-    dex["matched_per_stage"] = [sum(m) for m in zip(*(u["dex"]["matched_per_stage"] for u in uses))]
-    return {**out, "dex": dex}
-
-
-def _reply(job: Completion, rid: str, served: str, choices: list, suffix: str = "", **extra) -> dict:
-    """OpenAI's envelope around ``choices``: a chat completion or a text completion (``suffix``: ".chunk")."""
-    kind = ("chat.completion" if job.chat else "text_completion") + (suffix if job.chat else "")
-    return {
-        "id": rid,
-        "object": kind,
-        "created": int(time.time()),
-        "model": served,
-        "choices": choices,
-        **extra,
-    }
-
-
-def _chunk(
-    job: Completion, rid: str, served: str, text: str | None, finish: str | None, scores: dict | None = None
-) -> dict:
-    """One chunk of a stream (``scores``: its token's log-probabilities, when asked); with ``usage_chunk`` every
-    chunk says ``usage: null`` but the last (OpenAI's)."""
-    usage = {"usage": None} if job.usage_chunk else {}
-    if job.chat:
-        delta = {} if text is None else {"content": text}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        choice |= {"logprobs": scores} if job.logprobs is not None else {}
-        return _reply(job, rid, served, [choice], ".chunk", **usage)
-    choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": scores}
-    return _reply(job, rid, served, [choice], **usage)
-
-
-def _said(token: str, value: float | None) -> dict:
-    """A token in chat's log-probabilities: its text, log-probability and UTF-8 bytes."""
-    return {"token": token, "logprob": value, "bytes": list(token.encode())}
-
-
-def _logprobs(job: Completion, tokenizer, commits: list, offset: int = 0) -> dict | None:
-    """The log-probabilities of ``commits`` (commit records, which carry them) in OpenAI's form: chat's
-    ``{"content": [{token, logprob, bytes, top_logprobs}]}``, a completion's ``{tokens, token_logprobs,
-    top_logprobs, text_offset}`` (its text starting ``offset`` characters in); None when the request did not ask."""
-    if job.logprobs is None:
-        return None
-    pieces = [tokenizer.decode([c.token]) for c in commits]
-    tops = [[(tokenizer.decode([t]), v) for t, v in (c.top_logprobs or [])[: job.logprobs]] for c in commits]
-    if job.chat:
-        content = [
-            {**_said(p, c.logprob), "top_logprobs": [_said(t, v) for t, v in top]}
-            for p, c, top in zip(pieces, commits, tops)
-        ]
-        return {"content": content}
-    return {
-        "tokens": pieces,
-        "token_logprobs": [c.logprob for c in commits],
-        "top_logprobs": [dict(top) for top in tops],
-        "text_offset": [offset + sum(map(len, pieces[:i])) for i in range(len(pieces))],
-    }
-
-
 @dataclass(frozen=True)
 class _Ended:
     """What ends a run's queue of events early: the client went (``"gone"``), its model time ran out (``"time"``),
@@ -239,7 +119,7 @@ class _Ended:
     detail: str = ""
 
 
-def _finish(text: _Text, end: EndEvent | None) -> str:
+def _finish(text: TextPieces, end: EndEvent | None) -> str:
     """Why the completion ended, in OpenAI's words: ``stop`` (a stop string or the model's EOS), else ``length``."""
     if text.stopped or (end is not None and end.stop == "eos"):
         return "stop"
@@ -375,7 +255,7 @@ async def _complete(api: _Served, request: Request, chat: bool):
             )
             if answers[-1][1] == "abort":  # the client went: the prompts after it do not run
                 break
-    return _whole(job, rid, api.served, answers)
+    return whole(job, rid, api.served, answers)
 
 
 async def _answer(api: _Served, request: Request, job: Completion, client: str, arrived, since: float):
@@ -393,7 +273,7 @@ async def _answer(api: _Served, request: Request, job: Completion, client: str, 
             commits += [] if finish else [said]
     finally:
         watch.cancel()
-    return text, *final, _logprobs(job, api.tokenizer, commits)
+    return text, *final, logprobs_of(job, api.tokenizer, commits)
 
 
 async def _scored(api: _Served, job: Completion, rid: str, client: str) -> dict:
@@ -402,39 +282,11 @@ async def _scored(api: _Served, job: Completion, rid: str, client: str) -> dict:
     ``top_logprobs``, ``text_offset``)."""
     with api.runner.holding(client):
         scored = await anyio.to_thread.run_sync(api.runner.score, job)
-    choices = [_scored_choice(job, api.tokenizer, i, s) for i, s in enumerate(scored)]
+    choices = [scored_choice(job, api.tokenizer, i, s) for i, s in enumerate(scored)]
     prompt = sum(map(len, job.prompts))
     made = len(job.prompts) if job.next_token else 0
     use = {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
-    return _reply(job, rid, api.served, choices, usage=use)
-
-
-def _scored_choice(job: Completion, tokenizer, i: int, scored: Scored) -> dict:
-    """The ``i``-th prompt's choice: its text (and the next token's), its log-probabilities when asked."""
-    tokens, values, tops = list(job.prompts[i]), list(scored.logprobs), list(scored.top)
-    if job.next_token:
-        tokens, values, tops = (
-            tokens + [scored.next[0][0]],
-            values + [scored.next[0][1]],
-            tops + [scored.next],
-        )
-    pieces = [tokenizer.decode([t]) for t in tokens]
-    prompt = job.texts[i] if job.texts[i] is not None else tokenizer.decode(job.prompts[i])
-    text = prompt + (pieces[-1] if job.next_token else "")
-    logprobs = None
-    if job.logprobs is not None:
-        offsets = [sum(map(len, pieces[:j])) for j in range(len(pieces))]
-        alternatives = [
-            None if j == 0 else {tokenizer.decode([t]): v for t, v in top[: job.logprobs]}
-            for j, top in enumerate(tops)
-        ]
-        logprobs = {
-            "tokens": pieces,
-            "token_logprobs": values,
-            "top_logprobs": alternatives,
-            "text_offset": offsets,
-        }
-    return {"index": i, "text": text, "finish_reason": "length", "logprobs": logprobs}
+    return reply(job, rid, api.served, choices, usage=use)
 
 
 async def _watch(request: Request, gone: threading.Event) -> None:
@@ -473,7 +325,7 @@ def _start(
 async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threading.Event, tally):
     """(text, None, commit record) per committed token, then ("", finish_reason, usage); a client that stops reading
     ends the run (``gone``). ``tally``: the request's share of the server's metrics (``Metrics.start``)."""
-    text, seen, end, reason, left = _Text(tokenizer, job.stop), [], None, "abort", False
+    text, seen, end, reason, left = TextPieces(tokenizer, job.stop), [], None, "abort", False
     try:
         while (event := await events.get()) is not None:
             if isinstance(event, _Ended) and event.why == "failed":
@@ -503,32 +355,17 @@ async def _sse(job: Completion, rid: str, served: str, pieces, gone: threading.E
     try:
         made = 0  # characters streamed so far: a completion's text_offset
         async for piece, finish, said in pieces:
-            scores = None if finish else _logprobs(job, tokenizer, [said], made)
-            yield f"data: {json.dumps(_chunk(job, rid, served, None if finish else piece, finish, scores))}\n\n"
+            scores = None if finish else logprobs_of(job, tokenizer, [said], made)
+            yield f"data: {json.dumps(chunk(job, rid, served, None if finish else piece, finish, scores))}\n\n"
             made += len(piece or "")
             if finish is not None and job.usage_chunk:  # OpenAI's last chunk: no choices, the usage
-                yield f"data: {json.dumps(_reply(job, rid, served, [], '.chunk', usage=said))}\n\n"
+                yield f"data: {json.dumps(reply(job, rid, served, [], '.chunk', usage=said))}\n\n"
     except ApiError as err:  # the run failed after the stream began: said in the stream
         yield f"data: {json.dumps(err.body())}\n\n"
     finally:
         gone.set()
         await pieces.aclose()
     yield "data: [DONE]\n\n"
-
-
-def _whole(job: Completion, rid: str, served: str, answers: list[tuple]) -> dict:
-    """The whole answer: a choice for each prompt's (text, finish reason, usage, log-probabilities), their usage
-    together."""
-    if job.chat:
-        text, finish, use, scores = answers[0]
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-        choice |= {"logprobs": scores} if job.logprobs is not None else {}
-        return _reply(job, rid, served, [choice], usage=use)
-    choices = [
-        {"index": i, "text": text, "finish_reason": finish, "logprobs": scores}
-        for i, (text, finish, _, scores) in enumerate(answers)
-    ]
-    return _reply(job, rid, served, choices, usage=combined([a[2] for a in answers]))
 
 
 def address(text: str) -> tuple[str, int]:

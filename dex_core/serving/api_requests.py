@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import functools
 import json
-import typing
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Literal
 
 import anyio
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from ..config import DexError, GenerationOptions
 from ..flags import api_fields
 from ..runtime.request import chat_ids, check_text
+from .bodies import MAX_MESSAGES, MAX_PROMPTS, request_models
 
 MAX_PROMPT_CHARS = 256 * 2**10  # characters of prompt text one request may send
 MAX_BODY_BYTES = 4 * 2**20  # bytes of one request body (413 beyond): the longest prompt as UTF-8 JSON fits
-MAX_MESSAGES = 512  # messages of one chat request (each adds its template's text to the prompt)
-MAX_PROMPTS = 16  # prompts of one completions request (a list: each its own choice, run one after another)
-MAX_PROMPT_TOKENS = 32 * 2**10  # token ids of one prompt given as ids (the model's context bounds it further)
-MAX_LOGPROBS = {False: 5, True: 20}  # alternatives a position: completions' logprobs, chat's top_logprobs
 BODY_SECONDS = 30.0  # a body that has not arrived whole this long after its headers is refused (408)
 FIXED = {  # what a field must be, said whatever was wrong with it
     "prompt": f"prompt must be a string, a list of token ids, or a list of 1 to {MAX_PROMPTS} of either",
@@ -51,126 +46,6 @@ TYPES = {
     "bool_type": "true or false",
     "string_type": "text",
 }
-
-
-_Stop = Annotated[str, Field(min_length=1)]
-
-
-def _whole(value):
-    """A whole number written as a float (``16.0``) as the int it is: JSON Schema's ``integer`` takes it too."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class StreamOptions(_Strict):
-    """What a stream adds: ``include_usage``, a last chunk with the request's usage and no choices."""
-
-    include_usage: bool = False
-
-
-class Message(BaseModel):
-    """One chat message (other keys OpenAI defines, such as ``name``, are not used)."""
-
-    model_config = ConfigDict(strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-def _option(info: dict, kind: type, **override):
-    """A generation option as the API declares it: null or absent takes its default; an integer may be written as
-    a whole float (``16.0``)."""
-    bounds = {"ge": info["minimum"], "gt": info["exclusive_minimum"], "le": info["maximum"], **override}
-    bounds = {k: v for k, v in bounds.items() if v is not None and k != "default"}
-    default = override.get("default", info["default"])
-    option = Annotated[kind | None, Field(default=default, description=info["help"], **bounds)]
-    return Annotated[option, BeforeValidator(_whole)] if kind is int else option
-
-
-def _options(most_tokens: int, chat: bool) -> dict:
-    """The generation options the API takes (``api_fields``), typed from ``GenerationOptions``; ``max_tokens`` is
-    bounded by the server and defaults as OpenAI's do (16 for completions, the bound for chat)."""
-    hints = typing.get_type_hints(GenerationOptions)
-    out = {}
-    for name, info in api_fields(GenerationOptions).items():
-        kind = next(
-            t
-            for t in (int, float)
-            if hints[info["option"]] is t or t in typing.get_args(hints[info["option"]])
-        )
-        bound = {"le": most_tokens, "default": most_tokens if chat else min(16, most_tokens)}
-        bound |= {} if chat else {"ge": 0}  # 0: a prompt scored (echo), nothing made
-        out[name] = _option(info, kind, **(bound if info["option"] == "max_new_tokens" else {}))
-    if chat:  # max_tokens' newer name: it wins when given
-        info = api_fields(GenerationOptions)["max_tokens"]
-        out["max_completion_tokens"] = _option(info, int, le=most_tokens, default=None)
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def request_models(most_tokens: int) -> dict[bool, type[BaseModel]]:
-    """The request bodies (chat: True) of a server that makes at most ``most_tokens`` tokens a request."""
-    common = {
-        "model": (str, Field(description="the served model's name (GET /v1/models)")),
-        "stop": (
-            _Stop | Annotated[list[_Stop], Field(max_length=4)] | None,
-            Field(default=None, description="up to 4 stop strings"),
-        ),
-        "stream": (
-            bool,
-            Field(default=False, description="server-sent events, one chunk per committed token"),
-        ),
-        "n": (
-            Annotated[Literal[1], BeforeValidator(_whole)],
-            Field(default=1, description="completions a request: 1"),
-        ),
-        "user": (str | None, None),
-        "stream_options": (
-            StreamOptions | None,
-            Field(default=None, description="with stream: include_usage adds a last chunk with the usage"),
-        ),
-    }
-    ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
-    several = Annotated[list[str] | list[ids], Field(min_length=1, max_length=MAX_PROMPTS)]
-    prompt = {
-        "prompt": (
-            str | ids | several,
-            Field(description=f"the prompt: text, token ids, or a list of up to {MAX_PROMPTS} of either"),
-        ),
-        "echo": (bool, Field(default=False, description="score the prompt: its text and log-probabilities")),
-        "logprobs": (
-            int | None,
-            Field(default=None, ge=0, le=MAX_LOGPROBS[False], description="alternatives a token (with echo)"),
-        ),
-    }
-    chat_logprobs = {
-        "logprobs": (bool, Field(default=False, description="log-probabilities of the answer's tokens")),
-        "top_logprobs": (int | None, Field(default=None, ge=0, le=MAX_LOGPROBS[True])),
-    }
-    messages = {
-        "messages": (
-            list[Message],
-            Field(min_length=1, max_length=MAX_MESSAGES, description="the conversation"),
-        )
-    }
-    return {
-        chat: create_model(
-            "ChatCompletionRequest" if chat else "CompletionRequest",
-            __base__=_Strict,
-            **common,
-            **({**messages, **chat_logprobs} if chat else prompt),
-            **_options(most_tokens, chat),
-        )
-        for chat in (False, True)
-    }
-
-
-class ErrorBody(BaseModel):
-    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    error: dict[str, str | None]
 
 
 class Gone(Exception):
@@ -347,25 +222,12 @@ def parse_request(
         )
     _check_modes(request, chat)
     length = "max_completion_tokens" if chat and request.max_completion_tokens is not None else "max_tokens"
-    given = {
-        info["option"]: _option_value(request, name) for name, info in api_fields(GenerationOptions).items()
-    }
     prompts = _prompts(request, tokenizer, chat, vocab)
     if len(prompts) > 1 and request.stream:
         raise ApiError(400, "a stream takes one prompt; send several prompts without stream", "stream")
     tokens = _option_value(request, length)
     fitted = [_fitted(len(ids), tokens, context, getattr(request, length)) for _, ids in prompts]
-    given["max_new_tokens"] = max(1, min(fitted))  # a scored prompt (echo) runs no generation
-    try:
-        options = GenerationOptions(
-            **{
-                **given,
-                "top_k": given["top_k"] or None,
-                "top_p": None if given["top_p"] == 1 else given["top_p"],
-            }
-        )
-    except DexError as err:
-        raise ApiError(400, str(err)) from None
+    options = _generation(request, max(1, min(fitted)))  # a scored prompt (echo) runs no generation
     stops = () if request.stop is None else (request.stop,) if isinstance(request.stop, str) else request.stop
     echo = not chat and request.echo
     return Completion(
@@ -380,6 +242,17 @@ def parse_request(
         logprobs=((request.top_logprobs or 0) if request.logprobs else None) if chat else request.logprobs,
         next_token=echo and tokens == 1,
     )
+
+
+def _generation(request, tokens: int) -> GenerationOptions:
+    """The ``GenerationOptions`` a request's body gives (its API fields), making ``tokens`` new tokens."""
+    given = {info["option"]: _option_value(request, n) for n, info in api_fields(GenerationOptions).items()}
+    given |= {"max_new_tokens": tokens, "top_k": given["top_k"] or None}
+    given["top_p"] = None if given["top_p"] == 1 else given["top_p"]
+    try:
+        return GenerationOptions(**given)
+    except DexError as err:
+        raise ApiError(400, str(err)) from None
 
 
 def _check_modes(request, chat: bool) -> None:

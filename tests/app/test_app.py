@@ -391,12 +391,18 @@ def test_the_openai_api_on_the_apps_server_answers_ars_text_behind_the_gate(app_
     client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
     chunks = list(
         client.completions.create(
-            model=str(tiny_dir), prompt=PROMPT, max_tokens=12, temperature=0, stream=True
+            model=str(tiny_dir),
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), tiny_tokenizer()
     ar = ar_generate(model, tokenizer(PROMPT)["input_ids"], 12).tokens
     assert "".join(c.choices[0].text for c in chunks[:-1]) == tokenizer.decode(ar, skip_special_tokens=True)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ar)
     assert chunks[-1].usage.model_extra["dex"]["explorers"] == 3  # the launch's K
     assert [m.id for m in client.models.list()] == [str(tiny_dir)]
     metrics = httpx.get(f"{base}/metrics", timeout=10).text
@@ -404,5 +410,5 @@ def test_the_openai_api_on_the_apps_server_answers_ars_text_behind_the_gate(app_
     too_long = httpx.post(
         f"{base}/v1/completions", json={"model": str(tiny_dir), "prompt": "x", "max_tokens": 513}
     )
-    assert too_long.status_code == 400 and "between 1 and 512" in too_long.json()["error"]["message"]
+    assert too_long.status_code == 400 and "between 0 and 512" in too_long.json()["error"]["message"]
     assert httpx.get(app_server.url, timeout=10).status_code == 200  # Gradio's own routes are still there

@@ -62,7 +62,7 @@ def test_the_apps_controls_offer_each_options_default_and_range():
     assert shown["live-seed"].maximum == MAX_SEED and shown["live-k"].maximum == 8
 
 
-def test_the_published_api_schema_offers_each_options_default_and_range():
+def test_the_published_bodies_offers_each_options_default_and_range():
     schema = make_app(None, None, "tiny", MOST).openapi()
     for body, chat in (("CompletionRequest", False), ("ChatCompletionRequest", True)):
         props = schema["components"]["schemas"][body]["properties"]
@@ -70,8 +70,8 @@ def test_the_published_api_schema_offers_each_options_default_and_range():
             prop = props[name]
             (bounds,) = [p for p in prop["anyOf"] if p["type"] != "null"]
             meta = _field(info["option"]).metadata
-            if name == "max_tokens":  # the server's bound, and OpenAI's defaults
-                assert (bounds["minimum"], bounds["maximum"]) == (meta["minimum"], MOST)
+            if name == "max_tokens":  # the server's bound, and OpenAI's defaults; 0 scores a prompt (echo)
+                assert (bounds["minimum"], bounds["maximum"]) == (meta["minimum"] if chat else 0, MOST)
                 assert prop["default"] == (MOST if chat else 16)
                 continue
             assert prop["default"] == meta["api"].get("default", _field(info["option"]).default), name

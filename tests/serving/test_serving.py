@@ -16,7 +16,8 @@ from helpers import SERVED, closed_within, half_open, hostile_http, serving
 from dex_core import DexDecoder, ar_generate
 from dex_core.runtime.request import chat_ids
 from dex_core.serving import connections
-from dex_core.serving.api_requests import MAX_BODY_BYTES, MAX_MESSAGES, parse_request
+from dex_core.serving.api_requests import MAX_BODY_BYTES, parse_request
+from dex_core.serving.bodies import MAX_MESSAGES
 from dex_core.testing import tiny_tokenizer
 from dex_core.trace.events import RoundEvent
 
