@@ -302,6 +302,15 @@ def test_bad_requests_get_an_openai_error_body_and_the_server_logs_nothing(seque
             change,
             reply.text,
         )
+    chat = {"model": SERVED, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    for change, message in (
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        ({"logprobs": 1}, "logprobs must be true or false"),
+        ({"echo": True}, "DEX does not support 'echo'"),
+    ):
+        reply = httpx.post(f"{url}/v1/chat/completions", json={**chat, **change}, timeout=30)
+        assert reply.status_code == 400 and message in reply.json()["error"]["message"], (change, reply.text)
     raw = httpx.post(f"{url}/v1/completions", content=b"\xff\xfe{", timeout=30)
     assert raw.status_code == 400 and "JSON" in raw.json()["error"]["message"]
     start = time.monotonic()
