@@ -5,6 +5,7 @@ an address it names itself), and the gate's bounds on the MCP route. Two address
 ``X-Forwarded-For`` uvicorn trusts (a local proxy naming its client), and 127.0.0.2, a client it does not trust."""
 
 import asyncio
+import concurrent.futures
 import json
 
 import httpx
@@ -31,7 +32,8 @@ def mcp_calls(url: str, calls: list, source: str = "127.0.0.1", headers: dict | 
                     tools = (await client.list_tools()).tools
                     return tools, [await client.call_tool(name, args) for name, args in calls]
 
-    return asyncio.run(session())
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:  # a loop of its own: the browser tests' sync
+        return thread.submit(asyncio.run, session()).result()  # Playwright runs one in this thread
 
 
 def test_the_client_lists_the_three_tools_with_typed_described_and_bounded_parameters(app_server):

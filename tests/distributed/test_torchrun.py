@@ -117,7 +117,12 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         chunks = list(
             client.completions.create(
-                model=str(tiny_dir), prompt="hello world", max_tokens=12, temperature=0, stream=True
+                model=str(tiny_dir),
+                prompt="hello world",
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         )
         ranks = psutil.Process(launch.pid).children(recursive=True)
@@ -127,5 +132,5 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
     assert code[0] is not None and not [p for p in ranks if p.is_running() and p.status() != "zombie"]
     model, tokenizer = load_model(str(tiny_dir), device="cpu")
     ar = ar_generate(model, tokenizer("hello world")["input_ids"], 12).tokens
-    assert "".join(c.choices[0].text for c in chunks[:-1]) == tokenizer.decode(ar, skip_special_tokens=True)
-    assert len(chunks) == 12 + 1 and chunks[-1].usage.model_extra["dex"]["explorers"] == 2
+    assert "".join(c.choices[0].text for c in chunks[:-2]) == tokenizer.decode(ar, skip_special_tokens=True)
+    assert len(chunks) == 12 + 2 and chunks[-1].usage.model_extra["dex"]["explorers"] == 2
