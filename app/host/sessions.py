@@ -13,6 +13,8 @@ newer sessions push the session out. ``Sessions`` bounds that:
   ``app.host.uploads.visitor``) hold at most ``visitor_trace_mb``: a load past it drops that visitor's own first;
 - the sweep drops the large output values Gradio keeps for deep links (the browser has them), and the
   replays of traces no session holds (``REPLAYS``); freed heap pages go back to the OS (``_trim``).
+- the first sweep, before any session, moves what the started server holds out of the collector's sight
+  (``gc.freeze``), so that a full collection, which stops every thread, visits only what came since.
 
 A loaded trace's memory is estimated from its file: its typed events (``dex_core.trace.events``), their repeated
 values shared as the server reads them (``app.host.trace_worker.compacted``), take at most about ``COMPACT_FACTOR``
@@ -300,16 +302,8 @@ class Sessions:
         return gone > 0
 
     def sweep(self) -> None:
-        """Budget, large outputs, replays, expired files, then freed memory back to the OS (a worker thread).
-
-        A full collection holds the interpreter's lock while it visits every object the collector tracks, and
-        every other request waits: 0.26 s for the half a million a started server holds (torch, Gradio, the
-        app), on a busy 2-core machine. The first sweep moves those out of its sight (``gc.freeze``: they live
-        as long as the server), so a collection visits only what came since, mostly the sessions' traces."""
-        if not self._frozen:
-            self._frozen = True
-            gc.collect()
-            gc.freeze()
+        """Budget, large outputs, replays, expired files, then freed memory back to the OS (a worker thread)."""
+        self._freeze_start_up()
         freed = self.enforce() > 0
         holder, now = self._holder(), datetime.now()
         for session, state in list(holder.session_data.items()) if holder else []:
@@ -335,6 +329,22 @@ class Sessions:
             self._freed = False
             gc.collect()  # Gradio's copies of components and Plotly's figures free only as cycles
             _trim()
+
+    def _freeze_start_up(self) -> None:
+        """Once, before any session: move what the server holds out of the collector's sight (``gc.freeze``).
+
+        A full collection holds the interpreter's lock while it visits every object the collector tracks, and every
+        other thread waits: a started server's half a million (torch, Gradio, the app) took 0.26 s of it on a busy
+        2-core machine, at every sweep that collects (a tab closed) and at Python's own full collections, and a
+        visitor's stream stalled that long (docs/HOSTING.md). They live as long as the server, so a collection
+        need not visit them; it then visits what came since, mostly the sessions' traces. Collected first, so no
+        garbage is frozen, and never while a session exists, whose cycles must stay collectable."""
+        holder = self._holder()
+        if self._frozen or holder is None or holder.session_data:
+            return
+        self._frozen = True
+        gc.collect()
+        gc.freeze()
 
     def _release(self) -> None:
         """Drop the replays of traces no session holds; the next sweep collects and trims."""

@@ -9,15 +9,17 @@ and compiles the validator once and forks one worker per file: the worker reads 
 start, ``MEMORY_FLOOR`` at least (``RLIMIT_AS``), and ``SECONDS`` of time (``SIGALRM``), writes the validated
 meta and records one per line next to the upload, and exits. The server reads them back a line at a time, so
 other requests run in between, and types them once (``parse_events``), their repeated values shared
-(``compacted``); it holds them only once the worker's memory is gone. A file the worker cannot
-read within its bounds is refused with a message naming them. One file is read at a time (``PARSES``), so the
-workers together take at most one file's bound. Forking needs POSIX; the helper is single-threaded, so the
-fork is safe. Of ``dex_core`` it imports only the trace package (no torch): about 30 MB resident (a test
-bounds it: ``tests/app/test_app_uploads.py``).
+(``compacted``), Python's automatic collections paused meanwhile (``_uncollected``); it holds them only once the
+worker's memory is gone. A file the worker cannot read within its bounds is refused with a message naming them.
+One file is read at a time (``PARSES``), so the workers together take at most one file's bound. Forking needs
+POSIX; the helper is single-threaded, so the fork is safe. Of ``dex_core`` it imports only the trace package (no
+torch): 28 to 32 MB resident, 21 to 25 MB its own (``benchmarks/hostile_upload.py``; a test bounds it:
+``tests/app/test_app_uploads.py``).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -163,6 +166,21 @@ def compacted(lines: Iterable[str]) -> Iterator[dict]:
         yield record
 
 
+@contextmanager
+def _uncollected():
+    """Python's automatic collections paused while the typed events are built: they are acyclic, and each full
+    collection their growth sets off visits every object the server tracks with the interpreter's lock held, every
+    other thread waiting (six of 0.17 to 0.36 s while a 21 MB trace was read here). Other threads' cycles wait for
+    the next collection after it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 def read_trace(path: str | Path) -> tuple[list[Event], dict]:
     """``(events, meta)`` of an uploaded trace, read and validated in a worker within its bounds, typed here;
     ``DexError`` when the file is not a valid trace or cannot be read within them."""
@@ -186,7 +204,7 @@ def read_trace(path: str | Path) -> tuple[list[Event], dict]:
             raise DexError(
                 f"reading this file took longer than {SECONDS} s; not a trace this server can load"
             )
-        with out.open(encoding="utf-8") as f:
+        with out.open(encoding="utf-8") as f, _uncollected():
             meta = json.loads(next(f))
             return parse_events(compacted(f)), meta  # a line at a time: other requests run between
     finally:
