@@ -117,10 +117,9 @@ def health_during(url: str, requests: int = 100, workers: int = 8, health: str =
 
 def serve(folder: Path, port: int) -> subprocess.Popen:
     """``dex serve --http`` on a tiny random Llama saved in ``folder``."""
-    from dex_core.testing import tiny_model, tiny_tokenizer
+    from dex_core.testing import save_tiny
 
-    tiny_model("llama").save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
+    save_tiny(folder)
     command = [
         sys.executable,
         "-m",

@@ -90,6 +90,14 @@ def tiny_model(family: str = "llama", layers: int = 6, vocab: int = 96, seed: in
     return model
 
 
+def save_tiny(folder, family: str = "llama"):
+    """A tiny ``family`` model and the tiny tokenizer saved in ``folder``, loadable with ``--model FOLDER``;
+    returns ``folder``."""
+    tiny_model(family).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
 def tiny_tokenizer(vocab: int = 96):
     """A word-level tokenizer over 'w0'..'w{n}' plus a few English words (offline, no files)."""
     words = ["[UNK]", "hello", "world", "the", "a", "prime", "number"]

@@ -14,7 +14,7 @@ import pytest
 from helpers import BROWSER_ARGS, CHROMIUM, in_ci, launch_app, require_chromium
 from hypothesis import HealthCheck, settings
 
-from dex_core.testing import tiny_model, tiny_tokenizer
+from dex_core.testing import save_tiny, tiny_model
 
 # the tests' own @settings name no example counts: the profile decides them
 _PATIENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -108,10 +108,7 @@ def default_model():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A saved tiny Llama + tokenizer directory, loadable with ``--model DIR``."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama").save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
