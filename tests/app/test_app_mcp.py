@@ -110,7 +110,9 @@ def test_two_mcp_callers_from_different_addresses_are_two_visitors_and_neither_c
     url, flooder = app_server.url, "127.0.0.2"
     with httpx.Client(transport=httpx.HTTPTransport(local_address=flooder), timeout=10) as direct:
         for _ in range(20):  # malformed calls: the gate refuses this visitor's calls for a minute (Calls)
-            direct.post(f"{url}gradio_api/call/generate", json={"data": [1]})
+            event = direct.post(f"{url}gradio_api/call/generate", json={"data": [1]}).json()["event_id"]
+            answer = direct.get(f"{url}gradio_api/call/generate/{event}").text  # the queue has run it: counted
+            assert "event: error" in answer and "refused this call" in answer
     call = [("dex_generate", {"prompt": PROMPT, "max_new_tokens": 4, "chat": False})]
     forged = {"X-Forwarded-For": "203.0.113.5", "X-Dex-Mcp-Caller": "0123 203.0.113.6"}
     _, (refused,) = mcp_calls(url, call, source=flooder, headers=forged)  # naming others changes nothing
