@@ -52,6 +52,9 @@ DEFAULT_PROPOSAL_VOCAB = (
 # accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
 # CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check").
 AUTO_ROWS = {"cpu": 2, "accelerator": 64}
+# ``compile``: the stage steps' compilations in one process (every explorer and bucket of rows, mask table and cache
+# capacity: ``dex_core.model.compiled``); past it a step of a new bucket runs eagerly, with one log line
+COMPILE_BUDGET = 256
 AUTO_ROWS_TEXT = f"{AUTO_ROWS['cpu']} on CPU, {AUTO_ROWS['accelerator']} on accelerators"
 MAX_SEED = 2**64 - 1  # sampling noise is keyed by 64 bits (``sampling.noise_key``): a larger seed would wrap
 DEVICE_HELP = "where the model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N"
@@ -222,10 +225,12 @@ class DecoderOptions:
     trace_top: int = option(
         0, "top candidates (with probabilities) recorded per lattice node (the app asks for 5)"
     )
-    compile: bool = option(
+    compile: bool | str = option(
         False,
-        "each stage's step through torch.compile (fullgraph, static shapes): one compilation per bucket of rows, "
-        "then no Python between its kernels; minutes of warm-up, for long runs on GPUs",
+        "each stage's step through torch.compile (fullgraph, static shapes; CUDA graphs on CUDA): one compilation per "
+        "bucket of rows, then no Python between its kernels; minutes of warm-up, for long runs on GPUs (Python: or a "
+        "torch.compile backend's name, or 'module:function')",
+        switch=True,  # a flag on the command line
     )
     backend: str = option(
         "sequential",
@@ -259,6 +264,8 @@ class DecoderOptions:
                 f"adapters must be 'auto', 'default', 'none', a file or a mapping; got {self.adapters!r}"
             )
         self.decs, self.draft = flag(self.decs, "decs"), DraftBounds.parse(self.draft)
+        if not isinstance(self.compile, str) or not self.compile.strip():
+            self.compile = flag(self.compile, "compile")
         self.trace_top = integer(self.trace_top, "trace_top", 0)
         self.prune = rows_option("none" if self.prune is None else self.prune, "prune", ("auto", "none"))
         self.prune = None if self.prune == "none" else self.prune

@@ -20,7 +20,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, names=None, helps: dict[str,
         if (names is not None and f.name not in names) or f.metadata.get("cli") is False:
             continue
         flag, hint = "--" + f.name.replace("_", "-"), hints[f.name]
-        if hint is bool or hint == bool | None:  # None: decided where the option is used
+        if hint is bool or hint == bool | None or f.metadata.get("switch"):  # None: decided where it is used
             action = parser.add_argument(
                 flag,
                 dest=f.name,

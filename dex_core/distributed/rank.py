@@ -78,7 +78,7 @@ def open_part(settings: RunSettings, source: PartSource, rank: int, device: str,
     head = None if stage.head_rows is None else ProposalHead(view, settings.shortlist, stage.head_rows)
     explorer = Explorer(view, rank, settings.K, *stage_bounds(settings.depths, rank), adapter, head)
     if settings.compile:
-        explorer.compile_step()
+        explorer.compile_step(settings.compile)
     return view, explorer, {"read": stage.read, "bytes": stage.bytes}
 
 

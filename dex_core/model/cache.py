@@ -2,7 +2,8 @@
 
 A stage owns only some decoder layers, so it keeps its own small cache object that Hugging Face
 attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
-Entries live in preallocated buffers of a fixed capacity (``shapes.capacity``, grown only by ``reserve``):
+Entries live in preallocated buffers of a fixed capacity (``shapes.capacity``, set at a run's start, grown only by
+``reserve`` when a lattice outgrows its bound), in one buffer whose address a compiled step keeps (``mark_static``):
 ``update`` writes the batch at the entries ``write_at`` named, on the device (``index_copy_``, so the indices
 are tensor values, not shapes), and returns the whole buffers: attention runs over every entry of the capacity and
 the caller's mask hides those that are not visible, so a round's shapes do not change as the context grows.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..device import to_device
+from ..log import stderr
 from ..shapes import bucket, capacity
 
 MOVE_LEAST = 16  # the least bucket of entries a compaction moves
@@ -40,8 +42,9 @@ class StageCache:
         self._kv = torch.zeros(
             (2, len(layer_ids), 1, kv_heads, capacity, head_dim), dtype=dtype, device=device
         )
+        self.grown = 0  # times the buffer grew mid-run (an unbounded lattice): a compiled step re-records
         self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
-        self._views()
+        self._layer = {i: j for j, i in enumerate(self.layer_ids)}  # a layer's global index -> its place in the buffer
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
         self.positions: list[int] = []  # absolute token position of each lattice entry
@@ -61,20 +64,29 @@ class StageCache:
         self.static = True
         torch._dynamo.mark_static_address(self._kv)
 
-    def _views(self) -> None:
-        """Each layer's keys and values (1, kv_heads, capacity, head_dim), views of the one buffer."""
-        self._keys = {i: self._kv[0, j] for j, i in enumerate(self.layer_ids)}
-        self._values = {i: self._kv[1, j] for j, i in enumerate(self.layer_ids)}
+    def keys(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s (global index) keys (1, kv_heads, capacity, head_dim): a view of the one buffer, made
+        when asked (a compiled step then mutates the buffer, its one static input, not a view kept between steps)."""
+        return self._kv[0, self._layer[layer]]
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s values, as ``keys``."""
+        return self._kv[1, self._layer[layer]]
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: the capacity grows to ``shapes.capacity(needed)`` (entries copied), never
         shrinks."""
         if needed <= self.capacity:
             return
+        if self.static and len(self) and not self.grown:  # mid-run: a compiled step records its graphs again
+            stderr(
+                f"the KV cache of layers {self.layer_ids[0]}-{self.layer_ids[-1]} grew mid-run to "
+                f"{capacity(needed)} entries (a lattice past the row budget's bound): its compiled step compiles anew"
+            )
+        self.grown += bool(len(self))
         old = self._kv
         self._kv = old.new_zeros((*old.shape[:4], capacity(needed), old.shape[5]))
         self._kv[:, :, :, :, : old.shape[4]] = old
-        self._views()
         if self.static:
             self.mark_static()
 
@@ -85,10 +97,10 @@ class StageCache:
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write a batch's keys/values (1, kv_heads, q, head_dim) at the entries ``write_at`` named; every entry
         of the capacity back (the mask says which are visible)."""
-        k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
-        k_buf.index_copy_(2, self.at, key)
-        v_buf.index_copy_(2, self.at, value)
-        return k_buf, v_buf
+        keys, values = self.keys(layer_idx), self.values(layer_idx)  # views, not kept: a step mutates the buffer
+        keys.index_copy_(2, self.at, key)
+        values.index_copy_(2, self.at, value)
+        return keys, values
 
     def extend_committed(self, count: int) -> None:
         """Account for a batch of committed-prefix tokens (prefill); needs an empty lattice."""

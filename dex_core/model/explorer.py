@@ -20,9 +20,9 @@ import torch
 from ..device import to_device
 from ..shapes import bucket, padded
 from .cache import StageCache
+from .compiled import CompiledStep, compile_options
 from .view import ModelView
 
-RECOMPILES = 256  # dynamo's compilations of the stage step, all explorers and buckets of a process together
 EMPTY, NO_SLOT = -1, -2  # a table's slot for an entry no node sees; its path filler (never equal to a slot)
 
 
@@ -127,19 +127,24 @@ class Explorer:
         self._rope_types = {view.rope_types[i] for i in self.layer_ids}
         self.step = self._step  # the stage step: eager, or compiled by ``compile_step``
 
-    def compile_step(self, **options) -> None:
-        """Run the stage step through ``torch.compile(fullgraph=True, dynamic=False, **options)``. Every explorer's
-        step is one function to dynamo, compiled once per explorer and bucket: its recompile limit is raised to
-        ``RECOMPILES`` (fullgraph raises at the limit rather than run eagerly)."""
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, RECOMPILES)
+    def compile_step(self, spec=True, **options) -> None:
+        """Run the stage step through ``torch.compile`` (``model.compiled``): ``spec`` is the decoder option
+        ``compile`` (True: inductor, capturing CUDA graphs on CUDA; or a backend's name), ``options`` more of
+        ``torch.compile``'s arguments. One compilation per bucket, within the process's ``COMPILE_BUDGET``."""
         self.cache.mark_static()
-        self.step = torch.compile(self._step, fullgraph=True, dynamic=False, **options)
+        options = compile_options(spec, self.view.device) | options
+        self.step = CompiledStep(self._step, self._bucket, options)
 
-    def reset(self, context: int = 0) -> None:
-        """A fresh run of about ``context`` tokens (prompt and new ones): the cache emptied and sized for them."""
+    def _bucket(self, hidden: torch.Tensor) -> tuple:
+        """What a compiled step's shapes depend on: rows, the mask table's path width and region, the capacity."""
+        return hidden.shape[0], self.tree.width, self.tree.region, self.cache.capacity
+
+    def reset(self, context: int = 0, lattice: int | None = None) -> None:
+        """A fresh run of at most ``context`` tokens (prompt and new ones) and, with a row budget, at most
+        ``lattice`` lattice entries and rows in one round of this stage: the cache emptied and sized for them once,
+        so a compiled step keeps its buffer through the run (an unbounded lattice may still grow it)."""
         self.cache.reset()
-        self.cache.reserve(context + 2 * self.tree.region)
+        self.cache.reserve(context + 2 * bucket(max(lattice or 0, self.tree.region)))
 
     def _forward(self, hidden: torch.Tensor, pos: torch.Tensor, masks: dict) -> torch.Tensor:
         """The stage's layers over rows (n, hidden) at positions ``pos`` (1, n)."""
@@ -202,6 +207,8 @@ class Explorer:
         if table is None:
             table = to_device(self.table(hidden.shape[0], slots, positions, paths), self.view.device)
         out = self.step(hidden, table)
+        if isinstance(self.step, CompiledStep):  # out of the compiled step's memory: its next replay may reuse it
+            out = out.clone()
         self.cache.extend(slots, positions)
         return out
 

@@ -104,8 +104,9 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
         stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
     run.begun = clock.stamp()
+    lattice = None if settings.prune is None else settings.prune * settings.K  # a stage's entries and rows at most
     for e in explorers:
-        e.reset(len(prompt) + o.max_new_tokens)
+        e.reset(len(prompt) + o.max_new_tokens, lattice)
     link.reset()
     with clock.span("prefill"):
         if len(prompt) > 1:

@@ -46,7 +46,7 @@ class InProcess:
         ]
         if settings.compile:
             for e in self.explorers:
-                e.compile_step()
+                e.compile_step(settings.compile)
         self.devices = [view.device] * K
 
     def run(self, request: Request) -> Iterator[RoundEvent | EndEvent]:

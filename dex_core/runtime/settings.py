@@ -34,7 +34,7 @@ class RunSettings:
     decs: bool  # depth-coupled sampling
     trace_top: int  # top candidates recorded per lattice node
     dtype: str  # what the model computes in ('float32', 'bfloat16', ...)
-    compile: bool = False  # each explorer's stage step through torch.compile (Explorer.compile_step)
+    compile: bool | str = False  # each explorer's stage step through torch.compile (Explorer.compile_step)
 
     @property
     def K(self) -> int:

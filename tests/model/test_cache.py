@@ -27,7 +27,7 @@ def filled(n_committed=3, slots=(10, 11, 12, 13), capacity=4):
 
 
 def ids(cache, layer=4):
-    return cache._keys[layer][0, 0, : len(cache), 0].long().tolist()
+    return cache.keys(layer)[0, 0, : len(cache), 0].long().tolist()
 
 
 def test_update_returns_every_entry_of_the_capacity_and_grows_to_a_bucket():
@@ -43,15 +43,15 @@ def test_commit_moves_the_anchor_entry_and_keeps_only_kept_slots():
     assert cache.committed == 4 and cache.slots == [11, 13] and cache.positions == [8, 10]
     assert ids(cache) == [0, 1, 2, 5, 4, 6]
     assert ids(cache, layer=5) == [0, 1, 2, 5, 4, 6]
-    assert (cache._values[5][0, 1, :6, 2] == -torch.tensor([0, 1, 2, 5, 4, 6.0])).all()
+    assert (cache.values(5)[0, 1, :6, 2] == -torch.tensor([0, 1, 2, 5, 4, 6.0])).all()
 
 
 def test_keep_leaves_the_unchanged_prefix_in_place():
     cache, _, _ = filled(capacity=32)  # room for a move's bucket: nothing reallocated
-    before = cache._keys[4].data_ptr()
+    before = cache.keys(4).data_ptr()
     cache.keep([0, 1, 2, 3, 6], committed=4)
     assert ids(cache) == [0, 1, 2, 3, 6] and cache.slots == [13]
-    assert cache._keys[4].data_ptr() == before
+    assert cache.keys(4).data_ptr() == before
 
 
 def test_commit_of_a_slot_without_an_entry_is_an_error():
@@ -66,8 +66,8 @@ def test_commit_of_a_slot_without_an_entry_is_an_error():
 
 def entry_ids(cache, layer=5):
     """The value written into each entry of ``layer`` (keys hold +id, values -id), checked to agree."""
-    keys = cache._keys[layer][0, 1, : len(cache), 2]
-    assert torch.equal(cache._values[layer][0, 1, : len(cache), 2], -keys)
+    keys = cache.keys(layer)[0, 1, : len(cache), 2]
+    assert torch.equal(cache.values(layer)[0, 1, : len(cache), 2], -keys)
     return keys.long().tolist()
 
 
