@@ -1,40 +1,46 @@
 """One prepared GPU check: is DEX exact, certified and timed right on this machine's accelerator?
 
-    python benchmarks/gpu_check.py --out runs/gpu.json --markdown runs/gpu.md     # a CUDA machine, < 8 min
+    python benchmarks/gpu_check.py --model random --prompts 2 --max-new-tokens 48 --time-limit 420 \
+        --out runs/gpu.json --markdown runs/gpu.md                               # one lent GPU, < 8 min (docs/GPU.md)
     python benchmarks/gpu_check.py --device cpu --quick                          # the same code, tiny model
 
-Sections, each on ``--device`` (all times from ``dex_core.device.Clock``: CUDA events on a GPU):
+Sections, each on ``--device`` (all times from ``dex_core.runtime.clock.Clock``: CUDA events on a GPU), in this
+order (``--sections`` picks; ``--time-limit`` starts none past its seconds and lists those left as skipped):
 
-1. exactness: sequential DEX (K explorers, adapters, light proposal heads, DECS) in float32 — tokens
+1. host reads: reads of tensor values into Python a round (at most one), with where each was made.
+2. compiled: the stage step eager and through ``torch.compile`` (default, and ``reduce-overhead``: CUDA graphs) at
+   K = ``--compiled-explorers`` (the least K by default), tokens identical, tokens/s after a warm-up,
+   compilations made, CUDA graphs skipped, new (op, shape) pairs after warm-up (eager).
+3. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
+   projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
+   between devices is left out and said so) and rounds/token.
+4. real size (``dex_core.evaluation.bench.real_size``): one decoder layer, the LM head, a light head and an
+   adapter of the shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the
+   device, nothing downloaded) after a 2,048-token context: the layer's stage step alone (its table on the device;
+   eager at 1..64 rows, and for ``--compile-shapes`` compiled and captured at 1, 8, 32, 64; ms and GB/s of its
+   weights), its host table timed apart, TP shards, the links at each K; then a **projection**
+   (``dex_core.evaluation.bench.projection``): the replayed rounds (``--rounds-from``: by default the default
+   model's at K = 2, 4, 8; this run's own when its model is trained) of DEX-1/K against pipeline AR and TP = K,
+   in columns of measured or bandwidth-bound compute (``--peak-bandwidth``, ``--bandwidth-fraction``) by measured
+   or priced links (``--link`` for NVLink, PCIe and a network). ``--quick``: shapes scaled down for a CPU.
+5. exactness: sequential DEX (K explorers, adapters, light proposal heads, DECS) in float32 — tokens
    identical to the AR reference ``ar_generate`` and to HF greedy ``generate``; in bfloat16 — every
    committed token certified by ``dex_core.evaluation.verify`` (teacher-forced, unmodified model), identical counts
    beside it; seeded sampling in bfloat16 the same way.
-2. speed (``--speed-dtype``): HF greedy (AR) and DEX for each K, tokens/s measured on one device, the
-   projected K-device tokens/s (each round's slowest explorer + bookkeeping + decode; the exchange
-   between devices is left out and said so) and rounds/token.
-3. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
-4. real size (``dex_core.evaluation.bench.real_size``): one decoder layer, the LM head, a light head and an
-   adapter of the shapes of Llama-2-70B, CodeLlama-34B and Qwen3-32B (bfloat16, random weights made on the
-   device, nothing downloaded) at 1..64 rows after a 2,048-token context, the exchange of one round's rows
-   between two ranks, and from them a **projection**: DEX-1/K per token (the speed section's measured rounds
-   replayed on the real-size timings) against pipeline AR on the same K devices. ``--quick``: shapes scaled
-   down for a CPU.
-5. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
+6. distributed: the distributed schedule with one explorer per visible GPU (NCCL) when two or more are
    visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
    mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
    (``--quick``) two gloo processes.
-6. host reads: reads of tensor values into Python a round (at most one), with where each was made.
-7. compiled: the stage step eager and through ``torch.compile`` (default, and ``reduce-overhead``: CUDA graphs),
-   tokens identical, tokens/s after a warm-up, compilations made, new (op, shape) pairs after warm-up (eager).
+7. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
 8. training: distributed adapter training (``dex train-adapters --backend distributed``) on the devices of
-   section 5, beside training in one process: the adapters' largest difference after the same steps, tokens/s.
+   section 6, beside training in one process: the adapters' largest difference after the same steps, tokens/s.
 
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
 architecture with seeded random weights and fresh adapters (for a machine that cannot fetch the model:
 exactness, certification and timings mean the same; rounds/token do not, the weights are untrained).
 Every section states the precision its weights are in: sections in bfloat16 run on a bfloat16 copy, so the
-float32 sections always use the float32 weights as loaded. Writes one JSON (``--out``) and one markdown table
-(``--markdown``; always printed), creating their folders.
+float32 sections always use the float32 weights as loaded. Writes one JSON (``--out``, after every section) and one
+markdown table (``--markdown``; always printed), creating their folders.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from dex_core import DexDecoder, ar_generate, hf_greedy
 from dex_core.analysis.profile import decode_order_seconds, row_blocks, row_budget
 from dex_core.config import DEVICE_HELP, GenerationOptions, resolve_depths
 from dex_core.device import exact_float32_matmuls
-from dex_core.evaluation.bench.real_size import SHAPES, project, scaled, time_shapes
+from dex_core.evaluation.bench.projection import FRACTION, LINKS, Pricing, columns, parse_link, peak_bandwidth
+from dex_core.evaluation.bench.real_size import ROWS, SHAPES, STEP_ROWS, Plan, scaled, time_shapes
 from dex_core.evaluation.verify import Certificate, certify_tokens
 from dex_core.host_reads import reads_per_event
 from dex_core.model.adapters import new_adapters, save_adapters
@@ -66,7 +73,7 @@ from dex_core.shapes import OpShapes, after_first_round
 from dex_core.testing import tiny_model
 from dex_core.trace.events import RoundEvent
 
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROUNDS = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check-rounds-default-cpu-b32.json"
 PROMPTS = (
     "Give three tips for staying focused while studying.",
     "Write a Python function that reverses a list.",
@@ -223,23 +230,18 @@ def profile(model, repeats: int, rows_counts) -> dict:
     return table
 
 
-def real_size(runs: list[dict], device, quick: bool, repeats: int) -> dict:
-    """The real-size shapes timed on ``device`` and DEX-1/K projected against pipeline AR and tensor parallelism
-    from measured runs' rounds (``runs``: speed rows with ``batch_sizes``; ``dex_core.evaluation.bench.real_size``);
-    ``quick``: shapes scaled down, a shorter context."""
+def real_size(runs: list[dict], device, plan: Plan, pricing: Pricing | None, quick: bool) -> dict:
+    """The real-size shapes timed on ``device`` (``plan``: ``dex_core.evaluation.bench.real_size``) and DEX-1/K
+    projected against pipeline AR and tensor parallelism from measured runs' rounds (``runs``: speed rows with
+    ``batch_sizes``), one projection per (link, compute) column (``projection.columns``; ``pricing``: the
+    bandwidth-bound compute and the priced link classes, None where the device's peak is unknown); ``quick``:
+    shapes scaled down for a CPU."""
     shapes = {name: scaled(s) if quick else s for name, s in SHAPES.items()}
-    ranks = sorted({len(r["batch_sizes"][0]) for r in runs})
-    timed = time_shapes(
-        shapes,
-        device,
-        context=256 if quick else 2048,
-        repeats=repeats,
-        rows=ROWS[:4] if quick else ROWS,
-        ranks=ranks,
-    )
+    timed = time_shapes(shapes, device, plan)
     projections = {
         name: [
-            project(timed["tables"][name], shape["layers"], r) | {"run": r["method"], "source": r["source"]}
+            {"run": r["method"], "source": r["source"], "K": len(r["batch_sizes"][0])}
+            | {"columns": columns(timed["tables"][name], shape["layers"], r, pricing)}
             for r in runs
         ]
         for name, shape in shapes.items()
@@ -251,15 +253,37 @@ def real_size(runs: list[dict], device, quick: bool, repeats: int) -> dict:
         "weights": "bfloat16, random (shapes only)" + (", scaled down for a CPU" if quick else ""),
         "row_budget_k8": budgets,
         "projection": projections,
+        "pricing": None if pricing is None else pricing.describe(),
         "label": "projection: measured rounds (rows per explorer per round, host work per round) replayed on these "
-        "timings (formulas: dex_core/evaluation/bench/real_size.py)",
+        "timings (formulas: dex_core/evaluation/bench/projection.py)",
     }
 
 
+def pricing_of(args, device_name: str) -> Pricing | None:
+    """The priced columns' assumptions: the device's peak memory bandwidth (``--peak-bandwidth``, else
+    ``projection.peak_bandwidth`` of its name; None when neither knows it), ``--bandwidth-fraction`` and the link
+    classes (``projection.LINKS``, each ``--link`` replacing one)."""
+    given = {"peak"} if args.peak_bandwidth else set()
+    peak = (args.peak_bandwidth, "given") if args.peak_bandwidth else peak_bandwidth(device_name)
+    if peak is None:
+        return None
+    links = dict(LINKS)
+    for text in args.link:
+        name, link = parse_link(text)
+        links[name] = link
+        given.add(name)
+    if args.bandwidth_fraction != FRACTION:
+        given.add("fraction")
+    return Pricing(
+        peak=peak[0], source=peak[1], fraction=args.bandwidth_fraction, links=links, given=frozenset(given)
+    )
+
+
 def replayed_runs(report: dict, label: str, others: list[str]) -> list[dict]:
-    """The DEX speed rows of ``report`` and of each earlier report in ``others`` (``--rounds-from``), each named
-    by where its rounds were measured."""
-    runs = [r | {"source": label} for r in report.get("speed", [])[1:]]
+    """The DEX speed rows of ``report`` (a trained model's only: an untrained one's rounds mean nothing) and of each
+    earlier report in ``others`` (``--rounds-from``), each named by where its rounds were measured."""
+    untrained = report["model"] in ("tiny random", "random")
+    runs = [] if untrained else [r | {"source": label} for r in report.get("speed", [])[1:]]
     for path in others:
         old = json.loads(Path(path).read_text())
         where = f"{old['model']} on {old['device']}, {old['speed_dtype']} ({Path(path).name})"
@@ -433,6 +457,8 @@ def markdown(report: dict) -> str:
             lines += part(report[name])
     for name, error in report.get("errors", {}).items():
         lines += ["", f"section {name} FAILED:", "", "```", error.rstrip(), "```"]
+    if report.get("skipped"):
+        lines += ["", f"sections SKIPPED (past --time-limit): {', '.join(report['skipped'])}"]
     return "\n".join(lines)
 
 
@@ -486,14 +512,15 @@ def profile_markdown(section: dict) -> list[str]:
 
 
 def real_size_markdown(section: dict, device: str) -> list[str]:
-    """The real-size timings (ms at 1 row, and the layer at the most rows) and the projection, labelled as one."""
+    """The stage step alone, the real-size parts (ms at 1 row, and the layer at the most rows) and the projection,
+    labelled as one."""
     where = " — on a CPU: not yet measured on a GPU" if device.startswith("cpu") else ""
     big = max(section["rows"])
-    lines = [
+    lines = ["", f"real size ({section['weights']}; context {section['context']} tokens){where}:"]
+    lines += step_markdown(section)
+    lines += [
         "",
-        f"real size ({section['weights']}; context {section['context']} tokens){where}:",
-        "",
-        f"| shape | layer 1 row (ms) | layer {big} rows | head 1 | light head 1 | adapter 1 | "
+        f"| shape (layer: its step's mode) | layer 1 row (ms) | layer {big} rows | head 1 | light head 1 | adapter 1 | "
         + " | ".join(f"TP={T} layer shard 1" for T in section["ranks"])
         + " | links (exchange 1 row / p2p / all-reduce, ms) |",
         "|---" * (7 + len(section["ranks"])) + "|",
@@ -509,26 +536,97 @@ def real_size_markdown(section: dict, device: str) -> list[str]:
             f"{1000 * v['all_reduce']:.3f}"
             for W, v in t["links"].items()
         )
-        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in ms) + f" | {links} |")
+        cells = " | ".join(f"{v:.3f}" for v in ms)
+        lines.append(f"| {name} ({t['layer_mode']}) | {cells} | {links} |")
     budgets = ", ".join(f"{name} {b}" for name, b in section["row_budget_k8"].items())
     lines += [
         "",
         f"row budget (prune=auto's rule: the most rows a K = 8 stage runs for at most 10% over one row): {budgets}",
+    ]
+    return lines + projection_markdown(section)
+
+
+def step_markdown(section: dict) -> list[str]:
+    """The stage step alone per mode (ms, and GB/s of the layer's weights read), and its host table apart (ms)."""
+    rows = section["rows"]
+    lines = [
         "",
-        f"{section['label']}; ms per token, compute + host + link:",
+        "stage step alone, its mask table on the device (ms, GB/s of the layer's weights read); host table: made on "
+        "the host and sent (ms):",
+        "",
+        "| shape | mode | " + " | ".join(f"{n} row{'s' * (n > 1)}" for n in rows) + " |",
+        "|---" * (2 + len(rows)) + "|",
+    ]
+    for name, t in section["tables"].items():
+        size = t["bytes"]["layer"]
+        for mode, table in t["step"].items():
+            cells = [
+                f"{1000 * table[n]:.3f} ({size / table[n] / 1e9:.0f})" if n in table else "–" for n in rows
+            ]
+            if mode == "captured" and t["cudagraph_skips"]:  # inductor declined a graph: only compiled
+                mode = f"captured ({t['cudagraph_skips']} CUDA graphs skipped)"
+            lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {name} | host table | " + " | ".join(f"{1000 * t['host'][n]:.3f}" for n in rows) + " |"
+        )
+    return lines
+
+
+def projection_markdown(section: dict) -> list[str]:
+    """The measured column term by term, then every column's speedups (module docstring of ``projection``)."""
+    lines = [
+        "",
+        f"{section['label']}; measured compute and links, ms per token, compute + host + link:",
         "",
         "| shape | rounds of | K | widest stage | DEX-1/K | pipeline AR | TP=K | DEX vs AR | DEX vs TP | "
         "vs AR, vs TP (compute only) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in section["projection"].items():
+        lines += [projection_line(name, p) for p in rows]
+    pricing = section["pricing"]
+    if pricing is None:
+        return lines + [
+            "",
+            "bandwidth-bound and priced links: the device's peak bandwidth is unknown (--peak-bandwidth)",
+        ]
+    links = "; ".join(
+        f"{name} {1e6 * v['latency_seconds']:g} us a step, {v['bytes_per_second'] / 1e9:g} GB/s ({v['source']})"
+        for name, v in pricing["links"].items()
+    )
+    lines += [
+        "",
+        f"DEX-1/K's speedup over pipeline AR and over TP = K in each column, compute measured / bandwidth-bound "
+        f"(weights / ({pricing['fraction']:g} ({pricing['fraction_source']}) x "
+        f"{pricing['peak_bytes_per_second'] / 1e12:g} TB/s ({pricing['peak_source']}))); links: {links}:",
+        "",
+        "| shape | rounds of | K | "
+        + " | ".join(f"{link} links" for link in ("measured", *pricing["links"]))
+        + " |",
+        "|---" * (4 + len(pricing["links"])) + "|",
+    ]
+    for name, rows in section["projection"].items():
         for p in rows:
-            lines.append(projection_line(name, p))
+            cells = [column_cell(by_compute) for by_compute in p["columns"].values()]
+            lines.append(f"| {name} | {p['run']} | {p['K']} | " + " | ".join(cells) + " |")
     return lines
 
 
-def projection_line(name: str, p: dict) -> str:
-    """One projection row: each method's terms in ms per token and DEX's speedups."""
+def column_cell(by_compute: dict) -> str:
+    """'AR a / b, TP c / d': DEX's speedups with the measured compute / the bandwidth-bound one."""
+
+    def ratio(p, over):
+        return "–" if p["dex"] is None else f"{p[f'speedup_over_{over}']:.2f}"
+
+    return ", ".join(
+        f"{label} " + " / ".join(ratio(p, over) for p in by_compute.values())
+        for label, over in (("AR", "pipeline_ar"), ("TP", "tensor_parallel"))
+    )
+
+
+def projection_line(name: str, row: dict) -> str:
+    """One projection row's measured column: each method's terms in ms per token and DEX's speedups."""
+    p = row["columns"]["measured"]["measured"]
 
     def terms(t):
         parts = " + ".join(f"{1000 * t[k]:.2f}" for k in ("compute", "host", "link") if k in t)
@@ -543,12 +641,13 @@ def projection_line(name: str, p: dict) -> str:
             f"{p['speedup_over_pipeline_ar_compute_only']:.2f}, {p['speedup_over_tensor_parallel_compute_only']:.2f}"
         )
     return (
-        f"| {name} | {p['run']} ({p['source']}) | {p['K']} | {p['widest_stage_rows']} | {dex} | "
+        f"| {name} | {row['run']} ({row['source']}) | {p['K']} | {p['widest_stage_rows']} | {dex} | "
         f"{terms(p['pipeline_ar'])} | {terms(p['tensor_parallel'])} | {speedups} |"
     )
 
 
-SECTIONS = ("exactness", "speed", "profile", "real_size", "distributed", "host_reads", "compiled", "training")
+# issue 59's first (a time limit skips the last), then the rest; real_size after speed, whose rounds it replays
+SECTIONS = ("host_reads", "compiled", "speed", "real_size", "exactness", "distributed", "profile", "training")
 
 
 def arguments(argv):
@@ -580,9 +679,43 @@ def arguments(argv):
     parser.add_argument(
         "--rounds-from",
         action="append",
+        default=None,
+        help="an earlier report (--out) whose speed rows' rounds the real-size section replays (repeatable; default: "
+        f"{ROUNDS.relative_to(ROUNDS.parents[2])}, the default model's rounds at K = 2, 4, 8; none: only this run's)",
+    )
+    parser.add_argument(
+        "--compile-shapes",
+        default=next(iter(SHAPES)),
+        help="real-size shapes whose stage step also runs compiled and captured (comma-separated, all, none)",
+    )
+    parser.add_argument(
+        "--peak-bandwidth",
+        type=float,
+        help="the device's peak memory bandwidth, bytes/s (default: by its name, evaluation/bench/projection.py)",
+    )
+    parser.add_argument(
+        "--bandwidth-fraction",
+        type=float,
+        default=FRACTION,
+        help=f"of the peak a weight read reaches, for the bandwidth-bound column (default {FRACTION}: assumed)",
+    )
+    parser.add_argument(
+        "--link",
+        action="append",
         default=[],
-        help="an earlier report (--out) whose speed rows' rounds the real-size section replays too (a GPU machine "
-        "that cannot fetch the default model replays its rounds measured elsewhere)",
+        help="a link class's price, CLASS=LATENCY,BANDWIDTH (seconds a step, bytes/s one way), e.g. "
+        "pcie=5e-6,25e9 (repeatable; defaults: "
+        + ", ".join(f"{n}={v.latency:g},{v.bandwidth:g}" for n, v in LINKS.items())
+        + ", assumed: docs/GPU.md)",
+    )
+    parser.add_argument(
+        "--compiled-explorers", type=int, help="K of the compiled section (default: the least of --explorers)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=0,
+        help="seconds after which no further section starts (each is recorded as skipped); 0: none",
     )
     parser.add_argument("--out")
     parser.add_argument("--markdown")
@@ -594,7 +727,41 @@ def arguments(argv):
         parser.error(f"unknown sections {sorted(unknown)}; the sections are {', '.join(SECTIONS)}")
     if args.quick:
         args.prompts, args.max_new_tokens, args.explorers, args.repeats = 2, 8, [2, 3], 2
+    args.compiled_explorers = args.compiled_explorers or min(args.explorers)
+    rounds = args.rounds_from or [str(ROUNDS)]
+    args.rounds_from = [] if rounds == ["none"] else rounds
+    names = {"all": ",".join(SHAPES), "none": ""}.get(args.compile_shapes, args.compile_shapes)
+    args.compile_shapes = tuple(n for n in names.split(",") if n)
+    if unknown := set(args.compile_shapes) - set(SHAPES):
+        parser.error(f"unknown shapes {sorted(unknown)}; the shapes are {', '.join(SHAPES)}")
+    for text in args.link:
+        try:
+            parse_link(text)
+        except ValueError as e:
+            parser.error(str(e))
     return args
+
+
+def real_size_of(args, report: dict, device) -> dict:
+    """The real-size section on the runs replayed so far (``replayed_runs``), with ``args``' plan and pricing."""
+    runs = replayed_runs(report, f"{report['model']} here", args.rounds_from)
+    return real_size(runs, device, real_size_plan(args, runs), pricing_of(args, report["device"]), args.quick)
+
+
+def real_size_plan(args, runs: list[dict]) -> Plan:
+    """What the real-size section times: TP shards and links at the replayed runs' K; ``--quick``: rows up to 32
+    (the replayed rounds' widest at budget 32), a 256-token context, compiled steps at 1 and 8 rows."""
+    ranks = tuple(sorted({len(r["batch_sizes"][0]) for r in runs} or set(args.explorers)))
+    if args.quick:
+        return Plan(
+            context=256,
+            repeats=args.repeats,
+            rows=ROWS[:6],
+            ranks=ranks,
+            compiled=args.compile_shapes,
+            step_rows=(1, 8),
+        )
+    return Plan(repeats=args.repeats, ranks=ranks, compiled=args.compile_shapes, step_rows=STEP_ROWS)
 
 
 def run_sections(args, report: dict, model, prompts, adapters, device, save) -> None:
@@ -607,18 +774,17 @@ def run_sections(args, report: dict, model, prompts, adapters, device, save) -> 
             model, prompts, args.explorers, adapters, args.max_new_tokens, report["speed_dtype"], args.prune
         ),
         "profile": lambda: profile(model, args.repeats, ROWS[:3] if args.quick else ROWS),
-        "real_size": lambda: real_size(
-            replayed_runs(report, f"{report['model']} here", args.rounds_from),
-            device,
-            args.quick,
-            args.repeats,
-        ),
+        "real_size": lambda: real_size_of(args, report, device),
         "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
         "host_reads": lambda: host_reads(model, prompts, K, adapters, args.max_new_tokens),
-        "compiled": lambda: compiled(model, prompts, K, adapters, args.max_new_tokens),
+        "compiled": lambda: compiled(model, prompts, args.compiled_explorers, adapters, args.max_new_tokens),
         "training": lambda: training(model, args.quick),
     }
     for name in args.sections:  # in the order asked
+        if args.time_limit and report.get("seconds", 0.0) > args.time_limit:
+            report.setdefault("skipped", []).append(name)
+            save()
+            continue
         tic = time.perf_counter()
         try:
             report[name] = work[name]()

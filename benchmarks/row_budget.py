@@ -36,7 +36,7 @@ def main() -> int:
 
     from dex_core import load_model
     from dex_core.analysis.profile import measure_profile, row_budget
-    from dex_core.evaluation.bench.real_size import SHAPES, scaled, time_shape
+    from dex_core.evaluation.bench.real_size import SHAPES, Plan, scaled, time_shape
 
     model, _ = load_model("default", device="cpu")
     profile = measure_profile(model, repeats=args.repeats, cache=False, link=("cpu", "cpu"))
@@ -49,9 +49,8 @@ def main() -> int:
             "cost_ratio": ratios(profile, layers),
         }
     for name, shape in SHAPES.items():
-        tables = time_shape(
-            scaled(shape), "cpu", context=256, repeats=args.repeats // 4, rows=(1, 2, 4, 8, 16)
-        )
+        plan = Plan(context=256, repeats=args.repeats // 4, rows=(1, 2, 4, 8, 16), ranks=())
+        tables = time_shape(scaled(shape), "cpu", plan, {})  # the eager stage step
         table = {"layer": tables["layer"], "proposal": tables["proposal"]}
         layers = shape["layers"] / 8
         report["real_size_scaled"][name] = {

@@ -50,7 +50,9 @@ DEFAULT_PROPOSAL_VOCAB = (
 # ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
 # CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
 # accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
-# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check").
+# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check")
+# -- provisional: those timings held the host's table and mask build, a flat curve; the check now times the stage step
+# alone, and a GPU's run of it re-derives this (docs/GPU.md, "Where AUTO_ROWS["accelerator"] = 64 came from").
 AUTO_ROWS = {"cpu": 2, "accelerator": 64}
 # ``compile``: the stage steps' compilations in one process (every explorer and bucket of rows, mask table and cache
 # capacity: ``dex_core.model.compiled``); past it a step of a new bucket runs eagerly, with one log line

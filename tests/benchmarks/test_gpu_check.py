@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from dex_core.analysis.collectives import CONTROL_COLUMNS
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+ROUNDS = (
+    SCRIPT.parents[1] / "docs" / "results" / "gpu-check-rounds-default-cpu-b32.json"
+)  # replayed by default
 
 
 @pytest.mark.slow
@@ -23,6 +28,7 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
         == 0
     )
     report = json.loads(out.read_text())
+    assert set(gpu_check.SECTIONS) <= set(report) and "skipped" not in report and "errors" not in report
     exact = report["exactness"]
     assert set(exact) == {"float32 greedy", "bfloat16 greedy", "bfloat16 sampled"}
     assert exact["float32 greedy"]["dex_eq_ar"] == exact["float32 greedy"]["dex_eq_hf"] == 2
@@ -49,83 +55,117 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
         r["identical_to_ar"] for r in runs.values()
     )
     assert runs["eager"]["new_op_shapes_after_warm_up"] == 0 and runs["eager"]["compilations"] == 0
-    assert 0 < runs["default"]["compilations"] <= 3 * 2  # K = 3 explorers, buckets of 1 and 2 rows
+    assert report["compiled"]["explorers"] == 2  # the least K asked: 2 explorers, buckets of 1 and 2 rows
+    assert 0 < runs["default"]["compilations"] <= 2 * 2
     assert exact["float32 greedy"]["weights"] == "float32 (as loaded)"
     assert exact["bfloat16 greedy"]["weights"] == "bfloat16 (a copy rounded from float32)"
     printed = capsys.readouterr().out
     assert "| bfloat16 greedy | bfloat16 (a copy rounded from float32) | 2 |" in printed
-    real = report["real_size"]
-    assert set(real["tables"]) == {"Llama-2-70B", "CodeLlama-34B", "Qwen3-32B"} and real["ranks"] == [2, 3]
-    for tables in real["tables"].values():
-        assert set(tables) == {"layer", "head", "proposal", "adapter", "tp", "links"}
-        for name in ("layer", "head", "proposal", "adapter"):
-            assert sorted(map(int, tables[name])) == [1, 2, 4, 8] and min(tables[name].values()) > 0
-        for W in ("2", "3"):  # the links timed among 2 and 3 gloo processes, the tensor-parallel shards
-            link = tables["links"][W]
-            assert link["ranks"] == int(W) and link["backend"] == "gloo" and link["p2p"] > 0
-            assert link["all_reduce"] > 0 and sorted(map(int, link["exchange"])) == [1, 2, 4, 8]
-            assert tables["tp"][W]["layer"] > 0 and tables["tp"][W]["head"] > 0
-    for name, layers in (("Llama-2-70B", 80), ("CodeLlama-34B", 48), ("Qwen3-32B", 64)):
-        rows = real["projection"][name]
-        assert [p["K"] for p in rows] == [2, 3] and all(p["source"] == "tiny random here" for p in rows)
-        t = real["tables"][name]
-        stage = {n: layers / 8 * t["layer"][n] + t["proposal"][n] for n in t["layer"]}  # a K = 8 stage
-        assert real["row_budget_k8"][name] == max(int(n) for n, s in stage.items() if s <= 1.1 * stage["1"])
-        for p, run in zip(
-            rows, report["speed"][1:]
-        ):  # the formulas on the measured tables (module docstring)
-            K = str(p["K"])
-            link, tp = t["links"][K], t["tp"][K]
-            assert p["pipeline_ar"]["total"] == pytest.approx(
-                layers * t["layer"]["1"] + t["head"]["1"] + (p["K"] - 1) * link["p2p"]
-            )
-            assert p["tensor_parallel"]["total"] == pytest.approx(
-                layers * tp["layer"] + tp["head"] + (2 * layers + 1) * link["all_reduce"]
-            )
-            rounds = len(run["batch_sizes"])
-            assert p["dex"]["host"] == pytest.approx(run["host_seconds_per_round"] * rounds / run["tokens"])
-            assert run["host_seconds_per_round"] > 0 and p["widest_stage_rows"] <= 8
-            assert p["speedup_over_pipeline_ar"] == pytest.approx(
-                p["pipeline_ar"]["total"] / p["dex"]["total"]
-            )
+    check_real_size(report["real_size"])
     assert (
         "not yet measured on a GPU" in printed
         and "projection: measured rounds" in printed
         and "row budget (prune=auto's rule" in printed
+        and "| Llama-2-70B | compiled | " in printed
+        and "nvlink 2.5 us a step, 450 GB/s (assumed)" in printed
         and "FAILED" not in printed
     )
 
 
-def test_the_projection_adds_every_term_as_its_formula_says():
-    from dex_core.evaluation.bench.real_size import project
+LAYERS = {"Llama-2-70B": 80, "CodeLlama-34B": 48, "Qwen3-32B": 64}
 
-    tables = {  # seconds, made up so that each term can be computed by hand
-        "layer": {1: 1.0, 2: 2.0, 4: 3.0},
-        "head": {1: 10.0, 2: 11.0, 4: 12.0},
-        "proposal": {1: 0.5, 2: 0.6, 4: 0.8},
-        "adapter": {1: 0.1, 2: 0.2, 4: 0.3},
-        "tp": {2: {"layer": 0.6, "head": 5.0}},
-        "links": {2: {"exchange": {1: 0.05, 2: 0.06, 4: 0.08}, "p2p": 0.02, "all_reduce": 0.03}},
-    }
-    run = {"batch_sizes": [[2, 1], [4, 3]], "tokens": 2, "host_seconds_per_round": 0.25}
-    got = project(tables, 4, run)  # 4 layers on K = 2 explorers: 2 each
-    # round 1: stage 0 = 2 x 2.0 + 0.6 + 0.2 = 4.8, stage 1 = 2 x 1.0 + 10 = 12 -> 12
-    # round 2: stage 0 = 2 x 3.0 + 0.8 + 0.3 = 7.1, stage 1 = 2 x 2.5 + 11.5 = 16.5 (3 rows: between 2 and 4)
-    assert got["dex"]["compute"] == pytest.approx((12 + 16.5) / 2)
-    assert got["dex"]["host"] == pytest.approx(0.25 * 2 / 2)
-    assert got["dex"]["link"] == pytest.approx((0.06 + 0.08) / 2)  # each round's widest stage's rows
-    assert got["dex"]["total"] == pytest.approx(14.25 + 0.25 + 0.07)
-    assert got["pipeline_ar"] == pytest.approx({"compute": 4 * 1.0 + 10.0, "link": 1 * 0.02, "total": 14.02})
-    assert got["tensor_parallel"] == pytest.approx(
-        {"compute": 4 * 0.6 + 5.0, "link": (2 * 4 + 1) * 0.03, "total": 7.67}
+
+def check_real_size(real: dict) -> None:
+    """The real-size section of the quick run: the stage step alone (eager at every row count, compiled at 1 and 8
+    rows for the 70B shape), its host table apart, the weights' bytes, the links at K = 2, 4, 8, and the projection
+    of the committed rounds (K = 2, 4, 8) in every column."""
+    assert set(real["tables"]) == set(LAYERS) and real["ranks"] == [2, 4, 8] and real["step_rows"] == [1, 8]
+    rows = [1, 2, 4, 8, 16, 32]
+    for name, t in real["tables"].items():
+        assert set(t) == {
+            "step",
+            "host",
+            "layer",
+            "layer_mode",
+            "cudagraph_skips",
+            "bytes",
+            "head",
+            "proposal",
+        } | {"adapter", "tp", "links"}
+        assert t["layer_mode"] == "eager" and t["layer"] == t["step"]["eager"]  # no CUDA graphs on a CPU
+        assert list(t["step"]) == (["eager", "compiled"] if name == "Llama-2-70B" else ["eager"])
+        for part in ("layer", "host", "head", "proposal", "adapter"):
+            assert sorted(map(int, t[part])) == rows and min(t[part].values()) > 0
+        if name == "Llama-2-70B":
+            assert (
+                sorted(map(int, t["step"]["compiled"])) == [1, 8] and min(t["step"]["compiled"].values()) > 0
+            )
+        for W in (
+            "2",
+            "4",
+            "8",
+        ):  # the links timed among 2, 4 and 8 gloo processes (one launch), the TP shards
+            link = t["links"][W]
+            assert link["ranks"] == int(W) and link["backend"] == "gloo" and link["p2p"] > 0
+            assert link["all_reduce"] > 0 and sorted(map(int, link["exchange"])) == rows
+            assert t["tp"][W]["layer"] == t["tp"][W]["step"]["eager"] > 0 and t["tp"][W]["head"] > 0
+    # the scaled Llama layer by hand: hidden 256, 8 query heads and 1 KV head of 32, MLP 896, two norms; bfloat16
+    h, q, kv, mlp = 256, 8 * 32, 32, 896
+    assert real["tables"]["Llama-2-70B"]["bytes"]["layer"] == 2 * (
+        2 * h * q + 2 * h * kv + 3 * h * mlp + 2 * h
     )
-    assert got["speedup_over_pipeline_ar"] == pytest.approx(14.02 / 14.57)
-    assert got["speedup_over_tensor_parallel"] == pytest.approx(7.67 / 14.57)
-    assert got["speedup_over_tensor_parallel_compute_only"] == pytest.approx(7.4 / 14.25)
-    assert got["widest_stage_rows"] == 4
-    wide = project(tables, 4, run | {"batch_sizes": [[5, 1]]})  # past the measured rows: not extrapolated
-    assert wide["dex"] is None and "speedup_over_pipeline_ar" not in wide
-    assert wide["pipeline_ar"]["total"] == pytest.approx(14.02)
+    assert real["tables"]["Llama-2-70B"]["bytes"]["row"] == 2 * h
+    rounds = {len(r["batch_sizes"][0]): r for r in json.loads(ROUNDS.read_text())["speed"][1:]}
+    for name, layers in LAYERS.items():
+        projected = real["projection"][name]
+        assert [p["K"] for p in projected] == [2, 4, 8] and all(
+            "gpu-check-rounds-default-cpu-b32.json" in p["source"] for p in projected
+        )
+        t = real["tables"][name]
+        stage = {n: layers / 8 * t["layer"][n] + t["proposal"][n] for n in t["layer"]}  # a K = 8 stage
+        assert real["row_budget_k8"][name] == max(int(n) for n, s in stage.items() if s <= 1.1 * stage["1"])
+        for p in projected:
+            assert {link: set(by) for link, by in p["columns"].items()} == {
+                link: {"measured", "bandwidth_bound"} for link in ("measured", "nvlink", "pcie", "network")
+            }
+            for by in p["columns"].values():
+                for c in by.values():
+                    assert c["dex"] is not None and c["widest_stage_rows"] <= 32
+                    assert c["speedup_over_pipeline_ar"] == pytest.approx(
+                        c["pipeline_ar"]["total"] / c["dex"]["total"]
+                    )
+            check_cells(p, t, layers, rounds[p["K"]], real["pricing"])
+
+
+def check_cells(p: dict, t: dict, layers: int, run: dict, pricing: dict) -> None:
+    """One cell of each column recomputed by hand from the report's tables (projection's docstring)."""
+    K, W = p["K"], str(p["K"])
+    bw = pricing["fraction"] * pricing["peak_bytes_per_second"]
+    assert pricing["peak_source"] == "assumed (a CPU)" and pricing["fraction_source"] == "assumed"
+    link, size, tp, c = t["links"][W], t["bytes"], t["tp"][W], p["columns"]
+    assert c["measured"]["measured"]["tensor_parallel"]["total"] == pytest.approx(
+        layers * tp["layer"] + tp["head"] + (2 * layers + 1) * link["all_reduce"]
+    )
+    assert c["measured"]["bandwidth_bound"]["pipeline_ar"]["total"] == pytest.approx(
+        (layers * size["layer"] + size["head"]) / bw + (K - 1) * link["p2p"]
+    )
+    a, b = (pricing["links"]["nvlink"][k] for k in ("latency_seconds", "bytes_per_second"))
+    ring = 2 * (K - 1) * a + 2 * (K - 1) / K * size["row"] / b
+    assert c["nvlink"]["bandwidth_bound"]["tensor_parallel"]["total"] == pytest.approx(
+        (layers * size["tp"][W]["layer"] + size["tp"][W]["head"]) / bw + (2 * layers + 1) * ring
+    )
+    a, b = (pricing["links"]["pcie"][k] for k in ("latency_seconds", "bytes_per_second"))
+    control = 8 * CONTROL_COLUMNS  # a row of the round's choices, float64, all-gathered
+    widest = [max(1, max(r)) for r in run["batch_sizes"]]  # each round's widest stage's rows
+    exchanges = sum(a + n * size["row"] / b + (K - 1) * (a + (n + 1) * control / b) for n in widest)
+    assert c["pcie"]["measured"]["dex"]["link"] == pytest.approx(exchanges / run["tokens"])
+    assert c["pcie"]["measured"]["dex"]["host"] == pytest.approx(
+        run["host_seconds_per_round"] * len(run["batch_sizes"]) / run["tokens"]
+    )
+    a, b = (pricing["links"]["network"][k] for k in ("latency_seconds", "bytes_per_second"))
+    assert c["network"]["measured"]["pipeline_ar"]["total"] == pytest.approx(
+        layers * t["layer"]["1"] + t["head"]["1"] + (K - 1) * (a + size["row"] / b)
+    )
 
 
 def test_a_tensor_parallel_shard_divides_heads_width_and_vocabulary():
@@ -141,3 +181,16 @@ def test_a_tensor_parallel_shard_divides_heads_width_and_vocabulary():
         8534,
     )
     assert qwen["vocab_size"] == 50646 and qwen["head_dim"] == 128
+
+
+def test_no_section_starts_past_the_time_limit_and_those_left_are_named(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    out = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", "--quick", "--sections", "profile,host_reads,compiled", "--time-limit", "1e-9"]
+    assert gpu_check.main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())  # the first section starts; past the limit, none after it
+    assert "profile" in report and report["skipped"] == ["host_reads", "compiled"]
+    assert set(report["section_seconds"]) == {"profile"}
+    assert "sections SKIPPED (past --time-limit): host_reads, compiled" in capsys.readouterr().out

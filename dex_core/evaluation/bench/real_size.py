@@ -6,43 +6,42 @@ project is checked on. So ``time_shapes`` builds, for each of ``SHAPES`` (the pu
 Llama-2-70B, CodeLlama-34B and Qwen3-32B), one decoder layer with the model's embedding, final norm and LM head
 — random weights created on the device in bfloat16, nothing downloaded — and times with ``Clock`` (CUDA
 events on a GPU), at 1..64 rows after a ``context``-token context, in a decode's order
-(``decode_order_seconds``, under ``torch.inference_mode``): the layer, the full head, a light proposal head of
-``PROPOSAL_ROWS`` rows and an inducing adapter (m = 2h); then one row through a tensor-parallel rank's shard of the
-layer and of the head (``shard``: heads, MLP width and vocabulary / T) for each T. The links are timed among W
-fresh processes for each W (``analysis.collectives.link_seconds``: NCCL when W GPUs are visible, else gloo through
-the host, the link of explorers sharing a GPU): a round's exchange of n rows, one row's point-to-point send, one
-row's all-reduce.
+(``decode_order_seconds``, under ``torch.inference_mode``):
 
-``project`` replays a measured run's rounds (``batch_sizes``: rows per explorer per round, and its measured host
-work per round) on those timings, explorer k holding L_k = L/K of the real model's L layers — a **projection**,
-labelled as one, term by term:
+- ``step``: the layer's **stage step alone** (``stage_step``: ``Explorer.step`` with its mask table already on the
+  device), ``eager`` at every row count and, for the shapes a ``Plan`` names, ``compiled`` and ``captured`` (CUDA
+  graphs) at ``Plan.step_rows``; ``host``: making and sending that table on the host, timed apart;
+- ``layer``: the step the projection reads: ``captured`` where it ran, else ``eager`` (``layer_mode`` says which);
+- ``head`` (final norm + the full LM head), ``proposal`` (a light head of ``PROPOSAL_ROWS`` rows) and ``adapter``
+  (an inducing adapter, m = 2h);
+- ``tp``: one row through a tensor-parallel rank's shard (``shard``: heads, MLP width and vocabulary / T) for each
+  T: its stage step in the same mode as ``layer``, and its head;
+- ``bytes``: the weights each part reads (bfloat16), and one hidden row's: what the bandwidth-bound and priced
+  columns of the projection divide (``projection``).
 
-    DEX-1/K per token = [ sum over rounds of max_k stage_k(n_k)                     (compute)
-                          + rounds x host                                          (host: measured per round)
-                          + sum over rounds of exchange_K(max_k n_k) ] / tokens     (link: at K ranks)
-        stage_k(n) = L_k layer(n) + head_k(n) + adapter(n)   (head_k: the full head at the last stage, else the
-                     light head; no adapter at the last stage)
-    pipeline AR per token = L layer(1) + head(1)  +  (K - 1) p2p(1)
-    tensor parallel (T = K) per token = L layer_T(1) + head_T(1)  +  (2 L + 1) all_reduce_T(1)
-        (two all-reduces a layer, after attention and after the MLP; one more gathers the head shards' choice)
-
-Rows are read between measured points only: a run with a round past the measured rows is not projected. The
-baselines' host work is left out (which favours them), and so is the token's way back to the first stage in
-pipeline AR. ``scaled`` shrinks every shape for a CPU (the suite runs the section so that it cannot rot before a
+The links are timed among the first W of fresh processes for each W, every W in one launch (``timed_links``,
+``analysis.collectives.links_at``: NCCL when W GPUs are visible, else gloo through the host, the link of explorers
+sharing a GPU): a round's exchange of n rows, one row's point-to-point send, one row's all-reduce.
+``projection.columns`` then replays measured runs' rounds on these tables (the formulas are in ``projection``'s
+docstring). ``scaled`` shrinks every shape for a CPU (the suite runs the section so that it cannot rot before a
 GPU runs it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ...analysis.collectives import link_seconds
-from ...analysis.profile import decode_order_seconds, interpolate, row_blocks
-from ...config import resolve_depths
+from ...analysis.collectives import links_at
 from ...model.adapters import InducingAdapter
-from ...runtime.clock import Clock
+from ...model.proposal import ProposalHead
+from ...model.view import model_view
+from ...runtime.clock import Clock, decode_order_seconds
+from .stage_step import host_seconds, skips, stages, step_blocks, step_modes
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
+STEP_ROWS = (1, 8, 32, 64)  # the rows at which the compiled and captured stage steps are timed
 PROPOSAL_ROWS = 8192
 # the published configs' shapes (config.json of meta-llama/Llama-2-70b-hf, codellama/CodeLlama-34b-hf,
 # Qwen/Qwen3-32B); layers is the real model's depth, the check builds one of them
@@ -85,6 +84,8 @@ def one_layer_model(shape: dict, device, dtype=torch.bfloat16):
     for key, value in shape.items():  # set after the check of a whole model's shape: a shard's heads need not
         if key not in ("model_type", "layers"):  # divide its hidden size
             setattr(config, key, value)
+    # the default config's head size is its own hidden / heads, not this shape's (a scaled shape's was 4x too wide)
+    config.head_dim = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
     if isinstance(
         getattr(config, "rope_parameters", None), dict
     ):  # transformers 5 reads rope_theta from there
@@ -106,31 +107,90 @@ def shard(shape: dict, ranks: int) -> dict:
     return part
 
 
-def time_shape(shape: dict, device, context: int, repeats: int, rows=ROWS, tp=()) -> dict:
-    """{table: {rows: seconds}} of one layer (``layer``), the full head (``head``), a light head (``proposal``)
-    and an adapter (``adapter``) of ``shape`` on ``device`` in bfloat16; and ``tp``: {T: {"layer": s, "head": s}},
-    one row through a tensor-parallel rank's shard of the layer and of the head (``shard``) for each T."""
-    model = one_layer_model(shape, device)
-    hidden = shape["hidden_size"]
-    adapter = InducingAdapter(hidden, 2 * hidden, device=model.device, dtype=model.dtype).eval()
-    clock, tables = Clock(model.device), {"layer": {}, "head": {}, "proposal": {}, "adapter": {}}
-    for n in rows:
-        blocks = row_blocks(model, n, min(PROPOSAL_ROWS, shape["vocab_size"]), context=context)
-        h = torch.randn(n, hidden, dtype=model.dtype, device=model.device)  # (n, hidden)
-        blocks["adapter"] = lambda h=h: adapter(h)
-        seconds = decode_order_seconds(blocks, repeats, clock)
-        for name in tables:
-            tables[name][n] = seconds["layer 0" if name == "layer" else name]
-    del model
-    tables["tp"] = {}
-    for T in tp:
-        part = one_layer_model(shard(shape, T), device)
-        seconds = decode_order_seconds(row_blocks(part, 1, 1, context=context), repeats, clock)
-        tables["tp"][T] = {"layer": seconds["layer 0"], "head": seconds["head"]}
-        del part
+@dataclass(frozen=True)
+class Plan:
+    """What ``time_shapes`` times: every part at ``rows`` after a ``context``-token context, the median of ``repeats``
+    (the stage step eager); tensor-parallel shards and links at each of ``ranks``; for the shapes named in
+    ``compiled``, the stage step compiled and captured (``stage_step.step_modes``) at ``step_rows`` too."""
+
+    context: int = 2048
+    repeats: int = 20
+    rows: tuple[int, ...] = ROWS
+    ranks: tuple[int, ...] = (2, 4, 8)
+    compiled: tuple[str, ...] = ("Llama-2-70B",)
+    step_rows: tuple[int, ...] = STEP_ROWS
+
+
+def weight_bytes(*parts) -> int:
+    """Bytes of ``parts`` (modules: their parameters; or tensors)."""
+    tensors = [t for p in parts for t in (p.parameters() if isinstance(p, torch.nn.Module) else [p])]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def projected_mode(explorers: dict) -> str:
+    """The stage step the projection reads: ``captured`` where it ran (``compile=True`` on a GPU), else ``eager``."""
+    return "captured" if "captured" in explorers else "eager"
+
+
+def time_shape(shape: dict, device, plan: Plan, modes: dict) -> dict:
+    """{table: {rows: seconds}} of ``shape`` on ``device`` in bfloat16 (module docstring): ``step`` {mode: table}
+    (eager at ``plan.rows``, each of ``modes`` — {mode: compile options} — at ``plan.step_rows``), ``host``,
+    ``layer`` (with ``layer_mode``), ``head``, ``proposal``, ``adapter``; ``tp`` {T: shard}; ``bytes``."""
+    tables = time_parts(one_layer_model(shape, device), plan, modes)
+    modes = {m: options for m, options in modes.items() if m == tables["layer_mode"]}
+    shards = {T: time_shard(shard(shape, T), device, plan, modes) for T in plan.ranks}
+    tables["tp"] = {T: s["seconds"] for T, s in shards.items()}
+    tables["bytes"]["tp"] = {T: s["bytes"] for T, s in shards.items()}
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return tables
+
+
+def time_parts(model, plan: Plan, modes: dict) -> dict:
+    """The parts of ``time_shape`` but the shards, timed on one-layer ``model``."""
+    view, hidden = model_view(model), model.config.hidden_size
+    light = ProposalHead(view, torch.arange(min(PROPOSAL_ROWS, view.vocab), device=view.device))
+    adapter = InducingAdapter(hidden, 2 * hidden, device=model.device, dtype=model.dtype).eval()
+    explorers, declined = stages(model, plan.context, max(plan.rows), modes), skips()
+    tables = {"step": {mode: {} for mode in explorers}, "host": {}, "head": {}, "proposal": {}, "adapter": {}}
+    for n in plan.rows:
+        h = torch.randn(n, hidden, dtype=model.dtype, device=model.device)  # (n, hidden)
+        steps = {m: e for m, e in explorers.items() if m == "eager" or n in plan.step_rows}
+        blocks = step_blocks(steps, h, plan.context)
+        blocks.update(
+            head=lambda h=h: view.head(h), proposal=lambda h=h: light(h), adapter=lambda h=h: adapter(h)
+        )
+        for name, seconds in decode_order_seconds(blocks, plan.repeats, Clock(model.device)).items():
+            (tables["step"][name] if name in explorers else tables[name])[n] = seconds
+        tables["host"][n] = host_seconds(explorers["eager"], n, plan.context, plan.repeats)
+    mode = projected_mode(explorers)
+    tables.update(layer=tables["step"][mode], layer_mode=mode, cudagraph_skips=skips() - declined)
+    tables["bytes"] = {
+        "layer": weight_bytes(model.model.layers[0]),
+        "head": weight_bytes(model.model.norm, model.lm_head),
+        "proposal": weight_bytes(model.model.norm, light.weight),
+        "adapter": weight_bytes(adapter),
+        "row": hidden * model.dtype.itemsize,
+    }
+    return tables
+
+
+def time_shard(part: dict, device, plan: Plan, modes: dict) -> dict:
+    """One row through a tensor-parallel shard ``part``: {"seconds": {"layer": its stage step in the projected mode,
+    "head": its head, "step": {mode: seconds}}, "bytes": {"layer", "head"}}."""
+    model = one_layer_model(part, device)
+    view, explorers = model_view(model), stages(model, plan.context, 1, modes)
+    h = torch.randn(1, part["hidden_size"], dtype=model.dtype, device=model.device)  # (1, hidden)
+    blocks = step_blocks(explorers, h, plan.context) | {"head": lambda: view.head(h)}
+    seconds = decode_order_seconds(blocks, plan.repeats, Clock(model.device))
+    step = {mode: seconds[mode] for mode in explorers}
+    return {
+        "seconds": {"layer": step[projected_mode(explorers)], "head": seconds["head"], "step": step},
+        "bytes": {
+            "layer": weight_bytes(model.model.layers[0]),
+            "head": weight_bytes(model.model.norm, model.lm_head),
+        },
+    }
 
 
 def rank_devices(device, ranks: int) -> list[str]:
@@ -141,69 +201,38 @@ def rank_devices(device, ranks: int) -> list[str]:
     return ["cpu"] * ranks
 
 
-def time_shapes(
-    shapes: dict, device, context: int = 2048, repeats: int = 20, rows=ROWS, ranks=(2, 4, 8)
-) -> dict:
-    """Every shape timed (``time_shape``, with a tensor-parallel shard per rank count; the first one twice, the
-    first pass a warm-up), and the links at each of ``ranks`` (``collectives.link_seconds``) per hidden size."""
+def timed_links(hiddens: list[int], device, plan: Plan) -> dict:
+    """{W: {hidden: links}} at each W of ``plan.ranks`` (``collectives.links_at``): one launch for the worlds on GPUs
+    of their own, one for those on CPU processes (``rank_devices``)."""
+    on_cpu = [W for W in plan.ranks if rank_devices(device, W)[0] == "cpu"]
+    links = {}
+    for worlds in (on_cpu, [W for W in plan.ranks if W not in on_cpu]):
+        if worlds:
+            devices = rank_devices(device, max(worlds))
+            links.update(links_at(hiddens, torch.bfloat16, plan.repeats, devices, plan.rows, worlds))
+    return links
+
+
+def time_shapes(shapes: dict, device, plan: Plan = Plan()) -> dict:
+    """Every shape timed (``time_shape``, with a tensor-parallel shard per rank count, its stage step compiled and
+    captured where ``plan.compiled`` names it; the first shape twice, the first pass eager and unrecorded), and the
+    links at each of ``plan.ranks`` (``timed_links``) per hidden size."""
     first = next(iter(shapes.values()))
-    time_shape(first, device, context, repeats, rows, tp=ranks)  # unrecorded: the first shape a process times
+    time_shape(first, device, plan, {})  # unrecorded: the first shape a process times
     # ran 30-50x slow on the H200 (43-70 ms a layer against 1.4; docs/BENCHMARKS.md, "The GPU check")
+    options = step_modes(device)
     out = {
-        name: time_shape(shape, device, context, repeats, rows, tp=ranks) for name, shape in shapes.items()
+        name: time_shape(shape, device, plan, options if name in plan.compiled else {})
+        for name, shape in shapes.items()
     }
-    hiddens = sorted({s["hidden_size"] for s in shapes.values()})
-    links = {W: link_seconds(hiddens, torch.bfloat16, repeats, rank_devices(device, W), rows) for W in ranks}
+    links = timed_links(sorted({s["hidden_size"] for s in shapes.values()}), device, plan)
     for name, shape in shapes.items():
-        out[name]["links"] = {W: links[W][shape["hidden_size"]] for W in ranks}
-    return {"tables": out, "context": context, "rows": list(rows), "ranks": list(ranks)}
-
-
-def measured(table: dict, rows: int) -> float:
-    """Seconds at ``rows`` from a {rows: seconds} table, between measured points only (never extrapolated)."""
-    if rows > max(table):
-        raise ValueError(f"{rows} rows is past the {max(table)} measured; measure more rows")
-    return interpolate(table, rows)
-
-
-def project(tables: dict, layers: int, run: dict) -> dict:
-    """Per-token seconds of DEX-1/K (``run``'s measured rounds replayed), pipeline AR and tensor parallelism on
-    the same K devices, term by term (module docstring); None for DEX when a round ran more rows than measured."""
-    rounds, K = run["batch_sizes"], len(run["batch_sizes"][0])
-    links, tokens = tables["links"][K], max(1, run["tokens"])
-    depths = resolve_depths(layers, explorers=K)  # the uniform split, as DEX's default
-    counts = [d - p for d, p in zip(depths, (0, *depths[:-1]))]
-
-    def stage(k: int, n: int) -> float:
-        if n == 0:
-            return 0.0
-        final = k == K - 1
-        extra = 0.0 if final else measured(tables["adapter"], n)
-        return (
-            counts[k] * measured(tables["layer"], n)
-            + measured(tables["head" if final else "proposal"], n)
-            + extra
-        )
-
-    widest = max(max(b) for b in rounds)
-    ar = {"compute": layers * tables["layer"][1] + tables["head"][1], "link": (K - 1) * links["p2p"]}
-    tp_shard = tables["tp"][K]
-    tp = {
-        "compute": layers * tp_shard["layer"] + tp_shard["head"],
-        "link": (2 * layers + 1) * links["all_reduce"],
+        out[name]["links"] = {W: links[W][shape["hidden_size"]] for W in plan.ranks}
+    return {
+        "tables": out,
+        "context": plan.context,
+        "rows": list(plan.rows),
+        "ranks": list(plan.ranks),
+        "step_rows": [n for n in plan.step_rows if n in plan.rows],
+        "compiled_modes": list(options),
     }
-    out = {"K": K, "widest_stage_rows": widest, "pipeline_ar": ar, "tensor_parallel": tp, "dex": None}
-    if widest <= max(tables["layer"]):
-        out["dex"] = {
-            "compute": sum(max(stage(k, n) for k, n in enumerate(b)) for b in rounds) / tokens,
-            "host": run["host_seconds_per_round"] * len(rounds) / tokens,
-            "link": sum(measured(links["exchange"], max(1, max(b))) for b in rounds) / tokens,
-        }
-    for name in ("dex", "pipeline_ar", "tensor_parallel"):
-        if out[name] is not None:
-            out[name]["total"] = sum(out[name].values())
-    if out["dex"] is not None:
-        for name in ("pipeline_ar", "tensor_parallel"):
-            out[f"speedup_over_{name}"] = out[name]["total"] / out["dex"]["total"]
-            out[f"speedup_over_{name}_compute_only"] = out[name]["compute"] / out["dex"]["compute"]
-    return out
