@@ -30,6 +30,7 @@ from .model.adapter_choice import load_adapters
 from .model.load import load_model
 from .model.proposal import store_ranking
 from .runtime.console import TextStream, print_report
+from .runtime.heap import settle
 from .runtime.request import check_text, encode_prompt, no_chat_template
 from .serving import serve, torchrun
 from .trace.files import load_trace, save_trace
@@ -234,6 +235,7 @@ def _generate(args) -> None:
     decoder = DexDecoder.from_pretrained(
         config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log
     )
+    settle()  # the loaded model out of the collector's sight (runtime.heap)
     tokenizer = decoder.tokenizer
     ids = encode_prompt(tokenizer, prompt, config.chat)
     if no_chat_template(tokenizer, config.chat):

@@ -42,7 +42,7 @@ ChildKind = Literal[
 Via = Literal["chain", "position", "root"]  # how the next anchor was found ("root": from scratch)
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     id: int
     position: int  # absolute position of the token this slot predicts
@@ -58,7 +58,7 @@ class Slot:
     children: list[int] = field(default_factory=list)  # the slots whose parent this is
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     id: int
     slot: int
@@ -73,7 +73,7 @@ class Node:
     position_child: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Child:
     """A node queued for the next round: a depth or position child of ``parent``, or a root (token, position)."""
 

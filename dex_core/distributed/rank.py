@@ -41,6 +41,7 @@ from ..model.proposal import ProposalHead
 from ..model.stage_load import PartSource, load_stage
 from ..model.view import model_view
 from ..runtime.engine import run_rounds
+from ..runtime.heap import settle
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
 from ..trace.events import EndEvent, Event
@@ -79,6 +80,7 @@ def open_part(settings: RunSettings, source: PartSource, rank: int, device: str,
     explorer = Explorer(view, rank, settings.K, *stage_bounds(settings.depths, rank), adapter, head)
     if settings.compile:
         explorer.compile_step(settings.compile)
+    settle()  # the part lives as long as the process: collections stop visiting it (runtime.heap)
     return view, explorer, {"read": stage.read, "bytes": stage.bytes}
 
 

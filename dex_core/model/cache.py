@@ -44,7 +44,8 @@ class StageCache:
         )
         self.grown = 0  # times the buffer grew mid-run (an unbounded lattice): a compiled step re-records
         self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
-        self._layer = {i: j for j, i in enumerate(self.layer_ids)}  # a layer's global index -> its place in the buffer
+        # a layer's global index -> its place in the buffer
+        self._layer = {i: j for j, i in enumerate(self.layer_ids)}
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
         self.positions: list[int] = []  # absolute token position of each lattice entry
@@ -97,7 +98,8 @@ class StageCache:
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write a batch's keys/values (1, kv_heads, q, head_dim) at the entries ``write_at`` named; every entry
         of the capacity back (the mask says which are visible)."""
-        keys, values = self.keys(layer_idx), self.values(layer_idx)  # views, not kept: a step mutates the buffer
+        # views made here, not kept: a compiled step mutates the one (static) buffer
+        keys, values = self.keys(layer_idx), self.values(layer_idx)
         keys.index_copy_(2, self.at, key)
         values.index_copy_(2, self.at, value)
         return keys, values

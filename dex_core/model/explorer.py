@@ -207,7 +207,7 @@ class Explorer:
         if table is None:
             table = to_device(self.table(hidden.shape[0], slots, positions, paths), self.view.device)
         out = self.step(hidden, table)
-        if isinstance(self.step, CompiledStep):  # out of the compiled step's memory: its next replay may reuse it
+        if isinstance(self.step, CompiledStep):  # out of the graph's memory: its next replay may reuse it
             out = out.clone()
         self.cache.extend(slots, positions)
         return out

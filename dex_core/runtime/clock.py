@@ -39,12 +39,13 @@ class Clock:
         self._spans: dict[
             Hashable, list[tuple[object, object]]
         ] = {}  # name -> its unread (start, stop), in order
+        self._free: list = []  # CUDA events already read, recorded again by later stamps: none made a round
 
     def stamp(self):
         """A point in time: a recorded CUDA event on the device's stream, or the host's clock."""
         if not self.cuda:
             return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
@@ -73,6 +74,8 @@ class Clock:
                 seconds[name] = sum(
                     start.elapsed_time(stop) / 1000 if self.cuda else stop - start for start, stop in taken
                 )
+                if self.cuda:  # passed and read: free to record again
+                    self._free += [event for pair in taken for event in pair]
         return seconds
 
     def since(self, start) -> float:

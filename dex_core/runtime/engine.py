@@ -48,6 +48,7 @@ class Run:
     tokens: list[int] = field(default_factory=list)
     communication: float = 0.0  # the link's waiting seconds already reported
     begun: object = None  # the clock's stamp at the start
+    overlap: bool = False  # a round's record made once the next round's steps are enqueued (``overlaps``)
 
     @property
     def finished(self) -> bool:
@@ -58,13 +59,19 @@ def run_rounds(
     view: ModelView, settings: RunSettings, explorers: list[Explorer], link: Link, request: Request
 ) -> Iterator[RoundEvent | EndEvent]:
     """Algorithm 1: yields one trace event per round (its tokens without text: ``trace.build.with_text``), then the
-    end event."""
+    end event. On an accelerator (``overlaps``) a round's record is made, and yielded, once the next round's stage
+    steps are enqueued: the device runs them meanwhile. On the CPU, where a step runs as it is called, each round's
+    event reaches the consumer before the next round's first step."""
     run = start(view, settings, explorers, link, request)  # S <- init(x, {E_k}): the prompt's prefill
+    done = None  # a round decided, its record not yet made
     while not run.finished:
         with run.clock.span("round"):
             plan = plan_round(run)  # the nodes (ETKs) of FSM state q, by stage
             masked = decs_masks(run, plan)  # DECS: the tokens shallower stages of each slot proposed
             choices = explore(run, plan, masked)  # expand every batch, choose its tokens on the device
+        if done is not None:  # (accelerators) the last round's record while this round's steps run
+            yield recorded(run, done)
+        with run.clock.span("round"):
             outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
             commits = []
@@ -72,13 +79,51 @@ def run_rounds(
                 commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
             stop_if_cancelled(run)  # a participant asked to stop: this round is the last
-            event = round_record(run, plan, outputs, masked, commits)
-        event = dataclasses.replace(event, timings=round_seconds(run, outputs))  # read once the round is over
-        account(run, event.timings, plan)  # the round's seconds and batch sizes into the run's stats
-        yield event
+            done = Decided(plan, outputs, masked, commits, *lattice_after(run, commits))
+        if not run.overlap:
+            yield recorded(run, done)
+            done = None
+    if done is not None:
+        yield recorded(run, done)
     account_rest(run)
     run.stats.finish(len(run.tokens), run.clock.since(run.begun))
     yield end_event(run.tokens, run.stats)
+
+
+def overlaps(view: ModelView) -> bool:
+    """Whether a round's record waits for the next round's stage steps to be enqueued: on an accelerator, whose
+    steps run while the host records (``benchmarks/round_host_work.py --order accelerator`` sets it on the CPU)."""
+    return view.device.type != "cpu"
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A round as the loop decided it: what its record needs, the lattice's part read before the next round."""
+
+    plan: RoundPlan
+    outputs: Outputs
+    masked: dict
+    commits: list
+    first: int  # the index of its first commit among the run's tokens
+    state: int  # the FSM state after it
+    alive: list[int]
+    cut: list[int] | None
+
+
+def lattice_after(run: Run, commits: list) -> tuple:
+    """(its first commit's index, the state, the alive node ids, the cut chain nodes) of the round just decided."""
+    lattice = run.lattice
+    cut = list(lattice.cut) if lattice.chains is not None else None
+    return len(run.tokens) - len(commits), lattice.state, list(lattice.nodes), cut
+
+
+def recorded(run: Run, done: Decided) -> RoundEvent:
+    """The round's trace event, its timings read once it is made (``round_seconds``) and counted in the stats."""
+    with run.clock.span("round"):
+        event = round_record(run, done)
+    event = dataclasses.replace(event, timings=round_seconds(run, done.outputs))
+    account(run, event.timings, done.plan)
+    return event
 
 
 def start(view, settings: RunSettings, explorers, link: Link, request: Request) -> Run:
@@ -101,10 +146,13 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
         ),
         sampler=Sampler(view.vocab, o.temperature, o.top_k, o.top_p, o.seed),
         clock=clock,
+        overlap=overlaps(view),
         stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
     run.begun = clock.stamp()
-    lattice = None if settings.prune is None else settings.prune * settings.K  # a stage's entries and rows at most
+    # a stage's lattice entries and rows in a round, at most: budget x K (the most seen at K = 2, 4, 8 with chains was
+    # 376 for 512 at budget 64); past it the cache grows, logged once (model.cache)
+    lattice = None if settings.prune is None else settings.prune * settings.K
     for e in explorers:
         e.reset(len(prompt) + o.max_new_tokens, lattice)
     link.reset()
@@ -177,20 +225,21 @@ def stop_if_cancelled(run: Run) -> None:
         run.stats.stop = "cancelled"
 
 
-def round_record(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> RoundEvent:
+def round_record(run: Run, done: Decided) -> RoundEvent:
     """The round's trace event (its timings added once the round is over: ``round_seconds``)."""
     with run.clock.span("trace"):
-        first = len(run.tokens) - len(commits)
+        plan, outputs, masked = done.plan, done.outputs, done.masked
         nodes = [
             node_record(n, [[t, round(p, 4)] for t, p in out.top[i]], masked[n.id])
             for k, out in outputs.items()
             for i, n in enumerate(plan.batches[k])
         ]
         records = [
-            commit_record(c, first + i, **at_final_depth(plan, outputs, c))
-            for i, (c, _) in enumerate(commits)
+            commit_record(c, done.first + i, **at_final_depth(plan, outputs, c))
+            for i, (c, _) in enumerate(done.commits)
         ]
-        return round_event(plan, run.lattice, nodes, records, collapse_record(commits))
+        collapsed = collapse_record(done.commits)
+        return round_event(plan, done.state, sorted(done.alive), done.cut, nodes, records, collapsed)
 
 
 def at_final_depth(plan: RoundPlan, outputs: Outputs, commit: Commit) -> dict:

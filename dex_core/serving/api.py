@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..config import DexError
+from ..runtime.heap import settle
 from ..runtime.scoring import Scored
 from ..trace.events import EndEvent, RoundEvent
 from .answers import TextPieces, chunk, logprobs_of, reply, scored_choice, usage, whole
@@ -384,6 +385,7 @@ def serve_http(config, where: str, log, queue: int = 8, seconds: float = 0) -> N
     try:
         decoder = pool.decoder(config.decoder())
         app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, queue, seconds)
+        settle()  # the loaded model and the app out of the collector's sight (runtime.heap)
         log(f"serving {config.model!r} (K={decoder.K}, {config.backend}) at http://{host}:{port}/v1")
         uvicorn.Server(server_config(app, host, port, log_level="warning", access_log=False)).run()
     finally:

@@ -61,21 +61,23 @@ def round_timings(expand: list[float], **seconds) -> dict:
     return t
 
 
-def round_event(plan, lattice, nodes: list[NodeRecord], commits: list[CommitRecord], collapse: dict | None):
-    """A round's event (its ``timings`` are added once the round's clock is read: ``dataclasses.replace``)."""
-    chains = lattice.chains is not None
+def round_event(
+    plan, state_after: int, alive: list[int], cut: list[int] | None, nodes, commits, collapse: dict | None
+):
+    """A round's event (its ``timings`` are added once the round's clock is read: ``dataclasses.replace``):
+    ``alive`` the lattice's node ids after it, sorted; ``cut`` its cut chain nodes (None without draft chains)."""
     return RoundEvent(
         round=plan.round,
         state_before=plan.state_before,
-        state_after=lattice.state,
+        state_after=state_after,
         batches=[[n.id for n in b] for b in plan.batches],
         nodes=nodes,
         commits=commits,
         collapse=collapse,
-        alive=sorted(lattice.nodes),
+        alive=alive,
         pruned=list(plan.pruned),
-        chains=plan.chains if chains else None,
-        cut=list(lattice.cut) if chains else None,
+        chains=plan.chains if cut is not None else None,
+        cut=cut,
     )
 
 

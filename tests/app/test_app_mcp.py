@@ -111,7 +111,7 @@ def test_two_mcp_callers_from_different_addresses_are_two_visitors_and_neither_c
     with httpx.Client(transport=httpx.HTTPTransport(local_address=flooder), timeout=10) as direct:
         for _ in range(20):  # malformed calls: the gate refuses this visitor's calls for a minute (Calls)
             event = direct.post(f"{url}gradio_api/call/generate", json={"data": [1]}).json()["event_id"]
-            answer = direct.get(f"{url}gradio_api/call/generate/{event}").text  # the queue has run it: counted
+            answer = direct.get(f"{url}gradio_api/call/generate/{event}").text  # run by the queue: counted
             assert "event: error" in answer and "refused this call" in answer
     call = [("dex_generate", {"prompt": PROMPT, "max_new_tokens": 4, "chat": False})]
     forged = {"X-Forwarded-For": "203.0.113.5", "X-Dex-Mcp-Caller": "0123 203.0.113.6"}

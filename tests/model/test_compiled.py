@@ -43,7 +43,7 @@ def test_explorer_processes_compile_the_same_static_step(model, explorer_group, 
 
 
 def test_the_rows_a_link_hands_on_never_share_the_compiled_steps_memory(model, monkeypatch):
-    outputs, held = [], []  # the compiled graphs' outputs (kept alive: no address reused), the rows the link held
+    outputs, held = [], []  # the graphs' outputs (kept alive: no address reused), the rows the link held
 
     def recording(graph, inputs):
         def run(*args):
