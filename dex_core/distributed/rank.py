@@ -183,10 +183,13 @@ def connect(
     op_timeout: float,
     cancel=None,
     progress=None,
+    control: bool = False,
 ) -> DistLink:
-    """This rank's link to its peers on an initialized world (``init_world``, or torchrun's), warmed up."""
+    """This rank's link to its peers on an initialized world (``init_world``, or torchrun's), warmed up.
+    ``control``: a gloo group for the Python objects torchrun serving broadcasts (on NCCL; on gloo the world is
+    one), made by every rank of the world together, only where it is used."""
 
-    ctrl = dist.new_group(backend="gloo") if data.backend == "nccl" else None
+    ctrl = dist.new_group(backend="gloo") if control and data.backend == "nccl" else None
     link = DistLink(
         rank,
         count,

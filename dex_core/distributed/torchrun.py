@@ -179,5 +179,7 @@ def join(
         store.set("dex-settings", pickle.dumps(settings))  # to the other ranks, which rank 0's launch started
     settings = pickle.loads(store.get("dex-settings"))  # the cluster's own store, not a visitor's input
     view, explorer, _ = open_part(settings, PartSource(config, folder=str(folder)), rank, device)
-    link = connect(view, rank, count, data, device, settings.trace_top, options.op_timeout, _Stop())
+    link = connect(
+        view, rank, count, data, device, settings.trace_top, options.op_timeout, _Stop(), control=True
+    )
     return TorchrunGroup(settings, view, explorer, link, device, config, folder, tokenizer)
