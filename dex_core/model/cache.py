@@ -7,7 +7,9 @@ Entries live in preallocated buffers of a fixed capacity (``shapes.capacity``, s
 ``update`` writes the batch at the entries ``write_at`` named, on the device (``index_copy_``, so the indices
 are tensor values, not shapes), and returns the whole buffers: attention runs over every entry of the capacity and
 the caller's mask hides those that are not visible, so a round's shapes do not change as the context grows.
-``extend``/``extend_committed`` then account for the batch once every layer of the stage has run.
+Beside the buffers, every entry's *tag* (its slot id and position, ``tags``) lives on the device too, written with
+the batch (``write_at``) and moved with the entries: a round's tree masks read the lattice's tags there, so the host
+never sends them. ``extend``/``extend_committed`` then account for the batch once every layer of the stage has run.
 ``retain(lattice, promote)`` compacts after a collapse: the committed prefix stays where it is and only lattice
 entries are named and moved (a gather and an ``index_copy_`` of a bucket of entries), so a commit costs
 O(lattice entries), not O(context). ``keep(indices)`` is the general form (any order of any entries) and costs
@@ -23,6 +25,7 @@ from ..log import stderr
 from ..shapes import bucket, capacity
 
 MOVE_LEAST = 16  # the least bucket of entries a compaction moves
+EMPTY = -1  # the slot tag of an entry no node sees (a batch's padding rows, the committed prompt)
 
 
 class StageCache:
@@ -42,6 +45,8 @@ class StageCache:
         self._kv = torch.zeros(
             (2, len(layer_ids), 1, kv_heads, capacity, head_dim), dtype=dtype, device=device
         )
+        # each entry's tag (2, capacity): its slot id, then its position (``tags``)
+        self.tags = torch.full((2, capacity), EMPTY, dtype=torch.long, device=device)
         self.grown = 0  # times the buffer grew mid-run (an unbounded lattice): a compiled step re-records
         self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
         # a layer's global index -> its place in the buffer
@@ -59,11 +64,12 @@ class StageCache:
         return self._kv.shape[4]
 
     def mark_static(self) -> None:
-        """Tell ``torch.compile`` the buffer keeps its address (until ``reserve`` grows it, which marks the new one):
-        CUDA graphs (``mode="reduce-overhead"``) then write it in place instead of skipping a graph that mutates
-        one of its inputs."""
+        """Tell ``torch.compile`` the buffers (entries and tags) keep their addresses (until ``reserve`` grows them,
+        which marks the new ones): CUDA graphs (``mode="reduce-overhead"``) then write them in place instead of
+        skipping a graph that mutates one of its inputs."""
         self.static = True
         torch._dynamo.mark_static_address(self._kv)
+        torch._dynamo.mark_static_address(self.tags)
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s (global index) keys (1, kv_heads, capacity, head_dim): a view of the one buffer, made
@@ -88,12 +94,18 @@ class StageCache:
         old = self._kv
         self._kv = old.new_zeros((*old.shape[:4], capacity(needed), old.shape[5]))
         self._kv[:, :, :, :, : old.shape[4]] = old
+        tags = self.tags
+        self.tags = tags.new_full((2, capacity(needed)), EMPTY)
+        self.tags[:, : tags.shape[1]] = tags
         if self.static:
             self.mark_static()
 
-    def write_at(self, at: torch.Tensor) -> None:
-        """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity."""
+    def write_at(self, at: torch.Tensor, tags: torch.Tensor | None = None) -> None:
+        """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity; ``tags`` (2, q),
+        the entries' slots and positions, written there now."""
         self.at = at
+        if tags is not None:
+            self.tags.index_copy_(1, at, tags)
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write a batch's keys/values (1, kv_heads, q, head_dim) at the entries ``write_at`` named; every entry
@@ -125,8 +137,9 @@ class StageCache:
         self.reserve(start + size)
         stay = list(range(start + len(src), start + size))
         index = to_device(src + stay + list(range(start, start + size)), self._kv.device)
-        # every layer's keys and values at once
+        # every layer's keys and values at once, and their tags
         self._kv.index_copy_(4, index[size:], self._kv.index_select(4, index[:size]))
+        self.tags.index_copy_(1, index[size:], self.tags.index_select(1, index[:size]))
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:
         """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first
@@ -163,3 +176,4 @@ class StageCache:
     def reset(self) -> None:
         self.committed = 0
         self.slots, self.positions = [], []
+        self.tags.fill_(EMPTY)

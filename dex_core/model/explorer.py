@@ -15,15 +15,17 @@ bucket. The layers attend through ``dex_sdpa`` where the model runs SDPA (``mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..device import to_device
 from ..shapes import bucket, padded
-from .cache import StageCache
+from .cache import EMPTY, StageCache
 from .compiled import CompiledStep, compile_options
 from .view import ModelView
 
-EMPTY, NO_SLOT = -1, -2  # a table's slot for an entry no node sees; its path filler (never equal to a slot)
+NO_SLOT = -2  # a table's path filler (never equal to a slot, nor to ``EMPTY``)
 
 
 class TreeMask:
@@ -31,13 +33,15 @@ class TreeMask:
 
     Entry j is visible to node i if it is committed, or a lattice entry (existing or in this batch) whose slot
     lies on node i's path; with a sliding window w, only if position_i - position_j < w. The host writes one
-    table per batch (``table``): the rows' positions, their paths (``width`` slots each) and the slots and
-    positions of the cache's lattice region (``region`` entries from the first lattice entry: the existing ones,
-    then the batch's), the committed length and the cache's length; ``build`` turns it into the positions, the
-    entries the batch writes and one mask (1, 1, rows, capacity) per window, with tensor ops of fixed shapes
-    (the committed prefix at positions 0, 1, ... in order, so its columns need no table). ``region`` and
-    ``width`` are buckets that only grow: after a run's first rounds a stage's tables keep their size, and a
-    batch of ``rows`` (a bucket) always runs the same ops on the same shapes.
+    table per batch (``table``): the rows' positions, their paths (``width`` slots each), their slots (``EMPTY`` for
+    padding rows), the committed length and the cache's length; the lattice's slots and positions are the cache's
+    tags, already on the device (``StageCache.tags``), so the table grows with the batch, never with the lattice.
+    ``rows`` reads the table's rows (their positions, the entries they write and those entries' tags); ``build``
+    makes one mask (1, 1, rows, capacity) per window from them and the cache's tags, with tensor ops of fixed
+    shapes: it reads the tags of ``region`` entries from the first lattice entry (those past the batch's rows,
+    stale after a compaction, hidden); the committed prefix sits at positions 0, 1, ... in order, so its columns
+    need no tags. ``region`` and ``width`` are buckets that only grow: after a run's first rounds a stage's tables
+    keep their size, and a batch of ``rows`` (a bucket) always runs the same ops on the same shapes.
     """
 
     def __init__(self, windows: list, dtype: torch.dtype, device):
@@ -50,46 +54,68 @@ class TreeMask:
     ) -> list:
         """The host table of a batch of ``len(slots)`` nodes run as ``rows`` rows (``positions``: where each node's
         input token sits; ``paths``: its slots from the anchor down, itself last); its size depends only on
-        ``rows``, ``region`` and ``width``."""
-        n, lattice = len(slots), cache.slots
-        self.region = max(self.region, bucket(len(lattice) + rows))
+        ``rows`` and ``width``; ``region`` grows to cover the cache's lattice and the batch."""
+        n = len(slots)
+        self.region = max(self.region, bucket(len(cache.slots) + rows))
         self.width = max(self.width, bucket(max(len(p) for p in paths)))
-        fill = rows - n
         return (
             padded(positions, rows, positions[0])
             + [s for p in paths for s in padded(list(p), self.width, NO_SLOT)]
-            + [NO_SLOT] * (fill * self.width)
-            + padded(lattice + slots, self.region, EMPTY)
-            + padded(cache.positions + positions, self.region, 0)
+            + [NO_SLOT] * ((rows - n) * self.width)
+            + padded(slots, rows, EMPTY)
             + [cache.committed, len(cache)]
         )
 
-    def build(self, data: torch.Tensor, rows: int, capacity: int):
-        """A table (``table``, on the device) -> the rows' positions (rows,), the entries they write (rows,) and
-        the mask of each window, {window: (1, 1, rows, capacity)}."""
-        width, region = self.width, self.region
+    def rows(self, data: torch.Tensor, rows: int) -> Rows:
+        """A table (``table``, on the device) -> its batch's ``rows`` rows."""
+        width = self.width
         positions = data[:rows]
         paths = data[rows : rows + rows * width].view(rows, width)
         at = rows + rows * width
-        slots, keys = data[at : at + region], data[at + region : at + 2 * region]
-        committed, length = data[at + 2 * region], data[at + 2 * region + 1]
-        lattice = committed + torch.arange(region, device=self.device)  # the region's columns
+        committed, length = data[at + rows], data[at + rows + 1]
+        tags = torch.stack([data[at : at + rows], positions])  # (2, rows): slots, positions
+        return Rows(
+            positions=positions,
+            paths=paths,
+            at=length + torch.arange(rows, device=self.device),
+            tags=tags,
+            committed=committed,
+        )
+
+    def build(self, batch: Rows, tags: torch.Tensor) -> dict:
+        """The mask of each window, {window: (1, 1, rows, capacity)}, of ``batch`` over a cache whose tags
+        ``tags`` (``StageCache.tags``, (2, capacity)) hold the batch's already."""
+        rows, capacity, positions = batch.positions.shape[0], tags.shape[1], batch.positions
+        lattice = batch.committed + torch.arange(self.region, device=self.device)  # the region's columns
+        slots, keys = tags.index_select(1, lattice)  # (region,) each
         columns = torch.arange(capacity, device=self.device)
-        on_path = (paths[:, :, None] == slots[None, None, :]).any(dim=1)  # (rows, region)
+        # entries past the batch's rows hold stale tags (after a compaction): never seen
+        live = (lattice <= batch.at[-1])[None, :]  # (1, region)
+        on_path = (batch.paths[:, :, None] == slots[None, None, :]).any(dim=1) & live  # (rows, region)
         masks = {}
         for w in self.windows:
-            prefix = (columns < committed)[None, :]  # (1, capacity)
+            prefix = (columns < batch.committed)[None, :]  # (1, capacity)
             seen = on_path
             if w is not None:
                 prefix = prefix & (positions[:, None] - columns[None, :] < w)
                 seen = seen & (positions[:, None] - keys[None, :] < w)
             region = torch.zeros(rows, capacity, dtype=torch.bool, device=self.device)
-            visible = prefix | region.index_copy_(
-                1, lattice, seen
-            )  # the region's columns are past the prefix
+            # the region's columns are past the prefix
+            visible = prefix | region.index_copy_(1, lattice, seen)
             mask = torch.zeros(rows, capacity, dtype=self.dtype, device=self.device)
             masks[w] = mask.masked_fill_(~visible, self.low)[None, None]
-        return positions, length + torch.arange(rows, device=self.device), masks
+        return masks
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A batch's rows on the device, read from its table (``TreeMask.rows``)."""
+
+    positions: torch.Tensor  # (rows,) where each row's input token sits
+    paths: torch.Tensor  # (rows, width) each row's slots from the anchor down, ``NO_SLOT`` after them
+    at: torch.Tensor  # (rows,) the cache entries the rows write
+    tags: torch.Tensor  # (2, rows) those entries' tags: slots (``EMPTY`` for padding rows), positions
+    committed: torch.Tensor  # () the cache's committed length
 
 
 REGION_LEAST, WIDTH_LEAST = 16, 8  # the least lattice region and path width of a tree mask's table
@@ -167,9 +193,9 @@ class Explorer:
     def _step(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """The stage step: a batch's rows (rows, hidden) and its mask table (``TreeMask.table``, on the device)
         through the stage's layers. Tensor ops of shapes fixed by the buckets alone: what a GPU captures."""
-        positions, at, masks = self.tree.build(table, hidden.shape[0], self.cache.capacity)
-        self.cache.write_at(at)
-        return self._forward(hidden, positions[None], masks)
+        batch = self.tree.rows(table, hidden.shape[0])
+        self.cache.write_at(batch.at, batch.tags)
+        return self._forward(hidden, batch.positions[None], self.tree.build(batch, self.cache.tags))
 
     @torch.no_grad()
     def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -179,7 +205,7 @@ class Explorer:
         columns = self.cache.capacity
         masks = {w: causal_mask(start, n, w, self.view.dtype, device, columns) for w in self._windows}
         positions = torch.arange(start, start + n, device=device)
-        self.cache.write_at(positions)
+        self.cache.write_at(positions, torch.stack([torch.full_like(positions, EMPTY), positions]))
         out = self._forward(hidden, positions[None], masks)
         self.cache.extend_committed(n)
         return out

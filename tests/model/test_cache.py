@@ -2,14 +2,15 @@
 
 import torch
 
-from dex_core.model.cache import StageCache
+from dex_core.model.cache import EMPTY, StageCache
 
 
-def write(cache, keys, values, layer):
-    """A batch's keys and values written after the cache's entries, as an explorer writes them."""
+def write(cache, keys, values, layer, tags=None):
+    """A batch's keys and values (and ``tags``, (2, q)) written after the cache's entries, as an explorer writes
+    them."""
     n, q = len(cache), keys.shape[2]
     cache.reserve(n + q)
-    cache.write_at(torch.arange(n, n + q))
+    cache.write_at(torch.arange(n, n + q), tags)
     return cache.update(keys, values, layer)
 
 
@@ -74,8 +75,13 @@ def entry_ids(cache, layer=5):
 def grow(cache, ids, slots, positions):
     kv = torch.tensor(ids, dtype=torch.float64)[None, None, :, None].expand(1, 2, len(ids), 3)
     for layer in (4, 5):
-        write(cache, kv, -kv, layer)
+        write(cache, kv, -kv, layer, torch.tensor([slots, positions]))
     cache.extend(slots, positions)
+
+
+def lattice_tags(cache):
+    """The device tags (slots, positions) of the cache's lattice entries."""
+    return cache.tags[:, cache.committed : len(cache)].tolist()
 
 
 def test_commits_match_a_full_reindex_computed_the_slow_way():
@@ -113,6 +119,8 @@ def test_commits_match_a_full_reindex_computed_the_slow_way():
         cache.commit(slot, kept)
         assert entry_ids(cache) == ref_ids and entry_ids(cache, layer=4) == ref_ids
         assert cache.committed == base + 1 and cache.slots == ref_slots and cache.positions == ref_positions
+        assert lattice_tags(cache) == [ref_slots, ref_positions]  # the tags moved with their entries
+    assert cache.capacity > 8  # the tags grew with the buffer
     assert cache.committed > 45  # the loop committed many times
 
 
@@ -158,3 +166,13 @@ def test_a_growing_cache_keeps_its_entries_and_a_static_mark():
     before = cache.capacity
     cache.reserve(before + 1)
     assert cache.capacity > before and cache.static and ids(cache) == list(range(7))
+
+
+def test_a_reset_empties_the_tags_and_a_growth_keeps_them():
+    cache = StageCache([4, 5], kv_heads=2, head_dim=3, dtype=torch.float64, capacity=4)
+    grow(cache, [0, 1, 2], [7, 8, 9], [20, 21, 22])
+    assert lattice_tags(cache) == [[7, 8, 9], [20, 21, 22]]
+    cache.reserve(300)
+    assert cache.tags.shape == (2, cache.capacity) and lattice_tags(cache) == [[7, 8, 9], [20, 21, 22]]
+    cache.reset()
+    assert (cache.tags[0] == EMPTY).all()
