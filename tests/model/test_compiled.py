@@ -65,8 +65,8 @@ def test_the_rows_a_link_hands_on_never_share_the_compiled_steps_memory(model, m
     assert held and outputs and not made & {h.untyped_storage().data_ptr() for h in held}
 
 
-def test_compile_over_a_hundred_rounds_keeps_one_cache_and_the_eager_tokens(model):
-    before = CompiledStep.count
+def test_compile_over_a_hundred_rounds_keeps_one_cache_and_the_eager_tokens():
+    before, model = CompiledStep.count, tiny_model("llama", layers=8).to(torch.float32)  # float32
     words = prompt(4, 16)
     eager = DexDecoder(model, explorers=2, prune=4, draft="none").generate(words, 100)
     decoder = DexDecoder(model, explorers=2, prune=4, draft="none", compile="aot_eager")
