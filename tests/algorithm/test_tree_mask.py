@@ -1,5 +1,6 @@
-"""Tree masks built on the device from a fixed-size table equal the masks of the definition, entry by entry, and
-the table's size depends only on the buckets (rows, lattice region, path width)."""
+"""Tree masks built on the device from a table of the batch's rows and the cache's tags equal the masks of the
+definition, entry by entry, whatever stale tags lie past the cache's entries; the table's size depends only on the
+batch's buckets (rows, path width), never on the lattice."""
 
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from dex_core.device import to_device
-from dex_core.model.cache import StageCache
+from dex_core.model.cache import EMPTY, StageCache
 from dex_core.model.explorer import TreeMask
 from dex_core.shapes import bucket
 
@@ -59,7 +60,13 @@ def test_masks_from_the_table_equal_the_definition(windows, dtype):
         rows = bucket(len(paths))
         table = tree.table(cache, rows, [p[-1] for p in paths], paths, queries)
         cache.reserve(committed + tree.region)
-        positions, at, masks = tree.build(to_device(table, "cpu"), rows, cache.capacity)
+        # stale tags everywhere (a slot on some path among them), then the lattice's own after the prefix
+        cache.tags.copy_(torch.tensor(rng.choices(cache.slots or [EMPTY], k=2 * cache.capacity)).view(2, -1))
+        lattice_at = slice(committed, len(cache))
+        cache.tags[:, lattice_at] = torch.tensor([cache.slots, cache.positions], dtype=torch.long)
+        batch = tree.rows(to_device(table, "cpu"), rows)
+        cache.write_at(batch.at, batch.tags)
+        positions, at, masks = batch.positions, batch.at, tree.build(batch, cache.tags)
         assert positions.tolist()[: len(queries)] == queries
         assert at.tolist() == list(range(len(cache), len(cache) + rows))  # the batch goes after every entry
         for w in windows:
@@ -83,7 +90,7 @@ def test_the_table_of_a_batch_has_the_size_of_its_buckets_whatever_the_lattice()
     ]:
         cache.committed, cache.slots, cache.positions = committed, slots, [committed] * len(slots)
         sizes.add(len(tree.table(cache, 2, [p[-1] for p in paths], paths, [committed] * len(paths))))
-    assert sizes == {2 + 2 * tree.width + 2 * tree.region + 2}
+    assert sizes == {2 * (1 + tree.width + 1) + 2}  # positions, paths, slots a row; committed, length
     cache.slots = list(
         range(200, 240)
     )  # a larger lattice: the region grows to the next bucket and stays there
@@ -92,6 +99,25 @@ def test_the_table_of_a_batch_has_the_size_of_its_buckets_whatever_the_lattice()
     cache.slots = []
     tree.table(cache, 2, [9], [(9,)], [91])
     assert tree.region == 64
+
+
+def test_a_row_sees_the_committed_prefix_its_path_and_itself_never_stale_tags():
+    cache = StageCache([0], kv_heads=1, head_dim=2, dtype=torch.float32, capacity=32)
+    cache.write_at(torch.arange(2), torch.tensor([[EMPTY, EMPTY], [0, 1]]))
+    cache.extend_committed(2)
+    cache.write_at(torch.arange(2, 4), torch.tensor([[5, 6], [2, 3]]))
+    cache.extend([5, 6], [2, 3])
+    # tags a compaction left past the cache's length: slot 5 again, which the new row's path holds
+    cache.tags[:, 6:10] = torch.tensor([[5] * 4, [2] * 4])
+    tree = TreeMask([None], torch.float32, "cpu")
+    # one node (slot 7, on slot 5's branch) and a padding row
+    table = tree.table(cache, 2, [7], [(5, 7)], [4])
+    assert len(table) == 2 * (tree.width + 2) + 2  # the rows only: nothing of the lattice
+    batch = tree.rows(torch.tensor(table), 2)
+    cache.write_at(batch.at, batch.tags)
+    visible = tree.build(batch, cache.tags)[None][0, 0] == 0  # (rows, capacity)
+    assert visible[0].nonzero().flatten().tolist() == [0, 1, 2, 4]
+    assert cache.tags[:, 4:6].tolist() == [[7, EMPTY], [4, 4]]  # the padding row's entry: seen by no one
 
 
 def test_a_cache_capacity_stays_within_a_sixteenth_of_what_it_holds():
