@@ -18,6 +18,7 @@ child process beside this one (its ``prune`` may mean something else: the baseli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -62,9 +63,11 @@ def hf_token_seconds(model, prompt: list[int], new: int, repeat: int) -> float:
     return min((timed(new) - timed(1)) / (new - 1) for _ in range(repeat))
 
 
-def critical_stamps(decoder) -> list[float]:
-    """Each round's *critical* host time, recorded into the list returned: from the round's read (the link's
-    ``exchange`` returning) to the next round's first stage step's call, what an accelerator waits through."""
+@contextlib.contextmanager
+def critical_stamps(decoder):
+    """While the block runs, each round's *critical* host time, recorded into the list it gives: from the round's
+    read (the link's ``exchange`` returning) to the next round's first stage step's call, what an accelerator waits
+    through."""
     from dex_core.runtime.links import LocalLink
 
     read, gaps = [None], []
@@ -87,21 +90,19 @@ def critical_stamps(decoder) -> list[float]:
     LocalLink.exchange = timed_exchange  # this process runs one decoder at a time
     for e in decoder.explorers:
         e.step = timed(e.step)
-    return gaps
+    try:
+        yield gaps
+    finally:
+        LocalLink.exchange = exchange
 
 
 def dex_run(model, prompt: list[int], new: int, K: int, prune) -> dict:
     from dex_core import DexDecoder
-    from dex_core.runtime.links import LocalLink
     from dex_core.trace.events import RoundEvent
 
     decoder = DexDecoder(model, explorers=K, prune=prune, draft="auto", proposal_vocab="full")
-    exchange = LocalLink.exchange
-    gaps = critical_stamps(decoder)
-    try:
+    with critical_stamps(decoder) as gaps:
         rounds = [e for e in decoder.stream(prompt, new) if isinstance(e, RoundEvent)]
-    finally:
-        LocalLink.exchange = exchange
     tokens = sum(len(e.commits) for e in rounds)
     later = rounds[1:]
     host = [e.timings["round"] - sum(e.timings["expand"]) for e in later]

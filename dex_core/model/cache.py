@@ -3,7 +3,7 @@
 A stage owns only some decoder layers, so it keeps its own small cache object that Hugging Face
 attention calls through ``update(key, value, layer_idx, ...)`` with the layer's *global* index.
 Entries live in preallocated buffers of a fixed capacity (``shapes.capacity``, set at a run's start, grown only by
-``reserve`` when a lattice outgrows its bound), in one buffer whose address a compiled step keeps (``mark_static``):
+``reserve`` when a lattice outgrows its bound), in buffers whose addresses a compiled step keeps (``mark_static``):
 ``update`` writes the batch at the entries ``write_at`` named, on the device (``index_copy_``, so the indices
 are tensor values, not shapes), and returns the whole buffers: attention runs over every entry of the capacity and
 the caller's mask hides those that are not visible, so a round's shapes do not change as the context grows.

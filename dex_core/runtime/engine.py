@@ -79,7 +79,7 @@ def run_rounds(
                 commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
                 commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
             stop_if_cancelled(run)  # a participant asked to stop: this round is the last
-            done = Decided(plan, outputs, masked, commits, *lattice_after(run, commits))
+            done = decided(run, plan, outputs, masked, commits)
         if not run.overlap:
             yield recorded(run, done)
             done = None
@@ -110,11 +110,12 @@ class Decided:
     cut: list[int] | None
 
 
-def lattice_after(run: Run, commits: list) -> tuple:
-    """(its first commit's index, the state, the alive node ids, the cut chain nodes) of the round just decided."""
+def decided(run: Run, plan: RoundPlan, outputs: Outputs, masked: dict, commits: list) -> Decided:
+    """The round just decided, with what its record reads of the lattice before the next round changes it."""
     lattice = run.lattice
     cut = list(lattice.cut) if lattice.chains is not None else None
-    return len(run.tokens) - len(commits), lattice.state, list(lattice.nodes), cut
+    first = len(run.tokens) - len(commits)
+    return Decided(plan, outputs, masked, commits, first, lattice.state, list(lattice.nodes), cut)
 
 
 def recorded(run: Run, done: Decided) -> RoundEvent:
@@ -150,8 +151,8 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
         stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
     run.begun = clock.stamp()
-    # a stage's lattice entries and rows in a round, at most: budget x K (the most seen at K = 2, 4, 8 with chains was
-    # 376 for 512 at budget 64); past it the cache grows, logged once (model.cache)
+    # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
+    # within it); past it the cache grows, logged once (model.cache)
     lattice = None if settings.prune is None else settings.prune * settings.K
     for e in explorers:
         e.reset(len(prompt) + o.max_new_tokens, lattice)

@@ -51,9 +51,8 @@ def stages(model, context: int, rows: int, modes: dict) -> dict:
     """{mode: Explorer} over layer 0 of ``model``, each after a ``context``-token prefix with room for ``rows`` more
     entries: ``eager``, and each of ``modes`` ({mode: compile options}) compiled."""
     view, out = model_view(model), {}
-    prefix = torch.randn(
-        context, model.config.hidden_size, dtype=view.dtype, device=view.device
-    )  # (context, h)
+    hidden = model.config.hidden_size
+    prefix = torch.randn(context, hidden, dtype=view.dtype, device=view.device)  # (context, hidden)
     for mode in ("eager", *modes):
         e = Explorer(view, 0, 2, 0, 1)
         e.reset(context + rows)
