@@ -47,13 +47,16 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEFAULT_PROPOSAL_VOCAB = (
     8192  # the light proposal heads' rows for proposal_vocab="auto", given a token ranking
 )
-# ``prune="auto"``: the most rows a stage runs for at most 10% over one row's time (``analysis.profile.row_budget``).
-# CPU: measured on this project's 2-core machine (benchmarks/row_budget.py, docs/BENCHMARKS.md "The row budget");
-# accelerators: the rule on the GPU check's real-size tables, measured on an H200 in bfloat16 (Llama-2-70B,
-# CodeLlama-34B and Qwen3-32B layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check")
+# ``prune="auto"``, rows priced by what they buy (``analysis.profile.row_budget``). CPU: the budget of least rounds per
+# token x round seconds, the round timed in a decode's order and the rounds counted on the tune split, on this
+# project's 2-core machine at K = 4 (benchmarks/row_budget.py, docs/BENCHMARKS.md "A row budget that keeps what
+# pays"): 8, where a round costs 0.74 of its 2-row time and takes 0.79 of the rounds a token (MKL's 2- and 3-row
+# steps are its dearest). Accelerators (no rounds measured there): the most rows with every step within 10% of the
+# 2-row step, on the GPU check's real-size tables from an H200 in bfloat16 (Llama-2-70B, CodeLlama-34B and Qwen3-32B
+# layers: 64 rows, the most it times, within 7% of one; docs/BENCHMARKS.md "The GPU check")
 # -- provisional: those timings held the host's table and mask build, a flat curve; the check now times the stage step
 # alone, and a GPU's run of it re-derives this (docs/GPU.md, "Where AUTO_ROWS["accelerator"] = 64 came from").
-AUTO_ROWS = {"cpu": 2, "accelerator": 64}
+AUTO_ROWS = {"cpu": 8, "accelerator": 64}
 # ``compile``: the stage steps' compilations in one process (every explorer and bucket of rows, mask table and cache
 # capacity: ``dex_core.model.compiled``); past it a step of a new bucket runs eagerly, with one log line
 COMPILE_BUDGET = 256
@@ -213,8 +216,8 @@ class DecoderOptions:
     )
     prune: int | str | None = option(
         "auto",
-        "the lattice's row budget: at most this many rows per stage a round, the "
-        "branches most likely to be reused first (exact: a branch left out only "
+        "the lattice's row budget: at most this many rows per stage a round, the rows "
+        "worth most first (chance of reuse x rounds saved; exact: a branch left out only "
         f"loses reuse); auto: the device's ({AUTO_ROWS_TEXT}); none: unbounded",
         kind=str,
     )

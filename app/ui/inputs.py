@@ -18,7 +18,14 @@ from dex_core.flags import control
 
 from ..host.settings import TRACE_TOP
 
-PRUNE_CHOICES = ("auto", "none", "1", "2", "4")  # the Live tab's lattice pruning menu (DecoderOptions.prune)
+PRUNE_CHOICES = (
+    "auto",
+    "none",
+    "1",
+    "2",
+    "4",
+    "8",
+)  # the Live tab's lattice pruning menu (DecoderOptions.prune)
 INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]{1,40}\s*")  # integer text that an API client may send
 
 

@@ -15,11 +15,12 @@ Vocabulary (the paper's §3.2, lattice expansion and commit–collapse):
 
 The round loop drives it: ``plan_round``, compute, ``insert`` the candidates, ``validate_and_commit`` and
 ``collapse`` while ``ready``. A row budget (``plan_round(budget=B)``, the ``prune`` option) keeps at most B rows at
-stage 0 a round (``trim``): the root, then the new slots most likely to be reused, by ``Slot.score`` (the product
-of the candidates' probabilities along the path from the anchor; a draft chain's slot scores as the slot before
-it: a chain that copies the context goes on copying, so given its predecessor it is about as likely reused, and
-ranked below that acceptance's average, chain rows lost to depth branches that are reused less often — measured in
-docs/BENCHMARKS.md, "The row budget by reuse"). Depth children are never trimmed, so every slot that exists finishes its
+stage 0 a round (``trim``): the root, then the new rows worth most (``worth``): the chance the slot is reused,
+``Slot.score`` (the product of the candidates' probabilities along the path from the anchor; a draft chain's slot
+scores as the slot before it: a chain that copies the context goes on copying, so given its predecessor it is
+about as likely reused — docs/BENCHMARKS.md, "The row budget by reuse"), times the rounds its reuse saves (a chain
+slot commits in its predecessor's round, a branch of stage k saves K - 1 - k — "A row budget that keeps what
+pays"). Depth children are never trimmed, so every slot that exists finishes its
 stages, and since a stage's rows this round were the stage before's last round, no stage runs more than B rows.
 A branch left out only loses reuse: when the matched stage's position child was trimmed, the next anchor starts
 from scratch, as after a miss. Which B pays depends on the device (``runtime.settings.resolve_prune``). Slots
@@ -179,15 +180,16 @@ class Lattice:
         return RoundPlan(self.rounds, state_before, batches, pruned, [c for c in chains if c])
 
     def trim(self, new: list[Node], budget: int) -> list[int]:
-        """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the slots most likely to be reused
-        (``Slot.score``: the product of the candidates' probabilities along the path from the anchor, a chain slot
-        its predecessor's; 0 for a twin of a branch that a shallower stage of the same slot started with the same
-        token, which the commit never picks). A slot scores at most its parent's and ties go to the older node, so
-        no kept slot loses its parent. Returns the nodes whose position child was not started."""
+        """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the rows worth most (``worth``: the
+        chance the slot is reused, ``Slot.score`` -- the product of the candidates' probabilities along the path from
+        the anchor, a chain slot its predecessor's, 0 for a twin of a branch that a shallower stage of the same slot
+        started with the same token, which the commit never picks -- times the rounds its reuse saves). A row is worth
+        at most its parent's and ties go to the older node, so no kept slot loses its parent. Returns the nodes whose
+        position child was not started."""
         heads = [n for n in new if n.stage == 0]
         if len(heads) <= budget:
             return []
-        ranked = sorted(heads, key=lambda n: (n.kind != "root", -self.slots[n.slot].score, n.id))
+        ranked = sorted(heads, key=self.rank)
         pruned = []
         for node in sorted(ranked[budget:], key=lambda n: -n.id):  # a chain's deeper slots first
             slot = self.slots.pop(node.slot)
@@ -200,6 +202,25 @@ class Lattice:
                 self.nodes[node.parent].position_child = None
                 pruned.append(node.parent)
         return sorted(pruned)
+
+    def rank(self, node: Node) -> tuple:
+        """Where ``trim`` ranks a new stage-0 node, first kept first: the root, then by ``worth``, then the older
+        (``benchmarks/chain_pricing.py`` measures other rankings against this one)."""
+        return node.kind != "root", -self.worth(node), node.id
+
+    def worth(self, node: Node) -> float:
+        """What a new stage-0 row buys: its slot's ``score`` (the chance it is reused) times the rounds its reuse
+        saves, K - 1 - k for a branch that a stage-k candidate started (its token then costs k + 1 rounds, not K; 0
+        from the final stage, whose branch the commit never takes) and K - 1 for a draft chain's slot (it commits in
+        its predecessor's round); at most its parent's when that is new this round, so no kept slot loses its parent."""
+        slot = self.slots[node.slot]
+        if node.kind == "root":
+            return float("inf")
+        saved = self.K - 1 if slot.drafted else self.K - 1 - self.nodes[node.parent].stage
+        above = self.nodes.get(self.slots[slot.parent].nodes[0])
+        if above is not None and above.round == self.rounds:
+            return min(slot.score * saved, self.worth(above))
+        return slot.score * saved
 
     def _new_node(self, slot: int, stage: int, kind: NodeKind, parent: int | None) -> Node:
         s = self.slots[slot]

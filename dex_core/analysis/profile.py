@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DEFAULT_PROPOSAL_VOCAB
 from ..device import dtype_name
 from ..log import stderr
 from ..model.adapters import model_identity
@@ -63,6 +64,38 @@ def row_blocks(model, n: int, proposal_rows: int, context: int = 64) -> dict:
     h = torch.randn(n, hidden_size, dtype=view.dtype, device=view.device)  # (n, hidden)
     blocks.update(head=lambda: view.head(h), proposal=lambda: light(h))
     return blocks
+
+
+@torch.inference_mode()
+def stage_curve(model, explorers: int, rows=range(1, 17), repeats: int = 15, context: int = 256) -> tuple:
+    """{rows: seconds} of a non-final stage step at every count in ``rows``, in a decode's order: the model split into
+    ``explorers`` uniform stages, each with its light head (the last with the full head), each repeat running every
+    stage once at n new rows after a ``context``-token prefix, so every stage streams its weights as it does in a
+    round. ``{rows: seconds}`` of a stage (the mean of the non-final stages' medians, ``decode_order_seconds``) and of
+    the round (every stage's, the final one's full head too), as ``(stage, round)``."""
+    view = model_view(model)
+    bounds = [round(view.num_layers * k / explorers) for k in range(explorers + 1)]
+    light = ProposalHead(view, torch.arange(min(DEFAULT_PROPOSAL_VOCAB, view.vocab), device=view.device))
+    stages, width = [], model.config.hidden_size
+    for k in range(explorers):
+        e = Explorer(view, k, explorers, bounds[k], bounds[k + 1])
+        e.prefill(torch.randn(context, width, dtype=view.dtype, device=view.device))
+        stages.append(e)
+    stage, whole = {}, {}
+    for n in rows:
+        hidden = torch.randn(n, width, dtype=view.dtype, device=view.device)  # (n, hidden)
+        blocks = {
+            k: lambda e=e: (view.head if e.final else light)(
+                e.expand(hidden, list(range(n)), [context] * n, [(i,) for i in range(n)])
+            )
+            for k, e in enumerate(stages)
+        }
+        seconds = decode_order_seconds(blocks, repeats, Clock(view.device))
+        for e in stages:  # each call added n lattice entries: back to the prefix alone
+            e.cache.retain([])
+        stage[n] = sum(seconds[k] for k in range(explorers - 1)) / max(1, explorers - 1)
+        whole[n] = sum(seconds.values())
+    return stage, whole
 
 
 def _compute_profile(model, proposal_rows: int, repeats: int) -> dict:
@@ -167,14 +200,30 @@ def interpolate(table: dict, rows: int) -> float:
     return sb + (sb - sa) * (rows - b) / (b - a)
 
 
-def row_budget(profile: dict, layers: float, slack: float = 0.10) -> int:
-    """The most rows (of ``ROWS``) a non-final stage of ``layers`` layers runs for at most ``slack`` over one row's
-    time on ``profile``'s device (layers x layer(n) + the light head(n)): ``prune="auto"``'s rule."""
+def stage_seconds(profile: dict, layers: float) -> dict:
+    """{rows: seconds} of a non-final stage of ``layers`` layers on ``profile``'s tables: layers x layer(n) + the
+    light head(n)."""
+    return {n: layers * profile["layer"][n] + profile["proposal"][n] for n in sorted(profile["layer"])}
 
-    def stage(n):
-        return layers * profile["layer"][n] + profile["proposal"][n]
 
-    return max(n for n in sorted(profile["layer"]) if stage(n) <= (1 + slack) * stage(1))
+def row_budget(curve: dict, rounds: dict | None = None, slack: float = 0.10) -> int:
+    """``prune="auto"``'s rule on a stage's or a round's row curve ({rows: seconds}: ``stage_curve``,
+    ``stage_seconds``).
+
+    With ``rounds`` ({budget: rounds per token}, measured on prompts of the tune split): rows priced by what they
+    buy, the budget whose predicted speed 1 / (rounds[B] x curve(B)) is highest (a tie: the fewer rows). Without it
+    (a device whose rounds were not measured), the most rows B such that the step at every measured count from 2 to
+    B costs at most ``slack`` over the 2-row step, the fewest that explore: on a flat curve rows cost nothing."""
+    if rounds:
+        return min(rounds, key=lambda b: (rounds[b] * interpolate(curve, b), b))
+    base, budget = interpolate(curve, 2), 2
+    for n, seconds in sorted(curve.items()):
+        if n <= 2:
+            continue
+        if seconds > (1 + slack) * base:
+            break
+        budget = n
+    return budget
 
 
 def exchange_seconds(profile: dict, batch_sizes) -> float:

@@ -164,6 +164,20 @@ def test_a_branch_twin_of_a_shallower_stages_scores_zero_and_goes_first():
     assert plan.pruned == [deeper.id] and [n.parent for n in plan.batches[0]] == [branch.id]
 
 
+def test_a_row_is_worth_its_chance_of_reuse_times_the_rounds_its_reuse_saves():
+    lat = Lattice(4, 7, 10)
+    (root,), *_ = lat.plan_round().batches
+    lat.insert({root.id: 5}, {root.id: 0.5})
+    (branch,), (deeper,), *_ = lat.plan_round().batches
+    lat.insert({branch.id: 6, deeper.id: 8}, {branch.id: 0.8, deeper.id: 0.5})
+    plan = lat.plan_round(budget=1)
+    # the stage-1 branch is likelier (0.5 against 0.5 x 0.8), but reused it saves 2 rounds, the branch's own 3:
+    # 1.0 against 1.2, so the deeper branch goes
+    assert plan.pruned == [deeper.id] and [n.parent for n in plan.batches[0]] == [branch.id]
+    (kept,) = plan.batches[0]
+    assert lat.worth(kept) == pytest.approx(0.4 * 3) and lat.rank(kept)[1] == pytest.approx(-1.2)
+
+
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}], ids=["greedy", "sampled"])
 def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(llama, options):
     """At a budget of 2 rows a stage, draft chains on (their rows within it); the golden traces hold a budget of 1
@@ -187,11 +201,11 @@ def test_the_auto_budget_is_the_devices_and_recorded_in_the_trace(llama):
     from dex_core import DexDecoder
     from dex_core.runtime.settings import AUTO_ROWS, resolve_prune
 
-    assert resolve_prune("auto", ["cpu", "cpu"]) == AUTO_ROWS["cpu"] == 2
+    assert resolve_prune("auto", ["cpu", "cpu"]) == AUTO_ROWS["cpu"] == 8
     assert resolve_prune("auto", ["cuda:0", "cuda:1"]) == resolve_prune("auto", ["cpu", "cuda:1"]) == 64
     assert resolve_prune(4, ["cuda:0"]) == 4 and resolve_prune(None, ["cpu"]) is None
     model = llama
     auto, off = DexDecoder(model, explorers=4), DexDecoder(model, explorers=4, prune="none")
-    assert (auto.prune, off.prune) == (2, None)
+    assert (auto.prune, off.prune) == (8, None)
     start, off_start = auto.generate([4, 9, 1, 30], 12).trace[0], off.generate([4, 9, 1, 30], 12).trace[0]
-    assert start.prune == 2 and off_start.prune is None and "prune" not in off_start.record()
+    assert start.prune == 8 and off_start.prune is None and "prune" not in off_start.record()

@@ -248,3 +248,46 @@ def test_a_runs_cost_read_from_its_trace_is_the_decoders_own_count_and_a_trace_w
         ar=6.0,
         whole=False,
     )
+
+
+def test_the_row_budget_prices_rows_by_the_rounds_they_save_or_else_keeps_every_step_near_two_rows():
+    from dex_core.analysis.profile import row_budget, stage_seconds
+
+    # this CPU's shape (benchmarks/row_budget.py): 2 and 3 rows dear, 4 to 8 cheaper still, 10 and up dearer
+    cpu = {1: 0.6, 2: 1.0, 3: 1.08, 4: 0.83, 6: 0.75, 8: 0.8, 9: 0.95, 10: 1.22, 16: 1.0}
+    assert row_budget(cpu) == 9  # 16 is within again, but a budget of 16 lets a stage run 10 rows
+    assert row_budget(cpu, slack=0.05) == 2  # 3 rows cost 8% more
+    flat = {1: 1.0, 8: 1.01, 32: 1.05, 64: 1.07}  # a GPU's: the 2-row step read off the line from 1 to 8
+    assert row_budget(flat) == 64
+    assert row_budget({1: 1.0, 2: 1.0, 4: 1.5}) == 2
+    # priced: rounds a token x a round's seconds, least wins; 8 rows save 30% of the rounds for 10% more a round
+    curve = {1: 0.5, 2: 1.0, 4: 1.25, 8: 1.1, 16: 1.6}
+    assert row_budget(curve, {2: 1.0, 4: 0.9, 8: 0.7, 16: 0.6}) == 8  # 0.77 against 1.0, 1.125 and 0.96
+    assert (
+        row_budget(curve, {2: 1.0, 4: 0.98, 8: 0.95, 16: 0.9}) == 2
+    )  # rows that buy little are not worth them
+    assert row_budget(curve, {2: 1.0, 4: 0.8, 8: 0.95}) == 2  # 1.0 twice: a tie goes to the fewer rows
+    profile = {"layer": {1: 1.0, 2: 2.0}, "proposal": {1: 0.5, 2: 0.5}}
+    assert stage_seconds(profile, 3) == {1: 3.5, 2: 6.5}
+
+
+def test_the_stage_curve_times_every_row_count_and_leaves_each_stage_at_its_prefix(llama):
+    from dex_core.analysis import profile as prof
+
+    made = []
+    original = prof.Explorer
+
+    def explorer(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prof, "Explorer", explorer)
+        stage, whole = prof.stage_curve(llama, 3, rows=(1, 2, 5), repeats=2, context=8)
+    assert sorted(stage) == sorted(whole) == [1, 2, 5] and all(1e-6 < s < 1.0 for s in stage.values())
+    assert all(whole[n] > stage[n] for n in stage)  # the round holds every stage
+    L = llama.config.num_hidden_layers
+    assert [e.layer_ids for e in made] == [
+        list(range(round(L * k / 3), round(L * (k + 1) / 3))) for k in range(3)
+    ]
+    assert all(len(e.cache) == 8 and e.cache.committed == 8 for e in made)  # the rows timed were dropped

@@ -159,7 +159,7 @@ SEEDS = (
         ({"seed": float(2**64)}, f"{SEEDS}; got 18446744073709551616"),  # as a number box sends it
         ({"seed": "-1"}, f"{SEEDS}; got -1"),
         ({"depths": "4,2,6"}, "strictly increasing"),
-        ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4"),
+        ({"prune": "3"}, "lattice pruning must be one of auto, none, 1, 2, 4, 8"),
     ],
 )
 def test_ui_values_that_are_not_valid_options_are_clear_errors(controls, message):

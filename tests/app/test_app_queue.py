@@ -254,7 +254,7 @@ BAD_GENERATE = [  # (index, value, message in the status line)
     (2, 99, "explorers must be between 1 and 8 in this app"),
     (11, "x", "max_new_tokens must be a whole number; got &#x27;x&#x27;"),
     (11, 10**6, "max_new_tokens must be between 1 and 512"),
-    (12, "7", "lattice pruning must be one of auto, none, 1, 2, 4"),
+    (12, "7", "lattice pruning must be one of auto, none, 1, 2, 4, 8"),
     (1, "yes", "chat must be True or False"),
     (3, {"a": 1}, "depths must be comma-separated integers"),
 ]

@@ -83,11 +83,11 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
     reference, _ = load_model(str(tiny_dir), device="cpu")
     try:
         # groups are keyed by the resolved settings (RunSettings; which fields tell runs apart: test_stage_load):
-        # another K, an option changed at the same K, then prune auto, which is 2 on CPU explorers: the same group
+        # another K, an option changed at the same K, then prune auto, which is 8 on CPU explorers: the same group
         settings = [
             dict(explorers=3),
             dict(explorers=2, decs=False),
-            dict(explorers=2, prune="2"),
+            dict(explorers=2, prune="8"),
             dict(explorers=2),
         ]
         groups = []
