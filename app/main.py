@@ -19,6 +19,11 @@ from __future__ import annotations
 import os
 import sys
 
+if __name__ == "__main__":  # gradio app/main.py too: its CLI runs this file as python -u app/main.py
+    from app.host.gradio_cli import serve_plain
+
+    serve_plain()  # no reload watcher, and gone with the gradio process (app/host/gradio_cli.py)
+
 if __name__ == "__main__" and sys.platform.startswith("linux") and "PYTHONMALLOC" not in os.environ:
     # A closed session's trace must give its memory back. CPython's small-object allocator keeps a 1 MiB arena
     # while one object in it lives, so four closed sessions of a 17 MB trace left 50-150 MB; with the system
@@ -47,6 +52,7 @@ from app.ui.analysis import analyse
 from app.ui.browser import DEPTH_COLOURS_JS, FIT_PLOTS_JS, ROUND_ENTER_JS, TIMELINE_JS
 from app.ui.handlers import HUSH, QUIET, StopRequests, bind, busy, idle
 from app.ui.inputs import LIVE, PRUNE_CHOICES, RACE, Inputs
+from app.ui.style import PAGE_CSS
 from dex_core import DecoderOptions, DexConfig
 from dex_core.device import exact_float32_matmuls
 from dex_core.flags import add_flags, from_args
@@ -121,9 +127,10 @@ def _debugger_tab(runtime: Runtime, trace: gr.State, meta: gr.State, origin: gr.
         step = button.click(functools.partial(dbg.step, delta=delta), [trace, slider], slider, **raw)
         step.then(show, [trace, slider], frame, **raw).then(*said, **raw)
     goto_b.click(show, [trace, goto], frame, **raw).then(*said, **raw)
-    play_b.click(dbg.play, [trace, slider], [playing, timer, *frame], **raw)
+    said_too = [meta, origin, status]  # Play and its ticks say the round in the update that shows it
+    play_b.click(dbg.play, [trace, slider, *said_too], [playing, timer, *frame, status], **raw)
     pause_b.click(dbg.pause, None, [playing, timer], **HUSH)
-    timer.tick(dbg.play_tick, [trace, slider, playing], [*frame, timer], **raw)
+    timer.tick(dbg.play_tick, [trace, slider, playing, *said_too], [*frame, timer, status], **raw)
     compare = _debugger_files(runtime, (trace, meta, origin), frame, timeline, status)
     return frame, timeline, status, compare
 
@@ -235,7 +242,7 @@ def _live_tab(runtime: Runtime, states: list):
 
 def _race_tab(runtime: Runtime) -> None:
     with gr.Row():
-        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4)
+        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1], lines=2, scale=4, elem_id="race-prompt")
         with gr.Column(scale=1):
             explorers = ctl.explorers(runtime)
             max_new = ctl.max_new("Max new tokens", "race-new")
@@ -312,7 +319,9 @@ def _host_bound(seconds: int) -> str:
 def build_demo(settings: AppSettings | None = None, runtime: Runtime | None = None) -> gr.Blocks:
     runtime = runtime or Runtime(settings)
     ttl = runtime.settings.session_ttl
-    with SessionBlocks(runtime, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)) as demo:
+    with SessionBlocks(
+        runtime, PAGE_CSS, title="DEX — Depth Exploration Decoding", delete_cache=(ttl, ttl)
+    ) as demo:
         trace = gr.State(
             [], time_to_live=ttl
         )  # ttl s after it was set; a closed tab frees it at once (app.host.sessions)

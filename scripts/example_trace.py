@@ -1,19 +1,19 @@
 """The example trace the app shows on first page load (assets/traces/example.json).
 
-    python scripts/example_trace.py [--explorers 4] [--tokens 48] [--draft auto] [--out assets/traces/example.json]
+    python scripts/example_trace.py [--model default] [--prompt TEXT] [--out assets/traces/example.json]
 
-A real run of the default model through the app's own settings (the shipped adapters, DECS, greedy,
-the app's ``TRACE_TOP`` candidates per node), saved with ``save_trace``; unpruned by default
-(``--prune none``), so the example shows the whole lattice, as a GPU host runs it, with draft chains at
-their default bounds (``--draft auto``). The prompt asks for a rewrite, whose answer repeats its input,
-so the example holds draft chains and rounds that commit several tokens (cut chain nodes need ``gate=1``).
+A real run of the default model with the page's defaults: the options the Live tab's Generate sends when no
+control was touched (``app.ui.inputs.Inputs``: K = 4, the shipped adapters, DECS, draft chains at their default
+bounds, lattice pruning "auto", greedy, the app's ``TRACE_TOP`` candidates per node), on the server's defaults
+(``AppSettings``: float32 on the CPU), saved with ``save_trace``. So Generate on the example's prompt, on a CPU
+host, makes the same run (tests/app/test_example_trace.py holds the trace to those defaults). The prompt asks for a
+rewrite, whose answer repeats its input, so the example holds draft chains and rounds that commit several tokens.
 The default model must be available (it is fetched once and cached; later loads are offline).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
@@ -33,21 +33,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--explorers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--model", default=AppSettings.model)
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--prune", default="none", help="lattice pruning: none, auto or a bound")
-    parser.add_argument(
-        "--draft", default="auto", help="draft chains: auto, none or bounds like 'length=8,chains=1'"
-    )
     parser.add_argument("--out", default="assets/traces/example.json")
     args = parser.parse_args(argv)
-    runtime = Runtime(AppSettings(model=args.model, explorers=args.explorers))
-    config = dataclasses.replace(
-        Inputs(explorers=args.explorers, max_new_tokens=args.tokens, prune=args.prune).config(),
-        draft=args.draft,
-    )
+    runtime = Runtime(AppSettings(model=args.model))
+    config = Inputs(prompt=args.prompt).config()  # the page's defaults, as Generate sends them
     ids = runtime.encode(args.prompt, config.chat)
     started = time.perf_counter()
     result = runtime.decoder(config).generate(ids, options=config.generation())
@@ -60,9 +51,7 @@ def main(argv=None) -> None:
         {
             "model": args.model,
             "prompt": args.prompt,
-            "explorers": args.explorers,
-            "adapters": config.adapters,
-            "source": "scripts/example_trace.py",
+            "source": "scripts/example_trace.py (the page's defaults)",
         },
     )
     rounds = [e for e in result.trace if isinstance(e, RoundEvent)]

@@ -36,6 +36,9 @@ TIMING = (
     "prefill_seconds",
     "wall_seconds",
     "tokens_per_second",
+    "reader_seconds",
+    "model_seconds",
+    "end_to_end_tokens_per_second",
 )
 
 

@@ -11,6 +11,8 @@ import resource
 import selectors
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -246,3 +248,17 @@ def long_chain_trace(rounds: int = 3):
         if sum(isinstance(e, RoundEvent) for e in events) == rounds:
             return events
     return events
+
+
+def start_gradio(env: dict, log: Path) -> subprocess.Popen:
+    """``gradio app/main.py`` (README's command) with ``env``, its output in ``log``: the CLI runs the app in a child,
+    both in a session of their own, so that ``os.killpg`` reaches whatever a test leaves."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "gradio"), "app/main.py"],
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )

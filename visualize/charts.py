@@ -8,6 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .fit import LINE_EM, corner_title, text_px, wrap
 from .markup import plot_text
 from .palette import INK, OKABE_ITO, SERIES, stage_tick
 
@@ -237,6 +238,10 @@ def depth_colouring(view: dict, metric: str) -> dict:
 
 
 DEPTH_LABELS = 32  # token labels the depth view's axis shows at most (upright, about 20 px apart at 700 px)
+DEPTH_TITLE_PX = 14
+DEPTH_FIT_PX = 600  # the title's lines at most: Plotly draws a figure of a hidden tab 700 px wide
+DEPTH_TITLE_TOP = 44  # px above the title: under the label Gradio lays over the figure's top left
+STAGE_LABEL_PX = 11  # "E2 · d=27 ends", right of the plot
 
 
 def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go.Figure:
@@ -263,7 +268,9 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
         reversescale=shown["reversescale"],
         zmin=0,
         zmax=shown["zmax"],
-        colorbar=dict(title=dict(text=shown["colorbar.title.text"])),
+        colorbar=dict(
+            title=dict(text=shown["colorbar.title.text"]), x=1, xref="container", xanchor="right", xpad=12
+        ),  # at the figure's right edge: the stage labels sit between it and the plot
     )
     dots = go.Scatter(
         x=list(range(len(tokens))),
@@ -276,30 +283,40 @@ def depth_figure(view: dict, texts: dict, depths=(), metric: str = "prob") -> go
     fig = go.Figure(data=[heat, dots])
     for k, d in enumerate(depths):
         fig.add_hline(y=d + 0.5, line=dict(color="white", dash="dash", width=1.5))
-        fig.add_annotation(
+        fig.add_annotation(  # right of the plot, on its line: over the heatmap it covered the last tokens
             x=1,
             xref="paper",
-            xanchor="right",
+            xanchor="left",
+            xshift=4,
             y=d + 0.5,
-            yanchor="bottom",
+            yanchor="middle",
             showarrow=False,
             text=stage_tick(k, depths) + " ends",
-            font=dict(size=11, color="white"),
-            bgcolor="rgba(0,0,0,0.55)",
+            font=dict(size=STAGE_LABEL_PX, color=INK),
         )
-    return _depth_layout(fig, view, texts, colourings)
+    return _depth_layout(fig, view, texts, colourings, depths)
 
 
-def _depth_layout(fig: go.Figure, view: dict, texts: dict, colourings: dict) -> go.Figure:
+def _depth_layout(fig: go.Figure, view: dict, texts: dict, colourings: dict, depths) -> go.Figure:
     adapters, tokens = view["adapter_depths"], view["tokens"]
     lens = "logit lens" + (", adapters at " + ", ".join(map(str, adapters)) if adapters else "")
     every = -(-len(tokens) // DEPTH_LABELS)  # a label every ``every`` tokens: at most DEPTH_LABELS, apart
     shown = list(range(0, len(tokens), every))
     labels = [plot_text(f"{i}: {texts.get(tokens[i], str(tokens[i]))!r}") for i in shown]
+    title = [  # what it shows, then its key: each on lines of its own
+        line
+        for part in (
+            f"Depth view: the final token at every layer ({lens})",
+            "dashed lines: the explored depths",
+        )
+        for line in wrap([part], DEPTH_FIT_PX, DEPTH_TITLE_PX)
+    ]
+    labels_px = max(
+        (text_px(f"■ E{k} · d={d} ends", STAGE_LABEL_PX) for k, d in enumerate(depths)), default=0
+    )
+    top = round(DEPTH_TITLE_TOP + LINE_EM * DEPTH_TITLE_PX * len(title) + 28)  # the title's lines, the legend
     fig.update_layout(
-        title=dict(
-            text=f"Depth view: the final token at every layer ({lens}); dashed lines: the explored depths"
-        ),
+        title=corner_title([plot_text(line) for line in title], DEPTH_TITLE_PX, DEPTH_TITLE_TOP),
         xaxis=dict(
             title=dict(
                 text="generated token"
@@ -313,7 +330,11 @@ def _depth_layout(fig: go.Figure, view: dict, texts: dict, colourings: dict) -> 
         height=520,
         showlegend=True,
         meta={"colourings": colourings},
-        **{**_LAYOUT, "legend": dict(orientation="h", x=0, y=1.0, yanchor="bottom")},
+        **{
+            **_LAYOUT,
+            "legend": dict(orientation="h", x=0, y=1.0, yanchor="bottom"),
+            "margin": dict(l=60, r=round(labels_px) + 12, t=top, b=50),  # Plotly adds the colour bar's width
+        },
     )
     return fig
 

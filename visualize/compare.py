@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from dex_core.trace.events import StartEvent
-
-from .markup import esc, join, num, plot_text
-from .palette import RUN_COLORS
+from .fit import LINE_EM, text_px, wrap
+from .markup import esc, num, plot_text
+from .palette import INK, NOTE, RUN_COLORS, WHITE
 from .panels import run_numbers, stage_counts
 from .replay import RoundView
+from .run_settings import sampling_text, settings
 
 _CELL = "border: 1px solid #d5d8dc; padding: 2px 8px; text-align: left; vertical-align: top;"
-_DIFFERS = " background: #FFF4DC;"  # a setting or number that differs between the runs
+_DIFFERS = f" background: #FFF4DC; color: {INK};"  # a setting or number that differs between the runs
 PROMPT_CHARS = 80
 
 
@@ -34,21 +34,6 @@ class RunSide:
     cost: dict | None = (
         None  # layer-equivalents per token: {"memory", "rows", "ar", "whole"} (the caller's cost model)
     )
-
-
-def _sampling(start: StartEvent) -> str:
-    s = start.sampling or {}
-    if not s.get("temperature"):
-        return "greedy"
-    parts = [f"temperature {s['temperature']}"] + [
-        f"{k.replace('_', '-')} {s[k]}" for k in ("top_k", "top_p") if s.get(k) is not None
-    ]
-    return ", ".join(parts + [f"seed {s.get('seed')}"])
-
-
-def _adapters(start: StartEvent) -> str:
-    """Where inducing adapters were used ("off": none, or a trace made before they were recorded)."""
-    return f"on, at depths {', '.join(map(str, start.adapter_depths))}" if start.adapter_depths else "off"
 
 
 def _meta(side: RunSide, key: str) -> str:
@@ -68,15 +53,6 @@ def _cost(side: RunSide) -> str:
     )
 
 
-def _draft(start: StartEvent) -> str:
-    d = start.draft
-    return (
-        "off (or a trace made before them)"
-        if not isinstance(d, dict)
-        else f"chains of up to {d.get('length')} looked-up tokens, n-grams {d.get('min_ngram')}–{d.get('ngram')}"
-    )
-
-
 def run_label(side: RunSide) -> str:
     """A run named by its source and settings, in one line of plain text: ``live run · K=4 (8, 15, 23, 30),
     adapters off, DECS on, greedy, 12 tokens`` (two live runs of a session read apart)."""
@@ -86,35 +62,18 @@ def run_label(side: RunSide) -> str:
     decs = "DECS " + ("on" if start.decs else "off")
     chains = "draft chains" if isinstance(start.draft, dict) else "no chains"
     stopped = "" if side.ended else ", stopped"
-    settings = f"K={len(start.depths)} ({depths}), {adapters}, {decs}, {chains}, {_sampling(start)}"
-    return f"{side.origin} · {settings}, {len(side.view.tokens)} tokens{stopped}"
+    chosen = f"K={len(start.depths)} ({depths}), {adapters}, {decs}, {chains}, {sampling_text(start)}"
+    return f"{side.origin} · {chosen}, {len(side.view.tokens)} tokens{stopped}"
 
 
 def _rows(side: RunSide) -> list[tuple[str, str]]:
     """(label, escaped value) of one run, in table order."""
     start, n = side.view.start, run_numbers(side.view)
-    depths = start.depths
-    proposal = start.proposal_vocab
-    choice = f" ({start.depth_choice})" if isinstance(start.depth_choice, str) else ""
     return [
         ("from", esc(side.origin)),
         ("model", esc(_meta(side, "model"))),
         ("prompt", esc(_meta(side, "prompt"))),
-        ("explorers K", esc(len(depths))),
-        ("depths", join(depths) + esc(choice)),
-        ("inducing adapters", esc(_adapters(start))),
-        ("DECS", esc("on" if start.decs else "off")),
-        ("sampling", esc(_sampling(start))),
-        ("proposal heads (rows)", esc(proposal) if proposal is not None else "not recorded"),
-        (
-            "lattice pruning",
-            esc(
-                f"at most {start.prune} new branch{'es' * (start.prune > 1)} a round"
-                if start.prune
-                else "none"
-            ),
-        ),
-        ("draft chains", esc(_draft(start))),
+        *((label, esc(text)) for label, text in settings(start)),
         ("ended", esc(side.ended or "stopped before its end")),
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
@@ -168,8 +127,8 @@ def compare_html(sides: list[RunSide]) -> str:
     the outputs are identical. With one side, its column alone."""
     columns = [_rows(side) for side in sides]
     head = "".join(
-        f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: #fff;'>run {esc(side.name)}<div "
-        f"style='font-weight: normal; font-size: 11px;'>{esc(run_label(side))}</div></th>"
+        f"<th style='{_CELL} background: {RUN_COLORS[i % 2]}; color: {WHITE};'>run {esc(side.name)}<div "
+        f"style='font-weight: normal; font-size: 11px; color: {WHITE};'>{esc(run_label(side))}</div></th>"
         for i, side in enumerate(sides)
     )
     body = []
@@ -177,7 +136,7 @@ def compare_html(sides: list[RunSide]) -> str:
         values = [col[r][1] for col in columns]
         shade = _DIFFERS if len(set(values)) > 1 else ""
         body.append(
-            f"<tr><th style='{_CELL} font-weight: normal; color: #566573;'>{esc(label)}</th>"
+            f"<tr><th style='{_CELL} font-weight: normal; color: {NOTE};'>{esc(label)}</th>"
             + "".join(f"<td style='{_CELL}{shade}'>{v}</td>" for v in values)
             + "</tr>"
         )
@@ -187,7 +146,7 @@ def compare_html(sides: list[RunSide]) -> str:
     )
     same = _outputs_line(*sides) if len(sides) == 2 else ""
     note = (
-        "<div style='font-size: 11px; color: #7f8c8d;'>Cost per token from the project's cost model, in "
+        f"<div style='font-size: 11px; color: {NOTE};'>Cost per token from the project's cost model, in "
         "layer-equivalents (one decoder layer's weights): layers, LM heads (light ones at non-final depths) "
         "and adapters. On K devices a round costs its slowest explorer (a batch costs its weights once, as on "
         "a GPU); AR = every layer and the head once per token.</div>"
@@ -224,21 +183,47 @@ def compare_figure(sides: list[RunSide]) -> go.Figure:
                 cliponaxis=False,
                 hovertext=hover,
                 hovertemplate="%{hovertext}<extra></extra>",
-                name=plot_text(f"run {side.name}: {run_label(side)}"[:90]),
+                name="<br>".join(plot_text(line) for line in _legend_lines(side)),
                 marker=dict(color=RUN_COLORS[i % 2]),
             )
         )
     fig = go.Figure(data=traces)
+    bottom = _legend_px([_legend_lines(side) for side in sides]) + AXIS_PX
     fig.update_layout(
         title=dict(text="Where tokens matched: share of each run's tokens by depth"),
         barmode="group",
-        height=380,
+        height=PLOT_PX + bottom,
         plot_bgcolor="white",
-        margin=dict(l=60, r=20, t=50, b=120),  # the axis title, then the legend's two rows under it
-        legend=dict(orientation="h", x=0, y=-0.3, yanchor="top"),
+        margin=dict(l=60, r=20, t=50, b=bottom),  # the axis title, then the legend's rows under it
+        legend=dict(
+            orientation="h", x=0, y=0, yref="container", yanchor="bottom", font=dict(size=LEGEND_FONT_PX)
+        ),
         xaxis=dict(title=dict(text="depth (layer) of the explorer that matched"), type="category"),
         yaxis=dict(
             title=dict(text="share of tokens"), tickformat=".0%", rangemode="tozero", gridcolor="#eaecee"
         ),
     )
     return fig
+
+
+PLOT_PX = 270  # the title and the plot area
+AXIS_PX = 55  # under the plot: the depths and the axis title
+LEGEND_FONT_PX = 12
+LEGEND_LINE_PX = 420  # a legend entry's lines at most: two entries side by side in a figure 1,000 px wide
+NARROW_PX = (
+    640  # the narrowest plot the figure is drawn at (Plotly's 700 px for a hidden tab, less the margins)
+)
+
+
+def _legend_lines(side: RunSide) -> list[str]:
+    """A run's legend entry, its source and settings (``run_label``) in lines: never cut."""
+    return wrap([f"run {side.name}: {run_label(side)}"], LEGEND_LINE_PX, LEGEND_FONT_PX)
+
+
+def _legend_px(entries: list[list[str]]) -> int:
+    """The height the legend under the plot takes at ``NARROW_PX``: its entries side by side when they fit, else
+    one under another; each as many lines as its longest entry."""
+    widths = [40 + max(text_px(line, LEGEND_FONT_PX) for line in lines) for lines in entries]
+    rows = 1 if sum(widths) <= NARROW_PX else len(entries)
+    lines = max(len(lines) for lines in entries)
+    return round(rows * (lines * LINE_EM * LEGEND_FONT_PX + 10))

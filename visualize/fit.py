@@ -99,3 +99,18 @@ def wrap(parts: list[str], width_px: float, font_px: float, joiner: str = " · "
                 line, sep = "", ""
             line += sep + word
     return lines + ([line] if line else [])
+
+
+def corner_title(lines: list[str], font_px: float, top_px: float) -> dict:
+    """A Plotly title of ``lines`` (plot text already) at the figure's top left, the lines under each other,
+    ``top_px`` below the figure's edge (Plotly sets a title of several lines ~10 px higher than one)."""
+    return dict(
+        text="<br>".join(lines),
+        font=dict(size=font_px),
+        x=0,
+        xanchor="left",
+        y=1,
+        yref="container",
+        yanchor="top",
+        pad=dict(l=8, t=top_px),
+    )

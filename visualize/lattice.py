@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 
 from dex_core.trace.events import CommitRecord, NodeRecord
 
-from .fit import LINE_EM, elide, keep_apart, label_box, text_px, wrap
+from .fit import LINE_EM, corner_title, elide, keep_apart, label_box, text_px, wrap
 from .markup import plot_text
 from .palette import CHAIN_EDGE, CHAIN_LINE, DARK, PALE, STATUS_MARKS, WHITE, frames, stage_tick
 from .replay import RoundView
@@ -313,15 +313,6 @@ def _status_trace(status: str, g: dict) -> go.Scatter:
     )
 
 
-TITLE = dict(  # at the figure's top left, its lines under each other
-    font=dict(size=TITLE_PX),
-    x=0,
-    xanchor="left",
-    y=1,
-    yref="container",
-    yanchor="top",
-    pad=dict(l=8, t=TITLE_PAD),  # Plotly sets a title of several lines ~10 px higher than one
-)
 ANCHOR_BAND = dict(  # the anchor's column
     type="rect",
     xref="x",
@@ -356,7 +347,7 @@ def _laid_out(fig: go.Figure, view: RoundView, columns: int) -> go.Figure:
     bottom = MARGIN["b"] + LEGEND_ROW_PX * legend_rows(list(dict.fromkeys(legend)))
     more = f" · +0..+{shown - 1} of +{columns - 1} shown: drag to pan" if shown < columns else ""
     fig.update_layout(
-        title=dict(text="<br>".join(plot_text(line) for line in lines), **TITLE),
+        title=corner_title([plot_text(line) for line in lines], TITLE_PX, TITLE_PAD),
         uirevision="lattice",
         height=round(top + stage_height(K) * K + bottom),
         margin=dict(l=MARGIN["l"], r=MARGIN["r"], t=top, b=bottom),

@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from .markup import esc
 
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
-_DARK = frozenset({"#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000"})  # white text reads better on these
 INK, DARK, MID, LIGHT, PALE, WHITE = "#1F1F1F", "#4D4D4D", "#7A7A7A", "#B4B4B4", "#E6E6E6", "#FFFFFF"
+# The HTML panels' secondary text: the page theme's subdued text (which the app's stylesheet makes read, in its
+# light and dark themes alike), else (an exported page) a grey of 5.5:1 on white; WCAG AA asks 4.5:1.
+NOTE = "var(--body-text-color-subdued, #5F6B6D)"
+READABLE = 4.5  # WCAG AA's least contrast for text under 18 px
 GREY = "#BBBBBB"  # discarded nodes (drawn faded)
 
 
@@ -112,9 +115,23 @@ def stage_color(stage: int, depths) -> str:
     return stage_colors(depths)[int(stage)]
 
 
+def luminance(colour: str) -> float:
+    """WCAG's relative luminance of ``#RRGGBB``: 0 for black, 1 for white."""
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG's contrast ratio of two colours, 1 (the same) to 21 (black on white)."""
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
 def ink_on(colour: str) -> str:
-    """A text colour that reads on a stage colour."""
-    return "#ffffff" if colour in _DARK else "#1b2631"
+    """The text colour that reads best on ``colour`` (a stage's): white or black, whichever has the higher
+    contrast; on every Okabe–Ito colour that is at least ``READABLE`` (#1F1F1F on vermilion would not be)."""
+    return WHITE if contrast(WHITE, colour) >= contrast("#000000", colour) else "#000000"
 
 
 def stage_tick(stage: int, depths) -> str:

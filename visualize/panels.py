@@ -11,12 +11,20 @@ from dex_core.trace.events import CommitRecord, EndEvent
 
 from .lattice import token_texts
 from .markup import esc, join, num
-from .palette import DARK, PALE, ink_on, stage_colors, stage_legend_html
+from .palette import DARK, INK, NOTE, PALE, ink_on, stage_colors, stage_legend_html
 from .replay import RoundView
 
 _BOX = "font-family: system-ui, sans-serif; font-size: 13px; line-height: 1.5;"
 _TABLE = "border-collapse: collapse; margin: 4px 0 10px 0;"
 _CELL = "border: 1px solid #d5d8dc; padding: 2px 6px; text-align: left; vertical-align: top;"
+# The text's box: six whole lines (content-box: Gradio's border-box would take the padding out of them and cut the
+# sixth), a long word broken rather than scrolled across, and a longer text scrolled to its end, which a stream
+# adds to: a reversed flex column opens at its bottom, so the box shows the last line whatever the page redraws.
+_TEXT_BOX = (
+    "font-family: ui-monospace, monospace; padding: 6px; border: 1px solid #e5e8e8; box-sizing: content-box; "
+    "min-height: 1.5em; max-height: 9em; overflow-y: auto; overflow-wrap: anywhere; display: flex; "
+    "flex-direction: column-reverse;"
+)
 
 
 def _last(view_or_views) -> RoundView | None:
@@ -36,9 +44,9 @@ def _stage_name(stage: int, depths) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     """A table of cells that are already HTML (escaped by the caller)."""
-    head = "".join(f"<th style='{_CELL} background: #f4f6f7;'>{h}</th>" for h in header)
+    head = "".join(f"<th style='{_CELL} background: #f4f6f7; color: {INK};'>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td style='{_CELL}'>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table style='{_TABLE}'><tr>{head}</tr>{body}</table>"
+    return f"<div style='overflow-x: auto;'><table style='{_TABLE}'><tr>{head}</tr>{body}</table></div>"  # scrolls
 
 
 _NEAR_TIE = "outline: 2px dashed #c0392b; outline-offset: -1px;"  # a near-tie commit's token
@@ -66,7 +74,7 @@ def tokens_html(view_or_views) -> str:
     underlined); hovering a token shows every stage's anchor candidate for its position."""
     view = _last(view_or_views)
     if view is None:
-        return f"<div style='{_BOX} color: #7f8c8d;'>no tokens yet</div>"
+        return f"<div style='{_BOX} color: {NOTE};'>no tokens yet</div>"
     depths = view.start.depths
     colours = stage_colors(depths)
     spans, ties, drafts = [], 0, 0
@@ -91,7 +99,7 @@ def tokens_html(view_or_views) -> str:
         )
     note = (
         (
-            f"<div class='dex-near-ties' style='font-size: 11px; color: #7f8c8d;'><span style='{_NEAR_TIE} padding: "
+            f"<div class='dex-near-ties' style='font-size: 11px; color: {NOTE};'><span style='{_NEAR_TIE} padding: "
             f"0 4px;'>≈</span> {ties} near-tie commit{'s' if ties != 1 else ''}: the final layer's top two tokens were "
             f"within {esc(view.start.dtype or 'the model dtype')} rounding (each round's table says by how "
             f"much)</div>"
@@ -101,7 +109,7 @@ def tokens_html(view_or_views) -> str:
     )
     inside = (
         (
-            f"<div class='dex-drafted' style='font-size: 11px; color: #7f8c8d; font-family: system-ui, sans-serif;'>"
+            f"<div class='dex-drafted' style='font-size: 11px; color: {NOTE}; font-family: system-ui, sans-serif;'>"
             f"<span style='{_DRAFTED}'>{drafts} drafted token{'s' if drafts != 1 else ''}</span>: committed from "
             f"draft-chain slots, whose input was looked up in the text so far (exact like every token)</div>"
         )
@@ -109,9 +117,8 @@ def tokens_html(view_or_views) -> str:
         else ""
     )  # inside the box: its second line, free under a short text (a K=8 page's height)
     return (
-        f"<div style='{_BOX}'><div style='white-space: pre-wrap; font-family: ui-monospace, monospace; "
-        f"padding: 6px; border: 1px solid #e5e8e8; min-height: 2em; max-height: 9em; overflow-y: auto;'>"
-        f"{''.join(spans)}{inside}</div>{note}{stage_legend_html(depths)}</div>"
+        f"<div style='{_BOX}'><div class='dex-text' style='{_TEXT_BOX}'><div style='white-space: pre-wrap;'>"
+        f"{''.join(spans)}{inside}</div></div>{note}{stage_legend_html(depths)}</div>"
     )
 
 
@@ -151,22 +158,20 @@ def fsm_html(view: RoundView) -> str:
     new, commits = set(view.new), view.commits
     n = len(commits)
     after = f"committed {n} token{'s' if n != 1 else ''} this round" if commits else "no commit"
-    listed = ""
-    if n > 1 or any(c.drafted for c in commits):  # one line (cut short, in full on hover): a K=8
+    parts = [  # the heading wraps: never cut
+        f"<div class='dex-fsm-head' style='font-size: 15px; margin-bottom: 6px;'>state "
+        f"<b>q={esc(view.state_before)}</b> → <b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' "
+        f"style='color: {NOTE};'>({after}; lattice {len(view.nodes)} nodes)</span></div>"
+    ]
+    if n > 1 or any(c.drafted for c in commits):  # one line that scrolls across: a K=8 page keeps its height
         text = ", ".join(
-            f"{_quoted(c.text, c.token)} at {c.position}"  # page keeps its height
-            + (" (drafted)" if c.drafted else "")
+            f"{_quoted(c.text, c.token)} at {c.position}" + (" (drafted)" if c.drafted else "")
             for c in commits
         )
-        listed = (
-            f" <span class='dex-fsm-commits' style='font-size: 12px;' title='{esc(text)}'>{esc(text)}</span>"
+        parts.append(
+            "<div style='white-space: nowrap; overflow-x: auto; font-size: 12px; line-height: 1.25; margin: -5px 0 "
+            f"4px 0;'><span class='dex-fsm-commits' title='{esc(text)}'>{esc(text)}</span></div>"
         )
-    parts = [
-        f"<div style='font-size: 15px; margin-bottom: 6px; white-space: nowrap; overflow: hidden; "
-        f"text-overflow: ellipsis;'>state <b>q={esc(view.state_before)}</b> → "
-        f"<b>q={esc(view.state_after)}</b> <span class='dex-fsm-after' style='color: #7f8c8d;'>({after}; lattice "
-        f"{len(view.nodes)} nodes)</span>{listed}</div>"
-    ]
     by_stage: list[list[int]] = [[] for _ in depths]
     for i, node in view.nodes.items():
         by_stage[node.stage].append(i)
@@ -178,7 +183,7 @@ def fsm_html(view: RoundView) -> str:
         nodes = (
             f"<details><summary><b>{len(ids)}</b> ({fresh} new)</summary>{chips}</details>"
             if ids
-            else "<span style='color: #aab7b8;'>empty</span>"
+            else f"<span style='color: {NOTE};'>empty</span>"
         )
         bar = (
             f"<span style='display: inline-block; width: {round(60 * len(ids) / widest)}px; height: 10px; "
@@ -196,7 +201,7 @@ def fsm_html(view: RoundView) -> str:
     parts.append(_table(["explorer", "nodes (new this round)", "KV entries: committed + lattice"], rows))
     if n:
         parts.append(
-            f"<div style='font-size: 11px; color: #7f8c8d;'>+{n}: the token{'s' if n != 1 else ''} this round "
+            f"<div style='font-size: 11px; color: {NOTE};'>+{n}: the token{'s' if n != 1 else ''} this round "
             f"commit{'s' if n == 1 else ''}</div>"
         )
     return f"<div style='{_BOX}'>{''.join(parts)}</div>"
@@ -237,31 +242,39 @@ def run_numbers(view: RoundView) -> RunNumbers:
     return RunNumbers(tokens, rounds, rpt, view.num_stages / rpt if tokens else 0.0)
 
 
+def speed_items(stats, tokens: int) -> list[tuple[str, str]]:
+    """A finished run's speeds, each under its glossary label (docs/APP.md): model tokens/s (the run's own compute
+    and host work, what the Race's clock counts), end-to-end tokens/s where its reader (the page drawing and
+    streaming its rounds) took time too, and the K-device projection, named as one."""
+    items = []
+    if stats.tokens_per_second:
+        items.append(("model tokens/s", num(stats.tokens_per_second, ".1f")))
+    if stats.reader_seconds and stats.end_to_end_tokens_per_second:
+        items.append(("end-to-end tokens/s", num(stats.end_to_end_tokens_per_second, ".1f")))
+    if stats.projected_seconds:
+        items.append(("projected tokens/s", num(tokens / stats.projected_seconds, ".1f")))
+    return items
+
+
 def stats_html(view: RoundView, end: EndEvent | None = None) -> str:
     """Tokens, rounds, rounds/token, depth-side speedup K/(rounds/token), the tokens committed from draft
-    chains (runs with chains), the matched-stage histogram, and (given the end event) measured and
-    projected tokens/s."""
+    chains (runs with chains), the matched-stage histogram, and (given the end event) its speeds
+    (``speed_items``)."""
     n = run_numbers(view)
     items = [
         ("tokens", esc(n.tokens)),
         ("rounds", esc(n.rounds)),
         ("rounds/token", num(n.rounds_per_token, ".2f")),
-        ("depth-side speedup K/(rounds/token)", num(n.depth_speedup, ".2f") + "×"),
-        ("lattice pruning", esc(f"≤ {view.start.prune} new/round" if view.start.prune else "none")),
+        ("depth-side speedup", num(n.depth_speedup, ".2f") + "×"),
+        ("lattice pruning", esc(f"≤ {view.start.prune} rows a stage" if view.start.prune else "none")),
     ]
     if view.start.draft:
-        items.append(("drafted tokens (draft chains)", esc(sum(c.drafted for c in view.token_commits))))
+        items.append(("drafted tokens", esc(sum(c.drafted for c in view.token_commits))))
     if end is not None:
-        stats = end.stats
-        if stats.tokens_per_second:
-            items.append(("tokens/s (measured)", num(stats.tokens_per_second, ".1f")))
-        if stats.projected_seconds:
-            items.append(
-                ("tokens/s (projected, K devices)", num(len(end.tokens) / stats.projected_seconds, ".1f"))
-            )
+        items += speed_items(end.stats, len(end.tokens))
     cells = "".join(
         f"<div style='display: inline-block; margin: 0 18px 6px 0;'><div style='font-size: 11px; "
-        f"color: #7f8c8d;'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
+        f"color: {NOTE};'>{esc(name)}</div><div style='font-size: 18px;'><b>{value}</b></div></div>"
         for name, value in items
     )
     return (
@@ -286,8 +299,8 @@ _VIA = {
 def round_table_html(view: RoundView) -> str:
     """Each explorer's batch this round (node, kind, position, candidate, top-k, DECS mask; a large
     batch folded), then each commit's decision (several along a draft chain; drafted ones marked) and the
-    collapse sets, or "no commit this round", and the chain nodes cut. The whole table scrolls, down and
-    across, inside a bounded box (a wide top-k column is never clipped)."""
+    collapse sets, or "no commit this round", and the chain nodes cut. A node is one row of one line (its top-k
+    never wraps): each table scrolls across, the whole box down (never clipped)."""
     parts = [
         f"<div style='font-size: 15px;'><b>Round {esc(view.round)}</b> · state q={esc(view.state_before)}→"
         f"{esc(view.state_after)} · anchor position {esc(view.commit_position)}</div>"
@@ -317,14 +330,16 @@ def _batch_html(view: RoundView, k: int, batch: list[int]) -> str:
     vocab, rows = token_texts(view), []
     for i in batch:
         n = view.nodes[i]
-        top = "<br>".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.top)
+        top = " · ".join(f"{_cand(t, vocab)} {num(p, '.3f')}" for t, p, *_ in n.top)
+        top = f"<span style='white-space: nowrap;'>{top}</span>"  # one line a node: the table scrolls across
         masked = ", ".join(_cand(t, vocab) for t in n.masked) or "—"
         where = f"{esc(n.position)} (+{esc(n.position - view.commit_position)})"
         rows.append([esc(i), esc(n.kind), where, _cand(n.token, vocab), top, masked])
     title = f"{_stage_key(k, view.start.depths)} · batch of {len(batch)}"
     if not rows:
-        return f"<div>{title} <span style='color: #aab7b8;'>idle</span></div>"
-    table = _table(["node", "kind", "position", "candidate", "top-k", "DECS-masked"], rows)
+        return f"<div>{title} <span style='color: {NOTE};'>idle</span></div>"
+    decs = "<span style='white-space: nowrap;'>DECS-masked</span>"  # the header one line: the table scrolls
+    table = _table(["node", "kind", "position", "candidate", "top-k", decs], rows)
     opened = " open" if len(rows) <= OPEN_ROWS else ""
     return f"<details class='dex-batch'{opened}><summary>{title}</summary>{table}</details>"
 

@@ -29,6 +29,7 @@ from .markup import esc
 from .palette import stage_legend_html
 from .panels import round_table_html, stats_html, tokens_html
 from .replay import replay
+from .run_settings import settings
 from .timeline import timeline_figure
 
 _PAGE = (
@@ -48,8 +49,8 @@ def standalone_html(title: str, body: str) -> str:
 
 
 def run_report_html(events: list[Event], meta: dict | None = None) -> str:
-    """One DEX run (its typed events) as a standalone page: what ran, the text, the numbers, the timeline and
-    the last round."""
+    """One DEX run (its typed events) as a standalone page: what ran (its settings in the page's words,
+    ``run_settings``), the text, the numbers, the timeline and the last round."""
     views = replay(events)
     if not views:
         raise ValueError("this trace has no explorer rounds (an AR trace?): nothing to draw")
@@ -59,10 +60,7 @@ def run_report_html(events: list[Event], meta: dict | None = None) -> str:
     facts = [
         ("model", meta.get("model", "not recorded")),
         ("prompt", meta.get("prompt", "not recorded")),
-        ("depths", ", ".join(map(str, start.depths))),
-        ("adapters at depths", ", ".join(map(str, start.adapter_depths)) or "none"),
-        ("DECS", "on" if start.decs else "off"),
-        ("draft chains", ", ".join(f"{k}={v}" for k, v in (start.draft or {}).items()) or "off"),
+        *settings(start),
         ("rounds", len(views)),
         ("finished", end.stop if end else "no (stopped early)"),
     ]

@@ -13,11 +13,12 @@ def _devices(K) -> str:
     return f"{esc(K)} device{'s' * (K != 1)}"
 
 
-def _clock(label: str, tokens: list, times: list) -> tuple[str, float]:
-    """The line "LABEL n tokens in t s (r tokens/s)" and the rate r (0 before the first token)."""
+def _clock(label: str, tokens: list, times: list, unit: str = "model tokens/s") -> tuple[str, float]:
+    """The line "LABEL n tokens in t s (r UNIT)" and the rate r (0 before the first token): a measured lane's clock is
+    its own compute and host work, what the glossary calls model tokens/s; the projected lane's, projected tokens/s."""
     n, t = len(tokens), (times[-1] if times else 0.0)
     rate = n / t if t else 0.0
-    return f"{label} {esc(n)} tokens in {num(t, '.2f')} s ({num(rate, '.1f')} tokens/s)", rate
+    return f"{label} {esc(n)} tokens in {num(t, '.2f')} s ({num(rate, '.1f')} {unit})", rate
 
 
 def race_summary_html(tokens: dict, times: dict, done: bool, facts: dict, stopped: str | None = None) -> str:
@@ -68,7 +69,9 @@ def race_summary_html(tokens: dict, times: dict, done: bool, facts: dict, stoppe
         parts.append(f"<div id='race-headline' style='font-size:15px;margin:4px 0'>{head}.</div>")
     parts.append(f"<div id='race-measured'><b>Measured</b>: {ar_line}; {dex_line}.</div>")
     if not distributed and times.get("proj"):
-        proj_line, _ = _clock(f"DEX on {_devices(K)} (one per explorer)", dex, times["proj"])
+        proj_line, _ = _clock(
+            f"DEX on {_devices(K)} (one per explorer)", dex, times["proj"], "projected tokens/s, a projection"
+        )
         parts.append(f"<div id='race-projected'><b>Projected, not measured</b>: {proj_line}.</div>")
     if "rounds_per_token" in facts:
         parts.append(
@@ -191,6 +194,6 @@ def status_html(state: str, detail: str = "", elem: str = "dex-status") -> str:
         raise ValueError(f"state must be one of {', '.join(STATES)}; got {state!r}")
     return (
         f"<div class='{esc(elem)}' data-state='{state}' style='font-family: system-ui, sans-serif; font-size: 14px; "
-        f"padding: 4px 8px; border-left: 6px solid {STATES[state]}; background: #f8f9f9;'>"
+        f"padding: 4px 8px; border-left: 6px solid {STATES[state]}; background: #f8f9f9; color: #1f1f1f;'>"
         f"<b>{state}</b>{' · ' + esc(detail) if detail else ''}</div>"
     )

@@ -1,10 +1,15 @@
 """The timeline: every node of a run on one canvas, laid out from the run's lattice DAG (``graph``).
 
 x is the node's absolute position, y its stage (stage 0 at the top); the nodes that shared a
-(position, stage) cell over the run sit on a small grid inside it, in round order. The node's fate
-is its mark (``palette.FATE_MARKS``, greys and shapes: matched, final, committed, discarded, cut (named
-only where draft chains cut nodes), pending), named in a legend above the plot, in view at every K; the
-plot's height grows with K. Each collapse
+(position, stage) cell over the run sit on a small grid inside it, in round order, their markers at least
+``MIN_MARK_PX`` wide. A long run does not fit one screen at that size: the figure opens at its first positions,
+as many as ``PLOT_WIDTH_PX`` holds with the most crowded cell's markers apart (``Placed.px_per_position``), and
+the rest is a pan or a zoom away. A drag zooms along x (``dragmode``, a layout setting, so it travels in the
+figure: Gradio's ``gr.Plot`` builds plotly's config itself, where scroll zoom would have to be switched on, and
+a wheel over the figure keeps scrolling the page), shift-drag or a drag on the axis pans, a double-click goes
+back; the x axis's title says so. The node's fate is its mark (``palette.FATE_MARKS``, greys and shapes:
+matched, final, committed, discarded, cut (named only where draft chains cut nodes), pending), named in a
+legend above the plot, in view at every K; the plot's height grows with K. Each collapse
 is drawn as a cut: a dashed line after the committed position across the stages whose branches it
 dropped, and a marker above the lattice whose hover says what it kept and dropped. A round that
 committed several tokens (along a draft chain) cuts after its last one, and its marker is labelled
@@ -19,6 +24,8 @@ It draws a run's typed events (``dex_core.trace.events``), as the graph does.
 from __future__ import annotations
 
 import math
+import zlib
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
@@ -29,7 +36,11 @@ from .markup import plot_text
 from .palette import CHAIN_EDGE, CHAIN_LINE, CUT_COLOR, FATE_MARKS, frames, stage_tick
 from .replay import event_texts
 
-PLOT_WIDTH_PX = 1100  # nominal width used to fit marker sizes
+PLOT_WIDTH_PX = 1100  # nominal plot width the opening window of positions is fitted to
+MIN_MARK_PX, MAX_MARK_PX = 5.0, 12.0  # a node's marker size
+SLOT = 0.8  # the share of its (position, stage) cell a grid of nodes spans, on each axis
+FILL = 0.875  # a marker's size over its grid's pitch: neighbours stay apart
+MIN_WINDOW = 6  # the fewest positions the timeline opens at, however crowded a cell
 TOP_PX = 70  # the title, then the legend in one row, above the plot
 BOTTOM_PX = 55  # the x axis and its title
 ROW_PX = 22  # per y unit (a stage row) when K is large: stage labels stay apart
@@ -38,6 +49,7 @@ EDGE_COLOR = "#C8C8C8"
 CUT_ROW = -0.8  # y of the collapse markers, above stage 0
 GONE_EDGES, CHAIN_FRAMES = "edges into discarded nodes", "draft chain"
 Y_TOP = CUT_ROW - 0.4  # the y axis runs from K - 0.5 (below the last stage) up to here
+X_TITLE = "absolute position · drag: zoom · shift-drag: pan · double-click: back"
 
 
 def y_units(K: int) -> float:
@@ -69,28 +81,61 @@ def _hover(node: dict, record: NodeRecord, depths, vocab: dict[int, str]) -> str
     return "<br>".join(plot_text(line) for line in lines)
 
 
-def _place(graph, row_px: float) -> dict[int, tuple[float, float, float]]:
-    """Per node: (x, y, marker size), same-cell nodes on a grid in (round, id) order; ``row_px`` is a
-    stage row's height in pixels."""
+@dataclass(frozen=True)
+class Placed:
+    """Where the timeline draws each node: ``at`` per node (x, y, marker size in px), and the x scale its grids
+    were fitted to (px per position at ``PLOT_WIDTH_PX``)."""
+
+    at: dict[int, tuple[float, float, float]]
+    px_per_position: float
+
+
+def _grid(n: int, row_px: float) -> tuple[int, int, float]:
+    """(columns, rows, marker px) of a cell of ``n`` nodes: square, but no more rows than a stage row of ``row_px``
+    holds at ``MIN_MARK_PX`` (the x axis has room to spare: the opening window is fitted to the columns)."""
+    room = SLOT * FILL * row_px  # the marker size of a grid of one row; of r rows, room / r
+    most = max(1, math.floor(room / MIN_MARK_PX))
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    if rows > most:
+        rows, cols = most, math.ceil(n / most)
+    return cols, rows, max(MIN_MARK_PX, min(MAX_MARK_PX, room / rows))
+
+
+def _place(graph, row_px: float) -> Placed:
+    """Same-cell nodes on a grid in (round, id) order; ``row_px`` is a stage row's height in pixels. The x scale is
+    the one the most crowded cell's columns need (``FILL``), or the one that shows every position if that is wider."""
     cells: dict[tuple[int, int], list[int]] = {}
     for i, node in graph.nodes(data=True):
         cells.setdefault((node["position"], node["stage"]), []).append(i)
-    positions = {p for p, _ in cells}
-    cell_w = PLOT_WIDTH_PX / max(len(positions), 1)
-    place = {}
+    first, last = _extent(graph)
+    at, needed = {}, PLOT_WIDTH_PX / (last - first)
     for (position, stage), ids in cells.items():
         ids.sort(key=lambda i: (graph.nodes[i]["round"], i))
-        cols = math.ceil(math.sqrt(len(ids)))
-        rows = math.ceil(len(ids) / cols)
-        size = max(4.0, min(12.0, 0.7 * min(cell_w / cols, row_px / rows)))
+        cols, rows, size = _grid(len(ids), row_px)
+        needed = max(needed, size * cols / (SLOT * FILL))  # px a position needs to keep these columns apart
         for k, i in enumerate(ids):
             r, c = divmod(k, cols)
-            place[i] = (
-                position + (c - (cols - 1) / 2) * (0.8 / cols),
-                stage + (r - (rows - 1) / 2) * (0.8 / rows),
+            at[i] = (
+                position + (c - (cols - 1) / 2) * (SLOT / cols),
+                stage + (r - (rows - 1) / 2) * (SLOT / rows),
                 size,
             )
-    return place
+    return Placed(at=at, px_per_position=min(needed, PLOT_WIDTH_PX / MIN_WINDOW))
+
+
+def _extent(graph) -> tuple[float, float]:
+    """The x extent of what the timeline draws: its first position's grid to the last collapse and its ×N label."""
+    positions = [n["position"] for _, n in graph.nodes(data=True)] or [0]
+    return min(positions) - 0.6, max(positions) + 1.0
+
+
+def _opening_range(graph, placed: Placed) -> list[float] | None:
+    """The x range the timeline opens at: the first positions ``PLOT_WIDTH_PX`` holds at the placed scale, or
+    None (plotly's autorange) where every position fits."""
+    first, last = _extent(graph)
+    width = PLOT_WIDTH_PX / placed.px_per_position
+    return None if last - first <= width + 1e-9 else [first, first + width]
 
 
 def _cuts(events: list[Event], graph) -> tuple[dict, dict]:
@@ -138,7 +183,8 @@ def timeline_figure(events: list[Event], note: str = "") -> go.Figure:
     for event in rounds:
         records.update((n.id, n) for n in event.nodes)
         vocab.update(event_texts(event))
-    place = _place(graph, plot_height(len(depths)) / y_units(len(depths)))
+    placed = _place(graph, plot_height(len(depths)) / y_units(len(depths)))
+    place = placed.at
     edges = _edge_lines(graph, place)
     traces = [
         go.Scatter(
@@ -157,13 +203,21 @@ def timeline_figure(events: list[Event], note: str = "") -> go.Figure:
         ids = [i for i, n in graph.nodes(data=True) if n["fate"] == fate]
         if ids or fate != "cut":  # "cut" named only where draft chains cut nodes
             traces.append(_fate_trace(graph, ids, fate, rank, place, (records, depths, vocab)))
-    traces += _chain_traces(graph, place, edges["chain"], len(depths)) + _collapse_traces(
+    traces += _chain_traces(graph, placed, edges["chain"], len(depths)) + _collapse_traces(
         *_cuts(events, graph)
     )
     title = f"Whole run: {graph.number_of_nodes()} nodes in {len(rounds)} rounds" + (
         f" · {plot_text(note)}" if note else ""
     )
-    return _laid_out(go.Figure(data=traces), title, depths)
+    fig = _laid_out(go.Figure(data=traces), title, depths)
+    return fig.update_layout(uirevision=_revision(graph), xaxis_range=_opening_range(graph, placed))
+
+
+def _revision(graph) -> str:
+    """The figure's ``uirevision``: the same run keeps the visitor's zoom when it is drawn again, another run opens
+    at its own window."""
+    nodes = sorted((i, n["position"], n["stage"], n["round"], n["token"]) for i, n in graph.nodes(data=True))
+    return f"timeline {zlib.crc32(repr(nodes).encode()):08x}"
 
 
 def _edge_lines(graph, place: dict) -> dict[str, tuple[list, list]]:
@@ -200,12 +254,12 @@ def _fate_trace(graph, ids: list, fate: str, rank: int, place: dict, texts: tupl
     )
 
 
-def _chain_traces(graph, place: dict, chain_edges: tuple, K: int) -> list:
+def _chain_traces(graph, placed: Placed, chain_edges: tuple, K: int) -> list:
     """Draft chains' frames (live, and faded for dropped nodes) and edges, under one legend entry."""
     drafted = [i for i, n in graph.nodes(data=True) if n["drafted"]]
     if not drafted:
         return []
-    cell_w = PLOT_WIDTH_PX / max(len({n["position"] for _, n in graph.nodes(data=True)}), 1)
+    place, cell_w = placed.at, placed.px_per_position
     row_px = plot_height(K) / y_units(K)
     traces = []
     for gone in (False, True):  # a dropped node's frame fades with it
@@ -281,13 +335,15 @@ def _laid_out(fig: go.Figure, title: str, depths: list) -> go.Figure:
         height=TOP_PX + plot_height(K) + BOTTOM_PX,
         plot_bgcolor="white",
         hovermode="closest",
+        dragmode="zoom",  # along x only: the stages stay put
         margin=dict(l=90, r=20, t=TOP_PX, b=BOTTOM_PX),
         legend=dict(title=dict(text="fate:"), orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
-        xaxis=dict(title=dict(text="absolute position"), showgrid=False, zeroline=False),
+        xaxis=dict(title=dict(text=X_TITLE), showgrid=False, zeroline=False),
         yaxis=dict(
             tickvals=list(range(K)),
             ticktext=[stage_tick(k, depths) for k in range(K)],
             range=[K - 0.5, Y_TOP],
+            fixedrange=True,
             showgrid=False,
             zeroline=False,
         ),

@@ -6,6 +6,7 @@ every ``SWEEP_SECONDS`` (a task of the server's lifespan), the OpenAI-compatible
 for it (``app.host.api_routes``), Gradio's MCP server where they ask for it, offering the page's tools only
 (``app.host.mcp_route``), and the upload size limit (a trace file's, ``TraceLimits.max_file_bytes``). A call with
 too few inputs for its endpoint is answered with one line and logged in one (``Calls``), not with Gradio's traceback.
+An idle server stays quiet: Gradio's queue looks for work every ``QUEUE_POLL_SECONDS``, not every millisecond.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from .state import Runtime
 from .uploads import request_visitor
 
 SWEEP_SECONDS = 1.0
+# How often Gradio's queue looks for a new event while none waits, and for progress to send: its own 1 ms and 10 ms
+# cost an idle server 4.4-5.3 % of a core (a bare Blocks, this 2-core CPU), these 1.0-1.1 %; a queued event waits up
+# to 20 ms more (benchmarks/gradio_idle.py measures the app's whole tree)
+QUEUE_POLL_SECONDS = 0.02
+PROGRESS_POLL_SECONDS = 0.1
 
 
 @asynccontextmanager
@@ -50,6 +56,7 @@ async def sweeping(runtime: Runtime):
                 traceback.print_exc()
 
     await anyio.to_thread.run_sync(runtime.files.folder)
+    await anyio.to_thread.run_sync(sessions.freeze_start_up)  # before the server serves: before any session
     task = asyncio.create_task(sweep())
     try:
         yield
@@ -61,12 +68,15 @@ async def sweeping(runtime: Runtime):
 
 def launch_options(blocks: SessionBlocks, given: dict) -> dict:
     """``launch`` keywords with the app's bounds added to ``given``: the gate and the sweep (FastAPI
-    middleware and lifespan, composed with any the caller passes), the upload size limit, and the MCP server as the
-    settings say (``AppSettings.mcp_server``, whatever ``given`` or ``GRADIO_MCP_SERVER`` say)."""
+    middleware and lifespan, composed with any the caller passes), the upload size limit, the page's stylesheet
+    (``SessionBlocks.page_css``) and the MCP server as the settings say (``AppSettings.mcp_server``, whatever
+    ``given`` or ``GRADIO_MCP_SERVER`` say)."""
     runtime = blocks.runtime
     runtime.sessions.blocks = runtime.files.blocks = runtime.uploads.blocks = blocks
     options = dict(given)
     options.setdefault("max_file_size", TRACE_LIMITS.max_file_bytes)
+    if blocks.page_css:
+        options.setdefault("css", blocks.page_css)
     options["mcp_server"] = runtime.settings.mcp_server
     app_kwargs = dict(options.get("app_kwargs") or {})
     outer = app_kwargs.get("lifespan")
@@ -93,15 +103,19 @@ def launch_options(blocks: SessionBlocks, given: dict) -> dict:
 class SessionBlocks(gr.Blocks):
     """``gr.Blocks`` bound to the app's ``Runtime``: a closed tab frees its session, every launch gets
     ``launch_options``, and a call with too few inputs is refused in one line. ``tools``: the API names of the
-    endpoints its MCP server offers (``app.ui.tools``)."""
+    endpoints its MCP server offers (``app.ui.tools``); ``page_css``: the page's stylesheet, which Gradio 6 takes
+    at launch (every launch: ``python app/main.py``, ``gradio app/main.py``, the tests)."""
 
-    def __init__(self, runtime: Runtime, **kwargs):
+    def __init__(self, runtime: Runtime, page_css: str = "", **kwargs):
         super().__init__(**kwargs)
         self.runtime = runtime
+        self.page_css = page_css
         self.tools: list[str] = []
         self.unload(runtime.sessions.closed)
 
     def launch(self, *args, **kwargs):
+        self._queue.sleep_when_free = QUEUE_POLL_SECONDS  # the queue that serves: .queue() makes a new one
+        self._queue.progress_update_sleep_when_free = PROGRESS_POLL_SECONDS
         with bounded_connections():  # Gradio's server gets them too (dex_core.serving.connections)
             return super().launch(*args, **launch_options(self, kwargs))
 

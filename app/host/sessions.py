@@ -303,17 +303,9 @@ class Sessions:
 
     def sweep(self) -> None:
         """Budget, large outputs, replays, expired files, then freed memory back to the OS (a worker thread)."""
-        self._freeze_start_up()
+        self.freeze_start_up()
         freed = self.enforce() > 0
-        holder, now = self._holder(), datetime.now()
-        for session, state in list(holder.session_data.items()) if holder else []:
-            used = holder.time_last_used.get(session)
-            if used is None or (now - used).total_seconds() > RECENT_SECONDS:
-                continue
-            for config in list(state.config_values.values()):
-                props = config.get("props") if isinstance(config, dict) else None
-                if isinstance(props, dict) and _large(props.get("value")):
-                    props["value"], freed = None, True
+        dropped = self._drop_large_outputs()
         with self._lock:
             _, held, _ = self._survey()
             stale = [
@@ -325,12 +317,29 @@ class Sessions:
                 del self._notices[session]
         freed |= REPLAYS.retain(held) > 0
         self.files.expire()
-        if freed or self._freed:
-            self._freed = False
+        collect, self._freed = freed or self._freed, False
+        if collect:
             gc.collect()  # Gradio's copies of components and Plotly's figures free only as cycles
+        if collect or dropped:
             _trim()
 
-    def _freeze_start_up(self) -> None:
+    def _drop_large_outputs(self) -> bool:
+        """Drop the large output values Gradio keeps for the recently used sessions' deep links (the browser has
+        them): plain JSON, freed as they go, so no collection follows. A full collection holds the interpreter's
+        lock for every object it visits; run every second while Live streams a run, it slowed the run's own rounds
+        about 15x on the tiny model (``benchmarks/live_estimate.py``'s model tokens/s)."""
+        holder, now, dropped = self._holder(), datetime.now(), False
+        for session, state in list(holder.session_data.items()) if holder else []:
+            used = holder.time_last_used.get(session)
+            if used is None or (now - used).total_seconds() > RECENT_SECONDS:
+                continue
+            for config in list(state.config_values.values()):
+                props = config.get("props") if isinstance(config, dict) else None
+                if isinstance(props, dict) and _large(props.get("value")):
+                    props["value"], dropped = None, True
+        return dropped
+
+    def freeze_start_up(self) -> None:
         """Once, before any session: move what the server holds out of the collector's sight (``gc.freeze``).
 
         A full collection holds the interpreter's lock while it visits every object the collector tracks, and every

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from dex_core import DecoderPool, DexConfig, DexDecoder, DexError, encode_prompt, load_model, shipped_adapters
-from dex_core.analysis.forecast import Forecast, ar_seconds, run_forecast
+from dex_core.analysis.forecast import BASIS, Forecast, RoundCost, ar_seconds, forecast, time_rounds
 from dex_core.analysis.profile import measure_profile, one_row, one_row_seconds
 from dex_core.runtime.unloaded import UnloadedModel, device_type
 from dex_core.trace.events import EndEvent
@@ -29,6 +29,9 @@ from .sessions import Sessions
 from .settings import TRACE_TOP, AppSettings
 from .uploads import Uploads
 
+TIMING_PROMPT = (
+    "Give three tips for staying focused while studying."  # a round timed for first estimates: a chat prompt
+)
 WHOLE_MODEL = (
     "{what} runs the whole model in this server's process, and this server runs DEX distributed "
     "(DEX_BACKEND=distributed): each explorer process holds only its part of the model, and this process "
@@ -49,6 +52,8 @@ class Runtime:
         self._profiles: dict[int, dict] = {}  # seconds profiles by proposal-head rows
         self._one_row: dict[int, dict] = {}  # one-row seconds by proposal-head rows: first estimates
         self._learned: dict[int, Learned] = {}  # by K: what finished runs teach the next first estimate
+        self._rounds: dict[str, RoundCost] = {}  # by run settings: a round timed here, for first estimates
+        self._drawn: dict[str, float] = {}  # by run settings: the seconds the page adds to such a round
 
     @property
     def distributed(self) -> bool:
@@ -142,15 +147,34 @@ class Runtime:
                 )
             return self._one_row[rows]
 
-    def forecast(self, decoder: DexDecoder, max_new_tokens: int) -> Forecast | None:
+    def round_cost(self, decoder: DexDecoder) -> RoundCost:
+        """What a round of ``decoder``'s settings costs on this machine: timed once, by a short real run on a fixed
+        prompt (``time_rounds``, a few seconds at most on the default model), then kept."""
+        key = repr(decoder.settings)
+        if key not in self._rounds:
+            self._rounds[key] = time_rounds(decoder, self.encode(TIMING_PROMPT, True))
+        return self._rounds[key]
+
+    def round_timed(self, decoder: DexDecoder) -> bool:
+        """Whether a first estimate at ``decoder``'s settings needs no round timed (timed already, or not made)."""
+        return decoder.backend != "sequential" or repr(decoder.settings) in self._rounds
+
+    def forecast(self, decoder: DexDecoder, max_new_tokens: int, page=None) -> Forecast | None:
         """The first estimate of a DEX run on the sequential schedule: this server's last runs at the same K when
-        there are some (``app.host.learned.Learned``), else this machine's one-row profile (``run_forecast``); None
-        for explorer groups."""
+        there are some (``app.host.learned.Learned``: their seconds as the page saw them), else a round timed here at
+        the run's settings (``round_cost``) plus ``page(cost)``, the seconds the page adds to a round (None: nothing,
+        a reader that draws nothing); None for explorer groups."""
         if decoder.backend != "sequential":
             return None
         learned = self._learned.get(decoder.K)
         first = learned.forecast(max_new_tokens) if learned else None
-        return first or run_forecast(decoder.settings, max_new_tokens, self.one_row(decoder.proposal_vocab))
+        if first is not None:
+            return first
+        cost, key = self.round_cost(decoder), repr(decoder.settings)
+        if page is not None and key not in self._drawn:
+            self._drawn[key] = page(cost)  # timed once too
+        per_round = cost.round_seconds + (self._drawn[key] if page is not None else 0.0)
+        return forecast(per_round, decoder.K, max_new_tokens, None, BASIS, cost.prefill_seconds)
 
     def learn(self, K: int, events: list, seconds: float | None) -> None:
         """What a finished run at K that took ``seconds`` (None: not measured) teaches the next run's first

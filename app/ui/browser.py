@@ -41,7 +41,10 @@ DEPTH_COLOURS_JS = """(metric) => {
 # the round into a hidden box and presses a hidden button, whose event moves the Debugger there. The same
 # watcher marks the round the Debugger shows on the timeline: a translucent band over the positions of the
 # nodes that round created, moved in the browser when the round control changes (no server work, no
-# redraw of the figure) and laid again when a new timeline arrives.
+# redraw of the figure) and laid again when a new timeline arrives. The timeline opens at a window of the run's
+# positions (``visualize.timeline``); when the round changes (Prev, Next, Play, the round box) to one whose band
+# lies outside the x range shown, the view pans to centre it (or to its start, where it is wider than the view), at
+# the same zoom. A new timeline keeps its opening window.
 TIMELINE_JS = """() => {
   if (window.__dexTimeline) return;
   const band = (gd, round) => {
@@ -70,11 +73,18 @@ TIMELINE_JS = """() => {
     const round = input ? Number(input.value) : NaN;
     const seen = gd.__dexBand;
     if (!window.Plotly || (seen && seen.data === gd.data && seen.round === round)) return;
+    const moved = seen && seen.data === gd.data;  // the round changed on the same timeline
     gd.__dexBand = {data: gd.data, round: round};
     const x = band(gd, round);
     const shapes = (gd.layout.shapes || []).filter(s => s.name !== 'current round');
     if (x) shapes.push({name: 'current round', type: 'rect', xref: 'x', yref: 'paper', x0: x[0], x1: x[1],
                         y0: 0, y1: 1, fillcolor: 'BAND_COLOR', opacity: 0.5, line: {width: 0}, layer: 'below'});
-    window.Plotly.relayout(gd, {shapes: shapes});
+    const update = {shapes: shapes}, shown = gd._fullLayout?.xaxis?.range;
+    if (moved && x && shown && (x[0] < shown[0] || x[1] > shown[1])) {
+      const width = shown[1] - shown[0];  // centred, or from its start where the band is wider than the view
+      const start = x[1] - x[0] < width ? (x[0] + x[1] - width) / 2 : x[0] - 0.05 * width;
+      update['xaxis.range'] = [start, start + width];
+    }
+    window.Plotly.relayout(gd, update);
   }, 300);
 }""".replace("BAND_COLOR", CURRENT_ROUND_COLOR)

@@ -87,8 +87,8 @@ def show(runtime: Runtime, events, round_no, request: gr.Request = None):
 
 
 def stepped(events, meta, source: str, round_no, status: str):
-    """The status line after a step (Prev, Next, the round box, the timeline): the round shown and what the trace
-    is. An error an earlier upload left is cleared, since it no longer says what the Debugger shows."""
+    """The status line after a step (Prev, Next, Play and its ticks, the round box, the timeline): the round shown and
+    what the trace is. An error an earlier upload left is cleared, since it no longer says what the Debugger shows."""
     rounds = views(events)
     if not rounds:
         return gr.skip()
@@ -96,7 +96,7 @@ def stepped(events, meta, source: str, round_no, status: str):
     state = found.group(1) if found and found.group(1) != "error" else "finished"
     shown = rounds[_index(rounds, round_no)].round
     return viz.status_html(
-        state, f"round {shown} of {rounds[0].round}..{rounds[-1].round} · {describe(meta, source)}"
+        state, f"round {shown} of {rounds[0].round}..{rounds[-1].round} · {describe(meta or {}, source)}"
     )
 
 
@@ -120,17 +120,18 @@ def step(events, round_no, delta):
     return rounds[max(0, min(_index(rounds, round_no) + delta, len(rounds) - 1))].round
 
 
-def play(events, round_no):
+def play(events, round_no, meta=None, source: str = "", status: str = ""):
     """Play: the session is playing (the flag each tick reads) and the timer runs; at the last round (where
-    every trace opens) it starts again from the first. Returns (playing, timer, the 5 frame outputs); a trace
-    of one round, or none, does not play, and a notice says why."""
+    every trace opens) it starts again from the first. Returns (playing, timer, the 5 frame outputs, the status
+    line, which names the round shown); a trace of one round, or none, does not play, and a notice says why."""
     rounds = views(events)
     if len(rounds) < 2:
         gr.Info("nothing to play: " + ("this trace has one round" if rounds else "no trace yet"))
-        return (False, gr.Timer(active=False), *(gr.skip(),) * 5)
+        return (False, gr.Timer(active=False), *(gr.skip(),) * 6)
     restart = _index(rounds, round_no) >= len(rounds) - 1
-    shown = frame(events, rounds[0].round) if restart else (gr.skip(),) * 5
-    return (True, gr.Timer(active=True), *shown)
+    shown = rounds[0].round if restart else round_no
+    frames = frame(events, shown) if restart else (gr.skip(),) * 5
+    return (True, gr.Timer(active=True), *frames, stepped(events, meta, source, shown, status))
 
 
 def pause():
@@ -138,15 +139,20 @@ def pause():
     return False, gr.Timer(active=False)
 
 
-def play_tick(events, round_no, playing):
-    """One Play step: the next round's frame (lattice, table, FSM, text, round control) and the timer.
-    A tick that arrives after Pause changes nothing; a tick never starts the timer again (only Play
-    does), and the last round stops it."""
+def play_tick(events, round_no, playing, meta=None, source: str = "", status: str = ""):
+    """One Play step: the next round's frame (lattice, table, FSM, text, round control), the timer and the status
+    line, which names that round (in the same update as its frame). A tick that arrives after Pause changes
+    nothing; a tick never starts the timer again (only Play does), and the last round stops it."""
     rounds = views(events)
     if not playing or not rounds:
-        return (gr.skip(),) * 5 + (gr.Timer(active=False),)
+        return (gr.skip(),) * 5 + (gr.Timer(active=False), gr.skip())
     at_end = _index(rounds, round_no) >= len(rounds) - 2
-    return (*frame(events, step(events, round_no, 1)), gr.Timer(active=False) if at_end else gr.skip())
+    shown = step(events, round_no, 1)
+    return (
+        *frame(events, shown),
+        gr.Timer(active=False) if at_end else gr.skip(),
+        stepped(events, meta, source, shown, status),
+    )
 
 
 def timeline(events):

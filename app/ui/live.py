@@ -12,6 +12,7 @@ drawing), which the page draws (``live_frames``) and the MCP tool reads (``app.u
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -20,7 +21,7 @@ import gradio as gr
 
 import visualize as viz
 from dex_core import DexError, ExplorerError
-from dex_core.analysis.forecast import Forecast
+from dex_core.analysis.forecast import Forecast, RoundCost
 from dex_core.runtime.request import check_text, no_chat_template
 from dex_core.trace.events import EndEvent, Event, RoundEvent
 
@@ -32,6 +33,9 @@ from .inputs import Inputs
 
 PREVIOUS = "the panels below still show the previous run"
 LIVE = "this session's live run"  # the origin of a Live run's trace
+TIMING = (
+    "timing a round at these settings on this machine, for the first estimate (once; a few seconds at most)"
+)
 
 
 def _end(events) -> EndEvent | None:
@@ -66,6 +70,7 @@ class LiveRun:
     first: Forecast | None = None
     note: str | None = None
     pace: Pace | None = None
+    slow: str | None = None  # the pace's notice once it came (``Pace.notice``)
     events: list = field(default_factory=list)
     tokens: int = 0
 
@@ -83,21 +88,92 @@ class Step:
     run: LiveRun | None = None
 
 
-def live_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
-    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round;
-    Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
-    for step in live_steps(runtime, stops, inputs, request):
-        if step.state == "error":
-            tail = (
-                "; the panels show this run up to its last round"
-                if step.run
-                else f" — nothing ran; {PREVIOUS}"
-            )
-            yield _status_only("error", step.detail + tail)
-        elif step.run is None:
-            yield _status_only(step.state, step.detail)
+class Frames:
+    """How much of a Live run goes to drawing it: the seconds the run's steps took (the model's and DEX's own work)
+    and the seconds its frames cost. A frame costs the time it held the run (drawing, then Gradio until it asks for
+    the next) and the time it slowed the step after it: Gradio encodes and sends a frame while the next round runs,
+    and on a machine of few cores that round's threads wait for it (a tiny model's rounds ran 10x slower under
+    a frame a round). So a step after a drawn frame counts as the run's only as long as its steps take undrawn
+    (their running mean), the rest as the frame's. A running frame is drawn only while frames cost within
+    ``DRAW_SHARE`` of the whole, so a page slower than the model shows fewer rounds, not a slower run. ``clock`` is
+    injectable (tests)."""
+
+    def __init__(self, clock=None):
+        self.clock, self.working, self.drawing = clock or time.perf_counter, 0.0, 0.0
+        self.undrawn: float | None = None  # seconds a step takes with no frame before it (a running mean)
+        self.after_frame = False  # the step under way follows a drawn frame
+
+    def steps(self, steps: Iterator[Step]) -> Iterator[Step]:
+        """``steps``, each timed as the run's own work (and a drawn frame's, past its usual time); closing this
+        closes them."""
+        try:
+            while True:
+                tic = self.clock()
+                step = next(steps, None)
+                self._count(self.clock() - tic, step is not None and _round(step))
+                if step is None:
+                    return
+                yield step
+        finally:
+            steps.close()
+
+    def _count(self, seconds: float, round_step: bool) -> None:
+        """A step's seconds: the run's, but for what a round after a drawn round frame took past the usual."""
+        if not round_step:  # loading, timing a round, the prefill: the run's own, however long
+            self.working += seconds
+        elif self.after_frame and self.undrawn is not None:
+            own = min(seconds, self.undrawn)
+            self.working, self.drawing = self.working + own, self.drawing + seconds - own
         else:
-            yield step.run.frame(step.state, step.detail)
+            self.working += seconds
+            self.undrawn = seconds if self.undrawn is None else 0.8 * self.undrawn + 0.2 * seconds
+        self.after_frame = False
+
+    def due(self, step: Step) -> bool:
+        """Whether ``step`` is drawn: every status line and last frame; a running round while drawing is in budget."""
+        return not _round(step) or self.drawing <= self.working * DRAW_SHARE / (1 - DRAW_SHARE)
+
+    def drawn(self, frame, step: Step) -> Iterator:
+        """Yield ``frame`` (a callable making ``step``'s), counting its drawing and the time until the next one is
+        asked."""
+        tic = self.clock()
+        try:
+            yield frame()
+        finally:
+            self.drawing += self.clock() - tic
+            self.after_frame = _round(step)
+
+
+def _round(step: Step) -> bool:
+    """Whether ``step`` is a running round's (not a status line, not the last frame)."""
+    return step.state == "running" and step.run is not None
+
+
+# of a Live run's time at most goes to drawing its running frames (benchmarks/live_estimate.py)
+DRAW_SHARE = 0.25
+
+
+def live_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
+    """Generate with DEX, yielding (text, lattice, fsm, stats, trace, meta, origin, status) once per explorer round
+    while drawing keeps up (``Frames``: when it falls behind, rounds are coalesced into the next frame); Stop
+    (``stops``) or the host's bound on model time ends the run after the round in progress."""
+    frames = Frames()
+    for step in frames.steps(live_steps(runtime, stops, inputs, request)):
+        if not frames.due(step):
+            continue
+        yield from frames.drawn(lambda: _frame(step), step)
+
+
+def _frame(step: Step) -> tuple:
+    """What the page shows of ``step``."""
+    if step.state == "error":
+        tail = (
+            "; the panels show this run up to its last round" if step.run else f" — nothing ran; {PREVIOUS}"
+        )
+        return _status_only("error", step.detail + tail)
+    if step.run is None:
+        return _status_only(step.state, step.detail)
+    return step.run.frame(step.state, step.detail)
 
 
 def live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
@@ -111,6 +187,8 @@ def live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: g
         prompt = check_text(inputs.prompt)  # bad input is told before a first use loads the model; once
         for line in loading(runtime):
             yield Step("running", line)
+        if not runtime.round_timed(runtime.decoder(config)):
+            yield Step("running", TIMING)
         run = _live_start(runtime, config, prompt)
         if run.first or run.note:
             estimate = (
@@ -132,6 +210,15 @@ def live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: g
     )  # as its reader saw it (the page: drawn too)
 
 
+def page_seconds(cost: RoundCost) -> float:
+    """The seconds the page adds to a round of a run like ``cost``'s: drawing one frame of its last round (the
+    second of two draws, timed here), at most the share ``Frames`` lets drawing take of a round."""
+    panels(cost.events)
+    tic = time.perf_counter()
+    panels(cost.events)
+    return min(time.perf_counter() - tic, cost.round_seconds * DRAW_SHARE / (1 - DRAW_SHARE))
+
+
 def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
     """The run of ``config`` on the prompt: its decoder's stream, its first time estimate and what the status line
     says of the prompt (without a chat template it goes in as written), after warning about slow settings and what
@@ -140,7 +227,7 @@ def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
     request = decoder.request(
         runtime.encode(prompt, config.chat), options=config.generation()
     )  # checked once
-    first = runtime.forecast(decoder, config.max_new_tokens)
+    first = runtime.forecast(decoder, config.max_new_tokens, page=page_seconds)
     notices = [
         runtime.device_notice(decoder.K),
         runtime.slow_notice(decoder, config.max_new_tokens, first=first),
@@ -184,10 +271,11 @@ def _live_rounds(run: LiveRun, stopping: Stopping):
             return
         if run.pace:
             run.pace.update(event.round, run.tokens)
-            notice = run.pace.notice()
-            if notice:
-                gr.Info(notice)
+            run.slow = (
+                run.pace.notice() or run.slow
+            )  # said from then on in the status line, gone when the run ends
         left = f" · {run.pace.status()}" if run.pace else ""
+        left += f" · {run.slow}" if run.slow else ""
         yield Step("running", f"round {event.round} · {run.tokens} tokens · K={run.K}{left}", run)
     end = _end(run.events)
     yield Step(

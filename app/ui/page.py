@@ -21,7 +21,9 @@ def page_load(request: gr.Request):
     if not events:
         idle = viz.status_html("idle", dbg.EMPTY_HINT)
         return ([], {}, "", *(gr.skip(),) * 4, idle, *dbg.frame([], 0), None, idle, gr.skip())
-    hint = " — press Generate to run your own prompt, or step through this one in the Debugger tab"
+    example = name not in dbg.bundled_names() or name == dbg.EXAMPLE  # an unknown name falls back to it
+    made = _made_with(events[0]) if example else ""
+    hint = f" — {made}press Generate to run your own prompt, or step through this one in the Debugger tab"
     return (
         events,
         opened.meta,
@@ -33,6 +35,13 @@ def page_load(request: gr.Request):
         viz.status_html("example", note),
         gr.Tabs(selected="debugger") if name else gr.skip(),
     )
+
+
+def _made_with(start) -> str:
+    """How the bundled example was made: with the page's default settings (tests/app/test_example_trace.py holds it
+    to them) on the kind of machine and in the dtype its trace records. "auto" pruning and dtype resolve per machine
+    (more rows and half precision on a GPU): Generate on its prompt repeats the example on a machine of that kind."""
+    return f"made with the page's default settings ({start.made_on.upper()}, {start.dtype}); "
 
 
 def example_prompt(request: gr.Request):

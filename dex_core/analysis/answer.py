@@ -9,16 +9,24 @@ logit lens's depth view (``dex_core.model.lens.depth_view``) gives every layer's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import DecoderOptions
 from ..log import stderr
 from ..model.adapter_choice import resolve_adapters
 from ..model.cost import ModelCost
-from ..model.lens import depth_view
+from ..model.lens import depth_view, layer_candidates
 from ..model.view import model_view
 from ..runtime.settings import RunSettings, resolve_run
-from .ead import readiness
+from .ead import analyse
+
+# The analysis's phases, in order: the one ``analyse_answer`` tells its ``phase`` callback as it starts each.
+PHASES = (
+    "each layer's top candidates",
+    "the predicted speedups and the best sets",
+    "the depth view (logit lens)",
+)
 
 
 @dataclass(frozen=True)
@@ -30,17 +38,30 @@ class AnswerAnalysis:
 
 
 def analyse_answer(
-    model, prompt: list[int], tokens: list[int], options: DecoderOptions, tokenizer=None, log=stderr
+    model,
+    prompt: list[int],
+    tokens: list[int],
+    options: DecoderOptions,
+    tokenizer=None,
+    log=stderr,
+    phase: Callable[[str], None] | None = None,
 ) -> AnswerAnalysis:
     """The analysis of answer ``tokens`` to ``prompt`` by the loaded ``model`` under decoder ``options`` (their
-    adapters, K or depths, proposal heads); ``tokenizer`` as for ``DexDecoder`` (a token ranking for light heads)."""
+    adapters, K or depths, proposal heads); ``tokenizer`` as for ``DexDecoder`` (a token ranking for light heads).
+    ``phase``, if given, is called with each of ``PHASES`` as that phase starts (the app's progress)."""
+    phase = phase or (lambda name: None)
+    phase(PHASES[0])
     view = model_view(model)
     settings = resolve_run(model, view, options, view.device.type, tokenizer, log)
     adapters = resolve_adapters(options.adapters, model)
     cost = ModelCost.of(model, adapters, settings.proposal_vocab)
+    candidates = layer_candidates(model, prompt, tokens, adapters)
+    phase(PHASES[1])  # ead.readiness, with the phases apart
+    found = analyse(candidates, tokens, best=True, cost=cost, adapter_depths=sorted(adapters or {}))
+    phase(PHASES[2])
     return AnswerAnalysis(
         settings=settings,
-        readiness=readiness(model, prompt, tokens, adapters, best=True, cost=cost),
+        readiness=found,
         depth_view=depth_view(model, prompt, tokens, adapters),
         adapter_depths=tuple(sorted(adapters)),
     )

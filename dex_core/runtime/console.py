@@ -86,19 +86,29 @@ def rounds_line(stats: GenerationStats, K: int) -> str:
 
 
 def speed_lines(stats: GenerationStats, K: int, elapsed: float, schedule: str) -> list[str]:
-    """Tokens/s measured on this machine and what the schedule means for it; AR's, or where to get it."""
-    rate = stats.tokens / elapsed if elapsed > 0 else 0.0
+    """Model tokens/s on this machine (the run's own seconds: ``GenerationStats.tokens_per_second``), end to end
+    too where printing the text took time (``elapsed``: the caller's clock around the run), and what the schedule
+    means for it; AR's, or where to get it."""
+    rate = stats.tokens_per_second
+    whole = stats.tokens / elapsed if elapsed > 0 else 0.0
+    end_to_end = (
+        f"; end-to-end tokens/s, printing included: {whole:.1f}" if whole and whole < 0.99 * rate else ""
+    )
     if schedule == "sequential":
         projected = stats.projected_seconds
-        on_k = f"; on {K} devices: {stats.tokens / projected:.1f}, projected" if projected > 0 else ""
+        on_k = (
+            f"; projected tokens/s on {K} devices: {stats.tokens / projected:.1f}, a projection"
+            if projected > 0
+            else ""
+        )
         line = (
-            f"tokens/s on this machine: {rate:.1f} (sequential schedule: one device runs the {K} stages in "
-            f"turn){on_k}"
+            f"model tokens/s on this machine: {rate:.1f} (sequential schedule: one device runs the {K} stages in "
+            f"turn){end_to_end}{on_k}"
         )
     else:
         line = (
-            f"tokens/s on this machine: {rate:.1f} (distributed schedule: {K} explorer processes, end to end; "
-            f"{stats.communication_seconds:.2f} s of {elapsed:.2f} s waiting on the others)"
+            f"model tokens/s on this machine: {rate:.1f} (distributed schedule: {K} explorer processes; "
+            f"{stats.communication_seconds:.2f} s of {stats.model_seconds:.2f} s waiting on the others){end_to_end}"
         )
     return [line, "AR's tokens/s: not measured in this run (dex bench measures DEX and AR side by side)"]
 

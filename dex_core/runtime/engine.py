@@ -70,7 +70,7 @@ def run_rounds(
             masked = decs_masks(run, plan)  # DECS: the tokens shallower stages of each slot proposed
             choices = explore(run, plan, masked)  # expand every batch, choose its tokens on the device
         if done is not None:  # (accelerators) the last round's record while this round's steps run
-            yield recorded(run, done)
+            yield from handed(run, recorded(run, done))
         with run.clock.span("round"):
             outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
             insert(run, plan, outputs)  # B <- insert(B, Z_q)
@@ -81,13 +81,26 @@ def run_rounds(
             stop_if_cancelled(run)  # a participant asked to stop: this round is the last
             done = decided(run, plan, outputs, masked, commits)
         if not run.overlap:
-            yield recorded(run, done)
+            yield from handed(run, recorded(run, done))
             done = None
     if done is not None:
-        yield recorded(run, done)
+        yield from handed(run, recorded(run, done))
+    reader = run.clock.seconds(READER)
     account_rest(run)
-    run.stats.finish(len(run.tokens), run.clock.since(run.begun))
+    run.stats.finish(len(run.tokens), run.clock.since(run.begun), reader)
     yield end_event(run.tokens, run.stats)
+
+
+READER = "reader"  # the clock's span of the time a round's event is with the loop's reader
+
+
+def handed(run: Run, event: RoundEvent) -> Iterator[RoundEvent]:
+    """Hand ``event`` to the loop's reader, timing how long the run waits for it (the page drawing a round, a
+    client reading its stream): ``GenerationStats`` leaves that out of the model's seconds. On CUDA the span's
+    two events sit next to each other on the stream, so it counts only the device's idle wait for the reader, not
+    the queued steps it ran meanwhile."""
+    with run.clock.span(READER):
+        yield event
 
 
 def overlaps(view: ModelView) -> bool:
@@ -154,10 +167,12 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
     # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
     # within it); past it the cache grows, logged once (model.cache)
     lattice = None if settings.prune is None else settings.prune * settings.K
-    for e in explorers:
-        e.reset(len(prompt) + o.max_new_tokens, lattice)
-    link.reset()
-    with clock.span("prefill"):
+    with clock.span(
+        "prefill"
+    ):  # the caches' reset too: the prefill span and the rounds' tile the run's seconds
+        for e in explorers:
+            e.reset(len(prompt) + o.max_new_tokens, lattice)
+        link.reset()
         if len(prompt) > 1:
             link.prefill(explorers, view, prompt[:-1])
     return run

@@ -8,7 +8,7 @@ import time
 
 from ..runtime.console import TextStream
 from ..runtime.scoring import Scored
-from ..trace.events import Event, RoundEvent
+from ..trace.events import EndEvent, Event, RoundEvent
 from .api_requests import Completion
 
 
@@ -58,7 +58,20 @@ def usage(prompt: int, events: list[Event]) -> dict:
             "rounds": rounds,
             "rounds_per_token": round(rounds / max(1, len(commits)), 4),
             "matched_per_stage": matched,
+            **_speed(events[-1]),
         },
+    }
+
+
+def _speed(end: Event) -> dict:
+    """The run's model seconds and model tokens/s (``GenerationStats``: its own compute and host work, not the
+    time the server spent streaming it), when the run reached its end event."""
+    if not isinstance(end, EndEvent):
+        return {}
+    stats = end.stats
+    return {
+        "model_seconds": round(stats.model_seconds, 4),
+        "model_tokens_per_second": round(stats.tokens_per_second, 3),
     }
 
 
@@ -75,6 +88,10 @@ def combined(uses: list[dict]) -> dict:
     dex = {**uses[0]["dex"], "rounds": sum(u["dex"]["rounds"] for u in uses)}
     dex["rounds_per_token"] = round(dex["rounds"] / max(1, out["completion_tokens"]), 4)
     dex["matched_per_stage"] = [sum(m) for m in zip(*(u["dex"]["matched_per_stage"] for u in uses))]
+    if all("model_seconds" in u["dex"] for u in uses):
+        seconds = sum(u["dex"]["model_seconds"] for u in uses)
+        dex["model_seconds"] = round(seconds, 4)
+        dex["model_tokens_per_second"] = round(out["completion_tokens"] / seconds, 3) if seconds else 0.0
     return {**out, "dex": dex}
 
 

@@ -62,8 +62,13 @@ class GenerationStats:
     round_seconds: float = _seconds()  # all rounds, end to end
     projected_seconds: float = _seconds()  # sum over rounds of the round's projected time (trace/build.py)
     prefill_seconds: float = _seconds()
-    wall_seconds: float = _seconds()
-    tokens_per_second: float = _seconds()
+    wall_seconds: float = _seconds()  # from the run's start to its end event, its reader's time included
+    reader_seconds: float = (
+        _seconds()
+    )  # the run waiting for its reader (a page drawing its rounds), in wall_seconds
+    model_seconds: float = _seconds()  # wall_seconds less reader_seconds: the run's own compute and host work
+    tokens_per_second: float = _seconds()  # model tokens/s: tokens / model_seconds
+    end_to_end_tokens_per_second: float = _seconds()  # tokens / wall_seconds, drawing and streaming included
     stop: Stop = spec(one_of(STOPS), "running")
 
     @property
@@ -83,14 +88,19 @@ class GenerationStats:
         self.round_seconds += timings["round"]
         self.projected_seconds += timings["projected"]
 
-    def finish(self, tokens: int, wall_seconds: float) -> None:
-        """The run's totals once it stopped; still "running" at this point means it ran to its length."""
+    def finish(self, tokens: int, wall_seconds: float, reader_seconds: float = 0.0) -> None:
+        """The run's totals once it stopped; still "running" at this point means it ran to its length. Its speed is
+        the model's (``tokens_per_second``: tokens over the run's own seconds, what the Race's clock counts) and, where
+        its reader took time between rounds, end to end (``end_to_end_tokens_per_second``)."""
         self.stop = "length" if self.stop == "running" else self.stop
         self.tokens = tokens
         self.rounds_per_token = self.rounds / max(tokens, 1)
         self.depth_speedup = self.explorers / self.rounds_per_token if tokens else 0.0
         self.wall_seconds = wall_seconds
-        self.tokens_per_second = tokens / wall_seconds if wall_seconds else 0.0
+        self.reader_seconds = min(reader_seconds, wall_seconds)
+        self.model_seconds = wall_seconds - self.reader_seconds
+        self.tokens_per_second = tokens / self.model_seconds if self.model_seconds else 0.0
+        self.end_to_end_tokens_per_second = tokens / wall_seconds if wall_seconds else 0.0
 
 
 def stats_schema(lim: TraceLimits) -> dict:

@@ -7,13 +7,12 @@ its start line and the warning about an untrusted proxy."""
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import answers, closed_within, free_port, half_open, hostile_http, tuned
+from helpers import answers, closed_within, free_port, half_open, hostile_http, start_gradio, tuned
 
 from app.host import gate, uploads
 from dex_core.serving import connections
@@ -113,15 +112,7 @@ def test_gradio_app_main_closes_silent_connections_and_names_an_untrusted_proxy(
         FORWARDED_ALLOW_IPS="10.9.9.9",  # not this test's address: its X-Forwarded-For is not trusted
     )
     log = tmp_path / "server.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(  # gradio runs the app in a child: both in a process group of their own
-            [str(Path(sys.executable).parent / "gradio"), "app/main.py"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    server = start_gradio(env, log)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 120

@@ -10,10 +10,8 @@ import pytest
 
 from app.ui import estimate
 from app.ui.estimate import Pace
-from dex_core.analysis.forecast import forecast, round_seconds
+from dex_core.analysis.forecast import forecast
 from dex_core.trace.events import RoundEvent
-
-ONE_ROW = {"layer": 0.01, "head": 0.05, "proposal": 0.005}  # seconds at one row
 
 
 class Clock:
@@ -24,16 +22,14 @@ class Clock:
         return self.now
 
 
-def test_the_first_estimate_is_one_row_rounds_times_the_expected_rounds_with_a_stated_range():
-    per_round = round_seconds(ONE_ROW, layers=30, K=4)
-    assert per_round == pytest.approx(30 * 0.01 + 3 * 0.005 + 0.05)  # every layer, 3 light heads, 1 full head
+def test_the_first_estimate_is_a_timed_round_times_the_expected_rounds_after_the_prefill_with_a_stated_range():
     first = forecast(
-        per_round, K=4, max_new_tokens=128, rounds_per_token=None, basis="this machine's profile"
+        0.365, K=4, max_new_tokens=128, rounds_per_token=None, basis="a round timed here", prefill=2.0
     )
-    # K rounds fill the pipeline, then (K + 1) / 2 = 2.5 rounds a token; the range: 1 to K rounds a token
-    assert first.seconds == pytest.approx(0.365 * (4 + 127 * 2.5))
-    assert (first.low, first.high) == pytest.approx((0.365 * (4 + 127), 0.365 * (4 + 127 * 4)))
-    assert first.text() == "about 117 s (between 48 and 187 s; from this machine's profile)"
+    # the prefill, then K rounds fill the pipeline, then (K + 1) / 2 = 2.5 rounds a token; the range: 1 to K a token
+    assert first.seconds == pytest.approx(2.0 + 0.365 * (4 + 127 * 2.5))
+    assert (first.low, first.high) == pytest.approx((2.0 + 0.365 * (4 + 127), 2.0 + 0.365 * (4 + 127 * 4)))
+    assert first.text() == "about 119 s (between 50 and 189 s; from a round timed here)"
 
 
 def test_the_time_left_follows_the_runs_own_rounds_not_the_first_estimate():
@@ -132,22 +128,30 @@ def test_a_notice_comes_once_when_the_measured_pace_passes_the_slow_threshold(mo
     assert warned.notice() is None  # the warning before the run said it already
 
 
-def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(tiny_dir, monkeypatch):
+def test_the_runtime_estimates_from_a_round_timed_here_then_learns_from_a_finished_run(tiny_dir, monkeypatch):
     from app.host.settings import AppSettings
     from app.host.state import Runtime
     from dex_core import DexDecoder
+    from dex_core.analysis.forecast import BASIS, TIMED_ROUNDS
 
     runtime = Runtime(AppSettings(model=str(tiny_dir)))
     model, _ = runtime.model()
-    one = runtime.one_row(model.config.vocab_size)
-    assert set(one) == {"layer", "head", "proposal"} and all(0 < s < 1 for s in one.values())  # timed here
-    decoder = DexDecoder(model, explorers=3)
-    first = runtime.forecast(decoder, 20)
-    assert first.basis == "this machine's profile"
-    assert first.round_seconds == pytest.approx(round_seconds(one, 6, 3)) and first.rounds_per_token == 2
+    decoder = DexDecoder(model, explorers=3, tokenizer=runtime.tokenizer())
+    assert not runtime.round_timed(decoder)
+    drawn = []
+    first = runtime.forecast(decoder, 20, page=lambda cost: drawn.append(cost) or 0.25)
+    cost = runtime.round_cost(decoder)
+    assert runtime.round_timed(decoder) and drawn == [cost]  # timed once, the page's share with it
+    rounds = [e for e in cost.events if isinstance(e, RoundEvent)]
+    assert len(rounds) == 3 - 1 + TIMED_ROUNDS  # the pipeline's fill, then the timed rounds
+    assert cost.round_seconds == pytest.approx(sum(e.timings["round"] for e in rounds[2:]) / TIMED_ROUNDS)
+    assert first.basis == BASIS and first.rounds_per_token == 2
+    assert first.round_seconds == pytest.approx(cost.round_seconds + 0.25)  # the page's seconds a round added
+    assert first.seconds == pytest.approx(cost.prefill_seconds + first.round_seconds * (3 + 19 * 2))
+    assert runtime.forecast(decoder, 20, page=lambda cost: 1 / 0).round_seconds == first.round_seconds  # kept
     events = decoder.generate([1, 2, 3], max_new_tokens=20).trace
     runtime.learn(3, events[:-1], 9.0)  # a run that did not finish teaches nothing
-    assert runtime.forecast(decoder, 20).basis == "this machine's profile"
+    assert runtime.forecast(decoder, 20).basis == BASIS
     runtime.learn(3, events, 9.0)  # its seconds as the page saw them
     stats = events[-1].stats
     learned = runtime.forecast(decoder, 20)
@@ -161,4 +165,4 @@ def test_the_runtime_estimates_from_its_profile_then_learns_from_a_finished_run(
     assert again.basis == "the last 2 runs at K=3"
     assert again.seconds == pytest.approx(18.0 / stats.tokens * 20)  # the mean of 9 s and 27 s a run
     assert again.rounds_per_token == pytest.approx((2 + own + 40 / stats.tokens) / 3)
-    assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == "this machine's profile"  # per K
+    assert runtime.forecast(DexDecoder(model, explorers=2), 20).basis == BASIS  # per K

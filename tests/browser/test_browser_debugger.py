@@ -198,8 +198,7 @@ def test_stop_shows_stopped_and_an_error_keeps_the_previous_run_labelled(app_url
         == title
     )
     assert page.evaluate("() => document.querySelector('#live-lattice .js-plotly-plot').data.length") > 0
-    # the error is shown once, in the status line, not in a pop-up (the run before may have had its own notice:
-    # on a loaded machine its measured pace passes the slow threshold, which a pop-up says, as it should)
+    # the error is shown once, in the status line, not in a pop-up
     assert page.locator("[data-testid='toast-text']", has_text="must end at").count() == 0
     badges = page.evaluate(
         "() => [...document.querySelectorAll('#live-text, #live-lattice, #live-fsm, #live-stats')]"

@@ -40,7 +40,7 @@ def test_generate_streams_text_and_prints_depth_stats(tiny_dir, tmp_path, capsys
         f"rounds: {stats['depth_speedup']:.2f}× fewer than AR through the same 3 stages "
         f"({stats['rounds_per_token']:.3f} per token vs 3; the depth-side speedup)" in out
     )
-    assert "tokens/s on this machine: " in out and "AR's tokens/s: not measured in this run" in out
+    assert "model tokens/s on this machine: " in out and "AR's tokens/s: not measured in this run" in out
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,9 @@ def test_a_live_run_checks_its_request_once(tiny_dir):
     runtime = Runtime(AppSettings(model=str(tiny_dir), explorers=2))
     runtime.prepare()  # the model loads outside the count (it is no part of a request)
     inputs = Inputs(prompt="Hello there", chat=False, explorers=2, max_new_tokens=3)
+    runtime.round_cost(
+        runtime.decoder(inputs.config())
+    )  # the first estimate's timed round: a request of its own
     with calls() as seen:
         frames = list(live.live_frames(runtime, StopRequests(), inputs))
     assert "data-state='finished'" in frames[-1][-1], frames[-1][-1]
