@@ -152,7 +152,7 @@ def test_the_setting_is_off_by_default_and_decides_every_launchs_mcp_server():
 
     assert not AppSettings().mcp_server and AppSettings.from_env({"DEX_MCP_SERVER": "1"}).mcp_server
     for on in (False, True):  # whatever the caller or GRADIO_MCP_SERVER asks for
-        blocks = SimpleNamespace(runtime=Runtime(AppSettings(model="m", mcp_server=on)))
+        blocks = SimpleNamespace(runtime=Runtime(AppSettings(model="m", mcp_server=on)), page_css="")
         assert launch_options(blocks, {"mcp_server": not on})["mcp_server"] is on
 
 

@@ -174,10 +174,15 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
     from app.ui import live, race
     from app.ui.handlers import StopRequests
     from app.ui.inputs import Inputs
+    from dex_core.analysis.forecast import RoundCost
 
     runtime = runtime_for(tiny_dir, request_seconds=10)
-    # this machine, as its one-row profile says: 6 layers and the head at one row take 1 s, an AR token
+    # this machine, as its one-row profile says: 6 layers and the head at one row take 1 s, an AR token; and as a
+    # timed round says: 1 s a round, the page's share nothing
     monkeypatch.setattr(runtime, "one_row", lambda rows: {"layer": 1 / 8, "head": 2 / 8, "proposal": 0.0})
+    monkeypatch.setattr(runtime, "round_cost", lambda decoder: RoundCost(1.0, 0.0, []))
+    monkeypatch.setattr(runtime, "round_timed", lambda decoder: True)
+    monkeypatch.setattr(live, "page_seconds", lambda cost: 0.0)
     monkeypatch.setattr(rt, "SLOW_SECONDS", 5)
     # Live: a round is 1 s, K + 3 tokens x (K + 1)/2 rounds = 9 s (between 6 and 12), past the host's 10 s only
     # at worst; Race: 9 + 4 s of AR = 13 s, past 10 s; Analysis: 1.5 x 4 = 6 s
@@ -193,7 +198,8 @@ def test_every_tab_that_runs_the_model_warns_before_slow_settings(tiny_dir, prof
         )
     # then Live (its finished run is what the next estimate at K=3 learns from)
     with pytest.warns(
-        UserWarning, match=r"K=3 × 4 tokens: about 9 s \(between 6 and 12 s; from this machine"
+        UserWarning,
+        match=r"K=3 × 4 tokens: about 9 s \(between 6 and 12 s; from a round timed on this machine",
     ):
         list(
             live.live_frames(
