@@ -1,8 +1,8 @@
 """How long a Live run takes, as its status line says: the first estimate from what this server's last runs at
 the same K took (``app.host.learned.Learned``; before any ran, the library's ``dex_core.analysis.forecast``
-from this machine's one-row profile), then from the run's own measured rounds as it goes (``Pace``). One
-figure of time left for the page; the host's bound on a request's model time said once, plainly; a notice as
-soon as the measured pace passes the slow threshold."""
+from a round of the run's settings timed here, plus the page's share), then from the run's own measured rounds as
+it goes (``Pace``). One figure of time left for the page; the host's bound on a request's model time said once,
+plainly; a notice in the status line as soon as the measured pace passes the slow threshold."""
 
 from __future__ import annotations
 
