@@ -48,7 +48,6 @@ class Run:
     tokens: list[int] = field(default_factory=list)
     communication: float = 0.0  # the link's waiting seconds already reported
     begun: object = None  # the clock's stamp at the start
-    reader: float = 0.0  # the seconds the run waited for its reader, read so far (``handed``)
     overlap: bool = False  # a round's record made once the next round's steps are enqueued (``overlaps``)
 
     @property
@@ -86,9 +85,9 @@ def run_rounds(
             done = None
     if done is not None:
         yield from handed(run, recorded(run, done))
-    run.reader += run.clock.seconds(READER)
+    reader = run.clock.seconds(READER)
     account_rest(run)
-    run.stats.finish(len(run.tokens), run.clock.since(run.begun), run.reader)
+    run.stats.finish(len(run.tokens), run.clock.since(run.begun), reader)
     yield end_event(run.tokens, run.stats)
 
 
@@ -168,8 +167,9 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
     # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
     # within it); past it the cache grows, logged once (model.cache)
     lattice = None if settings.prune is None else settings.prune * settings.K
-    # the caches' reset in the prefill span too: the prefill span and the rounds' tile the run's seconds
-    with clock.span("prefill"):
+    with clock.span(
+        "prefill"
+    ):  # the caches' reset too: the prefill span and the rounds' tile the run's seconds
         for e in explorers:
             e.reset(len(prompt) + o.max_new_tokens, lattice)
         link.reset()
@@ -279,9 +279,7 @@ def round_seconds(run: Run, outputs: Outputs) -> dict:
     """The round's ``timings``: the clock's spans, read after the round without waiting for the device (on CUDA a
     span it has not passed yet counts in a later round's, or in ``account_rest``), each explorer's expansion (read
     with the round's choices) and the link's new waiting."""
-    # the reader's spans too: their CUDA events are then reused, not made anew every round
-    read = run.clock.read((*SPANS, READER), wait=False)
-    run.reader += read.get(READER, 0.0)
+    read = run.clock.read(SPANS, wait=False)
     seconds = {name: read.get(name, 0.0) for name in SPANS}
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]
