@@ -21,6 +21,7 @@ from .runtime.results import GenerationResult
 from .runtime.schedule import InProcess, Schedule
 from .runtime.scoring import Scored, score_prompt
 from .runtime.settings import RunSettings, resolve_run
+from .runtime.turns import Turns
 from .runtime.unloaded import UnloadedModel, device_type
 from .trace.build import start_event, with_text
 from .trace.events import Event
@@ -130,6 +131,7 @@ class DexDecoder:
         elif schedule is None:
             schedule = ExplorerGroup(settings, self.view.model, options, model.folder if unloaded else None)
         self.schedule = schedule
+        self._turns = Turns()  # its explorers serve one run at a time: the newest
 
     @classmethod
     def from_pretrained(
@@ -262,7 +264,7 @@ class DexDecoder:
         yield start_event(
             request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
         )
-        for event in self.schedule.run(request):
+        for event in self._turns.take(self.schedule.run(request)):
             yield event if self.tokenizer is None else with_text(event, self._text)
 
     def _device(self) -> str:
