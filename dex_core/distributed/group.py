@@ -17,9 +17,10 @@ start a total one that grows with the bytes the ranks load (``LOAD_RATE``).
 
 Faults end the call with an ``ExplorerError`` that names the rank at fault, in this order: a rank that
 died without reporting (its exit code or signal), a rank whose process is stopped, a rank that raised
-(its cause and traceback), a rank that fell silent behind its peers (each rank reports the round it
-starts to wait on its peers). With every rank silent, the parent gives up after ``op_timeout``. Every
-process is then ended; the next call starts a fresh group.
+(its cause and traceback), a rank that fell silent behind its peers (each rank stores the round it
+starts to wait on its peers in the group's board of rounds, ``rank.round_board``: shared memory the parent
+reads, not a message a round). With every rank silent (no message, no slot of the board moving), the parent
+gives up after ``op_timeout``. Every process is then ended; the next call starts a fresh group.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ..runtime.request import Request
 from ..runtime.settings import RunSettings
 from ..trace.events import EndEvent
 from .placement import default_threads, resolve_devices
-from .rank import KEY_ENV, Start
+from .rank import KEY_ENV, Start, round_board
 
 _PEER_LOSS = (
     "Connection closed by peer",
@@ -129,6 +130,7 @@ class ExplorerGroup:
                 join_timeout=join_timeout,
                 share=True,
                 stage=self.stage_rows,
+                rounds=str(self._tmp / "rounds"),
             )
         )
 
@@ -160,7 +162,10 @@ class ExplorerGroup:
         ]
         _LIVE.add(self)
         self._conns: list = [None] * self.count
-        self._progress, self._activity = [0] * self.count, time.monotonic()
+        board = self._tmp / "rounds"  # the board of rounds (``rank.round_board``): an int64 a rank, zeros
+        board.write_bytes(bytes(8 * self.count))
+        self._rounds, self._activity = round_board(str(board)), time.monotonic()
+        self._seen = list(self._rounds)  # the board as the last check read it
         self._status = [
             ("starting", 0, 0, "")
         ] * self.count  # per rank: (phase, bytes done, of bytes, tensor)
@@ -237,16 +242,19 @@ class ExplorerGroup:
             )
 
     def _check_run(self) -> None:
-        """While serving: raise for a dead rank, or when every rank fell silent for ``op_timeout``."""
+        """While serving: raise for a dead rank, or when every rank fell silent (no message, no round started)
+        for ``op_timeout``."""
         dead = [(k, p.poll()) for k, p in enumerate(self._procs) if p.poll() is not None]
         if dead:
             self._fail([], dead)
+        if (rounds := list(self._rounds)) != self._seen:
+            self._seen, self._activity = rounds, time.monotonic()
         if time.monotonic() - self._activity > self.op_timeout:
             self._fail([], [], f"sent nothing for {self.op_timeout:.0f} s (op_timeout) while generating")
 
     def _get(self, check):
-        """Next message from the explorers (status and progress reports are noted, not returned); ``check`` raises
-        when the explorers fail or fall silent."""
+        """Next message from the explorers (status reports, and the steps training ranks report, are noted, not
+        returned); ``check`` raises when the explorers fail or fall silent."""
         while True:
             for conn in wait([c for c in self._conns if c is not None], timeout=0.1):
                 try:
@@ -256,7 +264,7 @@ class ExplorerGroup:
                     continue
                 self._activity = time.monotonic()
                 if msg[0] == "progress":
-                    self._progress[msg[1]] = msg[2]
+                    self._rounds[msg[1]] = msg[2]  # a training rank's step (training.group), on its slot
                     continue
                 if msg[0] == "status":
                     self._status[msg[1]], self._heard[msg[1]] = msg[2], time.monotonic()
@@ -285,11 +293,12 @@ class ExplorerGroup:
         if root:
             _, rank, (cause, tb) = root
             return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
-        behind = [k for k, r in enumerate(self._progress) if r == min(self._progress)]
+        rounds = list(self._rounds)
+        behind = [k for k, r in enumerate(rounds) if r == min(rounds)]
         if len(behind) < self.count:
             return (
                 f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
-                f"round {min(self._progress) + 1} while the others waited at round {max(self._progress)}"
+                f"round {min(rounds) + 1} while the others waited at round {max(rounds)}"
             )
         if silent and rank is not None:
             return f"explorer rank {rank} {silent}"

@@ -45,7 +45,9 @@ class DistLink(LocalLink):
         super().__init__()
         self.staged = staged  # rows travel as host tensors over a gloo data group (ranks that share a GPU)
         self.cancel = cancel  # has is_set(): the parent asked to stop early
-        self.progress = progress  # called with the round number as this rank starts to wait on its peers
+        # called with the round number as this rank starts to wait on its peers: a store into the group's board
+        # of rounds (``rank.round_board``) under ``ExplorerGroup``, None under torchrun
+        self.progress = progress
         self.rank, self.count = rank, count
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, torch.device(device)
         self.ctrl = ctrl_group

@@ -8,8 +8,9 @@ run's settings (``RunSettings``), where its part of the model comes from (``Part
 it reads its own tensors from, or the tensors themselves for a model built in memory) and how to join. The
 rank builds its part (``dex_core.model.stage_load``), reporting progress as the bytes arrive, joins
 torch.distributed and then serves typed ``Request``s until told to close; rank 0 sends the trace events
-in batches (``EventBatch``). It ends itself within a second
-when its parent dies, idle or busy.
+in batches (``EventBatch``). Each round every rank stores the round it starts to wait on its peers in its slot of
+the group's board of rounds (``round_board``): shared memory, not a message. It ends itself within a second when
+its parent dies, idle or busy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import mmap
 import os
 import pickle
 import queue
@@ -66,6 +68,17 @@ class Start:
     join_timeout: float  # seconds the rendezvous and the first exchanges may wait (the group's start bound)
     share: bool  # whether ranks may share a GPU (rows staged through the host)
     stage: bool  # stage the rows through the host whatever the devices (the shared-GPU path, tested on CPU)
+    rounds: str  # the group's board of rounds (``round_board``), whose slot ``rank`` this rank writes
+
+
+def round_board(path: str) -> memoryview:
+    """The group's board of rounds: the file ``path`` (one int64 slot a rank, zeros, made by ``ExplorerGroup`` in its
+    private folder) mapped shared, as a view of ints. Each round rank k stores in slot k the round it starts to
+    wait on its peers: one writer a slot, so a plain store, with no lock and no message (a pickled message a round
+    from every rank would cost each round a send and the parent a wake-up). The parent reads the slots to see the
+    ranks move and, when a run stalls, to name the rank behind."""
+    with open(path, "r+b") as file:
+        return memoryview(mmap.mmap(file.fileno(), 0)).cast("q")
 
 
 def open_part(settings: RunSettings, source: PartSource, rank: int, device: str, progress=None):
@@ -347,6 +360,11 @@ def _serve(conn, rank: int, send) -> None:
     torch.set_num_threads(start.threads)
     threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
     view, explorer, report = open_part(start.settings, start.source, rank, start.device, reporter(send, rank))
+    board = round_board(start.rounds)
+
+    def progress(round_: int) -> None:  # this rank's slot of the board: a store, not a message
+        board[rank] = round_
+
     send("status", rank, ("joining", 0, 0, ""))
     data, _ = init_world(
         start.device,
@@ -366,7 +384,7 @@ def _serve(conn, rank: int, send) -> None:
         start.settings.trace_top,
         start.op_timeout,
         cancel,
-        lambda r: send("progress", rank, r),
+        progress,
     )
     send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
     while (msg := inbox.get())[0] == "request":

@@ -13,7 +13,9 @@ never sends them. ``extend``/``extend_committed`` then account for the batch onc
 ``retain(lattice, promote)`` compacts after a collapse: the committed prefix stays where it is and only lattice
 entries are named and moved (a gather and an ``index_copy_`` of a bucket of entries), so a commit costs
 O(lattice entries), not O(context). ``keep(indices)`` is the general form (any order of any entries) and costs
-O(len(indices)).
+O(len(indices)). The entries' host bookkeeping changes at once (the next round's plan and tables read it); their
+move on the device waits for ``settle``, which the explorer calls before its next step runs: the device moves them
+with that step's work, and the host's commit does not wait for them.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StageCache:
         self.slots: list[int] = []  # slot id of each lattice entry (index committed + i)
         self.positions: list[int] = []  # absolute token position of each lattice entry
         self.at: torch.Tensor | None = None  # (q,) the entries the next ``update`` writes, on the device
+        self._moves: list[list[int]] = []  # moves the device has not made yet, in order (``settle``)
 
     def __len__(self) -> int:
         return self.committed + len(self.slots)
@@ -136,10 +139,17 @@ class StageCache:
         size = bucket(len(src), MOVE_LEAST)
         self.reserve(start + size)
         stay = list(range(start + len(src), start + size))
-        index = to_device(src + stay + list(range(start, start + size)), self._kv.device)
-        # every layer's keys and values at once, and their tags
-        self._kv.index_copy_(4, index[size:], self._kv.index_select(4, index[:size]))
-        self.tags.index_copy_(1, index[size:], self.tags.index_select(1, index[:size]))
+        self._moves.append(src + stay + list(range(start, start + size)))  # sources, then destinations
+
+    def settle(self) -> None:
+        """Make on the device the moves compactions named (``_move``), in order: before anything reads the
+        entries (an explorer's step, its prefill)."""
+        for move in self._moves:
+            size, index = len(move) // 2, to_device(move, self._kv.device)
+            # every layer's keys and values at once, and their tags
+            self._kv.index_copy_(4, index[size:], self._kv.index_select(4, index[:size]))
+            self.tags.index_copy_(1, index[size:], self.tags.index_select(1, index[:size]))
+        self._moves.clear()
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:
         """Keep the committed prefix and the lattice entries at ``lattice`` (indices relative to the first
@@ -175,5 +185,6 @@ class StageCache:
 
     def reset(self) -> None:
         self.committed = 0
+        self._moves.clear()
         self.slots, self.positions = [], []
         self.tags.fill_(EMPTY)

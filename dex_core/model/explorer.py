@@ -16,6 +16,7 @@ bucket. The layers attend through ``dex_sdpa`` where the model runs SDPA (``mode
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
@@ -57,14 +58,15 @@ class TreeMask:
         ``rows`` and ``width``; ``region`` grows to cover the cache's lattice and the batch."""
         n = len(slots)
         self.region = max(self.region, bucket(len(cache.slots) + rows))
-        self.width = max(self.width, bucket(max(len(p) for p in paths)))
-        return (
-            padded(positions, rows, positions[0])
-            + [s for p in paths for s in padded(list(p), self.width, NO_SLOT)]
-            + [NO_SLOT] * ((rows - n) * self.width)
-            + padded(slots, rows, EMPTY)
-            + [cache.committed, len(cache)]
-        )
+        width = self.width = max(self.width, bucket(max(map(len, paths))))
+        fill = (NO_SLOT,) * width
+        table = padded(positions, rows, positions[0])
+        # the paths as tuples, iterated in C rather than item by item
+        table += chain.from_iterable(tuple(p) + fill[len(p) :] for p in paths)
+        table += [NO_SLOT] * ((rows - n) * width)
+        table += padded(slots, rows, EMPTY)
+        table += (cache.committed, len(cache))
+        return table
 
     def rows(self, data: torch.Tensor, rows: int) -> Rows:
         """A table (``table``, on the device) -> its batch's ``rows`` rows."""
@@ -201,6 +203,7 @@ class Explorer:
     def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """Run committed prompt tokens (n, hidden) at the next positions; return their outputs."""
         start, n, device = self.cache.committed, hidden.shape[0], self.view.device
+        self.cache.settle()
         self.cache.reserve(start + n + 2 * self.tree.region)
         columns = self.cache.capacity
         masks = {w: causal_mask(start, n, w, self.view.dtype, device, columns) for w in self._windows}
@@ -232,6 +235,7 @@ class Explorer:
         ``table``: ``self.table(...)`` of the batch on the device, when the caller made it already."""
         if table is None:
             table = to_device(self.table(hidden.shape[0], slots, positions, paths), self.view.device)
+        self.cache.settle()  # the last commit's moves, enqueued with this step
         out = self.step(hidden, table)
         if isinstance(self.step, CompiledStep):  # out of the graph's memory: its next replay may reuse it
             out = out.clone()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..algorithm.chains import ChainPlanner
 from ..algorithm.lattice import Collapse, Commit, Lattice, RoundPlan
@@ -27,7 +28,7 @@ from .links import Link
 from .readback import Choice, StageOutput
 from .request import Request
 from .settings import RunSettings
-from .stage import choose_round, expand, prepare
+from .stage import Choosing, batch_of, choose_round, expand, expand_seconds
 
 Outputs = dict[int, StageOutput]  # stage index -> what that explorer produced this round
 
@@ -48,7 +49,9 @@ class Run:
     tokens: list[int] = field(default_factory=list)
     communication: float = 0.0  # the link's waiting seconds already reported
     begun: object = None  # the clock's stamp at the start
+    reader: float = 0.0  # the seconds the run waited for its reader, read so far (``handed``)
     overlap: bool = False  # a round's record made once the next round's steps are enqueued (``overlaps``)
+    choosing: Choosing | None = None  # what its token choice reads of it (``stage.Choosing``)
 
     @property
     def finished(self) -> bool:
@@ -85,9 +88,9 @@ def run_rounds(
             done = None
     if done is not None:
         yield from handed(run, recorded(run, done))
-    reader = run.clock.seconds(READER)
+    run.reader += run.clock.seconds(READER)
     account_rest(run)
-    run.stats.finish(len(run.tokens), run.clock.since(run.begun), reader)
+    run.stats.finish(len(run.tokens), run.clock.since(run.begun), run.reader)
     yield end_event(run.tokens, run.stats)
 
 
@@ -164,6 +167,9 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
         stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
     run.begun = clock.stamp()
+    run.choosing = Choosing(
+        run.sampler, settings.trace_top, settings.prune is not None, request.logprobs, expand_seconds(clock)
+    )
     # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
     # within it); past it the cache grows, logged once (model.cache)
     lattice = None if settings.prune is None else settings.prune * settings.K
@@ -196,10 +202,24 @@ def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:
 def explore(run: Run, plan: RoundPlan, masked: dict[int, list[int]]) -> dict[int, Choice]:
     """Every explorer this process runs expands its batch; then they choose their tokens (those sharing a head
     together), on their devices, for the link to read."""
+    expanded = {e.index: explored(run, e, plan) for e in run.explorers if plan.batches[e.index]}
+    with run.clock.span("decode"):
+        return choose_round(run.choosing, run.explorers, plan, expanded, masked)
+
+
+def explored(run: Run, e: Explorer, plan: RoundPlan) -> tuple:
+    """Explorer ``e``'s batch of the round through its stage (``stage.expand``): its output rows and candidate
+    logits. Its mask table goes to the device just before its step (``stage.batch_of``)."""
+    nodes = plan.batches[e.index]
     with run.clock.span("masks"):
-        batches = prepare(run, plan)  # the mask tables of them all, on the device in one transfer
-    expanded = {e.index: expand(run, e, plan, batches[e.index]) for e in run.explorers if e.index in batches}
-    return choose_round(run, plan, expanded, masked)
+        batch = batch_of(e, nodes, [run.lattice.slots[n.slot].path for n in nodes], run.view.device)
+    with run.clock.span(("expand", e.index)):
+        if e.index == 0:
+            hidden = run.view.embed(batch.tokens)
+        else:
+            hidden = run.link.inputs([n.parent for n in nodes], batch.rows)
+        post = None if e.final else partial(run.link.post, plan, e.index)
+        return expand(e, batch, hidden, post, e.final or not run.request.pipeline)
 
 
 def insert(run: Run, plan: RoundPlan, outputs: Outputs) -> None:
@@ -279,7 +299,9 @@ def round_seconds(run: Run, outputs: Outputs) -> dict:
     """The round's ``timings``: the clock's spans, read after the round without waiting for the device (on CUDA a
     span it has not passed yet counts in a later round's, or in ``account_rest``), each explorer's expansion (read
     with the round's choices) and the link's new waiting."""
-    read = run.clock.read(SPANS, wait=False)
+    # the reader's spans too: their CUDA events are then recorded again, not made anew every round
+    read = run.clock.read((*SPANS, READER), wait=False)
+    run.reader += read.get(READER, 0.0)
     seconds = {name: read.get(name, 0.0) for name in SPANS}
     communication, run.communication = run.link.comm_seconds - run.communication, run.link.comm_seconds
     expand = [outputs[k].seconds if k in outputs else 0.0 for k in range(run.settings.K)]

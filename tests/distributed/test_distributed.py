@@ -105,6 +105,38 @@ def test_a_reused_explorer_group_gives_the_trace_of_a_fresh_one(model, explorer_
     assert running(pids) == []  # closed: every explorer ended
 
 
+class Kinds:
+    """A parent's connection to a rank that notes the kind of each message it receives (``wait`` needs fileno)."""
+
+    def __init__(self, conn, kinds: list):
+        self.conn, self.kinds = conn, kinds
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    def recv(self):
+        msg = self.conn.recv()
+        self.kinds.append(msg[0])
+        return msg
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_ranks_note_each_round_on_the_shared_board_and_send_the_parent_no_message_a_round(
+    model, explorer_group, monkeypatch
+):
+    """Liveness is shared memory, not a pickled message a round from every rank: over a run the parent receives
+    rank 0's event batches only, and the board of rounds holds every rank's last round."""
+    decoder = explorer_group(model, 2)
+    group, kinds = decoder.group, []
+    monkeypatch.setattr(group, "_conns", [Kinds(c, kinds) for c in group._conns])
+    result = decoder.generate(PROMPTS[1], 24)
+    last = [e.round for e in result.trace if isinstance(e, RoundEvent)][-1]
+    assert last > 0 and set(kinds) == {"events"}
+    assert list(group._rounds) == [last, last]
+
+
 @pytest.mark.slow
 def test_rows_staged_through_the_host_as_on_a_shared_gpu_give_the_sequential_tokens(model, monkeypatch):
     # the shared-GPU path (every rank agrees to stage; host copies of the rows over gloo), forced on CPU ranks;

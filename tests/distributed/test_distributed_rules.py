@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 from dex_core.analysis.profile import decode_order_seconds
 from dex_core.config import DexError
+from dex_core.distributed.group import ExplorerGroup
 from dex_core.distributed.link import DistLink
 from dex_core.distributed.placement import resolve_devices
-from dex_core.distributed.rank import DataLink, data_backend, init_options, warm_up
+from dex_core.distributed.rank import DataLink, data_backend, init_options, round_board, warm_up
 from dex_core.distributed.torchrun import torchrun_device
 from dex_core.runtime.links import Link, LocalLink
 
@@ -323,3 +324,20 @@ def test_rank_0_sends_its_events_in_batches_of_the_batch_window_and_slow_rounds_
         [3.1 * window, 3.2 * window],
     )
     assert batch.events == []
+
+
+def test_the_rank_behind_on_the_board_of_rounds_is_named_with_the_rounds(tmp_path):
+    """Ranks store their rounds on the board through their own mappings; once the others timed out waiting, the
+    parent's blame reads the board and names the rank that fell behind, with the rounds."""
+    path = tmp_path / "rounds"
+    path.write_bytes(bytes(8 * 3))
+    group = ExplorerGroup.__new__(ExplorerGroup)  # the parent's side only: no processes
+    group.count, group._procs, group._rounds = 3, None, round_board(str(path))
+    timeouts = [("error", k, (f"TimeoutError: explorer rank {k} timed out after 6 s", "")) for k in (0, 2)]
+    for rounds, named in [
+        ([7, 6, 7], "explorer rank 1 went silent at round 7 while the others waited at round 7"),
+        ([4, 4, 5], "explorer ranks 0, 1 went silent at round 5 while the others waited at round 5"),
+    ]:
+        for rank, r in enumerate(rounds):
+            round_board(str(path))[rank] = r  # as rank ``rank`` writes it, each round
+        assert group._blame(timeouts, [(0, 1), (2, 1)], None) == named

@@ -9,6 +9,7 @@ def write(cache, keys, values, layer, tags=None):
     """A batch's keys and values (and ``tags``, (2, q)) written after the cache's entries, as an explorer writes
     them."""
     n, q = len(cache), keys.shape[2]
+    cache.settle()  # as an explorer does before its step
     cache.reserve(n + q)
     cache.write_at(torch.arange(n, n + q), tags)
     return cache.update(keys, values, layer)
@@ -28,6 +29,7 @@ def filled(n_committed=3, slots=(10, 11, 12, 13), capacity=4):
 
 
 def ids(cache, layer=4):
+    cache.settle()
     return cache.keys(layer)[0, 0, : len(cache), 0].long().tolist()
 
 
@@ -45,6 +47,15 @@ def test_commit_moves_the_anchor_entry_and_keeps_only_kept_slots():
     assert ids(cache) == [0, 1, 2, 5, 4, 6]
     assert ids(cache, layer=5) == [0, 1, 2, 5, 4, 6]
     assert (cache.values(5)[0, 1, :6, 2] == -torch.tensor([0, 1, 2, 5, 4, 6.0])).all()
+
+
+def test_commits_move_the_entries_on_the_device_when_settled_in_order():
+    cache, _, _ = filled()
+    cache.commit(slot=10, kept_slots={11, 12, 13})  # a draft chain's commits: two before the next step
+    cache.commit(slot=11, kept_slots={13})
+    assert cache.committed == 5 and cache.slots == [13]  # the host's bookkeeping at once
+    assert cache.keys(4)[0, 0, :6, 0].long().tolist() == list(range(6))  # the device's not yet
+    assert ids(cache) == [0, 1, 2, 3, 4, 6] and ids(cache, layer=5) == [0, 1, 2, 3, 4, 6]
 
 
 def test_keep_leaves_the_unchanged_prefix_in_place():
@@ -67,6 +78,7 @@ def test_commit_of_a_slot_without_an_entry_is_an_error():
 
 def entry_ids(cache, layer=5):
     """The value written into each entry of ``layer`` (keys hold +id, values -id), checked to agree."""
+    cache.settle()
     keys = cache.keys(layer)[0, 1, : len(cache), 2]
     assert torch.equal(cache.values(layer)[0, 1, : len(cache), 2], -keys)
     return keys.long().tolist()
@@ -81,6 +93,7 @@ def grow(cache, ids, slots, positions):
 
 def lattice_tags(cache):
     """The device tags (slots, positions) of the cache's lattice entries."""
+    cache.settle()
     return cache.tags[:, cache.committed : len(cache)].tolist()
 
 

@@ -91,3 +91,47 @@ def test_the_clock_records_events_it_read_again_rather_than_making_new_ones(monk
             ("plan", "masks", ("expand", 0), "decode"), 1.0
         )
     assert len(made) == 8  # the first round's four spans; every later one records them again
+
+
+def test_a_run_on_cuda_makes_its_clock_events_once_not_every_round(monkeypatch):
+    import torch
+
+    from dex_core import DexDecoder
+    from dex_core.runtime import engine
+    from dex_core.runtime.clock import Clock
+    from dex_core.testing import tiny_model
+
+    made = []
+
+    class Event:  # CUDA's, as the clock uses it: recorded, passed at once here, timed
+        def __init__(self, enable_timing):
+            made.append(self)
+
+        def record(self, stream):
+            pass
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    def cuda_clock(device):  # the CUDA path of the run's clock, on a machine without one
+        clock = Clock(device)
+        clock.cuda = True
+        return clock
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
+    monkeypatch.setattr(engine, "Clock", cuda_clock)
+    decoder = DexDecoder(tiny_model("llama"), explorers=3, prune="none")
+    counts = []
+    for n in (40, 160):  # four times the rounds
+        made.clear()
+        result = decoder.generate(list(range(5, 14)), n)
+        counts.append(len(made))
+        assert result.stats.reader_seconds > 0  # the reader's spans were read and counted
+    assert counts[1] == counts[0], counts  # as many as a round's spans need at once: its reader's too are read
