@@ -134,4 +134,5 @@ def test_a_run_on_cuda_makes_its_clock_events_once_not_every_round(monkeypatch):
         result = decoder.generate(list(range(5, 14)), n)
         counts.append(len(made))
         assert result.stats.reader_seconds > 0  # the reader's spans were read and counted
-    assert counts[1] == counts[0], counts  # as many as a round's spans need at once: its reader's too are read
+    # as many as a round's spans need at once: its reader's too are read, so no round makes more
+    assert counts[1] == counts[0], counts
