@@ -243,7 +243,7 @@ def _generate(args) -> None:
     stream, events = TextStream(tokenizer), []
     try:
         tic = time.perf_counter()
-        for event in decoder.stream(ids, options=config.generation()):
+        for event in decoder.stream(ids, options=config.generation(), node_text=bool(args.trace)):
             events.append(event)
             for commit in event.commits:
                 stream.push(commit.token)

@@ -244,7 +244,9 @@ class DexDecoder:
         return GenerationResult.from_trace(list(self.stream(input_ids, max_new_tokens, **kwargs)))
 
     @torch.no_grad()
-    def stream(self, input_ids, max_new_tokens: int | None = None, **kwargs) -> Iterator[Event]:
+    def stream(
+        self, input_ids, max_new_tokens: int | None = None, *, node_text: bool = False, **kwargs
+    ) -> Iterator[Event]:
         """Yield typed trace events (``dex_core.trace.events``): a start event, one event per round, and an end
         event with the stats. ``input_ids``: a ``Request`` built already (``request``), or the prompt's token ids,
         with ``request``'s arguments (``options``, ``pipeline``, ``GenerationOptions`` fields).
@@ -252,7 +254,10 @@ class DexDecoder:
         ``pipeline=True``: AR through the same K stages on the same devices (pipeline-parallel AR at batch 1,
         the like-for-like baseline where the model only fits across them): no stage but the last proposes, so
         each token walks all K stages in K rounds and equals the AR reference's; no adapter, light head, DECS
-        or draft chain runs, and the trace says so."""
+        or draft chain runs, and the trace says so.
+
+        With a tokenizer, the committed tokens' text is in the trace; ``node_text=True`` adds every lattice node's
+        and top candidate's (what a drawing of the lattice shows: the app, a saved trace), decoded for each round."""
         if isinstance(input_ids, Request):
             if max_new_tokens is not None or kwargs:
                 raise DexError("a Request carries its options: give them to DexDecoder.request, not stream")
@@ -265,7 +270,7 @@ class DexDecoder:
             request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
         )
         for event in self._turns.take(self.schedule.run(request)):
-            yield event if self.tokenizer is None else with_text(event, self._text)
+            yield event if self.tokenizer is None else with_text(event, self._text, node_text)
 
     def _device(self) -> str:
         """Where the token choices are made: the final explorer's device."""

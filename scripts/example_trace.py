@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     config = Inputs(prompt=args.prompt).config()  # the page's defaults, as Generate sends them
     ids = runtime.encode(args.prompt, config.chat)
     started = time.perf_counter()
-    result = runtime.decoder(config).generate(ids, options=config.generation())
+    result = runtime.decoder(config).generate(ids, options=config.generation(), node_text=True)
     _, tokenizer = runtime.model()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -241,7 +241,7 @@ def _live_start(runtime: Runtime, config, prompt: str) -> LiveRun:
         and "no chat template: the prompt goes in as written"
     )
     return LiveRun(
-        stream=decoder.stream(request),
+        stream=decoder.stream(request, node_text=True),  # the lattice is drawn
         meta={"model": runtime.settings.model, "prompt": prompt},
         K=decoder.K,
         max_new_tokens=config.max_new_tokens,

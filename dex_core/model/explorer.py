@@ -53,9 +53,10 @@ class TreeMask:
     def table(
         self, cache: StageCache, rows: int, slots: list[int], paths: list, positions: list[int]
     ) -> list:
-        """The host table of a batch of ``len(slots)`` nodes run as ``rows`` rows (``positions``: where each node's
-        input token sits; ``paths``: its slots from the anchor down, itself last); its size depends only on
-        ``rows`` and ``width``; ``region`` grows to cover the cache's lattice and the batch."""
+        """The host table (in ``TableLayout``'s order) of a batch of ``len(slots)`` nodes run as ``rows`` rows
+        (``positions``: where each node's input token sits; ``paths``: its slots from the anchor down, itself last);
+        its size depends only on ``rows`` and ``width``; ``region`` grows to cover the cache's lattice and the
+        batch."""
         n = len(slots)
         self.region = max(self.region, bucket(len(cache.slots) + rows))
         width = self.width = max(self.width, bucket(max(map(len, paths))))
@@ -70,12 +71,11 @@ class TreeMask:
 
     def rows(self, data: torch.Tensor, rows: int) -> Rows:
         """A table (``table``, on the device) -> its batch's ``rows`` rows."""
-        width = self.width
-        positions = data[:rows]
-        paths = data[rows : rows + rows * width].view(rows, width)
-        at = rows + rows * width
-        committed, length = data[at + rows], data[at + rows + 1]
-        tags = torch.stack([data[at : at + rows], positions])  # (2, rows): slots, positions
+        at = TableLayout(rows, self.width)
+        positions = data[at.positions]
+        paths = data[at.paths].view(rows, at.width)
+        committed, length = data[at.committed], data[at.length]
+        tags = torch.stack([data[at.slots], positions])  # (2, rows): slots, positions
         return Rows(
             positions=positions,
             paths=paths,
@@ -107,6 +107,40 @@ class TreeMask:
             mask = torch.zeros(rows, capacity, dtype=self.dtype, device=self.device)
             masks[w] = mask.masked_fill_(~visible, self.low)[None, None]
         return masks
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where each part of a batch's mask table sits (``TreeMask.table`` writes them in this order, ``TreeMask.rows``
+    reads them): the ``rows`` rows' positions, their paths (``width`` slots each), their slots, then the cache's
+    committed length and its length."""
+
+    rows: int
+    width: int
+
+    @property
+    def positions(self) -> slice:
+        return slice(0, self.rows)
+
+    @property
+    def paths(self) -> slice:
+        return slice(self.rows, self.rows * (1 + self.width))
+
+    @property
+    def slots(self) -> slice:
+        return slice(self.rows * (1 + self.width), self.rows * (2 + self.width))
+
+    @property
+    def committed(self) -> int:
+        return self.rows * (2 + self.width)
+
+    @property
+    def length(self) -> int:
+        return self.committed + 1
+
+    @property
+    def size(self) -> int:
+        return self.length + 1
 
 
 @dataclass(frozen=True)

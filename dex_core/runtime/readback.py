@@ -1,7 +1,7 @@
 """A round's read-back: what each explorer chose, packed on its device, and read to the host once a round.
 
 A stage's choices (``Choice.pack``) are rows of float64 on its device, one per lattice node, in one fixed layout:
-token, probability, margin, tie gap, then ``top`` candidate ids and their probabilities (``pack_columns``); NaN
+token, probability, margin, tie gap, then ``top`` candidate ids and their probabilities (``PackLayout``); NaN
 where a value is not made (no pruning: no probability; non-final stages: no margin), -1 for an absent candidate.
 Every stage's rows of a round are read to the host in one transfer (``read_round``: one sync on a GPU, not one
 per explorer) and become ``StageOutput``s, the host values the lattice and the trace take in. The distributed
@@ -19,6 +19,27 @@ import torch
 from ..shapes import bucket
 
 PACK_FIXED = 4  # token, probability, margin, tie gap; then ``top`` candidate ids and their probabilities
+TOKEN, PROB, MARGIN, GAP = range(PACK_FIXED)  # a row's fixed columns, in ``pack``'s order
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """The columns of a packed row (``pack``) with ``top`` trace candidates: the fixed ones (``TOKEN``, ``PROB``,
+    ``MARGIN``, ``GAP``), then the candidates' ids, then their probabilities."""
+
+    top: int
+
+    @property
+    def columns(self) -> int:
+        return PACK_FIXED + 2 * self.top
+
+    @property
+    def ids(self) -> slice:
+        return slice(PACK_FIXED, PACK_FIXED + self.top)
+
+    @property
+    def probs(self) -> slice:
+        return slice(PACK_FIXED + self.top, PACK_FIXED + 2 * self.top)
 
 
 @dataclass
@@ -61,7 +82,7 @@ class Choice:
 
 def pack_columns(top: int) -> int:
     """Columns of one node's row for ``top`` trace candidates."""
-    return PACK_FIXED + 2 * top
+    return PackLayout(top).columns
 
 
 def top_of(columns: int) -> int:
@@ -70,9 +91,10 @@ def top_of(columns: int) -> int:
 
 
 def pack(n: int, top: int, device, tokens, values=(None, None, None), candidates=None) -> torch.Tensor:
-    """(n, ``pack_columns(top)``) float64 on ``device``: ``tokens`` ((n,) or one value), ``values`` (probability,
-    margin, tie gap: each (n,) or None) and ``candidates`` ((n, t) ids, (n, t) probabilities, t <= top, or None); NaN
-    or -1 elsewhere. One stack of columns: few ops, as each costs the host a dispatch."""
+    """(n, ``PackLayout(top).columns``) float64 on ``device``, in that layout's order: ``tokens`` ((n,) or one
+    value), ``values`` (probability, margin, tie gap: each (n,) or None) and ``candidates`` ((n, t) ids, (n, t)
+    probabilities, t <= top, or None); NaN or -1 elsewhere. One stack of columns: few ops, as each costs the host a
+    dispatch."""
     absent = torch.full((n,), float("nan"), dtype=torch.float64, device=device)
     if not isinstance(tokens, torch.Tensor):
         tokens = absent.new_full((n,), tokens)
@@ -118,18 +140,18 @@ def read_logprobs(choice: Choice, n: int) -> list[tuple[float, list[tuple[int, f
 
 
 def unpack(rows: list[list[float]], top: int, hidden, seconds: float) -> StageOutput:
-    """A stage's ``StageOutput`` from its rows (``pack``'s layout, read to the host)."""
-    end = PACK_FIXED + top
+    """A stage's ``StageOutput`` from its rows (``pack``'s layout, ``PackLayout``, read to the host)."""
+    layout = PackLayout(top)
 
     def column(c: int):
         return None if not rows or math.isnan(rows[0][c]) else [r[c] for r in rows]
 
     return StageOutput(
-        tokens=[int(r[0]) for r in rows],
-        top=[[(int(t), p) for t, p in zip(r[PACK_FIXED:end], r[end:]) if t >= 0] for r in rows],
+        tokens=[int(r[TOKEN]) for r in rows],
+        top=[[(int(t), p) for t, p in zip(r[layout.ids], r[layout.probs]) if t >= 0] for r in rows],
         hidden=hidden,
         seconds=seconds,
-        probs=column(1),
-        margins=column(2),
-        tie_gaps=column(3),
+        probs=column(PROB),
+        margins=column(MARGIN),
+        tie_gaps=column(GAP),
     )

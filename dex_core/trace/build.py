@@ -150,16 +150,19 @@ def collapse_record(commits: list) -> dict | None:
     }
 
 
-def with_text(event: Event, decode: Callable[[int], str | None]) -> Event:
+def with_text(event: Event, decode: Callable[[int], str | None], nodes: bool = True) -> Event:
     """``event`` with the text of its tokens (``decode(token)``; None for no proposal): the one place a trace gets
-    text, whichever schedule made it (explorer processes hold no tokenizer)."""
+    text, whichever schedule made it (explorer processes hold no tokenizer). ``nodes``: every lattice node's and
+    top candidate's too (what a drawing of the lattice shows), else the committed tokens' alone."""
     if isinstance(event, TokenEvent):
         return dataclasses.replace(event, text=decode(event.token))
     if not isinstance(event, RoundEvent):
         return event
-    nodes = [
+    commits = [dataclasses.replace(c, text=decode(c.token)) for c in event.commits]
+    if not nodes:
+        return dataclasses.replace(event, commits=commits)
+    texts = [
         dataclasses.replace(n, text=decode(n.token), top=[[t, p, decode(t)] for t, p, *_ in n.top])
         for n in event.nodes
     ]
-    commits = [dataclasses.replace(c, text=decode(c.token)) for c in event.commits]
-    return dataclasses.replace(event, nodes=nodes, commits=commits)
+    return dataclasses.replace(event, nodes=texts, commits=commits)

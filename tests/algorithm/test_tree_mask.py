@@ -127,3 +127,19 @@ def test_a_cache_capacity_stays_within_a_sixteenth_of_what_it_holds():
         c = capacity(n)
         assert n <= c <= max(n + 255, n * 17 // 16 + 1), n
     assert len({capacity(n) for n in range(4097, 8193)}) == 16  # 16 sizes an octave, not one per token
+
+
+def test_the_table_holds_each_part_where_its_layout_says():
+    from dex_core.model.explorer import NO_SLOT, TableLayout, TreeMask
+
+    tree = TreeMask([None], torch.float64, "cpu")
+    cache = StageCache([0], kv_heads=1, head_dim=2, dtype=torch.float64, capacity=64)
+    cache.committed, cache.slots, cache.positions = 30, [7, 8, 9], [30, 31, 31]
+    table = tree.table(cache, 4, [8, 9, 11], [(7, 8), (7, 9), (7, 9, 11)], [31, 32, 33])
+    at = TableLayout(4, tree.width)
+    assert len(table) == at.size
+    assert table[at.positions] == [31, 32, 33, 31]  # the padding row repeats the first position
+    assert table[at.paths][: tree.width] == [7, 8] + [NO_SLOT] * (tree.width - 2)
+    assert table[at.slots] == [8, 9, 11, EMPTY] and (table[at.committed], table[at.length]) == (30, 33)
+    rows = tree.rows(torch.tensor(table), 4)
+    assert rows.paths[2, :3].tolist() == [7, 9, 11] and rows.at.tolist() == [33, 34, 35, 36]

@@ -55,7 +55,9 @@ def test_streaming_endpoint_updates_as_rounds_go_and_ends_with_ar_text(app_serve
     )
     config = Inputs(**dict(zip(names, controls))).config()
     trace = (
-        DexDecoder(model, config.decoder(), tokenizer=tok).generate(ids, options=config.generation()).trace
+        DexDecoder(model, config.decoder(), tokenizer=tok)
+        .generate(ids, options=config.generation(), node_text=True)
+        .trace
     )
     rounds = [e for e in trace if isinstance(e, RoundEvent)]
     # a frame for the first round and then as drawing keeps up (app.ui.live.Frames: rounds coalesced while it falls

@@ -37,7 +37,7 @@ def make_trace(path: Path, megabytes: float, tokens: int = 40) -> Path:
         prune=None,
     )
     for _ in range(4):
-        save_trace(path, decoder.generate([1, 2, 3, 4], tokens).trace, {"model": "tiny"})
+        save_trace(path, decoder.generate([1, 2, 3, 4], tokens, node_text=True).trace, {"model": "tiny"})
         ratio = megabytes * 2**20 / path.stat().st_size
         if 1 / 1.25 < ratio < 1.25:
             return path

@@ -274,7 +274,7 @@ def test_compare_shows_a_pinned_bundled_run_next_to_a_loaded_trace(app_url, page
     from dex_core import DexDecoder
 
     result = DexDecoder(tiny_model("llama", layers=8), explorers=2, tokenizer=tiny_tokenizer()).generate(
-        [1, 2, 3, 4], 10
+        [1, 2, 3, 4], 10, node_text=True
     )
     save_trace(tmp_path / "k2.json", result.trace, {"model": "tiny k2"})
     (tmp_path / "bad.json").write_text('{"format": "dex-trace", "events": 7')
@@ -365,7 +365,7 @@ def test_the_timeline_reads_at_k2_and_k8_with_its_stage_labels_apart_and_its_fat
     for K in (2, 8):
         trace = (
             DexDecoder(model, explorers=K, tokenizer=tiny_tokenizer(), prune="none")
-            .generate([1, 2, 3, 4], 8)
+            .generate([1, 2, 3, 4], 8, node_text=True)
             .trace
         )
         save_trace(tmp_path / f"k{K}.json", trace, {"model": f"tiny k{K}"})
@@ -451,7 +451,7 @@ def test_a_chain_run_shows_framed_chain_nodes_and_a_round_of_several_commits_ope
     from visualize import lattice_graph
 
     decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), prune="none", draft="gate=0")
-    trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24).trace
+    trace = decoder.generate([4, 8, 15, 16, 23, 42, 7, 9] * 3, 24, node_text=True).trace
     save_trace(tmp_path / "chains.json", trace, {"model": "tiny, draft chains"})
     drafted = sum(d["drafted"] for _, d in lattice_graph(trace).nodes(data=True))
     rounds = [e for e in trace if isinstance(e, RoundEvent)]

@@ -482,3 +482,17 @@ def test_a_float32_run_refuses_once_float32_matmuls_are_set_to_tf32_and_runs_aga
         exact_float32_matmuls()
     assert float32_matmul_shortcuts() == []
     assert DexDecoder(model, explorers=2).generate(prompt, max_new_tokens=4).tokens == expected
+
+
+def test_a_packed_row_holds_each_value_in_its_named_column():
+    from dex_core.runtime.readback import GAP, MARGIN, PROB, TOKEN, PackLayout, pack, unpack
+
+    layout, f = PackLayout(3), torch.float64
+    ids, probs = torch.tensor([[5, 6], [7, 8]]), torch.tensor([[0.5, 0.25], [0.75, 0.125]], dtype=f)
+    values = (torch.tensor([0.5, 0.75], dtype=f), None, torch.tensor([1e-3, 2e-3], dtype=f))
+    rows = pack(2, 3, "cpu", torch.tensor([5, 7]), values, (ids, probs)).tolist()
+    assert len(rows[0]) == layout.columns == 10 and rows[1][TOKEN] == 7 and rows[1][PROB] == 0.75
+    assert rows[0][GAP] == 1e-3 and rows[0][MARGIN] != rows[0][MARGIN]  # no margin made: NaN
+    assert rows[1][layout.ids] == [7, 8, -1] and rows[1][layout.probs][:2] == [0.75, 0.125]
+    out = unpack(rows, 3, None, 0.0)
+    assert out.tokens == [5, 7] and out.top[1] == [(7, 0.75), (8, 0.125)] and out.margins is None

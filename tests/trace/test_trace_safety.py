@@ -86,11 +86,13 @@ def real_traces(llama):
     traces = {}
     for K in (1, 2, 3, 4):
         traces[f"greedy-K{K}"] = (
-            DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5).generate(PROMPT, 8).trace
+            DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5)
+            .generate(PROMPT, 8, node_text=True)
+            .trace
         )
         traces[f"sampled-K{K}"] = (
             DexDecoder(llama, explorers=K, tokenizer=tok, trace_top=5)
-            .generate(PROMPT, 8, temperature=0.8, top_k=20, top_p=0.9, seed=K)
+            .generate(PROMPT, 8, temperature=0.8, top_k=20, top_p=0.9, seed=K, node_text=True)
             .trace
         )
     traces["no-tokenizer-no-decs-no-top"] = (

@@ -14,7 +14,7 @@ def chains(llama):
     decoder = DexDecoder(
         llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="gate=0"
     )
-    return decoder.generate(PROMPT, 24).trace
+    return decoder.generate(PROMPT, 24, node_text=True).trace
 
 
 @pytest.fixture(scope="module")
@@ -23,4 +23,4 @@ def cut_chains(llama):
     decoder = DexDecoder(
         llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="min_ngram=1,gate=1"
     )
-    return decoder.generate(PROMPT, 24).trace
+    return decoder.generate(PROMPT, 24, node_text=True).trace

@@ -14,7 +14,7 @@ PROMPT = [1, 2, 3, 4, 5]
 @pytest.fixture(scope="module")
 def trace(llama):
     decoder = DexDecoder(llama, explorers=3, tokenizer=tiny_tokenizer(), trace_top=5)
-    return decoder.generate(PROMPT, 24, temperature=0.8, top_k=20, seed=1).trace
+    return decoder.generate(PROMPT, 24, temperature=0.8, top_k=20, seed=1, node_text=True).trace
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_a_crowded_run_opens_at_its_first_positions_with_no_two_markers_overlapp
 def test_a_short_run_opens_whole_and_only_the_same_run_keeps_the_visitors_zoom(llama, chains):
     trace = (
         DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
-        .generate([1, 2, 3, 4], 6)
+        .generate([1, 2, 3, 4], 6, node_text=True)
         .trace
     )
     short = timeline_figure(trace)

@@ -45,7 +45,7 @@ from visualize.lattice import EDGE_GROUPS
 def greedy(llama):
     return (
         DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, prune="none", draft="none")
-        .generate([1, 2, 3, 4], 16)
+        .generate([1, 2, 3, 4], 16, node_text=True)
         .trace
     )
 
@@ -53,7 +53,7 @@ def greedy(llama):
 @pytest.fixture(scope="module")
 def sampled(llama):
     decoder = DexDecoder(llama, explorers=4, tokenizer=tiny_tokenizer(), trace_top=5, draft="none")
-    return decoder.generate([1, 2, 3, 4], 16, temperature=0.8, seed=1).trace
+    return decoder.generate([1, 2, 3, 4], 16, temperature=0.8, seed=1, node_text=True).trace
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def deep():
     decoder = DexDecoder(
         tiny_model("llama", layers=8), explorers=8, tokenizer=tiny_tokenizer(), trace_top=5, prune="none"
     )
-    return decoder.generate([1, 2, 3, 4], 2).trace
+    return decoder.generate([1, 2, 3, 4], 2, node_text=True).trace
 
 
 @pytest.fixture(params=["greedy", "sampled", "chains", "cut_chains"])
@@ -679,7 +679,7 @@ def test_the_timeline_height_follows_k_and_its_legend_sits_above_the_plot(llama,
 
     k2 = (
         DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
-        .generate([1, 2, 3, 4], 6)
+        .generate([1, 2, 3, 4], 6, node_text=True)
         .trace
     )
     plots = {}

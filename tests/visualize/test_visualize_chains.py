@@ -189,7 +189,7 @@ def test_drafted_tokens_are_underlined_in_the_text_and_marked_in_the_round_table
     assert f"<b>{len(drafted)}</b>" in stats_html(views[-1]).split("drafted tokens")[1][:80]
     plain = (
         DexDecoder(llama, explorers=2, tokenizer=tiny_tokenizer(), draft="none")
-        .generate([1, 2, 3, 4], 4)
+        .generate([1, 2, 3, 4], 4, node_text=True)
         .trace
     )
     assert "drafted" not in tokens_html(replay(plain)) + stats_html(replay(plain)[-1])
