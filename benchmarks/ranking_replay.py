@@ -5,23 +5,26 @@
 
 A stage's candidate for a slot depends only on the slot's prefix (the committed tokens, then the input tokens of the
 slots on its path) and on the stage (DECS masks only the same slot's shallower candidates). So one unbounded run per
-prompt (``DexDecoder(explorers=K, prune=<more rows than any round>, draft='auto')``: nothing trimmed, every
-candidate's probability read) records every (prefix, stage) -> (candidate, probability) a budgeted lattice can
+prompt (``DexDecoder(explorers=K, prune='none', draft='auto')``, every candidate's probability read as a budget
+reads them) records every (prefix, stage) -> (candidate, probability) a budgeted lattice can
 reach, and the lattice itself (``algorithm.lattice.Lattice`` with its ``ChainPlanner``, pure bookkeeping) then
 replays any budget and any ranking of its rows in milliseconds, committing the same tokens. A prefix the unbounded
-run never reached counts as a miss (its candidate matches nothing), reported per setting; there should be none.
+run never reached counts as a miss (its candidate matches nothing), reported per setting (chains grown elsewhere,
+or a candidate that differed between two rows of one prefix in float32): such a slot starts nothing that commits.
 
 Per setting: rounds a token over the prompts (tokens summed), and its ratio to the replayed unbounded lattice's. The
 replayed unbounded rounds are checked against the real run's. Rankings (``RANKINGS``): ``worth`` (the library's,
 ``Lattice.worth``), ``calibrated`` (the same, with each stage's candidate probability replaced by the rate at which
 that stage's candidates of that probability decile were the committed token, measured on ``--calibrate-split``:
-the tune split when reporting on eval). The recording is cached per prompt set in ``--out``'s folder
+the tune split when reporting on eval) and ``oracle`` (the rows on the path of the tokens it will commit first: the
+bound of any ranking at that budget, ``Oracle``). The recording is cached per prompt set in ``--out``'s folder
 (``<out>.table.json``), so a second run replays at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,7 +36,9 @@ from dex_core.data.sets import prompt_set
 from dex_core.runtime import engine
 from dex_core.runtime.request import encode_item
 
-UNBOUNDED_ROWS = 100_000  # a budget no round reaches: nothing trimmed, probabilities read
+UNBOUNDED_ROWS = (
+    512  # a budget no round reaches here (``record`` checks): nothing trimmed, probabilities read
+)
 MISS = -3  # the candidate of a prefix the unbounded run never reached: matches no token
 
 
@@ -45,7 +50,12 @@ def prefix_of(lattice: Lattice, committed: list[int], slot_id: int) -> tuple[int
 
 def record(decoder: DexDecoder, prompt: list[int], new: int) -> tuple[dict, int, int]:
     """One unbounded run of ``prompt``: {(prefix, stage): (candidate, probability)}, its rounds and tokens."""
-    table, real = {}, engine.insert
+    table, real, start = {}, engine.insert, engine.start
+
+    def started(*args):  # every candidate's probability read, as a budget would
+        run = start(*args)
+        run.choosing = dataclasses.replace(run.choosing, probs=True)
+        return run
 
     def insert(run, plan, outputs):
         committed = [*run.request.prompt, *run.tokens]
@@ -54,18 +64,25 @@ def record(decoder: DexDecoder, prompt: list[int], new: int) -> tuple[dict, int,
                 table[(prefix_of(run.lattice, committed, n.slot), k)] = (token, prob)
         return real(run, plan, outputs)
 
-    engine.insert = insert
+    engine.insert, engine.start = insert, started
     try:
         result = decoder.generate(prompt, new)
     finally:
-        engine.insert = real
+        engine.insert, engine.start = real, start
     return table, result.stats.rounds, len(result.tokens)
 
 
-def replay(table: dict, prompt: list[int], tokens: int, K: int, draft, budget: int | None) -> tuple[int, int]:
-    """The lattice of ``prompt`` replayed from ``table`` until ``tokens`` are committed: (rounds, misses)."""
-    lattice = Lattice(K, prompt[-1], len(prompt), ChainPlanner(draft, prompt, len(prompt) + tokens - 1))
-    committed, rounds, misses = list(prompt), 0, 0
+def replay(
+    table: dict, prompt: list[int], tokens: int, K: int, draft, budget: int | None, truth=None
+) -> tuple:
+    """The lattice of ``prompt`` replayed from ``table`` until ``tokens`` are committed: (rounds, misses, the
+    committed tokens). ``truth``: the tokens to commit, known in advance (``Oracle``: the bound of any ranking)."""
+    committed = list(prompt)
+    chains = ChainPlanner(draft, prompt, len(prompt) + tokens - 1)
+    lattice = (
+        Lattice(K, prompt[-1], len(prompt), chains) if truth is None else Oracle(K, prompt, chains, truth)
+    )
+    rounds, misses = 0, 0
     while len(committed) - len(prompt) < tokens:
         plan = lattice.plan_round(budget)
         rounds += 1
@@ -80,7 +97,28 @@ def replay(table: dict, prompt: list[int], tokens: int, K: int, draft, budget: i
             commit = lattice.validate_and_commit()
             committed.append(commit.token)
             lattice.collapse(commit)
-    return rounds, misses
+    return rounds, misses, committed
+
+
+class Oracle(Lattice):
+    """A lattice whose budget keeps first the rows on the path of the tokens it will commit (``truth``, the prompt
+    first), shallowest first, then the rest by ``Lattice.worth``: no ranking does better at a budget."""
+
+    def __init__(self, K: int, prompt: list[int], chains, truth: list[int]):
+        super().__init__(K, prompt[-1], len(prompt), chains)
+        self.truth, self.committed = truth, len(prompt)
+
+    def collapse(self, commit):
+        self.committed += 1
+        return super().collapse(commit)
+
+    def worth(self, node) -> float:
+        slot = self.slots.get(node.slot)
+        if node.kind == "root" or slot is None or any(s not in self.slots for s in slot.path):
+            return super().worth(node)
+        prefix = prefix_of(self, self.truth[: self.committed], node.slot)
+        on_path = len(prefix) <= len(self.truth) and tuple(self.truth[: len(prefix)]) == prefix
+        return 1e9 - len(prefix) if on_path else super().worth(node)
 
 
 def calibration(tables: list[dict], K: int) -> list[list[float]]:
@@ -157,25 +195,31 @@ def main(argv=None) -> int:
     tables["calibrated"] = [calibrated(t, rates, K) for t in tables["worth"]]
     tokens = sum(p["tokens"] for p in prompts)
     real = sum(p["rounds"] for p in prompts)
+    unbounded = [
+        replay(t, p["prompt"], p["tokens"], K, bounds, None) for t, p in zip(tables["worth"], prompts)
+    ]
+    base = sum(r for r, _, _ in unbounded)
+    print(f"unbounded: {base / tokens:.3f} rounds/token replayed, {real / tokens:.3f} run", flush=True)
     rows = []
-    for name, ts in tables.items():
-        base = [replay(t, p["prompt"], p["tokens"], K, bounds, None) for t, p in zip(ts, prompts)]
-        unbounded = sum(r for r, _ in base)
+    for name in ("worth", "calibrated", "oracle"):
         for budget in [int(b) for b in args.budgets.split(",")]:
-            runs = [replay(t, p["prompt"], p["tokens"], K, bounds, budget) for t, p in zip(ts, prompts)]
-            rounds, misses = sum(r for r, _ in runs), sum(m for _, m in runs)
+            runs = [
+                replay(table, p["prompt"], p["tokens"], K, bounds, budget, c if name == "oracle" else None)
+                for table, p, (_, _, c) in zip(tables.get(name, tables["worth"]), prompts, unbounded)
+            ]
+            rounds, misses = sum(r for r, _, _ in runs), sum(m for _, m, _ in runs)
             rows.append(
                 {
                     "ranking": name,
                     "budget": budget,
                     "rounds_per_token": rounds / tokens,
-                    "unbounded_rounds_per_token": unbounded / tokens,
-                    "ratio": rounds / unbounded,
+                    "unbounded_rounds_per_token": base / tokens,
+                    "ratio": rounds / base,
                     "misses": misses,
                 }
             )
-            print(f"{name:10s} budget {budget}: {rounds / tokens:.3f} rounds/token, {rounds / unbounded:.3f}x "
-                  f"unbounded ({unbounded / tokens:.3f}), {misses} misses", flush=True)  # fmt: skip
+            print(f"{name:10s} budget {budget}: {rounds / tokens:.3f} rounds/token, {rounds / base:.3f}x "
+                  f"unbounded, {misses} misses", flush=True)  # fmt: skip
     report = {"split": args.split, "K": K, "tokens": tokens, "real_unbounded_rounds": real, "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

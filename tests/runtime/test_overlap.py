@@ -59,51 +59,14 @@ def test_on_an_accelerator_a_record_waits_for_the_next_rounds_steps_and_is_the_s
     assert overlapped[-1][1] == sum(ran(e) for e in rounds)  # the last: after the loop
 
 
-def test_the_clock_records_events_it_read_again_rather_than_making_new_ones(monkeypatch):
+def fake_cuda_events(monkeypatch) -> list:
+    """CUDA's events as the clock uses them (recorded, passed at once here, one second a span), for a machine
+    without CUDA: the list it returns holds every event made."""
     import torch
-
-    from dex_core.runtime.clock import Clock
 
     made = []
 
-    class Event:  # CUDA's, as the clock uses it: recorded, passed at once here, timed
-        def __init__(self, enable_timing):
-            made.append(self)
-
-        def record(self, stream):
-            pass
-
-        def query(self):
-            return True
-
-        def elapsed_time(self, other):
-            return 1000.0  # ms: one second a span
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
-    clock = Clock("cpu")
-    clock.cuda = True  # the CUDA path, on a machine without one
-    for _ in range(100):  # a round: spans, then its read
-        for name in ("plan", "masks", ("expand", 0), "decode"):
-            with clock.span(name):
-                pass
-        assert clock.read(("plan", "masks", ("expand", 0), "decode"), wait=False) == dict.fromkeys(
-            ("plan", "masks", ("expand", 0), "decode"), 1.0
-        )
-    assert len(made) == 8  # the first round's four spans; every later one records them again
-
-
-def test_a_run_on_cuda_makes_its_clock_events_once_not_every_round(monkeypatch):
-    import torch
-
-    from dex_core import DexDecoder
-    from dex_core.runtime import engine
-    from dex_core.runtime.clock import Clock
-    from dex_core.testing import tiny_model
-
-    made = []
-
-    class Event:  # CUDA's, as the clock uses it: recorded, passed at once here, timed
+    class Event:
         def __init__(self, enable_timing):
             made.append(self)
 
@@ -117,15 +80,42 @@ def test_a_run_on_cuda_makes_its_clock_events_once_not_every_round(monkeypatch):
             pass
 
         def elapsed_time(self, other):
-            return 1.0
+            return 1000.0  # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
+    return made
+
+
+def test_the_clock_records_events_it_read_again_rather_than_making_new_ones(monkeypatch):
+    from dex_core.runtime.clock import Clock
+
+    made = fake_cuda_events(monkeypatch)
+    clock = Clock("cpu")
+    clock.cuda = True  # the CUDA path, on a machine without one
+    for _ in range(100):  # a round: spans, then its read
+        for name in ("plan", "masks", ("expand", 0), "decode"):
+            with clock.span(name):
+                pass
+        assert clock.read(("plan", "masks", ("expand", 0), "decode"), wait=False) == dict.fromkeys(
+            ("plan", "masks", ("expand", 0), "decode"), 1.0
+        )
+    assert len(made) == 8  # the first round's four spans; every later one records them again
+
+
+def test_a_run_on_cuda_makes_its_clock_events_once_not_every_round(monkeypatch):
+    from dex_core import DexDecoder
+    from dex_core.runtime import engine
+    from dex_core.runtime.clock import Clock
+    from dex_core.testing import tiny_model
+
+    made = fake_cuda_events(monkeypatch)
 
     def cuda_clock(device):  # the CUDA path of the run's clock, on a machine without one
         clock = Clock(device)
         clock.cuda = True
         return clock
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
     monkeypatch.setattr(engine, "Clock", cuda_clock)
     decoder = DexDecoder(tiny_model("llama"), explorers=3, prune="none")
     counts = []
