@@ -100,7 +100,7 @@ def decoder(case: dict, decoder_model=None, **schedule) -> DexDecoder:
 def trace(dex: DexDecoder, case: dict, against_record: bool = True) -> str:
     """``case``'s canonical trace from decoder ``dex``; its floats within the CPU's noise of the recorded trace's
     are written as recorded (``snapped``), so that it equals the record byte for byte wherever DEX computed the same."""
-    live = stripped(dex.generate(PROMPT, NEW_TOKENS, **case["generation"]).trace)
+    live = stripped(dex.generate(PROMPT, NEW_TOKENS, node_text=True, **case["generation"]).trace)
     if against_record:
         names = [name for name, other in matrix().items() if other == case]
         if names:

@@ -178,5 +178,8 @@ class Files:
             signal.signal(signal.SIGTERM, self._terminated)
 
     def _terminated(self, signum, _frame):
+        # a second SIGTERM while this one exits (the parent's death signal, ``gradio_cli``, after the parent forwarded
+        # its own) is ignored: raised inside the exit's finalizers it would print a traceback and cut them short
+        signal.signal(signum, signal.SIG_IGN)
         self.remove()
         sys.exit(128 + signum)

@@ -129,3 +129,37 @@ def test_the_apps_process_dies_with_its_parent_across_the_re_exec():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
         parent.wait(10)
+
+
+SLOW_EXIT = """
+import atexit, os, sys, time
+from app.host.files import Files
+from app.host.settings import AppSettings
+files = Files(AppSettings(model=sys.argv[1]))
+folder = files.folder()
+files.exit_on_sigterm()
+atexit.register(time.sleep, 1.0)  # an exit that takes a while, as the app's finalizers do
+print(folder, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.process
+def test_a_second_sigterm_while_the_app_exits_prints_no_traceback(tmp_path, tiny_dir):
+    env = dict(os.environ, GRADIO_TEMP_DIR=str(tmp_path))
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXIT, str(tiny_dir)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    folder = Path(child.stdout.readline().strip())
+    assert folder.is_dir()
+    child.send_signal(signal.SIGTERM)  # the parent's, forwarded
+    time.sleep(0.3)  # inside the exit's atexit callbacks now
+    child.send_signal(signal.SIGTERM)  # the parent's death signal
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert not folder.exists()
