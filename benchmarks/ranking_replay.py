@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     K, bounds = args.explorers, DecoderOptions(draft="auto").draft  # the bounds the recording ran with
     prompts = recorded_tables(args, args.split)
-    rates = calibration([p["table"] for p in recorded_tables(args, args.calibrate_split)], K)
+    fitted = prompts if args.calibrate_split == args.split else recorded_tables(args, args.calibrate_split)
+    rates = calibration([p["table"] for p in fitted], K)
     tables = {"worth": [p["table"] for p in prompts]}
     tables["calibrated"] = [calibrated(t, rates, K) for t in tables["worth"]]
     tokens = sum(p["tokens"] for p in prompts)

@@ -28,7 +28,7 @@ from .links import Link
 from .readback import Choice, StageOutput
 from .request import Request
 from .settings import RunSettings
-from .stage import Choosing, batch_of, choose_round, expand, expand_seconds
+from .stage import Choosing, batch_of, choose_round, expand
 
 Outputs = dict[int, StageOutput]  # stage index -> what that explorer produced this round
 
@@ -168,7 +168,7 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
     )
     run.begun = clock.stamp()
     run.choosing = Choosing(
-        run.sampler, settings.trace_top, settings.prune is not None, request.logprobs, expand_seconds(clock)
+        run.sampler, settings.trace_top, settings.prune is not None, request.logprobs, clock
     )
     # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
     # within it); past it the cache grows, logged once (model.cache)

@@ -22,6 +22,7 @@ from ..algorithm.sampling import Sampler
 from ..device import to_device
 from ..model.explorer import Explorer
 from ..shapes import bucket, padded
+from .clock import Clock
 from .readback import Choice, pack
 
 
@@ -75,9 +76,12 @@ class Choosing:
     trace_top: int  # candidates a node's trace record keeps
     probs: bool  # each choice's probability wanted (a row budget ranks the rows by them)
     logprobs: int | None  # the request's: its final tokens' log-probabilities and that many alternatives
-    expand_seconds: Callable[
-        [int], Callable[[bool], float]
-    ]  # stage k -> the clock's reading of its expansion
+    clock: Clock  # the run's: each stage's expansion span
+
+    def expand_seconds(self, k: int) -> Callable[[bool], float]:
+        """Stage ``k``'s expansion seconds this round, read once the link has read the round (``wait``: on CUDA,
+        wait for the device if it has not passed the span yet; else what the device has passed, the rest later)."""
+        return partial(self.clock.seconds, ("expand", k))
 
 
 def choose_round(
@@ -182,9 +186,3 @@ def passed_on(how: Choosing, k: int, hidden: torch.Tensor) -> Choice:
     """What stage ``k``, proposing nothing, produced: its rows for the next stage, no candidate (``NO_PROPOSAL``)."""
     rows = pack(hidden.shape[0], how.trace_top, hidden.device, NO_PROPOSAL)
     return Choice(rows, 0, len(rows), hidden, how.expand_seconds(k))
-
-
-def expand_seconds(clock) -> Callable[[int], Callable[[bool], float]]:
-    """Stage k -> its expansion seconds this round, read once the link has read the round (``wait``: on CUDA, wait for
-    the device if it has not passed the span yet; else what the device has passed, the rest later)."""
-    return lambda k: partial(clock.seconds, ("expand", k))
