@@ -231,8 +231,8 @@ def _live_tab(runtime: Runtime, states: list):
         [prompt, chat, explorers, depths, adapters, decs, *sampling, max_new, prune, draft],
         [*panels, *states, status],
         api_name="generate",
-        concurrency_id="model",
-        concurrency_limit=1,
+        concurrency_id="live",  # Live runs share rounds (Runtime.sharing: a Race or an Analysis waits for them)
+        concurrency_limit=runtime.live_batch,
         show_progress="hidden",
         preprocess=False,
     )  # the handlers check their inputs (app.ui.live)

@@ -57,6 +57,11 @@ DEFAULT_PROPOSAL_VOCAB = (
 # -- provisional: those timings held the host's table and mask build, a flat curve; the check now times the stage step
 # alone, and a GPU's run of it re-derives this (docs/GPU.md, "Where AUTO_ROWS["accelerator"] = 64 came from").
 AUTO_ROWS = {"cpu": 8, "accelerator": 64}
+# requests sharing rounds (``runtime.crew``): a stage's rows a round, every request's together, split evenly among
+# the requests in flight (each at least 1, at most its own budget). CPU: 16, where the decode-order curve stops being
+# flat (a K = 4 round: 98 ms at 8 rows, 139 ms at 16; docs/results/row-budget.json); under load, docs/BENCHMARKS.md,
+# "Many strangers in one round". Accelerators: the row budget's flat curve (a projection until a GPU measures it).
+SHARED_ROWS = {"cpu": 16, "accelerator": 64}
 # ``compile``: the stage steps' compilations in one process (every explorer and bucket of rows, mask table and cache
 # capacity: ``dex_core.model.compiled``); past it a step of a new bucket runs eagerly, with one log line
 COMPILE_BUDGET = 256

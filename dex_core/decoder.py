@@ -25,6 +25,7 @@ from .runtime.turns import Turns
 from .runtime.unloaded import UnloadedModel, device_type
 from .trace.build import start_event, with_text
 from .trace.events import Event
+from .values import integer
 
 
 def model_source(
@@ -269,8 +270,23 @@ class DexDecoder:
         yield start_event(
             request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
         )
-        for event in self._turns.take(self.schedule.run(request)):
+        steps = self.schedule.run(request)
+        for event in steps if getattr(self.schedule, "shares", False) else self._turns.take(steps):
             yield event if self.tokenizer is None else with_text(event, self._text, node_text)
+
+    def share(self, most: int) -> None:
+        """Let up to ``most`` requests in flight on this decoder share each round (``dex_core.runtime.crew``): each
+        keeps its own lattice, sampler and KV lane, and gets exactly the tokens it would get alone; every explorer
+        runs one step a round over all their rows. 1 (the default): one run at a time, a newer run stopping the
+        older. The sequential schedule only: explorer processes serve one request at a time."""
+        most = integer(most, "max_batch", 1)
+        if not isinstance(self.schedule, InProcess):
+            if most > 1:
+                raise DexError(
+                    "requests share rounds on the sequential schedule only: explorer processes serve one at a time"
+                )
+            return
+        self.schedule.share(most)
 
     def _device(self) -> str:
         """Where the token choices are made: the final explorer's device."""

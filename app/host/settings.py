@@ -42,6 +42,12 @@ class AppSettings:
         "distributed: explorer groups kept alive at once (least recently used closed first)",
         env="DEX_MAX_GROUPS",
     )
+    live_batch: int = option(
+        4,
+        "Live runs with the same settings that share each round (the sequential backend; explorer processes "
+        "serve one at a time)",
+        env="DEX_LIVE_BATCH",
+    )
     queue_size: int = option(
         16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE"
     )
@@ -108,6 +114,7 @@ class AppSettings:
         ).device
         for name in (
             "max_groups",
+            "live_batch",
             "queue_size",
             "session_ttl",
             "trace_memory_mb",

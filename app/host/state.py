@@ -27,6 +27,7 @@ from .gate import Calls
 from .learned import SLOW_SECONDS, Learned
 from .sessions import Sessions
 from .settings import TRACE_TOP, AppSettings
+from .sharing import Sharing
 from .uploads import Uploads
 
 TIMING_PROMPT = (
@@ -43,6 +44,7 @@ class Runtime:
     def __init__(self, settings: AppSettings | None = None):
         self.settings = settings or AppSettings.from_env()
         self._lock = threading.Lock()
+        self.sharing = Sharing()  # Live runs share the model; a Race or an Analysis has it alone
         self._model = self._tokenizer = None
         self._pool: DecoderPool | None = None  # decoders by run settings, or the torchrun launch's one
         self.files = Files(self.settings)  # the app's folder, exports, what the gate serves
@@ -246,7 +248,14 @@ class Runtime:
         if options.backend == "sequential":
             self.model()  # loaded on first use
         self.prepare()
-        return self._pool.decoder(options)
+        decoder = self._pool.decoder(options)
+        decoder.share(self.live_batch)
+        return decoder
+
+    @property
+    def live_batch(self) -> int:
+        """Live runs that share each round (``DexDecoder.share``): the setting's, 1 on explorer processes."""
+        return self.settings.live_batch if self.settings.backend == "sequential" else 1
 
     def close(self) -> None:
         with self._lock:

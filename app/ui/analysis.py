@@ -67,6 +67,12 @@ class Analysed:
 
 
 def analysed(runtime: Runtime, inputs: Inputs, progress=None) -> Analysed:
+    """``_analysed`` with the model to itself (``Runtime.sharing``): its answer and forwards beside no Live run."""
+    with runtime.sharing.alone():
+        return _analysed(runtime, inputs, progress)
+
+
+def _analysed(runtime: Runtime, inputs: Inputs, progress=None) -> Analysed:
     """The greedy answer to ``inputs`` (its prompt, chat, adapters and max_new_tokens) and its analysis; DexError on
     bad input. ``progress`` (Gradio's, or None) is told each phase: the model's loading, the answer's tokens, then each
     step of ``STEPS`` as it starts (the last, drawing, is ``analyse``'s)."""

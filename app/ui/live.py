@@ -178,7 +178,13 @@ def _frame(step: Step) -> tuple:
 
 def live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
     """The Live run of ``inputs``, one ``Step`` per status line and per explorer round; bad input is one error step
-    and nothing runs. Stop (``stops``) or the host's bound on model time ends the run after the round in progress."""
+    and nothing runs. Stop (``stops``) or the host's bound on model time ends the run after the round in progress.
+    Live runs share the model, and with the same settings their rounds (``Runtime.sharing``, ``DexDecoder.share``)."""
+    with runtime.sharing.shared():
+        yield from _live_steps(runtime, stops, inputs, request)
+
+
+def _live_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request | None):
     session = session_of(request)
     stops.take(session)  # a Stop pressed before this run started does not apply to it
     yield Step("running", "starting")

@@ -176,6 +176,12 @@ def race_frames(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: 
 
 
 def race_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request = None):
+    """``_race_steps`` with the model to itself (``Runtime.sharing``): no Live run shares its rounds or its cores."""
+    with runtime.sharing.alone():
+        yield from _race_steps(runtime, stops, inputs, request)
+
+
+def _race_steps(runtime: Runtime, stops: StopRequests, inputs: Inputs, request: gr.Request | None):
     """AR and DEX on one prompt, interleaved in this process: the method whose own clock is behind
     takes the next step, so both run under the same load until one finishes. Yields status lines (str) while the
     model loads and the machine is timed, then the ``Race`` after each step.

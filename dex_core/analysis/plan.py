@@ -149,9 +149,11 @@ def plan_ranks(
     adapters: str = "none",
     proposal_rows: int | None = None,
     draft_rows: int = 0,
+    requests: int = 1,
 ) -> list[RankPlan]:
     """Every explorer's memory for a run of exploration set ``depths`` in ``dtype`` with ``context`` tokens
-    (prompt and answer), ``proposal_rows`` in the light heads (None: full heads), ``draft_rows`` chain rows."""
+    (prompt and answer), ``proposal_rows`` in the light heads (None: full heads), ``draft_rows`` chain rows;
+    ``requests`` sharing rounds (``runtime.crew``): a KV lane and a batch of rows each."""
     shape = skeleton(config, dtype)
     itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
     K, vocab = len(depths), shape.get_output_embeddings().weight.shape[0]
@@ -169,7 +171,7 @@ def plan_ranks(
     for k in range(K):
         part = StagePart(tuple(depths), k, tuple(range(proposal_rows)) if light and k < K - 1 else None)
         rows = proposal_rows if part.rows else vocab
-        work = (
+        work = requests * (
             batch * rows * 4 * 2 + batch * capacity * itemsize + batch * 4 * text.intermediate_size * itemsize
         )
         plans.append(
@@ -179,7 +181,7 @@ def plan_ranks(
                 part.layers,
                 part_bytes(shape, part),
                 0 if k == K - 1 else one,
-                len(part.layers) * 2 * kv_heads * head_dim * capacity * itemsize,
+                requests * len(part.layers) * 2 * kv_heads * head_dim * capacity * itemsize,
                 work,
             )
         )
@@ -192,13 +194,20 @@ def gb(n: float) -> str:
 
 
 def report(
-    config, plans: list[RankPlan], dtype, context: int, gpu_memory: float | None, proposal_rows: int | None
+    config,
+    plans: list[RankPlan],
+    dtype,
+    context: int,
+    gpu_memory: float | None,
+    proposal_rows: int | None,
+    requests: int = 1,
 ) -> tuple[list[str], bool]:
-    """The plan's lines and whether every GPU fits."""
+    """The plan's lines and whether every GPU fits (``requests``: sharing rounds, a KV cache each)."""
     text = config.get_text_config()
     lines = [
         f"{text.model_type}: {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
-        f"{text.vocab_size}; K={len(plans)} explorers in {dtype_name(dtype)}; KV cache for {context} tokens "
+        f"{text.vocab_size}; K={len(plans)} explorers in {dtype_name(dtype)}; KV cache for "
+        f"{f'{requests} requests of ' if requests > 1 else ''}{context} tokens "
         f"plus the lattice's rows; light heads: {proposal_rows or 'full'} rows",
         f"{'rank':>4} {'stage':>9} {'layers':>10} {'LM head':>10} {'embed':>10} {'adapter':>10} "
         f"{'KV cache':>10} {'work*':>10} {'total':>10}",
@@ -246,6 +255,10 @@ class PlanConfig:
         "half precision on GPUs, float32 on CPU), " + ", ".join(DTYPES),
     )
     context: int = option(4096, "tokens of context (prompt and answer) the KV cache holds")
+    max_batch: int = option(
+        1,
+        "requests sharing rounds (dex serve --http --max-batch): a KV cache of --context tokens and rows each",
+    )
     gpu_memory: str | None = option(
         None, "memory of one GPU, e.g. 80GB or 24GiB: says whether each GPU fits (exit 1 when one does not)"
     )
@@ -283,6 +296,7 @@ class PlanConfig:
             raise DexError("give a model (SPEC) or --config config.json, not both")
         self.explorers = integer(self.explorers, "explorers", 1)
         self.context = integer(self.context, "context", 1)
+        self.max_batch = integer(self.max_batch, "max_batch", 1)
         self.gpus = None if self.gpus is None else integer(self.gpus, "gpus", 1)
         self.proposal_vocab = rows_option(self.proposal_vocab)
         self.draft = DraftBounds.parse(self.draft)
@@ -317,9 +331,8 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
     dtype = resolve_dtype(cfg.dtype, "cpu" if gpus is None else "cuda", config)
     rows = proposal_rows(cfg.proposal_vocab, text.vocab_size)
     rows = None if rows >= text.vocab_size or len(depths) < 2 else rows
-    plans = plan_ranks(
-        config, depths, dtype, cfg.context, gpus, adapters, rows, cfg.draft.rows if cfg.draft else 0
-    )
+    draft = cfg.draft.rows if cfg.draft else 0
+    plans = plan_ranks(config, depths, dtype, cfg.context, gpus, adapters, rows, draft, cfg.max_batch)
     return report(
         config,
         plans,
@@ -327,4 +340,5 @@ def run_plan(cfg: PlanConfig, log=quiet) -> tuple[list[str], bool]:
         cfg.context,
         None if cfg.gpu_memory is None else parse_size(cfg.gpu_memory),
         rows,
+        cfg.max_batch,
     )

@@ -30,6 +30,88 @@ MOVE_LEAST = 16  # the least bucket of entries a compaction moves
 EMPTY = -1  # the slot tag of an entry no node sees (a batch's padding rows, the committed prompt)
 
 
+class Lanes:
+    """One stage's KV buffer, shared by the runs in flight on it: (2, layers, lanes, kv_heads, capacity, head_dim),
+    and each entry's tags (lanes, 2, capacity). Lane b, the buffer's batch index b, is one run's ``StageCache``; a
+    step of several runs reads and writes every lane at once (``LanesWrite``). Lanes join and leave between rounds
+    (``add``, ``remove``: the buffer laid out anew, O(lanes x capacity) once), and share one capacity, which only
+    grows (``reserve``)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int):
+        # zeros, not empty: attention reads every entry of the capacity (masked ones too, and 0 x NaN is NaN)
+        self.kv = torch.zeros((2, layers, 1, kv_heads, capacity, head_dim), dtype=dtype, device=device)
+        self.tags = torch.full((1, 2, capacity), EMPTY, dtype=torch.long, device=device)
+        self.caches: list[StageCache] = []  # lane b's cache at b
+        self.grown = 0  # times the buffer grew mid-run (an unbounded lattice): a compiled step re-records
+        self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[4]
+
+    def mark_static(self) -> None:
+        self.static = True
+        torch._dynamo.mark_static_address(self.kv)
+        torch._dynamo.mark_static_address(self.tags)
+
+    def add(self, cache: StageCache) -> None:
+        """``cache`` takes a new lane, after the others (empty: its run resets it)."""
+        if self.caches:
+            self._lay(self.kv.shape[2] + 1, list(range(self.kv.shape[2])), self.capacity)
+        cache.lane = len(self.caches)
+        self.caches.append(cache)
+
+    def remove(self, cache: StageCache) -> None:
+        """``cache``'s lane leaves the buffer (the last lane stays: it is the stage's own)."""
+        if len(self.caches) == 1:
+            return
+        self.caches.remove(cache)
+        self._lay(len(self.caches), [c.lane for c in self.caches], self.capacity)
+        for lane, c in enumerate(self.caches):
+            c.lane = lane
+
+    def reserve(self, needed: int, busy: bool) -> None:
+        """Room for ``needed`` entries in every lane: the capacity grows to ``shapes.capacity(needed)`` (entries
+        copied), never shrinks. ``busy``: a run is under way in it (a compiled step then records its graphs again)."""
+        if needed <= self.capacity:
+            return
+        if self.static and busy and not self.grown:
+            stderr(
+                f"a stage's KV cache grew mid-run to {capacity(needed)} entries (a lattice past the row budget's "
+                "bound): its compiled step compiles anew"
+            )
+        self.grown += busy
+        self._lay(self.kv.shape[2], list(range(self.kv.shape[2])), capacity(needed))
+
+    def _lay(self, lanes: int, old: list[int], size: int) -> None:
+        """The buffer anew with ``lanes`` lanes of ``size`` entries; lanes ``old`` copied into the first ones."""
+        kv, tags = self.kv, self.tags
+        self.kv = kv.new_zeros((*kv.shape[:2], lanes, kv.shape[3], size, kv.shape[5]))
+        self.tags = tags.new_full((lanes, 2, size), EMPTY)
+        keep = torch.tensor(old, device=kv.device)
+        self.kv[:, :, : len(old), :, : kv.shape[4]] = kv.index_select(2, keep)
+        self.tags[: len(old), :, : tags.shape[2]] = tags.index_select(0, keep)
+        if self.static:
+            self.mark_static()
+
+
+class LanesWrite:
+    """What a step of several lanes' rows hands the layers as their cache: ``update`` writes each lane's keys and
+    values (lanes, kv_heads, rows, head_dim) at its entries ``at`` (lanes, rows) and gives every lane's whole
+    buffer back (each lane's tree mask hides what its rows do not see)."""
+
+    def __init__(self, lanes: Lanes, at: torch.Tensor, layer: dict[int, int]):
+        self.lanes, self.layer = lanes, layer
+        self.at = at[:, None, :, None]  # (lanes, 1, rows, 1): expanded to each layer's shape
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        j, at = self.layer[layer_idx], self.at.expand(*key.shape)
+        keys, values = self.lanes.kv[0, j], self.lanes.kv[1, j]
+        keys.scatter_(2, at, key)
+        values.scatter_(2, at, value)
+        return keys, values
+
+
 class StageCache:
     def __init__(
         self,
@@ -39,18 +121,14 @@ class StageCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         capacity: int = 256,
+        lanes: Lanes | None = None,
     ):
+        """A run's cache of layers ``layer_ids``: a lane of ``lanes`` (a stage's buffer its runs share), or of a
+        buffer of its own."""
         self.layer_ids = list(layer_ids)
-        # every layer's keys and values in one buffer (2, layers, 1, kv_heads, capacity, head_dim): a compaction
-        # moves them all with one gather and one copy; zeros, not empty: attention reads every entry of the
-        # capacity (masked ones too, and 0 x NaN is NaN)
-        self._kv = torch.zeros(
-            (2, len(layer_ids), 1, kv_heads, capacity, head_dim), dtype=dtype, device=device
-        )
-        # each entry's tag (2, capacity): its slot id, then its position (``tags``)
-        self.tags = torch.full((2, capacity), EMPTY, dtype=torch.long, device=device)
-        self.grown = 0  # times the buffer grew mid-run (an unbounded lattice): a compiled step re-records
-        self.static = False  # a compiled step's: the buffer's address marked static (``mark_static``)
+        self.lanes = lanes or Lanes(len(layer_ids), kv_heads, head_dim, dtype, device, capacity)
+        self.lane = 0  # its index in the buffer's lanes (``Lanes.add``)
+        self.lanes.add(self)
         # a layer's global index -> its place in the buffer
         self._layer = {i: j for j, i in enumerate(self.layer_ids)}
         self.committed = 0  # entries [0, committed) are the committed prefix, in position order
@@ -59,20 +137,37 @@ class StageCache:
         self.at: torch.Tensor | None = None  # (q,) the entries the next ``update`` writes, on the device
         self._moves: list[list[int]] = []  # moves the device has not made yet, in order (``settle``)
 
+    @property
+    def _kv(self) -> torch.Tensor:
+        """Its lane of every layer's keys and values (2, layers, 1, kv_heads, capacity, head_dim)."""
+        kv = self.lanes.kv
+        return kv if kv.shape[2] == 1 else kv[:, :, self.lane : self.lane + 1]
+
+    @property
+    def tags(self) -> torch.Tensor:
+        """Each entry's tag (2, capacity): its slot id, then its position."""
+        return self.lanes.tags[self.lane]
+
+    @property
+    def grown(self) -> int:
+        return self.lanes.grown
+
+    @property
+    def static(self) -> bool:
+        return self.lanes.static
+
     def __len__(self) -> int:
         return self.committed + len(self.slots)
 
     @property
     def capacity(self) -> int:
-        return self._kv.shape[4]
+        return self.lanes.capacity
 
     def mark_static(self) -> None:
         """Tell ``torch.compile`` the buffers (entries and tags) keep their addresses (until ``reserve`` grows them,
         which marks the new ones): CUDA graphs (``mode="reduce-overhead"``) then write them in place instead of
         skipping a graph that mutates one of its inputs."""
-        self.static = True
-        torch._dynamo.mark_static_address(self._kv)
-        torch._dynamo.mark_static_address(self.tags)
+        self.lanes.mark_static()
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s (global index) keys (1, kv_heads, capacity, head_dim): a view of the one buffer, made
@@ -84,24 +179,9 @@ class StageCache:
         return self._kv[1, self._layer[layer]]
 
     def reserve(self, needed: int) -> None:
-        """Room for ``needed`` entries: the capacity grows to ``shapes.capacity(needed)`` (entries copied), never
-        shrinks."""
-        if needed <= self.capacity:
-            return
-        if self.static and len(self) and not self.grown:  # mid-run: a compiled step records its graphs again
-            stderr(
-                f"the KV cache of layers {self.layer_ids[0]}-{self.layer_ids[-1]} grew mid-run to "
-                f"{capacity(needed)} entries (a lattice past the row budget's bound): its compiled step compiles anew"
-            )
-        self.grown += bool(len(self))
-        old = self._kv
-        self._kv = old.new_zeros((*old.shape[:4], capacity(needed), old.shape[5]))
-        self._kv[:, :, :, :, : old.shape[4]] = old
-        tags = self.tags
-        self.tags = tags.new_full((2, capacity(needed)), EMPTY)
-        self.tags[:, : tags.shape[1]] = tags
-        if self.static:
-            self.mark_static()
+        """Room for ``needed`` entries: the capacity (every lane's) grows to ``shapes.capacity(needed)`` (entries
+        copied), never shrinks."""
+        self.lanes.reserve(needed, bool(len(self)))
 
     def write_at(self, at: torch.Tensor, tags: torch.Tensor | None = None) -> None:
         """The next batch's entries: ``at`` (q,) indices on the cache's device, below the capacity; ``tags`` (2, q),
@@ -144,11 +224,12 @@ class StageCache:
     def settle(self) -> None:
         """Make on the device the moves compactions named (``_move``), in order: before anything reads the
         entries (an explorer's step, its prefill)."""
+        kv, tags = self._kv, self.tags
         for move in self._moves:
-            size, index = len(move) // 2, to_device(move, self._kv.device)
+            size, index = len(move) // 2, to_device(move, kv.device)
             # every layer's keys and values at once, and their tags
-            self._kv.index_copy_(4, index[size:], self._kv.index_select(4, index[:size]))
-            self.tags.index_copy_(1, index[size:], self.tags.index_select(1, index[:size]))
+            kv.index_copy_(4, index[size:], kv.index_select(4, index[:size]))
+            tags.index_copy_(1, index[size:], tags.index_select(1, index[:size]))
         self._moves.clear()
 
     def retain(self, lattice: list[int], promote: int = 0) -> None:

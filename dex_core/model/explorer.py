@@ -15,6 +15,7 @@ bucket. The layers attend through ``dex_sdpa`` where the model runs SDPA (``mode
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from itertools import chain
 
@@ -22,7 +23,7 @@ import torch
 
 from ..device import to_device
 from ..shapes import bucket, padded
-from .cache import EMPTY, StageCache
+from .cache import EMPTY, LanesWrite, StageCache
 from .compiled import CompiledStep, compile_options
 from .view import ModelView
 
@@ -59,9 +60,9 @@ class TreeMask:
         batch."""
         n = len(slots)
         self.region = max(self.region, bucket(len(cache.slots) + rows))
-        width = self.width = max(self.width, bucket(max(map(len, paths))))
+        width = self.width = max(self.width, bucket(max(map(len, paths), default=1)))
         fill = (NO_SLOT,) * width
-        table = padded(positions, rows, positions[0])
+        table = padded(positions, rows, positions[0] if positions else 0)  # no nodes: padding rows alone
         # the paths as tuples, iterated in C rather than item by item
         table += chain.from_iterable(tuple(p) + fill[len(p) :] for p in paths)
         table += [NO_SLOT] * ((rows - n) * width)
@@ -169,6 +170,14 @@ def causal_mask(start: int, count: int, window: int | None, dtype: torch.dtype, 
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
+@dataclass(frozen=True)
+class Seat:
+    """One run's place on an explorer: its lane of the stage's KV buffer and its tree masks' tables."""
+
+    cache: StageCache
+    tree: TreeMask
+
+
 class Explorer:
     """Explorer ``index`` of ``count``, running layers [start, stop) of ``view``; ``compile``: its stage step
     through ``torch.compile(fullgraph=True, dynamic=False)`` (one compilation per bucket of rows, region and
@@ -183,11 +192,38 @@ class Explorer:
         self.layer_ids = list(range(start, stop))
         self.adapter = None if self.final else adapter
         self.head = None if self.final else head  # a ProposalHead, or None: the full LM head
-        self.cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device)
         self._windows = sorted({view.windows[i] for i in self.layer_ids}, key=lambda w: (w is None, w))
-        self.tree = TreeMask(self._windows, view.dtype, view.device)
+        cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device)
+        self.seats = [Seat(cache, TreeMask(self._windows, view.dtype, view.device))]  # one a run in flight
+        self.seat = self.seats[0]  # the run its methods work for (``seated``)
         self._rope_types = {view.rope_types[i] for i in self.layer_ids}
         self.step = self._step  # the stage step: eager, or compiled by ``compile_step``
+
+    cache = property(lambda self: self.seat.cache, doc="the seated run's KV cache (``StageCache``)")
+    tree = property(lambda self: self.seat.tree, doc="the seated run's tree masks (``TreeMask``)")
+
+    def add_seat(self) -> Seat:
+        """A seat for one more run in flight: a new lane of the stage's KV buffer, its own tree masks."""
+        view, lanes = self.view, self.seats[0].cache.lanes
+        cache = StageCache(self.layer_ids, view.kv_heads, view.head_dim, view.dtype, view.device, lanes=lanes)
+        self.seats.append(Seat(cache, TreeMask(self._windows, view.dtype, view.device)))
+        return self.seats[-1]
+
+    def remove_seat(self, seat: Seat) -> None:
+        """``seat``'s run left: its lane leaves the buffer (the last seat stays, emptied by the next run's reset)."""
+        if len(self.seats) > 1:
+            self.seats.remove(seat)
+            seat.cache.lanes.remove(seat.cache)
+        self.seat = self.seats[0]
+
+    @contextlib.contextmanager
+    def seated(self, seat: Seat):
+        """Within the block the explorer's methods work on ``seat``'s run (its cache and tables)."""
+        before, self.seat = self.seat, seat
+        try:
+            yield
+        finally:
+            self.seat = before
 
     def compile_step(self, spec=True, **options) -> None:
         """Run the stage step through ``torch.compile`` (``model.compiled``): ``spec`` is the decoder option
@@ -208,10 +244,9 @@ class Explorer:
         self.cache.reset()
         self.cache.reserve(context + 2 * bucket(max(lattice or 0, self.tree.region)))
 
-    def _forward(self, hidden: torch.Tensor, pos: torch.Tensor, masks: dict) -> torch.Tensor:
-        """The stage's layers over rows (n, hidden) at positions ``pos`` (1, n)."""
+    def _forward(self, h: torch.Tensor, pos: torch.Tensor, masks: dict, cache) -> torch.Tensor:
+        """The stage's layers over rows (lanes, n, hidden) at positions ``pos`` (lanes, n), writing ``cache``."""
         view = self.view
-        h = hidden[None]  # (1, n, hidden)
         rope = view.rotary(h, pos, self._rope_types)
         for i in self.layer_ids:
             out = view.layers[i](
@@ -220,18 +255,19 @@ class Explorer:
                 position_ids=pos,
                 position_embeddings=rope[view.rope_types[i]],
                 use_cache=True,
-                **{view.cache_kwarg: self.cache},
+                **{view.cache_kwarg: cache},
                 **view.layer_kwargs,
             )
             h = out[0] if isinstance(out, tuple) else out
-        return h[0]
+        return h
 
     def _step(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """The stage step: a batch's rows (rows, hidden) and its mask table (``TreeMask.table``, on the device)
         through the stage's layers. Tensor ops of shapes fixed by the buckets alone: what a GPU captures."""
         batch = self.tree.rows(table, hidden.shape[0])
         self.cache.write_at(batch.at, batch.tags)
-        return self._forward(hidden, batch.positions[None], self.tree.build(batch, self.cache.tags))
+        masks = self.tree.build(batch, self.cache.tags)
+        return self._forward(hidden[None], batch.positions[None], masks, self.cache)[0]
 
     @torch.no_grad()
     def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -243,7 +279,7 @@ class Explorer:
         masks = {w: causal_mask(start, n, w, self.view.dtype, device, columns) for w in self._windows}
         positions = torch.arange(start, start + n, device=device)
         self.cache.write_at(positions, torch.stack([torch.full_like(positions, EMPTY), positions]))
-        out = self._forward(hidden, positions[None], masks)
+        out = self._forward(hidden[None], positions[None], masks, self.cache)[0]
         self.cache.extend_committed(n)
         return out
 
@@ -282,3 +318,26 @@ class Explorer:
         if self.adapter is not None:
             hidden = self.adapter(hidden)
         return self.view.head(hidden) if self.head is None else self.head(hidden)
+
+    @torch.no_grad()
+    def expand_seats(
+        self, hidden: torch.Tensor, seats: list[Seat], tables: list[torch.Tensor], nodes: list
+    ) -> torch.Tensor:
+        """One step for several runs: ``hidden`` (lanes, rows, hidden) holds each seat's batch (its lane's rows,
+        padding after its nodes), ``tables`` each batch's mask table on the device (``table`` while seated),
+        ``nodes`` each batch's (slots, positions) for its cache's books. ``seats``: every seat, in lane order (an
+        idle one runs padding rows alone). Each lane's rows attend to its own lane only."""
+        rows, at, positions, masks = hidden.shape[1], [], [], []
+        for seat, table in zip(seats, tables):
+            seat.cache.settle()
+            batch = seat.tree.rows(table, rows)
+            seat.cache.write_at(batch.at, batch.tags)
+            at.append(batch.at)
+            positions.append(batch.positions)
+            masks.append(seat.tree.build(batch, seat.cache.tags))
+        joined = {w: torch.cat([m[w] for m in masks]) for w in self._windows}  # (lanes, 1, rows, capacity)
+        write = LanesWrite(seats[0].cache.lanes, torch.stack(at), seats[0].cache._layer)
+        out = self._forward(hidden, torch.stack(positions), joined, write)
+        for seat, (slots, inputs) in zip(seats, nodes):
+            seat.cache.extend(slots, inputs)
+        return out

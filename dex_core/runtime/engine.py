@@ -52,6 +52,9 @@ class Run:
     reader: float = 0.0  # the seconds the run waited for its reader, read so far (``handed``)
     overlap: bool = False  # a round's record made once the next round's steps are enqueued (``overlaps``)
     choosing: Choosing | None = None  # what its token choice reads of it (``stage.Choosing``)
+    prune: int | None = (
+        None  # its row budget this round: the settings', or its share of shared rounds' (``crew``)
+    )
 
     @property
     def finished(self) -> bool:
@@ -75,23 +78,39 @@ def run_rounds(
         if done is not None:  # (accelerators) the last round's record while this round's steps run
             yield from handed(run, recorded(run, done))
         with run.clock.span("round"):
-            outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
-            insert(run, plan, outputs)  # B <- insert(B, Z_q)
-            commits = []
-            while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q); a chain may go on
-                commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
-                commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
-            stop_if_cancelled(run)  # a participant asked to stop: this round is the last
-            done = decided(run, plan, outputs, masked, commits)
+            done = decide(run, plan, masked, choices)  # exchange, insert, commit and collapse
         if not run.overlap:
             yield from handed(run, recorded(run, done))
             done = None
     if done is not None:
         yield from handed(run, recorded(run, done))
     run.reader += run.clock.seconds(READER)
+    yield ended(run, run.reader)
+
+
+def decide(run: Run, plan: RoundPlan, masked: dict, choices: dict[int, Choice]) -> Decided:
+    """The rest of a round once its stages chose (Algorithm 1's lines after the expansion): every stage's choices
+    shared, taken into the lattice, and while the anchor has all K stages its token committed and the lattice, the
+    caches, the link and the sampler collapsed onto the branch that survives."""
+    outputs = run.link.exchange(plan, choices)  # H_q, Z_q: every stage's choices, on every rank
+    insert(run, plan, outputs)  # B <- insert(B, Z_q)
+    commits = []
+    while run.lattice.ready() and not run.finished:  # ReachFinalDepth(q); a chain may go on
+        commit = validate_and_commit(run)  # (b, y) <- validate_and_commit(B); Y <- Y || y
+        commits.append((commit, collapse(run, commit)))  # (B, S, q) <- collapse(B, S, q, b)
+    stop_if_cancelled(run)  # a participant asked to stop: this round is the last
+    return decided(run, plan, outputs, masked, commits)
+
+
+def ended(run: Run, reader: float | None) -> EndEvent:
+    """The run's end event, its stats finished: ``reader`` of its wall seconds were its reader's, not the model's;
+    None: all but those of its rounds and its prefill (a run sharing its rounds with others: ``runtime.crew``)."""
     account_rest(run)
-    run.stats.finish(len(run.tokens), run.clock.since(run.begun), run.reader)
-    yield end_event(run.tokens, run.stats)
+    stats, wall = run.stats, run.clock.since(run.begun)
+    if reader is None:
+        reader = wall - min(stats.round_seconds + stats.prefill_seconds, wall)
+    stats.finish(len(run.tokens), wall, reader)
+    return end_event(run.tokens, stats)
 
 
 READER = "reader"  # the clock's span of the time a round's event is with the loop's reader
@@ -145,6 +164,19 @@ def recorded(run: Run, done: Decided) -> RoundEvent:
 
 def start(view, settings: RunSettings, explorers, link: Link, request: Request) -> Run:
     """A fresh run: caches and link reset, the prompt (all but its last token) through every stage."""
+    run = begin(view, settings, explorers, link, request)
+    with run.clock.span(
+        "prefill"
+    ):  # the caches' reset too: the prefill span and the rounds' tile the run's seconds
+        reset(run)
+        prompt = list(request.prompt)
+        if len(prompt) > 1:
+            link.prefill(explorers, view, prompt[:-1])
+    return run
+
+
+def begin(view, settings: RunSettings, explorers, link: Link, request: Request) -> Run:
+    """The run of ``request`` before its prefill: lattice, sampler, clock and stats (its caches as they are)."""
     o, prompt = request.options, list(request.prompt)
     clock = Clock(view.device)
     run = Run(
@@ -166,27 +198,27 @@ def start(view, settings: RunSettings, explorers, link: Link, request: Request) 
         overlap=overlaps(view),
         stats=GenerationStats(settings.K, list(settings.depths), compute_seconds=[0.0] * settings.K),
     )
-    run.begun = clock.stamp()
+    run.begun, run.prune = clock.stamp(), settings.prune
     run.choosing = Choosing(
         run.sampler, settings.trace_top, settings.prune is not None, request.logprobs, clock
     )
+    return run
+
+
+def reset(run: Run) -> None:
+    """The run's caches emptied and sized once for its prompt and new tokens, its link's rows dropped."""
     # a stage's lattice entries and rows in a round, at most: budget x K (benchmarks/lattice_bound.py: 18 of 18 runs
     # within it); past it the cache grows, logged once (model.cache)
+    settings, request = run.settings, run.request
     lattice = None if settings.prune is None else settings.prune * settings.K
-    with clock.span(
-        "prefill"
-    ):  # the caches' reset too: the prefill span and the rounds' tile the run's seconds
-        for e in explorers:
-            e.reset(len(prompt) + o.max_new_tokens, lattice)
-        link.reset()
-        if len(prompt) > 1:
-            link.prefill(explorers, view, prompt[:-1])
-    return run
+    for e in run.explorers:
+        e.reset(len(request.prompt) + request.options.max_new_tokens, lattice)
+    run.link.reset()
 
 
 def plan_round(run: Run) -> RoundPlan:
     with run.clock.span("plan"):
-        return run.lattice.plan_round(run.settings.prune)
+        return run.lattice.plan_round(run.prune)
 
 
 def decs_masks(run: Run, plan: RoundPlan) -> dict[int, list[int]]:

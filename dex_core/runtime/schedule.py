@@ -13,6 +13,7 @@ from ..model.explorer import Explorer
 from ..model.proposal import ProposalHead
 from ..model.view import ModelView
 from ..trace.events import EndEvent, RoundEvent
+from .crew import Crew
 from .engine import run_rounds
 from .links import LocalLink
 from .request import Request
@@ -48,8 +49,24 @@ class InProcess:
             for e in self.explorers:
                 e.compile_step(settings.compile)
         self.devices = [view.device] * K
+        self.crew = Crew(
+            view, settings, self.explorers
+        )  # runs that share rounds: at most one unless ``share``d
+
+    def share(self, most: int) -> None:
+        """Let ``most`` requests in flight share each round (``runtime.crew``); 1: one run at a time."""
+        self.crew.most = most
+
+    @property
+    def shares(self) -> bool:
+        """Whether runs in flight share rounds (else one runs at a time: ``runtime.turns``)."""
+        return self.crew.most > 1
 
     def run(self, request: Request) -> Iterator[RoundEvent | EndEvent]:
+        """The request's events: through Algorithm 1's loop alone (``engine.run_rounds``), or in rounds shared with
+        every run in flight."""
+        if self.shares:
+            return self.crew.take(request)
         return run_rounds(self.view, self.settings, self.explorers, LocalLink(), request)
 
     def close(self) -> None:

@@ -38,11 +38,14 @@ class Batch:
     tokens: torch.Tensor | None
 
 
-def batch_of(e: Explorer, nodes: list[Node], paths: list[tuple[int, ...]], device) -> Batch:
+def batch_of(
+    e: Explorer, nodes: list[Node], paths: list[tuple[int, ...]], device, rows: int | None = None
+) -> Batch:
     """Explorer ``e``'s batch of ``nodes`` (``paths``: each node's slots from the anchor down, itself last) as a bucket
-    of rows: its host mask table and, at stage 0, the input tokens, to ``device`` in one transfer. Each explorer's
-    goes just before its step, so on an accelerator the next explorer's is made while the device runs this one's."""
-    rows, inputs, slots = bucket(len(nodes)), [n.position - 1 for n in nodes], [n.slot for n in nodes]
+    of rows (``rows``: that many, a bucket at least theirs, when runs share the step): its host mask table and, at
+    stage 0, the input tokens, to ``device`` in one transfer. Each explorer's goes just before its step, so on an
+    accelerator the next explorer's is made while the device runs this one's."""
+    rows, inputs, slots = rows or bucket(len(nodes)), [n.position - 1 for n in nodes], [n.slot for n in nodes]
     host = e.table(rows, slots, inputs, paths)
     end = len(host)
     if e.index == 0:

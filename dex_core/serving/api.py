@@ -2,21 +2,20 @@
 server of one's own): ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``: server-sent
 events, one chunk per committed token in order, then ``[DONE]``), ``GET /v1/models``, ``GET /health``.
 
-The decoder is the schedule: sequential or distributed explorer processes alike. One request runs at a time
-(``Runner``); ``queue`` more may wait and any beyond get 429 at once; each is bounded by ``most_tokens`` new
-tokens and ``seconds`` of model time (its run then ends after the round in progress, ``finish_reason:
-"length"``); a client that goes away (streaming or not) ends its run after the round in progress. Bodies are
-bounded before they are parsed and checked off the event loop (``api_requests.read_body``, ``parse_request``).
-``usage`` counts the prompt's and the completion's tokens,
-``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not have to wait for the
-final stage to find (matched at a non-final stage, or committed from a draft chain), and a ``dex`` block the
-run's rounds, rounds per token, the tokens matched at each stage, K and the depths. A malformed request gets a
-4xx with an OpenAI error body (``api_requests``), and nothing in the server's log."""
+The decoder is the schedule: sequential or distributed explorer processes alike. Up to ``most`` requests run at a
+time, sharing the decoder's rounds (``runner.Runner``; one on explorer processes); ``queue`` more may wait and any
+beyond get 429 at once; each is bounded by ``most_tokens`` new tokens and ``seconds`` of model time (its run then
+ends after the round in progress, ``finish_reason: "length"``); a client that goes away (streaming or not) ends its
+run after the round in progress. Bodies are bounded before they are parsed and checked off the event loop
+(``api_requests.read_body``, ``parse_request``). ``usage`` counts the prompt's and the completion's tokens,
+``completion_tokens_details.accepted_prediction_tokens`` the committed tokens DEX did not have to wait for the final
+stage to find (matched at a non-final stage, or committed from a draft chain), and a ``dex`` block the run's rounds,
+rounds per token, the tokens matched at each stage, K and the depths. A malformed request gets a 4xx with an OpenAI
+error body (``api_requests``), and nothing in the server's log."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import threading
@@ -31,93 +30,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from ..config import DexError
 from ..runtime.heap import settle
-from ..runtime.scoring import Scored
-from ..trace.events import EndEvent, RoundEvent
+from ..trace.events import EndEvent
 from .answers import TextPieces, chunk, logprobs_of, reply, scored_choice, usage, whole
 from .api_requests import ApiError, Completion, Gone, parse_request, read_body
 from .bodies import ErrorBody, request_models
 from .connections import server_config
 from .metrics import CONTENT_TYPE, Metrics
 from .pool import DecoderPool
-
-
-class Runner:
-    """Runs one request at a time on the decoder, ``queue`` more waiting and at most ``per_client`` of them
-    (running or waiting) from one client address (None: no such bound); 429 (``ApiError``) beyond."""
-
-    def __init__(self, decoder, queue: int, seconds: float, per_client: int | None = None):
-        self.decoder, self.queue, self.seconds, self.per_client = decoder, queue, seconds, per_client
-        self._model = threading.Lock()
-        self._count = threading.Lock()
-        self.admitted = self.running = 0
-        self._clients: dict[str, int] = {}
-
-    def admit(self, client: str = "") -> None:
-        with self._count:
-            if self.admitted >= 1 + self.queue:
-                raise ApiError(
-                    429, "the server is busy: its queue is full; try again shortly", kind="rate_limit_error"
-                )
-            if self.per_client is not None and self._clients.get(client, 0) >= self.per_client:
-                raise ApiError(
-                    429,
-                    f"this client has {self.per_client} request(s) running or waiting already; send the next "
-                    "when one ends",
-                    kind="rate_limit_error",
-                )
-            self.admitted += 1
-            self._clients[client] = self._clients.get(client, 0) + 1
-
-    def release(self, client: str = "") -> None:
-        with self._count:
-            self.admitted -= 1
-            self._clients[client] -= 1
-            if not self._clients[client]:
-                del self._clients[client]
-
-    @contextlib.contextmanager
-    def holding(self, client: str = ""):
-        """One admission (429 beyond the bounds) for all that runs inside (a request's several prompts)."""
-        self.admit(client)
-        try:
-            yield
-        finally:
-            self.release(client)
-
-    def run(self, job: Completion, emit, gone: threading.Event, since: float | None = None) -> None:
-        """In a worker thread: the run's events to ``emit`` (round by round, then the end's); it ends after the
-        round in progress when ``gone`` is set or ``seconds`` passed since ``since`` (default: its start)."""
-        with self._model:
-            self.running = 1
-            try:
-                self._run(job, emit, gone, time.monotonic() if since is None else since)
-            finally:
-                self.running = 0
-
-    def score(self, job: Completion) -> list[Scored]:
-        """In a worker thread: each of ``job``'s prompts scored by the model (``DexDecoder.score``)."""
-        with self._model:
-            return [self.decoder.score(ids, max(1, job.logprobs or 0)) for ids in job.prompts]
-
-    def _run(self, job: Completion, emit, gone: threading.Event, start: float) -> None:
-        asked = {} if job.logprobs is None else {"logprobs": job.logprobs}
-        stream = self.decoder.stream(job.ids, options=job.options, **asked)
-        for event in stream:
-            emit(event)
-            late = self.seconds and time.monotonic() - start > self.seconds
-            if isinstance(event, RoundEvent) and (gone.is_set() or late):
-                stream.close()
-                emit(_Ended("gone" if gone.is_set() else "time"))
-                return
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """What ends a run's queue of events early: the client went (``"gone"``), its model time ran out (``"time"``),
-    or the run failed (``"failed"``: ``detail`` says why)."""
-
-    why: str
-    detail: str = ""
+from .runner import Ended, Runner, max_batch
 
 
 def _finish(text: TextPieces, end: EndEvent | None) -> str:
@@ -147,11 +67,15 @@ def make_app(
     queue: int = 8,
     seconds: float = 0,
     per_client: int | None = None,
+    most: int = 1,
 ) -> FastAPI:
     """The API over ``decoder`` (its ``tokenizer``), serving the model named ``served``; the bounds as
-    ``Runner``'s."""
-    app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds, per_client)
-    metrics = Metrics(lambda: runner.running, lambda: runner.admitted - runner.running)
+    ``Runner``'s (``most``: requests sharing rounds)."""
+    app, runner = FastAPI(title="DEX"), Runner(decoder, queue, seconds, per_client, most)
+    crew = getattr(
+        getattr(decoder, "schedule", None), "crew", None
+    )  # the runs that share rounds (sequential)
+    metrics = Metrics(lambda: runner.running, lambda: runner.admitted - runner.running, crew)
     context = getattr(getattr(decoder, "view", None), "max_positions", None)
     api = _Served(tokenizer, served, most_tokens, runner, metrics, context)
 
@@ -313,7 +237,7 @@ def _start(
         try:
             runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone, since)
         except Exception as err:  # the run failed (an explorer died): the client is told
-            loop.call_soon_threadsafe(events.put_nowait, _Ended("failed", str(err)[:200]))
+            loop.call_soon_threadsafe(events.put_nowait, Ended("failed", str(err)[:200]))
         finally:
             loop.call_soon_threadsafe(events.put_nowait, None)
             if not held:
@@ -329,10 +253,10 @@ async def _pieces(job: Completion, tokenizer, events: asyncio.Queue, gone: threa
     text, seen, end, reason, left = TextPieces(tokenizer, job.stop), [], None, "abort", False
     try:
         while (event := await events.get()) is not None:
-            if isinstance(event, _Ended) and event.why == "failed":
+            if isinstance(event, Ended) and event.why == "failed":
                 reason = "error"
                 raise ApiError(500, f"the run failed: {event.detail}", kind="server_error")
-            if isinstance(event, _Ended):
+            if isinstance(event, Ended):
                 left = event.why == "gone" and not text.stopped  # the client went: the run was cut for it
                 continue
             seen.append(event)
@@ -377,16 +301,21 @@ def address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve_http(config, where: str, log, queue: int = 8, seconds: float = 0) -> None:
+def serve_http(config, where: str, log, bounds: dict) -> None:
     """Serve ``config``'s model (a ``DexConfig``: its schedule, sequential or distributed) at ``where``
-    (HOST:PORT) until interrupted; at most ``config.max_new_tokens`` new tokens a request."""
+    (HOST:PORT) until interrupted; at most ``config.max_new_tokens`` new tokens a request; ``bounds``: ``make_app``'s
+    (``queue``, ``seconds``, ``most``: None for the device's default)."""
     host, port = address(where)
     pool = DecoderPool.open(config.model, config.decoder(), dtype=config.dtype, device=config.device, log=log)
     try:
         decoder = pool.decoder(config.decoder())
-        app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, queue, seconds)
+        bounds = {**bounds, "most": max_batch(decoder, bounds.get("most"))}
+        app = make_app(decoder, decoder.tokenizer, config.model, config.max_new_tokens, **bounds)
         settle()  # the loaded model and the app out of the collector's sight (runtime.heap)
-        log(f"serving {config.model!r} (K={decoder.K}, {config.backend}) at http://{host}:{port}/v1")
+        log(
+            f"serving {config.model!r} (K={decoder.K}, {config.backend}, {bounds['most']} request(s) a round) at "
+            f"http://{host}:{port}/v1"
+        )
         uvicorn.Server(server_config(app, host, port, log_level="warning", access_log=False)).run()
     finally:
         pool.close()

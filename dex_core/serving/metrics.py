@@ -36,10 +36,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    """The counters of one server; ``running``/``waiting``: callables. The per-stage counters' labels come with
-    the first run's start event (its stages and depths)."""
+    """The counters of one server; ``running``/``waiting``: callables; ``crew``: the decoder's runs that share
+    rounds (``runtime.crew``), or None. The per-stage counters' labels come with the first run's start event (its stages
+    and depths)."""
 
-    def __init__(self, running, waiting):
+    def __init__(self, running, waiting, crew=None):
         self.registry = registry = CollectorRegistry()
         self.depths = []
         self.requests = Counter(
@@ -49,6 +50,12 @@ class Metrics:
             self.requests.labels(reason)
         Gauge("dex:num_requests_running", "Requests running", registry=registry).set_function(running)
         Gauge("dex:num_requests_waiting", "Requests waiting", registry=registry).set_function(waiting)
+        Gauge(
+            "dex:rows_per_round", "Rows the last shared round ran, every request's", registry=registry
+        ).set_function(lambda: crew.rows if crew is not None else 0)
+        Gauge("dex:rounds_shared", "Rounds run with requests sharing them", registry=registry).set_function(
+            lambda: crew.rounds if crew is not None else 0
+        )
         self.prompt = Counter("dex:prompt_tokens", "Prompt tokens", registry=registry)
         self.generated = Counter("dex:generation_tokens", "Committed tokens", registry=registry)
         self.rounds = Counter("dex:rounds", "DEX rounds run", registry=registry)

@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> None:
         return torchrun.run(args)
     if args.queue < 0 or args.request_seconds < 0:
         raise DexError("--queue and --request-seconds must be >= 0")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise DexError("--max-batch must be >= 1")
     from .api import serve_http  # deferred: FastAPI and uvicorn load only to serve HTTP
 
     if under_torchrun:  # K is the launch's; rank 0 serves, the others follow (DexDecoder.from_pretrained)
@@ -29,7 +31,8 @@ def run(args: argparse.Namespace) -> None:
         config, log = from_args(DexConfig, args, explorers=count, backend="torchrun"), torchrun.rank_log(rank)
     else:
         config, log = from_args(DexConfig, args), stderr
-    serve_http(config, args.http, log, args.queue, args.request_seconds)
+    bounds = {"queue": args.queue, "seconds": args.request_seconds, "most": args.max_batch}
+    serve_http(config, args.http, log, bounds)
 
 
 def main(argv=None) -> int:

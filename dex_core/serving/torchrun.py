@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve an OpenAI-compatible API there instead of reading prompts (under torchrun rank 0 serves; "
         "outside it, --backend sequential or distributed); docs/SERVING.md",
     )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="--http: requests that share each round (sequential backend; each exact as alone); default: 8 "
+        "(measured on CPU; GPUs not yet); 1 on explorer processes",
+    )
     parser.add_argument("--queue", type=int, default=8, help="--http: requests waiting at most; more get 429")
     parser.add_argument(
         "--request-seconds",

@@ -46,13 +46,15 @@ def runtime_for(tiny_dir, **settings):
 
 
 def slow_explorers(monkeypatch, seconds=0.02):
-    """Every explorer's stage forward takes ``seconds`` longer, so a run lasts long enough to be cut."""
+    """Every explorer's stage forward takes ``seconds`` longer, so a run lasts long enough to be cut (alone, or in
+    rounds Live runs share: ``expand_seats``)."""
     from dex_core.model.explorer import Explorer
 
-    expand = Explorer.expand
-    monkeypatch.setattr(
-        Explorer, "expand", lambda self, *a, **k: (time.sleep(seconds), expand(self, *a, **k))[1]
-    )
+    for name in ("expand", "expand_seats"):
+        step = getattr(Explorer, name)
+        monkeypatch.setattr(
+            Explorer, name, lambda self, *a, step=step, **k: (time.sleep(seconds), step(self, *a, **k))[1]
+        )
 
 
 def dex_seconds(frame) -> float:

@@ -3,6 +3,7 @@ distributed backend's bound on live explorer groups."""
 
 import gc
 import threading
+import time
 
 import psutil
 import pytest
@@ -129,3 +130,38 @@ def test_distributed_requests_with_different_settings_leave_at_most_one_explorer
     finally:
         runtime.close()
     assert not started_since(running)
+
+
+def test_two_visitors_with_the_same_settings_share_rounds_and_each_gets_its_answer_alone(
+    app_server, tiny_dir
+):
+    """Live runs share the model's rounds (``DexDecoder.share``): two visitors who press Generate together both see
+    tokens stream before either finishes, and each answer is the one its run gets alone (AR's)."""
+    from gradio_client import Client
+    from transformers import AutoModelForCausalLM
+
+    model, tok, new = AutoModelForCausalLM.from_pretrained(tiny_dir), tiny_tokenizer(), 120
+    prompts = PROMPTS[:2]
+    clients = [Client(app_server.url, verbose=False) for _ in prompts]
+    jobs = [
+        c.submit(p, False, 3, "", False, True, False, 1.0, 0, 1.0, 0, new, api_name="/generate")
+        for c, p in zip(clients, prompts)
+    ]
+    streamed, ended = [None, None], [None, None]
+    deadline = time.monotonic() + 300
+    while not all(ended) and time.monotonic() < deadline:
+        for i, job in enumerate(jobs):
+            outputs = job.outputs()
+            shown = (
+                outputs[-1][0] if outputs else None
+            )  # a status-only frame leaves the text as it was (a dict)
+            if streamed[i] is None and isinstance(shown, str) and shown_tokens(shown):
+                streamed[i] = time.monotonic()
+            if ended[i] is None and job.done():
+                ended[i] = time.monotonic()
+        time.sleep(0.005)
+    assert all(ended) and all(streamed)
+    assert max(streamed) < min(ended)  # each saw its tokens before either finished
+    for job, prompt in zip(jobs, prompts):
+        ar = ar_generate(model, encode_prompt(tok, prompt, chat=False), new).tokens
+        assert shown_tokens(job.outputs()[-1][0]) == "".join(tok.decode([t]) for t in ar)

@@ -481,8 +481,8 @@ def test_beyond_the_queue_a_request_gets_429_at_once_and_a_client_that_leaves_fr
 
 
 def test_one_client_may_hold_at_most_its_share_of_the_queue():
-    from dex_core.serving.api import Runner
     from dex_core.serving.api_requests import ApiError
+    from dex_core.serving.runner import Runner
 
     runner = Runner(decoder=None, queue=4, seconds=0, per_client=1)
     runner.admit("10.0.0.1")
@@ -493,3 +493,38 @@ def test_one_client_may_hold_at_most_its_share_of_the_queue():
     runner.release("10.0.0.1")
     runner.admit("10.0.0.1")  # its slot came back when its run ended
     assert runner.admitted == 2
+
+
+def test_requests_at_once_share_rounds_and_each_answer_is_ars(llama, tokenizer):
+    """``most=3``: three streaming clients at once run in the same rounds (``/metrics``: the shared rounds' rows
+    hold several requests'), each answer AR's text, and the running count never passes 3."""
+    import threading
+
+    decoder = DexDecoder(llama, explorers=3, tokenizer=tokenizer)
+    prompts = [PROMPT, "the number w3 w7", "a prime w12 w40 w41"]
+    answers, lanes = {}, []
+    with serving(decoder, tokenizer, most_tokens=64, queue=4, most=3) as url:
+
+        def ask(prompt):
+            body = {"model": SERVED, "prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as reply:
+                chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+            answers[prompt] = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            lanes.append(len(decoder.explorers[0].seats))
+            time.sleep(0.002)
+        metrics = httpx.get(f"{url}/metrics").text
+    for prompt in prompts:
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        assert answers[prompt] == tokenizer.decode(
+            ar_generate(llama, ids, 40).tokens, skip_special_tokens=True
+        )
+    assert max(lanes) >= 2 and max(lanes) <= 3  # requests shared the stage steps, at most 3 of them
+    shared = float(
+        next(line.split()[-1] for line in metrics.splitlines() if line.startswith("dex:rounds_shared "))
+    )
+    assert shared > 0 and "dex:rows_per_round" in metrics

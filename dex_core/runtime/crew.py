@@ -1,0 +1,267 @@
+"""Many requests in the same rounds (``Crew``): the runs in flight on one set of explorers, advanced together.
+
+Each request keeps its own run (``engine.Run``: lattice, sampler, stop conditions, trace, link) and its own *seat*
+on every explorer (``model.explorer.Seat``: a lane of the stage's KV buffer and its tree masks). A round plans every
+run's lattice, then each explorer runs **one step** over every run's batch (``Explorer.expand_seats``: the lanes are
+the batch axis, so attention never crosses requests, and the stage's weights are read once for all of them), then
+each run chooses its tokens with its own sampler and commits and collapses on its own (``engine.decide``).
+
+A request joins between rounds: its seats are taken and its prompt goes through the stages in chunks of at most
+``PREFILL_CHUNK`` tokens, one chunk before each round, so a long prompt delays the others' rounds by one chunk's
+prefill at most; once its prompt is in, it runs in the next round. A run that finished, stopped or whose consumer
+closed its stream leaves at the round's end and frees its seats. At most ``most`` requests are in flight: the one
+past them replaces the oldest, which stops with ``DexError`` (a stream abandoned by its consumer, as a cancelled Gradio
+event leaves one, cannot hold a seat). No thread of its own: whichever consumer needs an event runs the next round,
+under one lock, and every run's events wait in its queue for its consumer.
+
+A request's seconds are those of the rounds it was in, and of its own prefill: its model tokens/s is its tokens over
+them (``GenerationStats.model_seconds``); the wall time it waited for its reader or for others' prefill is the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SHARED_ROWS
+from ..device import to_device
+from ..model.explorer import Explorer, Seat
+from ..model.view import ModelView
+from ..shapes import bucket, padded
+from ..values import DexError
+from .engine import Run, begin, decide, decs_masks, ended, plan_round, recorded, reset
+from .links import LocalLink
+from .request import Request
+from .settings import RunSettings
+from .stage import batch_of, choose_round
+
+PREFILL_CHUNK = (
+    256  # prompt tokens through the stages before a round, at most: the delay a joining prompt costs
+)
+
+
+def replaced(most: int) -> str:
+    """What a run replaced by a newer one says (``Crew``: past ``most`` runs in flight)."""
+    many = "one run at a time" if most == 1 else f"{most} runs at a time"
+    return (
+        f"this decoder began another run before this one ended, and its explorers serve {many}: this run, the "
+        "oldest, stopped. Let runs end (or close their streams) before starting more, or let more share the rounds "
+        "(DexDecoder.share)."
+    )
+
+
+@dataclass(eq=False)
+class Member:
+    """One request in the crew: its run, its seats (one an explorer), its events for its consumer."""
+
+    run: Run
+    seats: list[Seat]
+    prompt: list[int]  # prompt tokens its prefill has still to run (all but the prompt's last)
+    events: deque = field(default_factory=deque)
+    done: bool = False  # its end event is queued
+    error: str | None = None  # why it stopped without an end event
+
+
+class Crew:
+    """The runs in flight on ``explorers`` (every explorer of the schedule, in this process), at most ``most``."""
+
+    def __init__(self, view: ModelView, settings: RunSettings, explorers: list[Explorer], most: int = 1):
+        self.view, self.settings, self.explorers, self.most = view, settings, explorers, most
+        self.members: list[Member] = []  # in the order they joined
+        self.rows = 0  # the rows the last round ran, every stage's and every lane's (padding included)
+        self.rounds = 0  # shared rounds run
+        self._lock = (
+            threading.RLock()
+        )  # one round at a time; re-entrant: a stream closed mid-round leaves under it
+
+    def take(self, request: Request):
+        """``request``'s trace events (its rounds, then its end event), its rounds shared with every run in flight."""
+        with self._lock:
+            member = self._join(request)
+        try:
+            while True:
+                with self._lock:
+                    while not member.events and not member.done and member.error is None:
+                        self._advance()
+                    if member.error is not None and not member.events:
+                        raise DexError(member.error)
+                    if not member.events:
+                        return
+                    event = member.events.popleft()
+                yield event
+        finally:
+            with self._lock:
+                self._leave(member)
+
+    def _join(self, request: Request) -> Member:
+        """A member for ``request``: its seats taken (the oldest member stopped when all are taken), its run begun."""
+        if len(self.members) >= self.most:
+            oldest = self.members[0]
+            self._leave(oldest)
+            oldest.error = replaced(self.most)
+        if self.members:
+            seats = [e.add_seat() for e in self.explorers]
+        else:
+            seats = [e.seats[0] for e in self.explorers]
+        run = begin(self.view, self.settings, self.explorers, LocalLink(), request)
+        run.overlap = (
+            False  # each round recorded at once: the runs of a crew share its steps, not its records
+        )
+        member = Member(run, seats, list(request.prompt[:-1]))
+        with seated(member), run.clock.span("prefill"):
+            reset(run)
+        self.members.append(member)
+        return member
+
+    def _leave(self, member: Member) -> None:
+        """``member`` out of the crew, its seats freed (nothing when it left already)."""
+        if member not in self.members:
+            return
+        self.members.remove(member)
+        for e, seat in zip(self.explorers, member.seats):
+            e.remove_seat(seat)
+
+    def _advance(self) -> None:
+        """One chunk of a joining member's prompt, then one round of every member whose prompt is in; a failure
+        ends every member in flight with its message."""
+        try:
+            joining = next((m for m in self.members if m.prompt), None)
+            if joining is not None:
+                prefill(joining, self.view)
+            flying = [m for m in self.members if not m.prompt and not m.done]
+            for m in flying:
+                m.run.prune = share(self.settings.prune, len(flying), self.view.device.type)
+            if flying:
+                self.rows = shared_round(flying, self.explorers, self.view)
+                self.rounds += 1
+            for m in flying:
+                if m.done:
+                    self._leave(m)
+        except Exception as err:
+            for m in list(self.members):
+                m.error = f"the round failed: {err}"
+                self._leave(m)
+            raise
+
+
+def share(prune: int | None, flying: int, device: str) -> int | None:
+    """A request's row budget in a round that ``flying`` requests share: its even share of the device's
+    ``SHARED_ROWS`` a stage, down to a power of two, at least 1 (its anchor), at most ``prune`` (its own); unbounded
+    stays unbounded."""
+    if prune is None:
+        return None
+    rows = SHARED_ROWS["cpu" if device == "cpu" else "accelerator"] // flying
+    return max(
+        1, min(prune, 1 << (rows.bit_length() - 1) if rows else 1)
+    )  # a bucket: no lane runs padding for it
+
+
+def prefill(member: Member, view: ModelView) -> None:
+    """The next chunk of ``member``'s prompt through every stage (its own seconds: the run's prefill span)."""
+    chunk, member.prompt = member.prompt[:PREFILL_CHUNK], member.prompt[PREFILL_CHUNK:]
+    run = member.run
+    with seated(member), run.clock.span("prefill"):
+        run.link.prefill(run.explorers, view, chunk)
+
+
+def shared_round(members: list[Member], explorers: list[Explorer], view: ModelView) -> int:
+    """One round of every run of ``members``, each explorer's step shared: every member's round event (and end
+    event, when it finished) queued for its consumer. Returns the rows its steps ran."""
+    with contextlib.ExitStack() as rounds:
+        for m in members:  # each run's round: the whole shared round's seconds
+            rounds.enter_context(m.run.clock.span("round"))
+        plans, masked = {}, {}
+        for m in members:
+            plans[m] = plan_round(m.run)
+            masked[m] = decs_masks(m.run, plans[m])
+        expanded, rows = explore_all(members, plans, explorers, view)
+        decided = {}
+        for m in members:
+            with seated(m):
+                with m.run.clock.span("decode"):
+                    choices = choose_round(m.run.choosing, explorers, plans[m], expanded[m], masked[m])
+                decided[m] = decide(m.run, plans[m], masked[m], choices)
+    for m in members:
+        m.events.append(recorded(m.run, decided[m]))
+        if m.run.finished:
+            m.events.append(ended(m.run, None))  # its seconds: the rounds it was in, its prefill
+            m.done = True
+    return rows
+
+
+def explore_all(members: list[Member], plans: dict, explorers: list[Explorer], view: ModelView) -> dict:
+    """Every explorer's step over every member's batch (``expand_seats``) and its candidate logits: member ->
+    {stage: (its output rows, its logits or None)} for the stages where it has nodes; and the rows the steps ran."""
+    expanded: dict = {m: {} for m in members}
+    ran = 0
+    owner = {id(seat): m for m in members for seat in m.seats}
+    for e in explorers:
+        k = e.index
+        if not any(plans[m].batches[k] for m in members):
+            continue
+        rows = bucket(max(len(plans[m].batches[k]) for m in members))
+        lanes = [(seat, owner.get(id(seat))) for seat in e.seats]  # lane order; a seat no member holds idles
+        ran += rows * len(lanes)
+        hidden, tables, books = [], [], []
+        for seat, m in lanes:
+            nodes = plans[m].batches[k] if m is not None else []
+            paths = [m.run.lattice.slots[n.slot].path for n in nodes]
+            with e.seated(seat):
+                batch = batch_of(e, nodes, paths, view.device, rows)
+            hidden.append(lane_inputs(e, m, nodes, batch, view))
+            tables.append(batch.table)
+            books.append((batch.slots, batch.inputs))
+        with contextlib.ExitStack() as spans:
+            for m in members:
+                spans.enter_context(m.run.clock.span(("expand", k)))
+            out = e.expand_seats(stacked(hidden), [s for s, _ in lanes], tables, books)
+            real = [
+                (b, m, len(plans[m].batches[k]))
+                for b, (_, m) in enumerate(lanes)
+                if m and plans[m].batches[k]
+            ]
+            proposes = e.final or any(not m.run.request.pipeline for m in members)
+            logits = proposed(e, out, real, view) if proposes else None
+        at = 0
+        for b, m, n in real:
+            mine = None if logits is None or (m.run.request.pipeline and not e.final) else logits[at : at + n]
+            expanded[m][k], at = (out[b], mine), at + n
+    return expanded, ran
+
+
+def proposed(e: Explorer, out: torch.Tensor, real: list, view: ModelView) -> torch.Tensor:
+    """Explorer ``e``'s candidate logits for the lanes' real rows only (``real``: (lane, member, nodes)), one after
+    another, padded to a bucket: the head, the dearest matrix of a stage, never scores a lane's padding."""
+    rows = out.shape[1]
+    index = [b * rows + i for b, _, n in real for i in range(n)]
+    flat = out.flatten(0, 1).index_select(
+        0, to_device(padded(index, bucket(len(index)), index[0]), view.device)
+    )
+    return e.propose(flat)
+
+
+def lane_inputs(e: Explorer, m: Member | None, nodes: list, batch, view: ModelView) -> torch.Tensor:
+    """A lane's input rows (rows, hidden) to explorer ``e``: its tokens' embeddings at stage 0, else the rows its
+    depth parents produced (its link holds them); None for a lane with no nodes this round (``stacked``)."""
+    if e.index == 0:
+        return view.embed(batch.tokens)
+    return m.run.link.inputs([n.parent for n in nodes], batch.rows) if nodes else None
+
+
+def stacked(hidden: list) -> torch.Tensor:
+    """The lanes' input rows (lanes, rows, hidden); a lane with none (None) runs zeros."""
+    real = next(h for h in hidden if h is not None)
+    return torch.stack([real.new_zeros(real.shape) if h is None else h for h in hidden])
+
+
+@contextlib.contextmanager
+def seated(member: Member):
+    """Every explorer works on ``member``'s seat within the block."""
+    with contextlib.ExitStack() as stack:
+        for e, seat in zip(member.run.explorers, member.seats):
+            stack.enter_context(e.seated(seat))
+        yield

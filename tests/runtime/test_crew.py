@@ -1,0 +1,141 @@
+"""Requests in flight share rounds (``dex_core.runtime.crew``): each explorer runs one step a round over every
+request's rows, and every request gets exactly the tokens it gets alone, whatever joins, leaves or fails beside it."""
+
+import pytest
+import torch
+
+from dex_core import DexDecoder, DexError, ar_generate
+from dex_core.model.explorer import Explorer
+from dex_core.testing import tiny_model
+from dex_core.trace.events import EndEvent, RoundEvent
+
+SAMPLED = [
+    {"temperature": 0.8, "seed": 11},
+    {"temperature": 1.3, "top_k": 7, "seed": 12},
+    {"temperature": 0.6, "top_p": 0.8, "seed": 13},
+    {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "seed": 2**63},
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("mistral", sliding_window=12)  # a window shorter than the runs: windowed masks per lane
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    head = torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return head + head[: n // 2]  # a repeated stretch: draft chains find their n-grams
+
+
+def _requests() -> list[tuple[list[int], int, dict]]:
+    """Eight requests: prompts of 3 to 40 tokens, 12 to 40 new tokens, four greedy and four sampled."""
+    lengths, news = [3, 9, 14, 21, 6, 27, 11, 40], [24, 12, 40, 18, 30, 16, 28, 20]
+    options = [{}, *SAMPLED[:2], {}, SAMPLED[2], {}, SAMPLED[3], {}]
+    return [(_prompt(i, n), new, o) for i, (n, new, o) in enumerate(zip(lengths, news, options))]
+
+
+def _alone(model, prompt, new, options) -> list[int]:
+    return DexDecoder(model, explorers=3).generate(prompt, new, **options).tokens
+
+
+def _rows_per_step(monkeypatch) -> list[int]:
+    """The lanes of every shared step, recorded as they run."""
+    seen, step = [], Explorer.expand_seats
+
+    def counting(self, hidden, *args):
+        seen.append(hidden.shape[0])
+        return step(self, hidden, *args)
+
+    monkeypatch.setattr(Explorer, "expand_seats", counting)
+    return seen
+
+
+def test_eight_requests_in_shared_rounds_each_get_their_tokens_alone(model, monkeypatch):
+    requests, lanes = _requests(), _rows_per_step(monkeypatch)
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(8)
+    streams = {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests[:6])}
+    events = {i: [] for i in range(8)}
+    rounds = 0
+    while streams:
+        for i, stream in list(streams.items()):
+            event = next(stream, None)
+            if event is None:
+                del streams[i]
+                continue
+            events[i].append(event)
+            if i == 1 and len(events[1]) == 10:  # cancelled mid-run: its consumer closes its stream
+                stream.close()
+                del streams[i]
+        rounds += 1
+        if rounds == 5:  # two join while the others are mid-run
+            streams.update(
+                {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests) if i >= 6}
+            )
+    for i, (prompt, new, options) in enumerate(requests):
+        alone = _alone(model, prompt, new, options)
+        committed = [c.token for e in events[i] if isinstance(e, RoundEvent) for c in e.commits]
+        if i == 1:
+            assert committed == alone[: len(committed)] and len(committed) < new
+            continue
+        end = events[i][-1]
+        assert isinstance(end, EndEvent) and end.tokens == committed == alone, i
+        if not options:
+            assert alone == ar_generate(model, prompt, new).tokens
+        assert end.stats.model_seconds <= end.stats.wall_seconds and end.stats.tokens_per_second > 0
+    assert max(lanes) == 8 and min(lanes) <= 6  # all eight shared steps, after fewer did
+    assert all(len(e.seats) == 1 for e in decoder.explorers)  # every lane but the stage's own freed
+
+
+def test_a_request_stopped_at_its_eos_leaves_and_the_others_run_on(model):
+    prompt, other = _prompt(20, 8), _prompt(21, 13)
+    alone = _alone(model, prompt, 30, {})
+    eos = alone[5]
+    stopped = _alone(model, prompt, 30, {"eos_token_id": eos})
+    assert stopped == alone[: alone.index(eos) + 1]
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(2)
+    a = decoder.stream(prompt, 30, eos_token_id=eos)
+    b = decoder.stream(other, 30)
+    ends = {}
+    while len(ends) < 2:
+        for name, stream in (("a", a), ("b", b)):
+            if name not in ends and isinstance(event := next(stream), EndEvent):
+                ends[name] = event
+    assert ends["a"].tokens == stopped and ends["a"].stop == "eos"
+    assert ends["b"].tokens == _alone(model, other, 30, {})
+
+
+def test_a_failed_round_ends_every_request_in_flight_and_the_next_starts_clean(model, monkeypatch):
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(4)
+    first, second = decoder.stream(_prompt(30, 7), 20), decoder.stream(_prompt(31, 9), 20)
+    next(first), next(second), next(first), next(second)  # start events, then both in flight
+    step = Explorer.expand_seats
+
+    def broken(self, *args):
+        raise RuntimeError("an explorer's device failed")
+
+    monkeypatch.setattr(Explorer, "expand_seats", broken)
+    with pytest.raises(RuntimeError, match="device failed"):
+        list(first)
+    with pytest.raises(DexError, match="the round failed: an explorer's device failed"):
+        list(second)
+    monkeypatch.setattr(Explorer, "expand_seats", step)
+    prompt = _prompt(32, 11)
+    assert decoder.generate(prompt, 20).tokens == ar_generate(model, prompt, 20).tokens
+
+
+def test_past_its_most_in_flight_a_new_request_stops_the_oldest(model):
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(2)
+    streams = [decoder.stream(_prompt(40 + i, 6), 16) for i in range(3)]
+    for s in streams[:2]:
+        next(s), next(s)
+    newest = [e for e in streams[2] if isinstance(e, EndEvent)]
+    assert newest[0].tokens == ar_generate(model, _prompt(42, 6), 16).tokens
+    with pytest.raises(DexError, match="2 runs at a time"):
+        list(streams[0])
+    assert [e for e in streams[1] if isinstance(e, EndEvent)][0].tokens == ar_generate(
+        model, _prompt(41, 6), 16
+    ).tokens
