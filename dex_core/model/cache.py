@@ -88,9 +88,16 @@ class Lanes:
         kv, tags = self.kv, self.tags
         self.kv = kv.new_zeros((*kv.shape[:2], lanes, kv.shape[3], size, kv.shape[5]))
         self.tags = tags.new_full((lanes, 2, size), EMPTY)
-        keep = torch.tensor(old, device=kv.device)
-        self.kv[:, :, : len(old), :, : kv.shape[4]] = kv.index_select(2, keep)
-        self.tags[: len(old), :, : tags.shape[2]] = tags.index_select(0, keep)
+        n = len(old)
+        if old == list(
+            range(n)
+        ):  # the first lanes, in order (a lane added, the capacity grown): no gathered copy
+            self.kv[:, :, :n, :, : kv.shape[4]] = kv[:, :, :n]
+            self.tags[:n, :, : tags.shape[2]] = tags[:n]
+        else:
+            keep = torch.tensor(old, device=kv.device)
+            self.kv[:, :, :n, :, : kv.shape[4]] = kv.index_select(2, keep)
+            self.tags[:n, :, : tags.shape[2]] = tags.index_select(0, keep)
         if self.static:
             self.mark_static()
 

@@ -64,6 +64,7 @@ class Member:
     events: deque = field(default_factory=deque)
     done: bool = False  # its end event is queued
     error: str | None = None  # why it stopped without an end event
+    leaving: bool = False  # its consumer let it go: it leaves before the next round (``Crew._let_go``)
 
 
 class Crew:
@@ -76,11 +77,13 @@ class Crew:
         self.rounds = 0  # shared rounds run
         self._lock = (
             threading.RLock()
-        )  # one round at a time; re-entrant: a stream closed mid-round leaves under it
+        )  # one round at a time; re-entrant: a stream closed mid-round lets go under it
+        self._busy = False  # a round (or a prefill chunk) under way: nobody leaves before it ends
 
     def take(self, request: Request):
         """``request``'s trace events (its rounds, then its end event), its rounds shared with every run in flight."""
         with self._lock:
+            self._drop_leaving()
             member = self._join(request)
         try:
             while True:
@@ -94,26 +97,45 @@ class Crew:
                     event = member.events.popleft()
                 yield event
         finally:
-            with self._lock:
-                self._leave(member)
+            self._let_go(member)
+
+    def _let_go(self, member: Member) -> None:
+        """``member``'s consumer is done with it (its stream ended or was closed): it leaves now, or before the next
+        round when one is under way: in this thread (the collector closed its stream mid-round), or in another (a
+        closing event loop is not kept waiting for a round)."""
+        member.leaving = True
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._busy:
+                    self._leave(member)
+            finally:
+                self._lock.release()
+
+    def _drop_leaving(self) -> None:
+        for m in [m for m in self.members if m.leaving]:
+            self._leave(m)
 
     def _join(self, request: Request) -> Member:
-        """A member for ``request``: its seats taken (the oldest member stopped when all are taken), its run begun."""
+        """A member for ``request``: its seats taken (the oldest member stopped when all are taken), its run begun;
+        its seats given back if that fails."""
         if len(self.members) >= self.most:
             oldest = self.members[0]
             self._leave(oldest)
             oldest.error = replaced(self.most)
-        if self.members:
-            seats = [e.add_seat() for e in self.explorers]
-        else:
-            seats = [e.seats[0] for e in self.explorers]
-        run = begin(self.view, self.settings, self.explorers, LocalLink(), request)
-        run.overlap = (
-            False  # each round recorded at once: the runs of a crew share its steps, not its records
-        )
-        member = Member(run, seats, list(request.prompt[:-1]))
-        with seated(member), run.clock.span("prefill"):
-            reset(run)
+        seats = [e.add_seat() if self.members else e.seats[0] for e in self.explorers]
+        try:
+            run = begin(self.view, self.settings, self.explorers, LocalLink(), request)
+            run.overlap = (
+                False  # each round recorded at once: the runs of a crew share its steps, not its records
+            )
+            member = Member(run, seats, list(request.prompt[:-1]))
+            with seated(member), run.clock.span("prefill"):
+                reset(run)
+        except BaseException:
+            if self.members:
+                for e, seat in zip(self.explorers, seats):
+                    e.remove_seat(seat)
+            raise
         self.members.append(member)
         return member
 
@@ -126,13 +148,13 @@ class Crew:
             e.remove_seat(seat)
 
     def _advance(self) -> None:
-        """One chunk of a joining member's prompt, then one round of every member whose prompt is in; a failure
-        ends every member in flight with its message."""
+        """One chunk of a joining member's prompt (a failure there ends that member alone), then one round of every
+        member whose prompt is in (a failure there ends every member in flight with its message)."""
+        self._drop_leaving()
+        self._busy = True
         try:
-            joining = next((m for m in self.members if m.prompt), None)
-            if joining is not None:
-                prefill(joining, self.view)
-            flying = [m for m in self.members if not m.prompt and not m.done]
+            self._prefill()
+            flying = [m for m in self.members if not m.prompt and not m.done and not m.leaving]
             for m in flying:
                 m.run.prune = share(self.settings.prune, len(flying), self.view.device.type)
             if flying:
@@ -146,6 +168,19 @@ class Crew:
                 m.error = f"the round failed: {err}"
                 self._leave(m)
             raise
+        finally:
+            self._busy = False
+
+    def _prefill(self) -> None:
+        """The next chunk of the first joining member's prompt; if it fails, that member ends with the error."""
+        joining = next((m for m in self.members if m.prompt and not m.leaving), None)
+        if joining is None:
+            return
+        try:
+            prefill(joining, self.view)
+        except Exception as err:
+            joining.error = f"its prompt failed to go in: {err}"
+            self._leave(joining)
 
 
 def share(prune: int | None, flying: int, device: str) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..config import stage_bounds
+from ..config import DexError, stage_bounds
 from ..model.explorer import Explorer
 from ..model.proposal import ProposalHead
 from ..model.view import ModelView
@@ -54,7 +54,12 @@ class InProcess:
         )  # runs that share rounds: at most one unless ``share``d
 
     def share(self, most: int) -> None:
-        """Let ``most`` requests in flight share each round (``runtime.crew``); 1: one run at a time."""
+        """Let ``most`` requests in flight share each round (``runtime.crew``); 1: one run at a time (not while runs
+        share rounds: the next one would run alone on a lane of theirs)."""
+        if most == 1 and self.crew.members:
+            raise DexError(
+                f"{len(self.crew.members)} runs share this decoder's rounds: let them end before sharing stops"
+            )
         self.crew.most = most
 
     @property

@@ -6,6 +6,7 @@ import torch
 
 from dex_core import DexDecoder, DexError, ar_generate
 from dex_core.model.explorer import Explorer
+from dex_core.runtime import crew
 from dex_core.testing import tiny_model
 from dex_core.trace.events import EndEvent, RoundEvent
 
@@ -28,8 +29,9 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _requests() -> list[tuple[list[int], int, dict]]:
-    """Eight requests: prompts of 3 to 40 tokens, 12 to 40 new tokens, four greedy and four sampled."""
-    lengths, news = [3, 9, 14, 21, 6, 27, 11, 40], [24, 12, 40, 18, 30, 16, 28, 20]
+    """Eight requests: prompts of 3 to 40 tokens (and half again, repeated), 16 to 40 new tokens, four greedy and four
+    sampled."""
+    lengths, news = [3, 9, 14, 21, 6, 27, 11, 40], [24, 40, 40, 18, 30, 16, 28, 20]
     options = [{}, *SAMPLED[:2], {}, SAMPLED[2], {}, SAMPLED[3], {}]
     return [(_prompt(i, n), new, o) for i, (n, new, o) in enumerate(zip(lengths, news, options))]
 
@@ -51,6 +53,7 @@ def _rows_per_step(monkeypatch) -> list[int]:
 
 
 def test_eight_requests_in_shared_rounds_each_get_their_tokens_alone(model, monkeypatch):
+    monkeypatch.setattr(crew, "PREFILL_CHUNK", 8)  # prompts go in by chunks, between the others' rounds
     requests, lanes = _requests(), _rows_per_step(monkeypatch)
     decoder = DexDecoder(model, explorers=3)
     decoder.share(8)
@@ -64,7 +67,7 @@ def test_eight_requests_in_shared_rounds_each_get_their_tokens_alone(model, monk
                 del streams[i]
                 continue
             events[i].append(event)
-            if i == 1 and len(events[1]) == 10:  # cancelled mid-run: its consumer closes its stream
+            if i == 1 and len(events[1]) == 16:  # cancelled mid-run: its consumer closes its stream
                 stream.close()
                 del streams[i]
         rounds += 1
@@ -139,3 +142,49 @@ def test_past_its_most_in_flight_a_new_request_stops_the_oldest(model):
     assert [e for e in streams[1] if isinstance(e, EndEvent)][0].tokens == ar_generate(
         model, _prompt(41, 6), 16
     ).tokens
+
+
+def test_a_stream_closed_during_a_round_leaves_after_it_and_the_others_run_on(model, monkeypatch):
+    """A consumer's stream closed while a round runs (the collector closing an abandoned one, or a server's event loop)
+    lets its request go before the next round, not mid-step: the others' tokens are their own."""
+    prompts = [_prompt(50 + i, 7 + 3 * i) for i in range(3)]
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(3)
+    streams = [decoder.stream(p, 24) for p in prompts]
+    for _ in range(2):  # the start events, then a round: all three in flight
+        for s in streams:
+            next(s)
+    step, closed = Explorer.expand_seats, []
+
+    def closing(self, *args):
+        if not closed:
+            closed.append(len(self.seats))
+            streams[1].close()
+        return step(self, *args)
+
+    monkeypatch.setattr(Explorer, "expand_seats", closing)
+    ends = {i: [e for e in streams[i] if isinstance(e, EndEvent)][0] for i in (0, 2)}
+    assert closed == [3]
+    for i in (0, 2):
+        assert ends[i].tokens == _alone(model, prompts[i], 24, {})
+    assert all(len(e.seats) == 1 for e in decoder.explorers)
+
+
+def test_a_prompt_that_fails_to_go_in_ends_its_own_request_only(model, monkeypatch):
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(2)
+    first, prompt = decoder.stream(_prompt(60, 8), 24), _prompt(61, 12)
+    next(first), next(first)  # in flight
+    fill = crew.prefill
+
+    def failing(member, view):
+        if list(member.run.request.prompt) == prompt:
+            raise MemoryError("no room for this prompt")
+        return fill(member, view)
+
+    monkeypatch.setattr(crew, "prefill", failing)
+    with pytest.raises(DexError, match="its prompt failed to go in: no room for this prompt"):
+        list(decoder.stream(prompt, 24))
+    end = [e for e in first if isinstance(e, EndEvent)][0]
+    assert end.tokens == _alone(model, _prompt(60, 8), 24, {})
+    assert all(len(e.seats) == 1 for e in decoder.explorers)
