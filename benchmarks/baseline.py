@@ -1,5 +1,6 @@
-"""``--baseline DIR`` for the benchmark scripts: the same script run in a child process that imports ``dex_core``
-(and ``visualize``) from DIR, a checkout of another revision (e.g. ``git worktree add /tmp/dex-head HEAD``)."""
+"""What the benchmark scripts share: ``--baseline DIR``, the same script run in a child process that imports
+``dex_core`` (and ``visualize``) from DIR, a checkout of another revision (e.g. ``git worktree add /tmp/dex-head
+HEAD``); ``emit``, a report printed and written."""
 
 from __future__ import annotations
 
@@ -18,3 +19,11 @@ def measured_in(checkout: str, script: str, argv: list[str]) -> dict:
         subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(tmp.name) as f:
             return json.load(f)["after"]
+
+
+def emit(report: dict, out) -> None:
+    """``report`` as indented JSON on stdout, and to ``out`` (a Path) when given."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if out:
+        out.write_text(text + "\n")

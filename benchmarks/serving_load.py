@@ -51,6 +51,21 @@ def _scrape(url: str) -> dict:
     }
 
 
+def serve_command(port: int, *flags: str) -> list[str]:
+    """``dex serve --http`` on the default model on the CPU at ``port``, 256 new tokens at most, with ``flags``."""
+    command = [
+        sys.executable,
+        "-m",
+        "dex_core.cli",
+        "serve",
+        "--http",
+        f"127.0.0.1:{port}",
+        "--model",
+        "default",
+    ]
+    return command + ["--max-new-tokens", "256", "--device", "cpu", *flags]
+
+
 def _stream(client, prompt: str, tokens: int) -> tuple[str, float, str]:
     """One streaming chat request: (its text, seconds to its end, its status: 'ok' or the refusal's code)."""
     import openai
@@ -138,18 +153,7 @@ def main() -> int:
     prompts += prompts[: args.clients - len(prompts)]
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "dex_core.cli",
-        "serve",
-        "--http",
-        f"127.0.0.1:{port}",
-        "--model",
-        "default",
-    ]
-    command += ["--explorers", str(args.explorers), "--queue", str(args.queue), "--max-new-tokens", "256"]
-    command += ["--device", "cpu"]
+    command = serve_command(port, "--explorers", str(args.explorers), "--queue", str(args.queue))
     server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.monotonic() + 300

@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from serving_load import _expected, _free_port, _scrape  # noqa: E402
+from baseline import emit  # noqa: E402
+from serving_load import _expected, _free_port, _scrape, serve_command  # noqa: E402
 
 CURVE = ROOT / "docs" / "results" / "gpu-check-h200-real-size.json"
 
@@ -178,18 +179,7 @@ def _projection(clients: list[int], rows: float) -> dict:
 
 
 def _serve(port: int, most: int) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "dex_core.cli",
-        "serve",
-        "--http",
-        f"127.0.0.1:{port}",
-        "--model",
-        "default",
-    ]
-    command += ["--explorers", "4", "--max-batch", str(most), "--queue", "16", "--max-new-tokens", "256"]
-    command += ["--device", "cpu"]
+    command = serve_command(port, "--explorers", "4", "--max-batch", str(most), "--queue", "16")
     server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -261,10 +251,7 @@ def main() -> int:
         "hf_generate_batched": {str(c): _hf_batched(prompts, args.tokens, c) for c in clients},
         "projection_gpu_llama2_70b_h200 (projected, not measured)": _projection(clients, 8),
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

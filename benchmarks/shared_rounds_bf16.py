@@ -14,7 +14,6 @@ may go the other, certified, way).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -23,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from baseline import emit  # noqa: E402
 
 
 def main() -> int:
@@ -100,10 +102,7 @@ def main() -> int:
         "requests": rows,
         "all_certified": all(r["exit"] == 0 for r in rows),
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 
