@@ -39,9 +39,8 @@ from .request import Request
 from .settings import RunSettings
 from .stage import batch_of, choose_round
 
-PREFILL_CHUNK = (
-    256  # prompt tokens through the stages before a round, at most: the delay a joining prompt costs
-)
+# prompt tokens through the stages before a round, at most: the delay a joining prompt costs the others
+PREFILL_CHUNK = 256
 
 
 def replaced(most: int) -> str:
@@ -190,9 +189,8 @@ def share(prune: int | None, flying: int, device: str) -> int | None:
     if prune is None:
         return None
     rows = SHARED_ROWS["cpu" if device == "cpu" else "accelerator"] // flying
-    return max(
-        1, min(prune, 1 << (rows.bit_length() - 1) if rows else 1)
-    )  # a bucket: no lane runs padding for it
+    bucketed = 1 << (rows.bit_length() - 1) if rows else 1  # a bucket: no lane runs padding for it
+    return max(1, min(prune, bucketed))
 
 
 def prefill(member: Member, view: ModelView) -> None:
