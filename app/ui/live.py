@@ -89,12 +89,13 @@ class Step:
 
 
 class Frames:
-    """How much of a Live run goes to drawing it: the seconds the run's steps took (the model's and DEX's own work)
-    and the seconds its frames cost. A frame costs the time it held the run (drawing, then Gradio until it asks for
-    the next) and the time it slowed the step after it: Gradio encodes and sends a frame while the next round runs,
-    and on a machine of few cores that round's threads wait for it (a tiny model's rounds ran 10x slower under
-    a frame a round). So a step after a drawn frame counts as the run's only as long as its steps take undrawn
-    (their running mean), the rest as the frame's. A running frame is drawn only while frames cost within
+    """How much of a Live run goes to drawing it: the seconds the run's steps took (the model's and DEX's own work,
+    from its prefill on: loading the model and timing a first round are the host's, not the run's, and buy no
+    drawing) and the seconds its frames cost. A frame costs the time it held the run (drawing, then Gradio until
+    it asks for the next) and the time it slowed the step after it: Gradio encodes and sends a frame while the next
+    round runs, and on a machine of few cores that round's threads wait for it (a tiny model's rounds ran 10x
+    slower under a frame a round). So a step after a drawn frame counts as the run's only as long as its steps take
+    undrawn (their running mean), the rest as the frame's. A running frame is drawn only while frames cost within
     ``DRAW_SHARE`` of the whole, so a page slower than the model shows fewer rounds, not a slower run. ``clock`` is
     injectable (tests)."""
 
@@ -110,16 +111,19 @@ class Frames:
             while True:
                 tic = self.clock()
                 step = next(steps, None)
-                self._count(self.clock() - tic, step is not None and _round(step))
                 if step is None:
                     return
+                self._count(self.clock() - tic, step)
                 yield step
         finally:
             steps.close()
 
-    def _count(self, seconds: float, round_step: bool) -> None:
-        """A step's seconds: the run's, but for what a round after a drawn round frame took past the usual."""
-        if not round_step:  # loading, timing a round, the prefill: the run's own, however long
+    def _count(self, seconds: float, step: Step) -> None:
+        """A step's seconds: the run's, but for what a round after a drawn round frame took past the usual; none of
+        a status line's before the run began (loading, timing a round)."""
+        if step.run is None:
+            return
+        if not _round(step):  # the last frame: the run's own, however long
             self.working += seconds
         elif self.after_frame and self.undrawn is not None:
             own = min(seconds, self.undrawn)

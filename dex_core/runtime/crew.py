@@ -61,7 +61,8 @@ class Member:
     seats: list[Seat]
     prompt: list[int]  # prompt tokens its prefill has still to run (all but the prompt's last)
     events: deque = field(default_factory=deque)
-    done: bool = False  # its end event is queued
+    finished: bool = False  # its last round is queued
+    done: bool = False  # its end event was given
     error: str | None = None  # why it stopped without an end event
     leaving: bool = False  # its consumer let it go: it leaves before the next round (``Crew._let_go``)
 
@@ -87,13 +88,16 @@ class Crew:
         try:
             while True:
                 with self._lock:
-                    while not member.events and not member.done and member.error is None:
+                    while not member.events and not member.finished and member.error is None:
                         self._advance()
-                    if member.error is not None and not member.events:
+                    if member.events:
+                        event = member.events.popleft()
+                    elif member.error is not None:
                         raise DexError(member.error)
-                    if not member.events:
+                    elif member.done:
                         return
-                    event = member.events.popleft()
+                    else:  # made now: its wall time ends after its reader had its last round
+                        event, member.done = ended(member.run, None), True
                 yield event
         finally:
             self._let_go(member)
@@ -153,14 +157,14 @@ class Crew:
         self._busy = True
         try:
             self._prefill()
-            flying = [m for m in self.members if not m.prompt and not m.done and not m.leaving]
+            flying = [m for m in self.members if not m.prompt and not m.finished and not m.leaving]
             for m in flying:
                 m.run.prune = share(self.settings.prune, len(flying), self.view.device.type)
             if flying:
                 self.rows = shared_round(flying, self.explorers, self.view)
                 self.rounds += 1
             for m in flying:
-                if m.done:
+                if m.finished:
                     self._leave(m)
         except Exception as err:
             for m in list(self.members):
@@ -202,8 +206,9 @@ def prefill(member: Member, view: ModelView) -> None:
 
 
 def shared_round(members: list[Member], explorers: list[Explorer], view: ModelView) -> int:
-    """One round of every run of ``members``, each explorer's step shared: every member's round event (and end
-    event, when it finished) queued for its consumer. Returns the rows its steps ran."""
+    """One round of every run of ``members``, each explorer's step shared: every member's round event queued for its
+    consumer (its end event is made when its consumer asks for it: ``Crew.take``). Returns the rows its steps
+    ran."""
     with contextlib.ExitStack() as rounds:
         for m in members:  # each run's round: the whole shared round's seconds
             rounds.enter_context(m.run.clock.span("round"))
@@ -220,9 +225,7 @@ def shared_round(members: list[Member], explorers: list[Explorer], view: ModelVi
                 decided[m] = decide(m.run, plans[m], masked[m], choices)
     for m in members:
         m.events.append(recorded(m.run, decided[m]))
-        if m.run.finished:
-            m.events.append(ended(m.run, None))  # its seconds: the rounds it was in, its prefill
-            m.done = True
+        m.finished = m.run.finished
     return rows
 
 

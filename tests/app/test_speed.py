@@ -63,8 +63,9 @@ def test_live_and_the_race_give_one_model_speed_for_one_run_however_slow_the_pag
     # the page drew fewer frames than rounds, and its drawing stayed within its share (one frame's over at most)
     assert 0 < len(slow_page) < rounds
     share = live.DRAW_SHARE / (1 - live.DRAW_SHARE)
-    # (the allowance: the frame drawn over budget, and the Live loop's own work a round, not in the frames' budget)
-    assert end.stats.reader_seconds <= share * end.stats.model_seconds + DRAW + 0.25
+    # (the allowance: the frame drawn over budget, and a share of the Live loop's own work a round, which the frames'
+    # budget counts as the run's; on a busy machine it grows, and the reader's seconds with it: not asserted)
+    assert DRAW * len(slow_page) <= share * end.stats.model_seconds + DRAW + 0.25
     assert end.stats.reader_seconds >= DRAW * len(slow_page)  # every drawn frame counted as the reader's
     # Live's panel: model tokens/s over the run's own seconds; end to end, the drawing included
     model = number("model tokens/s", stats_panel)
@@ -109,3 +110,26 @@ def test_a_step_slowed_by_the_frame_before_it_counts_the_slowing_as_the_frames()
     assert len(drawn) == 3
     assert frames.drawing == pytest.approx(0.3 + 2.0) and frames.working == pytest.approx(6.0)
     assert frames.working + frames.drawing == pytest.approx(now[0])
+
+
+def test_loading_the_model_before_the_run_buys_its_page_no_drawing():
+    """Drawing's share is of the run's own seconds: 10 s loading the model (a status line before the run) lets no
+    more frames through than a run with none: rounds 1, 2, 4 and 6 of six 1 s rounds, drawing then 2.4 s, within a
+    third of the run's 6 s and one frame."""
+    now = [0.0]
+
+    def steps(loading):
+        now[0] += loading
+        yield live.Step("running", "loading the model")
+        for _ in range(6):
+            now[0] += 1.0
+            yield live.Step("running", "round", run=object())
+
+    for loading in (0.0, 10.0):
+        frames, drawn = live.Frames(clock=lambda: now[0]), 0
+        for step in frames.steps(steps(loading)):
+            if frames.due(step):
+                for _ in frames.drawn(lambda: "frame", step):
+                    now[0] += 0.6 * live._round(step)  # a slow page: 0.6 s a round's frame
+                    drawn += live._round(step)
+        assert drawn == 4 and frames.working == pytest.approx(6.0)

@@ -188,3 +188,30 @@ def test_a_prompt_that_fails_to_go_in_ends_its_own_request_only(model, monkeypat
     end = [e for e in first if isinstance(e, EndEvent)][0]
     assert end.tokens == _alone(model, _prompt(60, 8), 24, {})
     assert all(len(e.seats) == 1 for e in decoder.explorers)
+
+
+def test_the_time_a_consumer_holds_its_events_is_its_readers_not_the_models(model, monkeypatch):
+    """Each request's seconds: the rounds it was in and its prefill are the model's; the time its consumer held its
+    round events (here 5 injected seconds on its last) is its reader's, and its end event, made when asked, counts
+    it."""
+    import time
+    from types import SimpleNamespace
+
+    held = [0.0]
+    monkeypatch.setattr(
+        "dex_core.runtime.clock.time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + held[0])
+    )
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(2)
+    mine, other = decoder.stream(_prompt(70, 9), 12), decoder.stream(_prompt(71, 5), 30)
+    next(other)
+    events = []
+    for event in mine:
+        events.append(event)
+        if isinstance(event, RoundEvent) and sum(len(e.commits) for e in events[1:]) == 12:
+            held[0] += 5.0  # its reader holds its last round
+    stats = events[-1].stats
+    assert isinstance(events[-1], EndEvent) and stats.tokens == 12
+    assert 5.0 <= stats.reader_seconds and stats.model_seconds < 5.0
+    assert stats.model_seconds == pytest.approx(stats.round_seconds + stats.prefill_seconds, rel=1e-6)
+    other.close()
