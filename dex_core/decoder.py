@@ -277,16 +277,18 @@ class DexDecoder:
     def share(self, most: int) -> None:
         """Let up to ``most`` requests in flight on this decoder share each round (``dex_core.runtime.crew``): each
         keeps its own lattice, sampler and KV lane, and gets exactly the tokens it would get alone; every explorer
-        runs one step a round over all their rows. 1 (the default): one run at a time, a newer run stopping the
-        older. The sequential schedule only: explorer processes serve one request at a time."""
+        runs one step a round over all their rows (explorer processes: one send of every request's rows and one
+        exchange of their choices a round). 1 (the default): one run at a time, a newer run stopping the older.
+        Torchrun serving reads one request at a time."""
         most = integer(most, "max_batch", 1)
-        if not isinstance(self.schedule, InProcess):
+        share = getattr(self.schedule, "share", None)
+        if share is None:
             if most > 1:
                 raise DexError(
-                    "requests share rounds on the sequential schedule only: explorer processes serve one at a time"
+                    "requests share rounds on the sequential schedule and explorer processes, not torchrun"
                 )
             return
-        self.schedule.share(most)
+        share(most)
 
     def _device(self) -> str:
         """Where the token choices are made: the final explorer's device."""

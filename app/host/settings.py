@@ -44,8 +44,8 @@ class AppSettings:
     )
     live_batch: int = option(
         4,
-        "Live runs with the same settings that share each round (the sequential backend; explorer processes "
-        "serve one at a time)",
+        "Live runs with the same settings that share each round (in this process or on explorer processes; "
+        "torchrun serves one at a time)",
         env="DEX_LIVE_BATCH",
     )
     queue_size: int = option(

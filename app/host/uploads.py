@@ -207,13 +207,14 @@ class Uploads:
                 self._stored[path].read = time.time()
 
     def expire(self) -> None:
-        """Delete the uploads whose time is up (read, or never loaded for ``file_ttl``)."""
+        """Delete the uploads whose time is up (read, or never loaded for ``file_ttl``); each counts as used until
+        its file is gone."""
         now, ttl = time.time(), self.settings.file_ttl
         with self._lock:
             gone = [path for path, s in self._stored.items() if s.ends(ttl) < now]
-            for path in gone:
-                del self._stored[path]
         for path in gone:
             self.files.remove_upload(path)
             if self.blocks is not None:
                 self.blocks.upload_file_set.discard(str(path))
+            with self._lock:
+                self._stored.pop(path, None)

@@ -144,7 +144,10 @@ class Frames:
         try:
             yield frame()
         finally:
-            self.drawing += self.clock() - tic
+            if (
+                step.run is not None
+            ):  # a status line's before the run is the host's, as that step's seconds are
+                self.drawing += self.clock() - tic
             self.after_frame = _round(step)
 
 

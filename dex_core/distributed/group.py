@@ -4,7 +4,7 @@ The parent (``DexDecoder(..., backend="distributed")``) starts K rank processes 
 ``dex_core.rank.main`` (fresh interpreters, as torchrun starts its ranks), so they never re-import the caller's
 ``__main__``: a plain script without a ``__main__`` guard works. It talks to each over an authenticated local
 connection: one start message (the run's ``RunSettings`` and where the rank's part of the model comes from), then
-typed ``Request``s; it receives rank 0's trace events, in batches (``rank.EventBatch``). It writes no weights
+typed ``Request``s; it receives rank 0's trace events, in batches (``event_batch.EventBatch``). It writes no weights
 anywhere: ranks read their own tensors from the checkpoint (``DexDecoder.from_pretrained``: the parent holds config
 and tokenizer only), or, for a model built in memory, receive their part's tensors over the connection. The
 processes idle between calls and end with ``close()``, at interpreter exit, or by themselves within a second of the
@@ -30,7 +30,6 @@ import dataclasses
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,35 +38,21 @@ import weakref
 from multiprocessing.connection import Client, wait
 from pathlib import Path
 
-from ..config import DecoderOptions
+from ..config import DecoderOptions, DexError
 from ..model.stage_load import PartSource, StateDict, part_bytes
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
 from ..trace.events import EndEvent
+from .blame import blamed, stopped
+from .flights import Flights
 from .placement import default_threads, resolve_devices
 from .rank import KEY_ENV, Start, round_board
 
-_PEER_LOSS = (
-    "Connection closed by peer",
-    "Connection reset",
-    "Broken pipe",
-    "timed out",
-    "Timeout",
-    "NCCL communicator was aborted",
-)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 class ExplorerError(RuntimeError):
     """An explorer process failed; the message names the rank and the cause."""
-
-
-def _stopped(pid: int) -> bool:
-    """Whether a process is stopped (SIGSTOP, a debugger): its state in /proc (Linux; False elsewhere)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
 
 
 def _close_all() -> None:
@@ -101,6 +86,7 @@ class ExplorerGroup:
         ] = []  # per rank, once started: the checkpoint keys it read and the bytes it placed
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
+        self.flights = Flights(self, 1)  # requests in flight at once: one unless ``share``d
         self.start()
 
     @property
@@ -184,6 +170,8 @@ class ExplorerGroup:
                 self._status[rank] = ("ready", 0, 0, "")
                 self.loaded[rank] = report
                 self.data_link = link  # rank.DataLink, alike on every rank: (backend, staged)
+        if self.shares:  # a fresh group after a failure: its ranks share rounds as the last ones did
+            self._send_all(("share", self.flights.most))
 
     def _connect(self, rank: int, key: bytes):
         address = str(self._tmp / f"rank-{rank}.sock")
@@ -275,37 +263,9 @@ class ExplorerGroup:
             check()
 
     def _blame(self, errors: list, dead, silent: str | None, rank: int | None = None) -> str:
-        """The message naming the rank at fault (see the module docstring for the order)."""
-        reported = {e[1] for e in errors}
-        for k, code in dead:
-            if k not in reported:
-                how = (
-                    f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                )
-                return f"explorer rank {k} died ({how}) without reporting an error"
-        stopped = [k for k, pid in enumerate(self.pids()) if _stopped(pid)]
-        if stopped:
-            return (
-                f"explorer rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped "
-                f"(the process is suspended) and the group could not go on"
-            )
-        root = next((e for e in errors if not any(s in e[2][0] for s in _PEER_LOSS)), None)
-        if root:
-            _, rank, (cause, tb) = root
-            return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
-        rounds = list(self._rounds)
-        behind = [k for k, r in enumerate(rounds) if r == min(rounds)]
-        if len(behind) < self.count:
-            return (
-                f"explorer rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} went silent at "
-                f"round {min(rounds) + 1} while the others waited at round {max(rounds)}"
-            )
-        if silent and rank is not None:
-            return f"explorer rank {rank} {silent}"
-        if silent:
-            return f"explorer ranks {', '.join(map(str, range(self.count)))} {silent}"
-        _, rank, (cause, tb) = errors[0]
-        return f"explorer rank {rank} failed: {cause}\n--- traceback of rank {rank} ---\n{tb}"
+        """The message naming the rank at fault (``blame.blamed``; the module docstring gives the order)."""
+        held = [k for k, pid in enumerate(self.pids()) if stopped(pid)]
+        return blamed(errors, dead, held, list(self._rounds), silent, rank)
 
     def _fail(self, errors: list, dead=(), silent: str | None = None, rank: int | None = None) -> None:
         """Collect the reports for a moment, name the rank at fault, end every process, and raise."""
@@ -328,7 +288,26 @@ class ExplorerGroup:
         self.close()
         raise ExplorerError(message)
 
+    def share(self, most: int) -> None:
+        """Let ``most`` requests in flight share each round (``flights``, ``roster``); 1: one at a time (not while
+        requests share rounds)."""
+        if most == 1 and self.flights.flying:
+            raise DexError(
+                f"{len(self.flights.flying)} requests share these explorers' rounds: let them end first"
+            )
+        was, self.flights.most = self.shares, most
+        if self.alive and was != self.shares:
+            self._send_all(("share", most))
+
+    @property
+    def shares(self) -> bool:
+        return self.flights.most > 1
+
     def run(self, request: Request):
+        """The request's trace events: in rounds shared with every request in flight, or alone."""
+        return self.flights.run(request) if self.shares else self._alone(request)
+
+    def _alone(self, request: Request):
         """Send a request to every explorer; yield rank 0's trace events until the end event."""
         if self._procs is None:
             self.start()
@@ -369,7 +348,7 @@ class ExplorerGroup:
         self._send_all(("close",))
         deadline = time.monotonic() + 5.0
         for p in procs:
-            if _stopped(p.pid):
+            if stopped(p.pid):
                 p.kill()
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))

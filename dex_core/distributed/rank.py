@@ -46,8 +46,9 @@ from ..runtime.engine import run_rounds
 from ..runtime.heap import settle
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings
-from ..trace.events import EndEvent, Event
+from .event_batch import EventBatch
 from .link import DistLink
+from .roster import Inbox, serve_shared
 
 KEY_ENV = "DEX_GROUP_KEY"
 REPORT_SECONDS = 0.25  # a loading rank reports its progress at most this often (and once it is done)
@@ -236,28 +237,6 @@ def serve_request(view, explorer, link, request: Request, settings: RunSettings)
         yield from run_rounds(view, settings, [explorer], link, request)
 
 
-BATCH_SECONDS = 0.02  # rank 0 sends its trace events at most this late (the end event at once)
-
-
-class EventBatch:
-    """Rank 0's trace events to its parent, a batch at a time: a message (pickled, sent, received, unpickled) each
-    round would cost the round loop and the parent a wake-up per round (rounds of a GPU stage last about a
-    millisecond). An event goes at once when ``BATCH_SECONDS`` have passed since the last message (so a round
-    slower than that is never held back), else with the next one that does, or with the end event."""
-
-    def __init__(self, send, request_id: int, clock=time.monotonic):
-        self.send, self.id, self.clock = send, request_id, clock
-        self.events: list[Event] = []
-        self.last = clock()
-
-    def add(self, event: Event) -> None:
-        self.events.append(event)
-        now = self.clock()
-        if isinstance(event, EndEvent) or now - self.last >= BATCH_SECONDS:
-            self.send("events", self.id, self.events)
-            self.events, self.last = [], now
-
-
 class _Cancel:
     """Set by the parent for one request id; the link asks ``is_set()`` each round."""
 
@@ -356,9 +335,9 @@ def _serve(conn, rank: int, send) -> None:
     start: Start = pickle.loads(
         conn.recv_bytes()
     )  # from this rank's own parent, over the authenticated socket
-    inbox, cancel = queue.Queue(), _Cancel()
+    messages, cancel = queue.Queue(), _Cancel()
     torch.set_num_threads(start.threads)
-    threading.Thread(target=_read, args=(conn, inbox, cancel), daemon=True).start()
+    threading.Thread(target=_read, args=(conn, messages, cancel), daemon=True).start()
     view, explorer, report = open_part(start.settings, start.source, rank, start.device, reporter(send, rank))
     board = round_board(start.rounds)
 
@@ -385,12 +364,18 @@ def _serve(conn, rank: int, send) -> None:
         start.op_timeout,
         cancel,
         progress,
+        control=True,  # the gloo group shared rounds agree on their roster over (``roster.agreed``)
     )
     send("ready", rank, (DataLink(dist.get_backend(), link.staged), report))
-    while (msg := inbox.get())[0] == "request":
-        request = msg[1]
-        cancel.current = request.id
-        batch = EventBatch(send, request.id)
-        for event in serve_request(view, explorer, link, request, start.settings):
+    inbox = Inbox(messages)
+    while (msg := inbox.next())[0] != "close":
+        if msg[0] == "share":  # requests share rounds from now, until the parent sends ("share", 1)
+            ended = serve_shared(view, explorer, link, start.settings, inbox, cancel, send)
+            if ended == "close":
+                return
+            continue
+        cancel.current = msg[1].id
+        batch = EventBatch(send, msg[1].id)
+        for event in serve_request(view, explorer, link, msg[1], start.settings):
             if rank == 0:
                 batch.add(event)

@@ -24,6 +24,7 @@ import contextlib
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -72,6 +73,10 @@ class Crew:
 
     def __init__(self, view: ModelView, settings: RunSettings, explorers: list[Explorer], most: int = 1):
         self.view, self.settings, self.explorers, self.most = view, settings, explorers, most
+        self.link = (
+            LocalLink  # a run's link (each its own): an explorer rank's are ``distributed.crew_wire``'s
+        )
+        self.wire: Wire | None = None  # what carries a round's rows and choices between processes (none: one)
         self.members: list[Member] = []  # in the order they joined
         self.rows = 0  # the rows the last round ran, every stage's and every lane's (padding included)
         self.rounds = 0  # shared rounds run
@@ -127,7 +132,7 @@ class Crew:
             oldest.error = replaced(self.most)
         seats = [e.add_seat() if self.members else e.seats[0] for e in self.explorers]
         try:
-            run = begin(self.view, self.settings, self.explorers, LocalLink(), request)
+            run = begin(self.view, self.settings, self.explorers, self.link(), request)
             run.overlap = (
                 False  # each round recorded at once: the runs of a crew share its steps, not its records
             )
@@ -161,7 +166,7 @@ class Crew:
             for m in flying:
                 m.run.prune = share(self.settings.prune, len(flying), self.view.device.type)
             if flying:
-                self.rows = shared_round(flying, self.explorers, self.view)
+                self.rows = shared_round(flying, self.explorers, self.view, self.wire)
                 self.rounds += 1
             for m in flying:
                 if m.finished:
@@ -182,6 +187,10 @@ class Crew:
         try:
             prefill(joining, self.view)
         except Exception as err:
+            if (
+                self.wire is not None
+            ):  # between processes its peers wait on it: the group fails (``distributed``)
+                raise
             joining.error = f"its prompt failed to go in: {err}"
             self._leave(joining)
 
@@ -205,10 +214,23 @@ def prefill(member: Member, view: ModelView) -> None:
         run.link.prefill(run.explorers, view, chunk)
 
 
-def shared_round(members: list[Member], explorers: list[Explorer], view: ModelView) -> int:
-    """One round of every run of ``members``, each explorer's step shared: every member's round event queued for its
-    consumer (its end event is made when its consumer asks for it: ``Crew.take``). Returns the rows its steps
-    ran."""
+class Wire(Protocol):
+    """What carries a shared round between explorer processes (``distributed.crew_wire``); in one process, nothing."""
+
+    def post(self, k: int, out: torch.Tensor, plans: dict) -> None:
+        """Explorer ``k``'s output rows of every lane ``out`` (lanes, rows, hidden) are ready, before its head."""
+
+    def gather(self, members: list[Member], plans: dict, choices: dict) -> None:
+        """Every member's choices (member -> {stage: Choice}) to every process, in one exchange: each member's
+        link then gives its run every stage's outputs."""
+
+
+def shared_round(
+    members: list[Member], explorers: list[Explorer], view: ModelView, wire: Wire | None = None
+) -> int:
+    """One round of every run of ``members``, each explorer's step shared (between processes over ``wire``): every
+    member's round event queued for its consumer (its end event is made when its consumer asks for it:
+    ``Crew.take``). Returns the rows its steps ran."""
     with contextlib.ExitStack() as rounds:
         for m in members:  # each run's round: the whole shared round's seconds
             rounds.enter_context(m.run.clock.span("round"))
@@ -216,22 +238,28 @@ def shared_round(members: list[Member], explorers: list[Explorer], view: ModelVi
         for m in members:
             plans[m] = plan_round(m.run)
             masked[m] = decs_masks(m.run, plans[m])
-        expanded, rows = explore_all(members, plans, explorers, view)
-        decided = {}
+        expanded, rows = explore_all(members, plans, explorers, view, wire)
+        choices, decided = {}, {}
+        for m in members:
+            with seated(m), m.run.clock.span("decode"):
+                choices[m] = choose_round(m.run.choosing, explorers, plans[m], expanded[m], masked[m])
+        if wire is not None:
+            wire.gather(members, plans, choices)
         for m in members:
             with seated(m):
-                with m.run.clock.span("decode"):
-                    choices = choose_round(m.run.choosing, explorers, plans[m], expanded[m], masked[m])
-                decided[m] = decide(m.run, plans[m], masked[m], choices)
+                decided[m] = decide(m.run, plans[m], masked[m], choices[m])
     for m in members:
         m.events.append(recorded(m.run, decided[m]))
         m.finished = m.run.finished
     return rows
 
 
-def explore_all(members: list[Member], plans: dict, explorers: list[Explorer], view: ModelView) -> dict:
-    """Every explorer's step over every member's batch (``expand_seats``) and its candidate logits: member ->
-    {stage: (its output rows, its logits or None)} for the stages where it has nodes; and the rows the steps ran."""
+def explore_all(
+    members: list[Member], plans: dict, explorers: list[Explorer], view: ModelView, wire=None
+) -> dict:
+    """Every explorer's step over every member's batch (``expand_seats``; its output rows posted on ``wire`` before
+    its head) and its candidate logits: member -> {stage: (its output rows, its logits or None)} for the stages where
+    it has nodes; and the rows the steps ran."""
     expanded: dict = {m: {} for m in members}
     ran = 0
     owner = {id(seat): m for m in members for seat in m.seats}
@@ -255,6 +283,8 @@ def explore_all(members: list[Member], plans: dict, explorers: list[Explorer], v
             for m in members:
                 spans.enter_context(m.run.clock.span(("expand", k)))
             out = e.expand_seats(stacked(hidden), [s for s, _ in lanes], tables, books)
+            if wire is not None:
+                wire.post(k, out, plans)
             real = [
                 (b, m, len(plans[m].batches[k]))
                 for b, (_, m) in enumerate(lanes)

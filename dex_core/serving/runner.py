@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ..runtime.scoring import Scored
 from ..trace.events import RoundEvent
 from .api_requests import ApiError, Completion
@@ -102,13 +104,13 @@ class Ended:
 
 
 def max_batch(decoder, asked: int | None) -> int:
-    """The requests that share rounds: ``asked``, else ``MAX_BATCH`` for the decoder's device (1 on explorer
-    processes, which serve one request at a time)."""
+    """The requests that share rounds: ``asked``, else ``MAX_BATCH`` for the device of the decoder's final explorer (in
+    this process or on explorer processes; 1 under torchrun, whose serving reads one request at a time)."""
     if asked is not None:
         return asked
-    if getattr(decoder, "group", None) is not None:
+    if not hasattr(getattr(decoder, "schedule", None), "share"):
         return 1
-    return MAX_BATCH.get(decoder.view.device.type, MAX_BATCH["cuda"])
+    return MAX_BATCH.get(torch.device(decoder.schedule.devices[-1]).type, MAX_BATCH["cuda"])
 
 
 # requests that share each round by default, by device type: on this CPU 8 clients ran 2.25x their requests one at a

@@ -294,12 +294,12 @@ def test_both_links_meet_the_contract_the_round_loop_relies_on():
 
 
 def test_rank_0_sends_its_events_in_batches_of_the_batch_window_and_slow_rounds_and_the_end_at_once():
-    from dex_core.distributed import rank as rank_module
+    from dex_core.distributed import event_batch
     from dex_core.trace.events import EndEvent, RoundEvent
     from dex_core.trace.stats import GenerationStats
 
-    sent, now, window = [], [0.0], rank_module.BATCH_SECONDS
-    batch = rank_module.EventBatch(lambda *msg: sent.append(msg), 7, clock=lambda: now[0])
+    sent, now, window = [], [0.0], event_batch.BATCH_SECONDS
+    batch = event_batch.EventBatch(lambda *msg: sent.append(msg), 7, clock=lambda: now[0])
 
     def event(kind: str, t: float):  # a round (or the end) made at t
         if kind == "end":

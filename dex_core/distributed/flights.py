@@ -1,0 +1,103 @@
+"""Requests in flight at once on an explorer group (``Flights``): the parent's side of shared rounds.
+
+Each request goes to every rank; the ranks agree each step which requests share the round (``roster``), and rank 0's
+events come back tagged with the request's id. No thread of its own: whichever consumer needs an event reads the
+group's connections, under one lock, and files every event for its own request's consumer. Past ``most`` in flight, a
+new request stops the oldest, which ends with ``DexError`` (as on the sequential schedule: ``runtime.crew``). A
+consumer that stops early cancels its request (the ranks drop it at their next step; its late events are dropped).
+When the group fails (a dead rank, a rank that raised, every rank silent), every request in flight ends with the same
+``ExplorerError``, and the next request starts a fresh group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..runtime.crew import replaced
+from ..runtime.request import Request
+from ..trace.events import EndEvent
+from ..values import DexError
+
+
+@dataclass(eq=False)
+class Flight:
+    """One request in flight: its events waiting for its consumer, whether its end came, why it stopped without."""
+
+    events: deque = field(default_factory=deque)
+    done: bool = False
+    error: Exception | None = None
+
+
+class Flights:
+    """The requests in flight on ``group`` (an ``ExplorerGroup`` whose ranks share rounds), at most ``most``."""
+
+    def __init__(self, group, most: int):
+        self.group, self.most = group, most
+        self.flying: dict[int, Flight] = {}  # request id -> its flight, oldest first
+        self._lock = threading.RLock()  # one reader of the group's connections at a time
+        self._sending = threading.Lock()  # one writer: a cancel may come from a thread that is not reading
+
+    def run(self, request: Request):
+        """``request``'s trace events, its rounds shared with every request in flight."""
+        with self._lock:
+            rid, flight = self._launch(request)
+        try:
+            while True:
+                with self._lock:
+                    while not flight.events and not flight.done and flight.error is None:
+                        self._read()
+                    if flight.events:
+                        event = flight.events.popleft()
+                    elif flight.error is not None:
+                        raise type(flight.error)(str(flight.error))
+                    else:
+                        return
+                yield event
+        finally:
+            if (
+                self.flying.pop(rid, None) is not None and self.group.alive
+            ):  # stopped early: the ranks drop it
+                self._send(("cancel", rid))
+
+    def _launch(self, request: Request) -> tuple[int, Flight]:
+        """Send ``request`` to every rank (a fresh group first, when the last one failed), the oldest in flight
+        stopped when ``most`` are."""
+        group = self.group
+        if not group.alive:
+            group.start()
+        if len(self.flying) >= self.most:
+            oldest = next(iter(self.flying))
+            self.flying.pop(oldest).error = DexError(replaced(self.most))
+            self._send(("cancel", oldest))
+        rid, group._next_id = group._next_id, group._next_id + 1
+        flight = self.flying[rid] = Flight()
+        group._activity = time.monotonic()
+        self._send(("request", dataclasses.replace(request, id=rid)))
+        return rid, flight
+
+    def _read(self) -> None:
+        """The group's next message, filed for its request; when the group fails, every request in flight ends with
+        its error."""
+        try:
+            kind, rid, events = self.group._get(self.group._check_run)
+        except (
+            Exception
+        ) as err:  # the group's ExplorerError (it has ended every rank), or whatever else ended it
+            for flight in self.flying.values():
+                flight.error = err
+            self.flying.clear()
+            return
+        flight = self.flying.get(rid) if kind == "events" else None
+        if flight is not None:
+            flight.events.extend(events)
+            if isinstance(events[-1], EndEvent):
+                flight.done = True
+                del self.flying[rid]
+
+    def _send(self, msg) -> None:
+        with self._sending:
+            self.group._send_all(msg)
