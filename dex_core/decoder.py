@@ -271,24 +271,16 @@ class DexDecoder:
             request, self.view, self.settings, cost=self.cost, device=self._device(), identity=self.identity
         )
         steps = self.schedule.run(request)
-        for event in steps if getattr(self.schedule, "shares", False) else self._turns.take(steps):
+        for event in steps if self.schedule.shares else self._turns.take(steps):
             yield event if self.tokenizer is None else with_text(event, self._text, node_text)
 
     def share(self, most: int) -> None:
         """Let up to ``most`` requests in flight on this decoder share each round (``dex_core.runtime.crew``): each
         keeps its own lattice, sampler and KV lane, and gets exactly the tokens it would get alone; every explorer
-        runs one step a round over all their rows (explorer processes: one send of every request's rows and one
-        exchange of their choices a round). 1 (the default): one run at a time, a newer run stopping the older.
-        Torchrun serving reads one request at a time."""
-        most = integer(most, "max_batch", 1)
-        share = getattr(self.schedule, "share", None)
-        if share is None:
-            if most > 1:
-                raise DexError(
-                    "requests share rounds on the sequential schedule and explorer processes, not torchrun"
-                )
-            return
-        share(most)
+        runs one step a round over all their rows (explorer processes and torchrun ranks: one send of every
+        request's rows and one exchange of their choices a round). 1 (the default): one run at a time, a newer run
+        stopping the older."""
+        self.schedule.share(integer(most, "max_batch", 1))
 
     def _device(self) -> str:
         """Where the token choices are made: the final explorer's device."""

@@ -262,3 +262,15 @@ def start_gradio(env: dict, log: Path) -> subprocess.Popen:
             stderr=out,
             start_new_session=True,
         )
+
+
+def scrape(url: str) -> dict:
+    """The server's ``/metrics``, parsed by ``prometheus_client``'s own text parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -43,10 +43,7 @@ class AppSettings:
         env="DEX_MAX_GROUPS",
     )
     live_batch: int = option(
-        4,
-        "Live runs with the same settings that share each round (in this process or on explorer processes; "
-        "torchrun serves one at a time)",
-        env="DEX_LIVE_BATCH",
+        4, "Live runs with the same settings that share each round", env="DEX_LIVE_BATCH"
     )
     queue_size: int = option(
         16, "requests waiting in the queue at most; more are refused", env="DEX_QUEUE_SIZE"

@@ -254,9 +254,8 @@ class Runtime:
 
     @property
     def live_batch(self) -> int:
-        """Live runs that share each round (``DexDecoder.share``): the setting's, 1 under torchrun (whose launch reads
-        one request at a time)."""
-        return 1 if self.settings.backend == "torchrun" else self.settings.live_batch
+        """Live runs that share each round (``DexDecoder.share``): the setting's, on every backend."""
+        return self.settings.live_batch
 
     def close(self) -> None:
         with self._lock:

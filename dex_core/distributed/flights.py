@@ -38,56 +38,60 @@ class Flights:
     def __init__(self, group, most: int):
         self.group, self.most = group, most
         self.flying: dict[int, Flight] = {}  # request id -> its flight, oldest first
-        self._lock = threading.RLock()  # one reader of the group's connections at a time
-        self._sending = threading.Lock()  # one writer: a cancel may come from a thread that is not reading
+        self.lock = threading.RLock()  # one reader of the group's connections at a time, a message at a time
+        self._cancels: list[int] = []  # requests stopped early while another thread was sending: sent next
 
     def run(self, request: Request):
         """``request``'s trace events, its rounds shared with every request in flight."""
-        with self._lock:
+        with self.lock:
             rid, flight = self._launch(request)
         try:
             while True:
-                with self._lock:
-                    while not flight.events and not flight.done and flight.error is None:
-                        self._read()
+                with (
+                    self.lock
+                ):  # one message a hold: a consumer whose event is filed does not wait for others'
                     if flight.events:
                         event = flight.events.popleft()
                     elif flight.error is not None:
                         raise type(flight.error)(str(flight.error))
-                    else:
+                    elif flight.done:
                         return
+                    else:
+                        self._read()
+                        continue
                 yield event
         finally:
-            if (
-                self.flying.pop(rid, None) is not None and self.group.alive
-            ):  # stopped early: the ranks drop it
-                self._send(("cancel", rid))
+            if self.flying.pop(rid, None) is not None:  # stopped early: the ranks drop it
+                self._cancel(rid)
 
     def _launch(self, request: Request) -> tuple[int, Flight]:
         """Send ``request`` to every rank (a fresh group first, when the last one failed), the oldest in flight
-        stopped when ``most`` are."""
+        stopped while ``most`` are."""
         group = self.group
         if not group.alive:
             group.start()
-        if len(self.flying) >= self.most:
+        while len(self.flying) >= self.most:
             oldest = next(iter(self.flying))
             self.flying.pop(oldest).error = DexError(replaced(self.most))
-            self._send(("cancel", oldest))
+            self._cancel(oldest)
         rid, group._next_id = group._next_id, group._next_id + 1
         flight = self.flying[rid] = Flight()
         group._activity = time.monotonic()
-        self._send(("request", dataclasses.replace(request, id=rid)))
+        group._send_all(("request", dataclasses.replace(request, id=rid)))
         return rid, flight
 
     def _read(self) -> None:
         """The group's next message, filed for its request; when the group fails, every request in flight ends with
         its error."""
+        self._cancel()
         try:
             kind, rid, events = self.group._get(self.group._check_run)
         except (
             Exception
-        ) as err:  # the group's ExplorerError (it has ended every rank), or whatever else ended it
-            for flight in self.flying.values():
+        ) as err:  # the group's ExplorerError (it ended every rank), or what else ended the read
+            if self.group.alive:
+                self.group.close()
+            for flight in list(self.flying.values()):
                 flight.error = err
             self.flying.clear()
             return
@@ -96,8 +100,18 @@ class Flights:
             flight.events.extend(events)
             if isinstance(events[-1], EndEvent):
                 flight.done = True
-                del self.flying[rid]
+                self.flying.pop(rid, None)
 
-    def _send(self, msg) -> None:
-        with self._sending:
-            self.group._send_all(msg)
+    def _cancel(self, rid: int | None = None) -> None:
+        """Tell the ranks to drop request ``rid`` and any whose cancel waited; without waiting for a thread that is
+        sending (a stream closed by the collector inside a send): the cancel then goes with the next one."""
+        if rid is not None:
+            self._cancels.append(rid)
+        sending = self.group._sending
+        if not self._cancels or not sending.acquire(blocking=False):
+            return
+        try:
+            while self._cancels and self.group.alive:
+                self.group._send_all(("cancel", self._cancels.pop(0)))
+        finally:
+            sending.release()

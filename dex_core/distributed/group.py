@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from multiprocessing.connection import Client, wait
@@ -87,6 +88,7 @@ class ExplorerGroup:
         self._procs: list[subprocess.Popen] | None = None
         self._next_id = 0
         self.flights = Flights(self, 1)  # requests in flight at once: one unless ``share``d
+        self._sending = threading.RLock()  # messages reach every rank in one order
         self.start()
 
     @property
@@ -291,13 +293,14 @@ class ExplorerGroup:
     def share(self, most: int) -> None:
         """Let ``most`` requests in flight share each round (``flights``, ``roster``); 1: one at a time (not while
         requests share rounds)."""
-        if most == 1 and self.flights.flying:
-            raise DexError(
-                f"{len(self.flights.flying)} requests share these explorers' rounds: let them end first"
-            )
-        was, self.flights.most = self.shares, most
-        if self.alive and was != self.shares:
-            self._send_all(("share", most))
+        with self.flights.lock:  # between one request's launch and the next
+            if most == 1 and self.flights.flying:
+                raise DexError(
+                    f"{len(self.flights.flying)} requests share these explorers' rounds: let them end first"
+                )
+            was, self.flights.most = self.shares, most
+            if self.alive and was != self.shares:
+                self._send_all(("share", most))
 
     @property
     def shares(self) -> bool:
@@ -332,6 +335,11 @@ class ExplorerGroup:
                         break
 
     def _send_all(self, msg) -> None:
+        """``msg`` to every rank, in the order every other message reaches them (one sender at a time)."""
+        with self._sending:
+            self._send_each(msg)
+
+    def _send_each(self, msg) -> None:
         for conn in self._conns:
             try:
                 if conn is not None:

@@ -12,6 +12,7 @@ request until rank 0 ``close``s the group. The number of explorers is the launch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from datetime import timedelta
@@ -24,13 +25,16 @@ from ..device import resolve_dtype
 from ..model.checkpoint import Checkpoint, locate
 from ..model.stage_load import PartSource, checkpoint_identity, skeleton
 from ..model.view import model_view
+from ..runtime.crew import Crew
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings, resolve_run
 from ..trace.events import EndEvent
+from .crew_wire import CrewWire, LaneLink
 from .group import IMPORT_SECONDS, LOAD_RATE
 from .placement import default_threads
 from .rank import connect, init_world, open_part, serve_request
 
+SHARE, ALONE = "share", "alone"  # what rank 0 tells the others when requests start and stop sharing rounds
 USAGE = "torchrun --nproc-per-node 4 -m dex_core.serving --prompt 'Hello'"
 
 
@@ -98,6 +102,8 @@ class TorchrunGroup:
         self.devices = [device] * self.count if self.rank else self._gather(device)
         self.data_link = (dist.get_backend(), link.staged)
         self._open = True
+        self.crew: Crew | None = None  # rank 0's, while requests share rounds (``share``)
+        self._ids = 0  # requests sent
 
     def _gather(self, device: str) -> list[str]:
         names = [None] * self.count
@@ -107,11 +113,45 @@ class TorchrunGroup:
     def pids(self) -> list[int]:
         return [os.getpid()]  # the other ranks' processes may live on other nodes
 
+    def share(self, most: int) -> None:
+        """Rank 0: let ``most`` requests in flight share each round (``runtime.crew``: this rank's crew tells the
+        others who joins and leaves before each step, ``follow_shared``); 1: one at a time (not while requests
+        share rounds)."""
+        if most > 1 and self.crew is None:
+            self._tell(SHARE)
+            self.crew = Crew(self.view, self.settings, [self.explorer], most)
+            self.crew.link, self.crew.wire = (lambda: LaneLink(self.link)), CrewWire(self.link, self.explorer)
+            self.crew.tell = self._tell
+        elif most == 1 and self.crew is not None:
+            if self.crew.members:
+                raise DexError(
+                    f"{len(self.crew.members)} requests share this group's rounds: let them end first"
+                )
+            self.crew = None
+            self._tell(ALONE)
+        if self.crew is not None:
+            self.crew.most = most
+
+    @property
+    def shares(self) -> bool:
+        return self.crew is not None
+
+    def _tell(self, message) -> None:
+        dist.broadcast_object_list([message], src=0, group=self.link.ctrl)
+
     def run(self, request: Request):
-        """Rank 0: send ``request`` to every rank and yield this rank's trace events until the end event."""
+        """Rank 0: ``request``'s trace events, in rounds shared with every request in flight (``share``), or
+        alone."""
         if self.rank != 0 or not self._open:
             raise DexError("only rank 0 of an open torchrun group sends requests")
-        dist.broadcast_object_list([request], src=0, group=self.link.ctrl)
+        self._ids += 1
+        if self.crew is not None:
+            return self.crew.take(dataclasses.replace(request, id=self._ids))
+        return self._alone(request)
+
+    def _alone(self, request: Request):
+        """Send ``request`` to every rank and yield this rank's trace events until the end event."""
+        self._tell(request)
         self.link.cancel.wanted, finished = False, False
         events = serve_request(self.view, self.explorer, self.link, request, self.settings)
         try:
@@ -127,19 +167,41 @@ class TorchrunGroup:
     def follow(self) -> None:
         """Ranks other than 0: serve every request rank 0 sends, until it closes the group."""
         self._gather(str(self.link.device))
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=0, group=self.link.ctrl)
-            if box[0] is None:
+        while (message := self._told()) is not None:
+            if message == SHARE and self.follow_shared() is None:
                 break
-            for _ in serve_request(self.view, self.explorer, self.link, box[0], self.settings):
-                pass
+            if isinstance(message, Request):
+                for _ in serve_request(self.view, self.explorer, self.link, message, self.settings):
+                    pass
         self._end()
+
+    def _told(self):
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=self.link.ctrl)
+        return box[0]
+
+    def follow_shared(self) -> str | None:
+        """Ranks other than 0, while rank 0's requests share rounds: before each step rank 0 says who joined and
+        left since the last; this rank's crew does the same, then the step. Returns ALONE (one request at a time
+        again) or None (the group closes)."""
+        crew = Crew(self.view, self.settings, [self.explorer], most=2**31)
+        crew.link, crew.wire = (lambda: LaneLink(self.link)), CrewWire(self.link, self.explorer)
+        with torch.no_grad():
+            while isinstance(told := self._told(), list):
+                for kind, what in told:
+                    if kind == "join":
+                        crew._join(what)
+                    else:  # gone already when it finished in the last step
+                        crew._leave(next((m for m in crew.members if m.run.request.id == what), None))
+                crew._advance()
+                for m in crew.members:
+                    m.events.clear()
+        return told
 
     def close(self) -> None:
         """Rank 0: tell the other ranks to stop, and leave the process group."""
         if self.rank == 0 and self._open:
-            dist.broadcast_object_list([None], src=0, group=self.link.ctrl)
+            self._tell(None)
             self._end()
 
     def _end(self) -> None:

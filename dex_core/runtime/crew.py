@@ -77,6 +77,10 @@ class Crew:
             LocalLink  # a run's link (each its own): an explorer rank's are ``distributed.crew_wire``'s
         )
         self.wire: Wire | None = None  # what carries a round's rows and choices between processes (none: one)
+        # the ranks that follow this crew's (torchrun): told before each step who joined ("join", request) and left
+        # ("leave", request id) since the last, to do the same (``distributed.torchrun``); None: no followers
+        self.tell = None
+        self._told: list = []
         self.members: list[Member] = []  # in the order they joined
         self.rows = 0  # the rows the last round ran, every stage's and every lane's (padding included)
         self.rounds = 0  # shared rounds run
@@ -145,6 +149,8 @@ class Crew:
                     e.remove_seat(seat)
             raise
         self.members.append(member)
+        if self.tell is not None:
+            self._told.append(("join", request))
         return member
 
     def _leave(self, member: Member) -> None:
@@ -152,6 +158,8 @@ class Crew:
         if member not in self.members:
             return
         self.members.remove(member)
+        if self.tell is not None:
+            self._told.append(("leave", member.run.request.id))
         for e, seat in zip(self.explorers, member.seats):
             e.remove_seat(seat)
 
@@ -161,6 +169,9 @@ class Crew:
         self._drop_leaving()
         self._busy = True
         try:
+            if self.tell is not None:  # the followers' membership, before their step
+                told, self._told = self._told, []
+                self.tell(told)
             self._prefill()
             flying = [m for m in self.members if not m.prompt and not m.finished and not m.leaving]
             for m in flying:

@@ -27,6 +27,13 @@ class Schedule(Protocol):
     def run(self, request: Request) -> Iterator[RoundEvent | EndEvent]:
         """The request's round events, then its end event (token text is the decoder's: ``with_text``)."""
 
+    def share(self, most: int) -> None:
+        """Let ``most`` requests in flight share each round (``runtime.crew``); 1: one at a time."""
+
+    @property
+    def shares(self) -> bool:
+        """Whether requests in flight share rounds (else one runs at a time: ``runtime.turns``)."""
+
     def close(self) -> None:
         """Free what the schedule holds (explorer processes end); a no-op in this process."""
 

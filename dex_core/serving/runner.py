@@ -105,11 +105,9 @@ class Ended:
 
 def max_batch(decoder, asked: int | None) -> int:
     """The requests that share rounds: ``asked``, else ``MAX_BATCH`` for the device of the decoder's final explorer (in
-    this process or on explorer processes; 1 under torchrun, whose serving reads one request at a time)."""
+    this process, on explorer processes or under torchrun)."""
     if asked is not None:
         return asked
-    if not hasattr(getattr(decoder, "schedule", None), "share"):
-        return 1
     return MAX_BATCH.get(torch.device(decoder.schedule.devices[-1]).type, MAX_BATCH["cuda"])
 
 

@@ -6,11 +6,12 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import answers, free_port
+from helpers import answers, free_port, scrape
 
 from dex_core import ar_generate, encode_prompt, load_model
 
@@ -125,6 +126,11 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
                 stream_options={"include_usage": True},
             )
         )
+        # three at once share rank 0's rounds (--max-batch: 8 on CPU), rank 1 told who joins and leaves each step
+        prompts = ["the prime number", "hello", "a b c d e f"]
+        with ThreadPoolExecutor(3) as pool:
+            answered = list(pool.map(lambda p: complete(client, str(tiny_dir), p), prompts))
+        shared = scrape(url)[("dex:rounds_shared", ())]
         ranks = psutil.Process(launch.pid).children(recursive=True)
     finally:
         launch.terminate()
@@ -134,3 +140,18 @@ def test_dex_serve_http_under_torchrun_answers_from_rank_0_with_ars_text(tiny_di
     ar = ar_generate(model, tokenizer("hello world")["input_ids"], 12).tokens
     assert "".join(c.choices[0].text for c in chunks[:-2]) == tokenizer.decode(ar, skip_special_tokens=True)
     assert len(chunks) == 12 + 2 and chunks[-1].usage.model_extra["dex"]["explorers"] == 2
+    for prompt, answer in zip(prompts, answered):
+        alone = ar_generate(model, tokenizer(prompt)["input_ids"], 10 + len(prompt) % 7).tokens
+        assert answer.choices[0].text == tokenizer.decode(alone, skip_special_tokens=True), prompt
+    # fewer rounds ran than the four requests' rounds added up: some ran together
+    rounds = [chunks[-1].usage.model_extra["dex"]["rounds"]] + [
+        a.usage.model_extra["dex"]["rounds"] for a in answered
+    ]
+    assert 0 < shared < sum(rounds)
+
+
+def complete(client, model: str, prompt: str):
+    """A whole greedy completion of ``prompt``, 10 to 16 new tokens as its length says."""
+    return client.completions.create(
+        model=model, prompt=prompt, max_tokens=10 + len(prompt) % 7, temperature=0
+    )

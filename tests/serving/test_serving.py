@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 import torch
-from helpers import SERVED, closed_within, half_open, hostile_http, serving
+from helpers import SERVED, closed_within, half_open, hostile_http, scrape, serving
 
 from dex_core import DexDecoder, ar_generate
 from dex_core.runtime.request import chat_ids
@@ -208,18 +208,6 @@ def test_the_distributed_schedule_answers_the_same_stream(llama, tokenizer, expl
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert streamed == whole.choices[0].message.content and whole.usage.completion_tokens == 16
     assert len(chunks) == 16 + 1
-
-
-def scrape(url: str) -> dict:
-    """The server's ``/metrics``, parsed by ``prometheus_client``'s own text parser: (name, labels) -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_metrics_count_each_stage_as_the_trace_does(sequential, llama, tokenizer):
