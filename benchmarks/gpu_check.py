@@ -31,8 +31,11 @@ order (``--sections`` picks; ``--time-limit`` starts none past its seconds and l
    visible, tokens compared with the sequential schedule; with one GPU two explorers share it (shared
    mode: rows staged through the host over gloo, as NCCL refuses two ranks on one GPU); on the CPU
    (``--quick``) two gloo processes.
-7. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
-8. training: distributed adapter training (``dex train-adapters --backend distributed``) on the devices of
+7. shared: four requests sharing rounds (``DexDecoder.share``) against the same one at a time, on the sequential
+   schedule and on the distributed one (section 6's devices): each one's tokens against its own alone, and the
+   aggregate tokens/s of both ways.
+8. profile: seconds of one decoder layer, the full LM head and a light head at 1..64 rows (this model).
+9. training: distributed adapter training (``dex train-adapters --backend distributed``) on the devices of
    section 6, beside training in one process: the adapters' largest difference after the same steps, tokens/s.
 
 ``--model default`` is SmolLM2-135M-Instruct with its shipped adapters; ``--model random`` the same
@@ -71,7 +74,7 @@ from dex_core.runtime.clock import Clock
 from dex_core.runtime.request import encode_prompt
 from dex_core.shapes import OpShapes, after_first_round
 from dex_core.testing import tiny_model
-from dex_core.trace.events import RoundEvent
+from dex_core.trace.events import EndEvent, RoundEvent
 
 ROUNDS = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check-rounds-default-cpu-b32.json"
 PROMPTS = (
@@ -317,6 +320,51 @@ def distributed(model, prompts, adapters, tokens, quick: bool) -> dict:
     }
 
 
+def shared(model, prompts, adapters, tokens) -> dict:
+    """Requests sharing rounds (``DexDecoder.share``) against the same requests one at a time, on the sequential
+    schedule on this device and on the distributed one (``distributed``'s devices): each request's tokens against its
+    own alone, and the aggregate tokens/s of all at once over one at a time (wall seconds, ended by each run's end
+    event, which waits for the device)."""
+    requests = [(p, max(1, tokens * (4 - i) // 4)) for i, p in enumerate((list(prompts) * 4)[:4])]  # unequal
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device.type == "cuda" else 0
+    devices = [f"cuda:{k}" for k in range(min(gpus, 4))] if gpus >= 2 else ["cuda:0" if gpus else "cpu"] * 2
+    section = {"requests": len(requests), "new_tokens": [n for _, n in requests]}
+    for name, options in (
+        ("sequential", {}),
+        ("distributed", {"backend": "distributed", "devices": devices, "threads": 1}),
+    ):
+        with decoder(model, len(devices), adapters, **options) as dex:
+            dex.generate(requests[0][0], 4)  # warm-up
+            tic = time.perf_counter()
+            alone = [dex.generate(p, n).tokens for p, n in requests]
+            one_at_a_time = time.perf_counter() - tic
+            dex.share(len(requests))
+            tic = time.perf_counter()
+            together = interleaved(dex, requests)
+            at_once = time.perf_counter() - tic
+            dex.share(1)
+        made = sum(len(t) for t in alone)
+        section[name] = {
+            "devices": options.get("devices", [str(model.device)] * len(devices)),
+            "identical_to_alone": sum(a == t for a, t in zip(alone, together)),
+            "one_at_a_time_tokens_per_second": made / one_at_a_time,
+            "shared_tokens_per_second": made / at_once,
+            "shared_vs_one_at_a_time": one_at_a_time / at_once,
+        }
+    return section
+
+
+def interleaved(dex, requests) -> list[list[int]]:
+    """Every request streamed at once, an event of each in turn; each one's tokens."""
+    streams = [dex.stream(p, n) for p, n in requests]
+    ends = [None] * len(streams)
+    while None in ends:
+        for i, stream in enumerate(streams):
+            if ends[i] is None and isinstance(event := next(stream), EndEvent):
+                ends[i] = event.tokens
+    return ends
+
+
 def training(model, quick: bool) -> dict:
     """Distributed adapter training (``dex_core.training.group``: NCCL between GPUs, gloo staged through the
     host on one GPU, gloo on CPU) against training in one process, on the devices ``distributed`` takes: the same
@@ -450,6 +498,7 @@ def markdown(report: dict) -> str:
         "profile": profile_markdown,
         "real_size": lambda r: real_size_markdown(r, report["device"]),
         "distributed": lambda r: ["", f"distributed: {json.dumps(r)}"],
+        "shared": lambda r: ["", f"requests sharing rounds against one at a time: {json.dumps(r)}"],
         "host_reads": lambda r: ["", f"host reads a round: {json.dumps(r)}"],
         "compiled": lambda r: ["", f"compiled stage step: {json.dumps(r)}"],
         "training": lambda r: ["", f"distributed adapter training beside one process: {json.dumps(r)}"],
@@ -650,7 +699,17 @@ def projection_line(name: str, row: dict) -> str:
 
 
 # issue 59's first (a time limit skips the last), then the rest; real_size after speed, whose rounds it replays
-SECTIONS = ("host_reads", "compiled", "speed", "real_size", "exactness", "distributed", "profile", "training")
+SECTIONS = (
+    "host_reads",
+    "compiled",
+    "speed",
+    "real_size",
+    "exactness",
+    "distributed",
+    "shared",
+    "profile",
+    "training",
+)
 
 
 def arguments(argv):
@@ -779,6 +838,7 @@ def run_sections(args, report: dict, model, prompts, adapters, device, save) -> 
         "profile": lambda: profile(model, args.repeats, ROWS[:3] if args.quick else ROWS),
         "real_size": lambda: real_size_of(args, report, device),
         "distributed": lambda: distributed(model, prompts, adapters, args.max_new_tokens, args.quick),
+        "shared": lambda: shared(model, prompts, adapters, args.max_new_tokens),
         "host_reads": lambda: host_reads(model, prompts, K, adapters, args.max_new_tokens),
         "compiled": lambda: compiled(model, prompts, args.compiled_explorers, adapters, args.max_new_tokens),
         "training": lambda: training(model, args.quick),

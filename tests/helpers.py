@@ -274,3 +274,28 @@ def scrape(url: str) -> dict:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def interleaved(decoder, requests: list, first: int, cancel: tuple[int, int], join_at: int) -> dict:
+    """Stream ``requests`` ((prompt, new tokens, options)) on ``decoder``, an event of each in flight in turn: the first
+    ``first`` at once, the others once ``join_at`` turns have passed; request ``cancel[0]``'s stream is closed by its
+    consumer once it has ``cancel[1]`` events. Returns each request's events (index -> list)."""
+    streams = {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests[:first])}
+    events = {i: [] for i in range(len(requests))}
+    turns = 0
+    while streams:
+        for i, stream in list(streams.items()):
+            event = next(stream, None)
+            if event is None:
+                del streams[i]
+                continue
+            events[i].append(event)
+            if (i, len(events[i])) == cancel:
+                stream.close()
+                del streams[i]
+        turns += 1
+        if turns == join_at:
+            streams.update(
+                {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests) if i >= first}
+            )
+    return events

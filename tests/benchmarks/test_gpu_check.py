@@ -43,6 +43,10 @@ def test_the_gpu_check_runs_on_the_cpu_and_reports_every_section(tmp_path, capsy
     assert sorted(map(int, report["profile"])) == [1, 2, 4]
     assert set(report["profile"]["1"]) == {"layer 0", "layer 3", "head", "proposal"}
     assert report["distributed"]["identical_to_sequential"] == report["distributed"]["prompts"] == 2
+    together = report["shared"]  # four requests sharing rounds, in this process and on two gloo processes
+    assert together["requests"] == 4 and together["new_tokens"] == [8, 6, 4, 2]
+    for name in ("sequential", "distributed"):
+        assert together[name]["identical_to_alone"] == 4 and together[name]["shared_tokens_per_second"] > 0
     trained = report["training"]  # two training ranks beside one process: the same adapters
     assert trained["devices"] == ["cpu", "cpu"] and trained["max_abs_difference"] <= 1e-6
     reads = report["host_reads"]  # every round read once: its choices, in one transfer

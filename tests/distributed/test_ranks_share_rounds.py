@@ -8,6 +8,7 @@ import signal
 
 import pytest
 import torch
+from helpers import interleaved
 
 from dex_core import DexDecoder, ExplorerError, ar_generate
 from dex_core.testing import tiny_tokenizer
@@ -47,24 +48,8 @@ def shared(qwen3):
 
 def test_requests_sharing_rounds_on_explorer_processes_each_get_their_tokens_alone(qwen3, shared):
     requests = _requests()
-    streams = {i: shared.stream(p, new, **o) for i, (p, new, o) in enumerate(requests[:4])}
-    events = {i: [] for i in range(len(requests))}
-    steps = 0
-    while streams:
-        for i, stream in list(streams.items()):
-            event = next(stream, None)
-            if event is None:
-                del streams[i]
-                continue
-            events[i].append(event)
-            if i == 2 and len(events[2]) == 6:  # cancelled mid-run: its consumer closes its stream
-                stream.close()
-                del streams[i]
-        steps += 1
-        if steps == 4:  # two join while the others are mid-run
-            streams.update(
-                {i: shared.stream(p, new, **o) for i, (p, new, o) in enumerate(requests) if i >= 4}
-            )
+    # four at once, request 2 cancelled by its consumer at its 6th event, two joining at the 4th turn, mid-run
+    events = interleaved(shared, requests, 4, (2, 6), 4)
     alone = DexDecoder(qwen3, explorers=3, **OPTIONS)
     for i, (prompt, new, options) in enumerate(requests):
         own = alone.generate(prompt, new, **options).tokens

@@ -3,6 +3,7 @@ request's rows, and every request gets exactly the tokens it gets alone, whateve
 
 import pytest
 import torch
+from helpers import interleaved
 
 from dex_core import DexDecoder, DexError, ar_generate
 from dex_core.model.explorer import Explorer
@@ -57,24 +58,8 @@ def test_eight_requests_in_shared_rounds_each_get_their_tokens_alone(model, monk
     requests, lanes = _requests(), _rows_per_step(monkeypatch)
     decoder = DexDecoder(model, explorers=3)
     decoder.share(8)
-    streams = {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests[:6])}
-    events = {i: [] for i in range(8)}
-    rounds = 0
-    while streams:
-        for i, stream in list(streams.items()):
-            event = next(stream, None)
-            if event is None:
-                del streams[i]
-                continue
-            events[i].append(event)
-            if i == 1 and len(events[1]) == 16:  # cancelled mid-run: its consumer closes its stream
-                stream.close()
-                del streams[i]
-        rounds += 1
-        if rounds == 5:  # two join while the others are mid-run
-            streams.update(
-                {i: decoder.stream(p, new, **o) for i, (p, new, o) in enumerate(requests) if i >= 6}
-            )
+    # six at once, request 1 cancelled by its consumer at its 16th event, two joining at the 5th turn, mid-run
+    events = interleaved(decoder, requests, 6, (1, 16), 5)
     for i, (prompt, new, options) in enumerate(requests):
         alone = _alone(model, prompt, new, options)
         committed = [c.token for e in events[i] if isinstance(e, RoundEvent) for c in e.commits]
