@@ -6,7 +6,8 @@ group's connections, under one lock, and files every event for its own request's
 new request stops the oldest, which ends with ``DexError`` (as on the sequential schedule: ``runtime.crew``). A
 consumer that stops early cancels its request (the ranks drop it at their next step; its late events are dropped).
 When the group fails (a dead rank, a rank that raised, every rank silent), every request in flight ends with the same
-``ExplorerError``, and the next request starts a fresh group.
+``ExplorerError``, and the next request starts a fresh group. ``Tally``: what the ranks' shared rounds ran, for
+``/metrics``.
 """
 
 from __future__ import annotations
@@ -115,3 +116,23 @@ class Flights:
                 self.group._send_all(("cancel", self._cancels.pop(0)))
         finally:
             sending.release()
+
+
+class Tally:
+    """Rank 0's count of its group's shared rounds, read off the board's last two slots: the ``rows`` its stage step
+    ran in the last one (every lane's, padding included: one stage's, where the sequential schedule counts every
+    stage's), and the ``rounds`` run since the ranks last began sharing them (0 while no group is alive)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def _slot(self, k: int) -> int:
+        return self.group._rounds[self.group.count + k] if self.group.alive else 0
+
+    @property
+    def rows(self) -> int:
+        return self._slot(0)
+
+    @property
+    def rounds(self) -> int:
+        return self._slot(1)

@@ -45,7 +45,7 @@ from ..runtime.request import Request
 from ..runtime.settings import RunSettings
 from ..trace.events import EndEvent
 from .blame import blamed, stopped
-from .flights import Flights
+from .flights import Flights, Tally
 from .placement import default_threads, resolve_devices
 from .rank import KEY_ENV, Start, round_board
 
@@ -150,8 +150,9 @@ class ExplorerGroup:
         ]
         _LIVE.add(self)
         self._conns: list = [None] * self.count
-        board = self._tmp / "rounds"  # the board of rounds (``rank.round_board``): an int64 a rank, zeros
-        board.write_bytes(bytes(8 * self.count))
+        # the board of rounds (``rank.round_board``): an int64 a rank, then rank 0's two of shared rounds (``Tally``)
+        board = self._tmp / "rounds"
+        board.write_bytes(bytes(8 * (self.count + 2)))
         self._rounds, self._activity = round_board(str(board)), time.monotonic()
         self._seen = list(self._rounds)  # the board as the last check read it
         self._status = [
@@ -267,7 +268,7 @@ class ExplorerGroup:
     def _blame(self, errors: list, dead, silent: str | None, rank: int | None = None) -> str:
         """The message naming the rank at fault (``blame.blamed``; the module docstring gives the order)."""
         held = [k for k, pid in enumerate(self.pids()) if stopped(pid)]
-        return blamed(errors, dead, held, list(self._rounds), silent, rank)
+        return blamed(errors, dead, held, list(self._rounds)[: self.count], silent, rank)
 
     def _fail(self, errors: list, dead=(), silent: str | None = None, rank: int | None = None) -> None:
         """Collect the reports for a moment, name the rank at fault, end every process, and raise."""
@@ -305,6 +306,11 @@ class ExplorerGroup:
     @property
     def shares(self) -> bool:
         return self.flights.most > 1
+
+    @property
+    def crew(self) -> Tally:
+        """What the ranks' shared rounds ran, for ``/metrics``."""
+        return Tally(self)
 
     def run(self, request: Request):
         """The request's trace events: in rounds shared with every request in flight, or alone."""

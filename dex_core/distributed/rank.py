@@ -370,7 +370,7 @@ def _serve(conn, rank: int, send) -> None:
     inbox = Inbox(messages)
     while (msg := inbox.next())[0] != "close":
         if msg[0] == "share":  # requests share rounds from now, until the parent sends ("share", 1)
-            ended = serve_shared(view, explorer, link, start.settings, inbox, cancel, send)
+            ended = serve_shared(view, explorer, link, start.settings, inbox, cancel, send, board)
             if ended == "close":
                 return
             continue

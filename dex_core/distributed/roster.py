@@ -115,9 +115,10 @@ def agreed(roster: Roster | None, control) -> Roster:
     return box[0]
 
 
-def serve_shared(view, explorer, link, settings, inbox: Inbox, cancel, send) -> str:
+def serve_shared(view, explorer, link, settings, inbox: Inbox, cancel, send, board=None) -> str:
     """Serve requests in shared rounds on this rank until the parent ends them: returns "alone" (one request at a
-    time again) or "close"."""
+    time again) or "close". Rank 0 keeps the last round's rows and the rounds run in the last two slots of the
+    group's ``board`` of rounds (``group.Tally``)."""
     crew = Crew(view, settings, [explorer], most=2**31)  # the parent bounds the requests in flight
     crew.link, crew.wire = (lambda: LaneLink(link)), CrewWire(link, explorer)
     rank, batches = link.rank, {}
@@ -135,6 +136,8 @@ def serve_shared(view, explorer, link, settings, inbox: Inbox, cancel, send) -> 
                 return roster.end
             before = list(crew.members)
             crew._advance()
+            if board is not None and rank == 0:
+                board[len(board) - 2], board[len(board) - 1] = crew.rows, crew.rounds
             for m in before:
                 _report(m, batches, send, rank)
 
