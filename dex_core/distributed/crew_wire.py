@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..device import to_device
 from ..model.explorer import Explorer
+from ..runtime.crew import Crew
 from ..runtime.links import LocalLink
 from ..runtime.readback import StageOutput, pack_columns, unpack
 from ..shapes import bucket
@@ -120,3 +121,11 @@ class CrewWire:
             seconds.append(mine.seconds(False) if mine is not None else 0.0)
         packed[:, width, 0] = to_device(seconds, where, torch.float64)
         return packed
+
+
+def rank_crew(view, settings, explorer: Explorer, link: DistLink, most: int = 2**31) -> Crew:
+    """This rank's crew of shared rounds: its one explorer, each request's ``LaneLink``, the rounds on a ``CrewWire``;
+    at most ``most`` requests (by default as many as rank 0 or the parent lets in)."""
+    crew = Crew(view, settings, [explorer], most)
+    crew.link, crew.wire = (lambda: LaneLink(link)), CrewWire(link, explorer)
+    return crew

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..runtime.crew import Crew
 from ..runtime.engine import ended
-from .crew_wire import CrewWire, LaneLink
+from .crew_wire import rank_crew
 from .event_batch import EventBatch
 
 ALONE = ("share", 1)  # the parent's message that ends the shared rounds: one request at a time again
@@ -119,8 +119,7 @@ def serve_shared(view, explorer, link, settings, inbox: Inbox, cancel, send, boa
     """Serve requests in shared rounds on this rank until the parent ends them: returns "alone" (one request at a
     time again) or "close". Rank 0 keeps the last round's rows and the rounds run in the last two slots of the
     group's ``board`` of rounds (``group.Tally``)."""
-    crew = Crew(view, settings, [explorer], most=2**31)  # the parent bounds the requests in flight
-    crew.link, crew.wire = (lambda: LaneLink(link)), CrewWire(link, explorer)
+    crew = rank_crew(view, settings, explorer, link)  # the parent bounds the requests in flight
     rank, batches = link.rank, {}
     with torch.no_grad():
         while True:

@@ -29,7 +29,7 @@ from ..runtime.crew import Crew
 from ..runtime.request import Request
 from ..runtime.settings import RunSettings, resolve_run
 from ..trace.events import EndEvent
-from .crew_wire import CrewWire, LaneLink
+from .crew_wire import rank_crew
 from .group import IMPORT_SECONDS, LOAD_RATE
 from .placement import default_threads
 from .rank import connect, init_world, open_part, serve_request
@@ -119,8 +119,7 @@ class TorchrunGroup:
         share rounds)."""
         if most > 1 and self.crew is None:
             self._tell(SHARE)
-            self.crew = Crew(self.view, self.settings, [self.explorer], most)
-            self.crew.link, self.crew.wire = (lambda: LaneLink(self.link)), CrewWire(self.link, self.explorer)
+            self.crew = rank_crew(self.view, self.settings, self.explorer, self.link, most)
             self.crew.tell = self._tell
         elif most == 1 and self.crew is not None:
             if self.crew.members:
@@ -184,8 +183,7 @@ class TorchrunGroup:
         """Ranks other than 0, while rank 0's requests share rounds: before each step rank 0 says who joined and
         left since the last; this rank's crew does the same, then the step. Returns ALONE (one request at a time
         again) or None (the group closes)."""
-        crew = Crew(self.view, self.settings, [self.explorer], most=2**31)
-        crew.link, crew.wire = (lambda: LaneLink(self.link)), CrewWire(self.link, self.explorer)
+        crew = rank_crew(self.view, self.settings, self.explorer, self.link)
         with torch.no_grad():
             while isinstance(told := self._told(), list):
                 for kind, what in told:
