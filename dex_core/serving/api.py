@@ -238,10 +238,10 @@ def _start(
             runner.run(job, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), gone, since)
         except Exception as err:  # the run failed (an explorer died): the client is told
             loop.call_soon_threadsafe(events.put_nowait, Ended("failed", str(err)[:200]))
-        finally:
-            loop.call_soon_threadsafe(events.put_nowait, None)
+        finally:  # the admission ends before the client is told: a client may send its next request at once
             if not held:
                 runner.release(client)
+            loop.call_soon_threadsafe(events.put_nowait, None)
 
     threading.Thread(target=work, daemon=True).start()
     return events, gone

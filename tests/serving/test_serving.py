@@ -18,6 +18,7 @@ from dex_core.runtime.request import chat_ids
 from dex_core.serving import connections
 from dex_core.serving.api_requests import MAX_BODY_BYTES, parse_request
 from dex_core.serving.bodies import MAX_MESSAGES
+from dex_core.serving.runner import Runner
 from dex_core.testing import tiny_tokenizer
 from dex_core.trace.events import RoundEvent
 
@@ -468,9 +469,28 @@ def test_beyond_the_queue_a_request_gets_429_at_once_and_a_client_that_leaves_fr
         assert again.status_code == 200 and time.monotonic() - left < 1.5  # a 64-token run would take > 6 s
 
 
+def test_a_client_told_its_stream_ended_may_send_its_next_request_at_once(sequential, tokenizer, monkeypatch):
+    """The run's admission ends before its last chunk goes out: a slow release (a busy machine's worker thread)
+    delays the [DONE], never answers the client's next request 429 (queue=0: nothing may wait)."""
+    release = Runner.release
+
+    def slow(runner, client=""):
+        time.sleep(0.4)
+        release(runner, client)
+
+    monkeypatch.setattr(Runner, "release", slow)
+    url, _ = sequential
+    body = {"model": SERVED, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
+    for _ in range(3):
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as answer:
+            assert (
+                answer.status_code == 200
+                and [line for line in answer.iter_lines() if line][-1] == "data: [DONE]"
+            )
+
+
 def test_one_client_may_hold_at_most_its_share_of_the_queue():
     from dex_core.serving.api_requests import ApiError
-    from dex_core.serving.runner import Runner
 
     runner = Runner(decoder=None, queue=4, seconds=0, per_client=1)
     runner.admit("10.0.0.1")
