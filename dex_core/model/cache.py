@@ -104,11 +104,11 @@ class Lanes:
 
 class LanesWrite:
     """What a step of several lanes' rows hands the layers as their cache: ``update`` writes each lane's keys and
-    values (lanes, kv_heads, rows, head_dim) at its entries ``at`` (lanes, rows) and gives every lane's whole
-    buffer back (each lane's tree mask hides what its rows do not see)."""
+    values (lanes, kv_heads, rows, head_dim) at its entries ``at`` (lanes, rows) and gives every lane's first
+    ``columns`` entries back, the most any of its rows sees (each lane's tree mask hides what its rows do not)."""
 
-    def __init__(self, lanes: Lanes, at: torch.Tensor, layer: dict[int, int]):
-        self.lanes, self.layer = lanes, layer
+    def __init__(self, lanes: Lanes, at: torch.Tensor, layer: dict[int, int], columns: int):
+        self.lanes, self.layer, self.columns = lanes, layer, columns
         self.at = at[:, None, :, None]  # (lanes, 1, rows, 1): expanded to each layer's shape
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -116,7 +116,7 @@ class LanesWrite:
         keys, values = self.lanes.kv[0, j], self.lanes.kv[1, j]
         keys.scatter_(2, at, key)
         values.scatter_(2, at, value)
-        return keys, values
+        return keys[:, :, : self.columns], values[:, :, : self.columns]
 
 
 class StageCache:

@@ -22,7 +22,7 @@ from itertools import chain
 import torch
 
 from ..device import to_device
-from ..shapes import bucket, padded
+from ..shapes import bucket, capacity, padded
 from .cache import EMPTY, LanesWrite, StageCache
 from .compiled import CompiledStep, compile_options
 from .view import ModelView
@@ -328,16 +328,26 @@ class Explorer:
         ``nodes`` each batch's (slots, positions) for its cache's books. ``seats``: every seat, in lane order (an
         idle one runs padding rows alone). Each lane's rows attend to its own lane only."""
         rows, at, positions, masks = hidden.shape[1], [], [], []
+        columns = seen_columns(seats)
         for seat, table in zip(seats, tables):
             seat.cache.settle()
             batch = seat.tree.rows(table, rows)
             seat.cache.write_at(batch.at, batch.tags)
             at.append(batch.at)
             positions.append(batch.positions)
-            masks.append(seat.tree.build(batch, seat.cache.tags))
-        joined = {w: torch.cat([m[w] for m in masks]) for w in self._windows}  # (lanes, 1, rows, capacity)
-        write = LanesWrite(seats[0].cache.lanes, torch.stack(at), seats[0].cache._layer)
+            masks.append(seat.tree.build(batch, seat.cache.tags[:, :columns]))
+        joined = {w: torch.cat([m[w] for m in masks]) for w in self._windows}  # (lanes, 1, rows, columns)
+        write = LanesWrite(seats[0].cache.lanes, torch.stack(at), seats[0].cache._layer, columns)
         out = self._forward(hidden, torch.stack(positions), joined, write)
         for seat, (slots, inputs) in zip(seats, nodes):
             seat.cache.extend(slots, inputs)
         return out
+
+
+def seen_columns(seats: list[Seat]) -> int:
+    """The KV entries a shared step's rows can see: every lane's committed prefix and its tree's region (which holds
+    its lattice and the step's rows), the most of them in steps of ``shapes.capacity``. The lanes share the buffer's
+    capacity, which only grows (the longest context a lane held); its entries past these are empty in every lane, and
+    attention need not read them."""
+    lanes = seats[0].cache.lanes
+    return min(lanes.capacity, capacity(max(s.cache.committed + s.tree.region for s in seats)))

@@ -111,7 +111,7 @@ def max_batch(decoder, asked: int | None) -> int:
     return MAX_BATCH.get(torch.device(decoder.schedule.devices[-1]).type, MAX_BATCH["cuda"])
 
 
-# requests that share each round by default, by device type: on this CPU 8 clients ran 2.25x their requests one at a
-# time (4: 1.64x), p95 latency 2.9x a lone request's (docs/BENCHMARKS.md, "Many strangers in one round"); GPUs: the
-# same until a GPU measures it
+# requests that share each round by default, by device type: on this CPU 8 clients ran 1.89-2.25x their requests one
+# at a time in two runs (4: 1.51-1.64x), p95 latency 2.9-3.5x a lone request's (docs/BENCHMARKS.md, "Many strangers
+# in one round"); GPUs: the same until a GPU measures it
 MAX_BATCH = {"cpu": 8, "cuda": 8}

@@ -5,7 +5,8 @@ import pytest
 import torch
 from helpers import interleaved
 
-from dex_core import DexDecoder, DexError, ar_generate
+from dex_core import DexDecoder, DexError, ar_generate, shapes
+from dex_core.model.cache import LanesWrite
 from dex_core.model.explorer import Explorer
 from dex_core.runtime import crew
 from dex_core.testing import tiny_model
@@ -73,6 +74,31 @@ def test_eight_requests_in_shared_rounds_each_get_their_tokens_alone(model, monk
         assert end.stats.model_seconds <= end.stats.wall_seconds and end.stats.tokens_per_second > 0
     assert max(lanes) == 8 and min(lanes) <= 6  # all eight shared steps, after fewer did
     assert all(len(e.seats) == 1 for e in decoder.explorers)  # every lane but the stage's own freed
+
+
+def test_a_shared_step_reads_only_the_entries_its_lanes_can_see(model, monkeypatch):
+    """The lanes' buffer keeps the capacity of the longest context it held; a step's attention reads only the entries
+    the lanes in flight can see (``explorer.seen_columns``), and each request's tokens stay its own."""
+    monkeypatch.setattr(
+        shapes, "CAPACITY_STEP", 16
+    )  # capacities in steps of 16 entries: a tiny model's contexts
+    decoder = DexDecoder(model, explorers=3)
+    decoder.share(2)
+    decoder.generate(_prompt(30, 80), 4)  # every stage's buffer grows past 120 entries
+    read, update = [], LanesWrite.update
+
+    def reading(self, *args, **kwargs):
+        keys, values = update(self, *args, **kwargs)
+        read.append((keys.shape[2], values.shape[2], self.lanes.capacity))
+        return keys, values
+
+    monkeypatch.setattr(LanesWrite, "update", reading)
+    requests = [(_prompt(31, 6), 20, {}), (_prompt(32, 9), 20, SAMPLED[0])]
+    events = interleaved(decoder, requests, 2, (-1, 0), -1)
+    for i, (prompt, new, options) in enumerate(requests):
+        assert events[i][-1].tokens == _alone(model, prompt, new, options), i
+    assert all(k == v < capacity for k, v, capacity in read) and min(c for *_, c in read) >= 120
+    assert max(k for k, *_ in read) <= 64  # 15 + 20 entries and a region: never the 120 the buffer holds
 
 
 def test_a_request_stopped_at_its_eos_leaves_and_the_others_run_on(model):
