@@ -191,7 +191,9 @@ def _live_tab(runtime: Runtime, states: list):
     """The Live tab: prompt, controls, the streamed panels; returns (its run event, the prompt box, the four
     panels, the status line). ``states``: the session's trace, meta and origin, which a run fills."""
     with gr.Row():
-        prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="live-prompt")
+        prompt = gr.Textbox(
+            label="Prompt", value=page.opening_prompt(EXAMPLES[0]), lines=2, scale=4, elem_id="live-prompt"
+        )
         with gr.Column(scale=1):
             generate = gr.Button("Generate", variant="primary", elem_id="live-generate")
             stop = gr.Button("Stop", elem_id="live-stop")

@@ -44,12 +44,24 @@ def _made_with(start) -> str:
     return f"made with the page's default settings ({start.made_on.upper()}, {start.dtype}); "
 
 
+def opening_prompt(fallback: str) -> str:
+    """The Live prompt box's value as the page is built: the bundled example's prompt (``fallback`` without one), so
+    that a page opened without ``?trace=`` shows the box and the panels on one run before any load event answers."""
+    return _trace_prompt(None) or fallback
+
+
 def example_prompt(request: gr.Request):
-    """The prompt of the run the page opens on for the Live prompt box; unchanged for a trace without one."""
-    prompt = dbg.bundled(request.query_params.get("trace") if request is not None else None).meta.get(
-        "prompt"
-    )
-    return prompt if isinstance(prompt, str) and prompt.strip() else gr.skip()
+    """The prompt of the run the page opens on for the Live prompt box, written only where it differs from the box's
+    opening value (``?trace=`` naming another bundled trace): a load event that answers late on a busy server must
+    not overwrite a prompt the visitor has already typed."""
+    name = request.query_params.get("trace") if request is not None else None
+    prompt = _trace_prompt(name)
+    return prompt if prompt and prompt != _trace_prompt(None) else gr.skip()
+
+
+def _trace_prompt(name: str | None) -> str | None:
+    prompt = dbg.bundled(name).meta.get("prompt")
+    return prompt if isinstance(prompt, str) and prompt.strip() else None
 
 
 CONTROLS = ("slider", "number", "checkbox", "dropdown", "radio")  # the kinds of component a visitor sets

@@ -48,3 +48,34 @@ def test_the_bundled_example_was_made_with_the_options_generate_sends_by_default
     assert config.seed == 0 and recorded == defaults
     tops = [len(n.top) for e in events if isinstance(e, RoundEvent) for n in e.nodes]
     assert max(tops) == TRACE_TOP  # the candidates the app records per node
+
+
+def test_the_prompt_box_opens_on_the_examples_prompt_and_its_load_writes_only_another_traces(
+    tmp_path, monkeypatch
+):
+    """A load event answering late on a busy server once overwrote a prompt already typed with the example's (the
+    page opened with the default box's text); now the box is built with the example's prompt and the load writes
+    only the prompt of another bundled trace named by ``?trace=``."""
+    import gradio as gr
+
+    from app.ui import debugger as dbg
+    from app.ui import page
+    from dex_core.trace.files import save_trace
+
+    events, meta = load_trace(TRACES / f"{EXAMPLE}.json")
+    save_trace(tmp_path / f"{EXAMPLE}.json", events, meta)
+    save_trace(tmp_path / "other.json", events, {**meta, "prompt": "another prompt"})
+    monkeypatch.setattr(dbg, "TRACES", tmp_path)
+    dbg._bundled.cache_clear()
+    monkeypatch.setattr(
+        dbg, "_bundled", dbg._bundled.__wrapped__
+    )  # this folder's files, nothing cached after
+
+    def loaded(**query):
+        return page.example_prompt(type("Request", (), {"query_params": query})())
+
+    assert page.opening_prompt("fallback") == meta["prompt"]
+    assert loaded() == loaded(trace=EXAMPLE) == loaded(trace="unknown") == gr.skip()
+    assert loaded(trace="other") == "another prompt"
+    monkeypatch.setattr(dbg, "TRACES", tmp_path / "none")
+    assert page.opening_prompt("fallback") == "fallback" and loaded() == gr.skip()
