@@ -122,17 +122,23 @@ def test_timeline_draws_every_node_and_a_click_opens_that_round(app_url, page):
 
 
 def generate(page, tokens: int, depths: str = "", prune: str = "", draft: bool = True):
+    """Sets the Live controls and presses Generate. The token count goes in last and is read back just before the
+    click: a CI run once went at the default 128 (a taller page), the typed count gone by then."""
     page.locator("text=Exploration and sampling").click()
     if not draft:
         page.locator("#live-draft input").uncheck()
-    page.locator("#live-new input[type=number]").fill(str(tokens))
-    page.locator("#live-new input[type=number]").press("Enter")
     if prune:
         page.locator("#live-prune input").fill(prune)
         page.get_by_role("option", name=prune, exact=True).click()
     if depths:
         page.get_by_label("Depths (optional, e.g. 8,15,23,30)").fill(depths)
     page.locator("#live-prompt textarea").fill(PROMPT)
+    count = page.locator("#live-new input[type=number]")
+    count.fill(str(tokens))
+    count.press("Enter")
+    page.wait_for_function(
+        f"() => document.querySelector('#live-new input[type=number]').value === '{tokens}'", timeout=10_000
+    )
     page.locator("#live-generate").click()
 
 
@@ -147,6 +153,9 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_th
     plot_ready(page, "live-lattice")
     generate(page, 12, prune="none")  # the full lattice (up to 255 nodes a round), draft chains on
     page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=300_000)
+    assert "12 tokens" in page.inner_text("#live-status"), page.inner_text(
+        "#live-status"
+    )  # the run asked for
     assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
     assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
