@@ -119,9 +119,9 @@ class Flights:
 
 
 class Tally:
-    """Rank 0's count of its group's shared rounds, read off the board's last two slots: the ``rows`` its stage step
-    ran in the last one (every lane's, padding included: one stage's, where the sequential schedule counts every
-    stage's), and the ``rounds`` run since the ranks last began sharing them (0 while no group is alive)."""
+    """Rank 0's count of its group's shared rounds, read off the board's last two slots: the ``rows`` the last one ran
+    (every stage's and every lane's, padding included, as the sequential schedule counts them: ``crew.rows_run``), and
+    the ``rounds`` run since the ranks last began sharing them (0 while no group is alive)."""
 
     def __init__(self, group):
         self.group = group

@@ -249,7 +249,7 @@ def shared_round(
         for m in members:
             plans[m] = plan_round(m.run)
             masked[m] = decs_masks(m.run, plans[m])
-        expanded, rows = explore_all(members, plans, explorers, view, wire)
+        expanded = explore_all(members, plans, explorers, view, wire)
         choices, decided = {}, {}
         for m in members:
             with seated(m), m.run.clock.span("decode"):
@@ -262,7 +262,21 @@ def shared_round(
     for m in members:
         m.events.append(recorded(m.run, decided[m]))
         m.finished = m.run.finished
-    return rows
+    return rows_run(members, plans, len(explorers[0].seats))
+
+
+def rows_run(members: list[Member], plans: dict, lanes: int) -> int:
+    """The rows a shared round's steps ran, every stage's and every one of its ``lanes``' (padding included): read
+    off the plans, which every process holds, so that an explorer rank counts its peers' steps as the sequential
+    schedule counts them."""
+    return sum(step_rows(members, plans, k) for k in range(len(plans[members[0]].batches))) * lanes
+
+
+def step_rows(members: list[Member], plans: dict, k: int) -> int:
+    """The rows every lane runs in stage ``k``'s step this round: its longest batch's, in a bucket; 0 where no member
+    has nodes there (the stage runs no step)."""
+    longest = max(len(plans[m].batches[k]) for m in members)
+    return bucket(longest) if longest else 0
 
 
 def explore_all(
@@ -270,17 +284,15 @@ def explore_all(
 ) -> dict:
     """Every explorer's step over every member's batch (``expand_seats``; its output rows posted on ``wire`` before
     its head) and its candidate logits: member -> {stage: (its output rows, its logits or None)} for the stages where
-    it has nodes; and the rows the steps ran."""
+    it has nodes."""
     expanded: dict = {m: {} for m in members}
-    ran = 0
     owner = {id(seat): m for m in members for seat in m.seats}
     for e in explorers:
         k = e.index
-        if not any(plans[m].batches[k] for m in members):
+        rows = step_rows(members, plans, k)
+        if not rows:
             continue
-        rows = bucket(max(len(plans[m].batches[k]) for m in members))
         lanes = [(seat, owner.get(id(seat))) for seat in e.seats]  # lane order; a seat no member holds idles
-        ran += rows * len(lanes)
         hidden, tables, books = [], [], []
         for seat, m in lanes:
             nodes = plans[m].batches[k] if m is not None else []
@@ -307,7 +319,7 @@ def explore_all(
         for b, m, n in real:
             mine = None if logits is None or (m.run.request.pipeline and not e.final) else logits[at : at + n]
             expanded[m][k], at = (out[b], mine), at + n
-    return expanded, ran
+    return expanded
 
 
 def proposed(e: Explorer, out: torch.Tensor, real: list, view: ModelView) -> torch.Tensor:

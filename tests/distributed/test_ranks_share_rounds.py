@@ -84,3 +84,14 @@ def test_a_dead_rank_ends_every_request_in_flight_with_one_error_and_the_next_st
     after = shared.generate(prompts[0], 16)  # a fresh group, its requests still sharing rounds
     assert after.tokens == ar_generate(qwen3, prompts[0], 16).tokens
     assert set(shared.group.pids()).isdisjoint(pids) and shared.group.shares
+
+
+def test_the_rows_a_group_counts_a_round_are_every_stages_as_in_one_process(qwen3, shared):
+    """``/metrics``' rows a round: rank 0 once counted its own stage's alone; every rank holds every request's plan,
+    so the group counts what the sequential schedule counts, round for round."""
+    prompt, new = [4, 8, 15, 16, 23, 42] * 3, 14
+    local = DexDecoder(qwen3, explorers=3, **OPTIONS)
+    local.share(6)
+    assert shared.generate(prompt, new).tokens == local.generate(prompt, new).tokens
+    rows = local.schedule.crew.rows
+    assert shared.group.crew.rows == rows > 0
