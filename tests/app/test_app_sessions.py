@@ -281,14 +281,15 @@ def test_compacted_traces_are_equal_smaller_and_within_the_estimate(small):
     assert 0.95 * typed <= sum(map(footprint, plain)) <= 1.05 * typed
 
 
-@pytest.mark.slow  # a 20 MB trace made and loaded four times, in a server of its own (about a minute)
+@pytest.mark.slow  # a 20 MB trace made, then loaded six times in a server of its own
 @pytest.mark.process
 def test_four_closed_sessions_of_a_20_mb_trace_leave_at_most_64_mb_and_sigterm_removes_the_folder(
     tiny_dir, small, tmp_path
 ):
     import psutil
 
-    big = make_trace(tmp_path / "big.json", 20, tokens=700)
+    # 300 tokens: one generation of 19 MB here (700 tokens took four, 138 s)
+    big = make_trace(tmp_path / "big.json", 20, tokens=300)
     temp, port = tmp_path / "gradio-temp", free_port()
     env = dict(
         os.environ,
