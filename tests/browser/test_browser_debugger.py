@@ -153,9 +153,8 @@ def test_a_k8_run_fits_1600_px_at_1400_px_width_and_its_debugger_figures_fill_th
     plot_ready(page, "live-lattice")
     generate(page, 12, prune="none")  # the full lattice (up to 255 nodes a round), draft chains on
     page.wait_for_function(f"() => ({STATUS})() === 'finished'", timeout=300_000)
-    assert "12 tokens" in page.inner_text("#live-status"), page.inner_text(
-        "#live-status"
-    )  # the run asked for
+    status = page.inner_text("#live-status")
+    assert "12 tokens" in status, status  # the run went at the count typed
     assert "K=8" in page.inner_text("#live-status") and "none" in page.inner_text("#live-stats")
     assert page.locator("#live-fsm details").count() == 8  # counts per explorer, ids on demand
     assert page.evaluate(HEIGHT) <= 1600, (page.evaluate(HEIGHT), page.evaluate(TALL))
