@@ -31,6 +31,14 @@ class ChainPlanner:
         self.bounds, self.stop = bounds, stop_position
         self.lookup = PromptLookup(list(context), bounds.ngram)
         self.room = 0  # chain rows still free this round
+        self.right, self.tried = 1, 2  # commits whose anchor had a chain slot: its input right, all (Laplace)
+
+    def odds(self) -> float:
+        """The chance a chain slot's input is right given its predecessor's: how often this run's chains were right
+        at a commit so far, (right + 1) / (tried + 2). A run that copies its context keeps its chains; one whose
+        drafts miss gives their rows to branches (docs/BENCHMARKS.md, "Chain rows at the rate this run's chains
+        were right")."""
+        return self.right / self.tried
 
     def extensions(self, lattice) -> list[tuple]:
         """At the start of a round: the chains whose last slot still finds a draft (at most ``chains``, shallowest
@@ -112,6 +120,10 @@ class ChainPlanner:
         child = lattice.slots.get(anchor.chain_child)
         return child.nodes[0] if child is not None and child.input_token == token else None
 
-    def committed(self, token: int) -> None:
-        """``token`` was committed: the lookup's context grows by it."""
+    def committed(self, token: int, chain_input: int | None) -> None:
+        """``token`` was committed: the lookup's context grows by it; ``chain_input``, the committed anchor's chain
+        slot's input (None: it had none), counts toward ``odds``."""
         self.lookup.extend(token)
+        if chain_input is not None:
+            self.right += chain_input == token
+            self.tried += 1

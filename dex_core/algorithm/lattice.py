@@ -17,10 +17,10 @@ The round loop drives it: ``plan_round``, compute, ``insert`` the candidates, ``
 ``collapse`` while ``ready``. A row budget (``plan_round(budget=B)``, the ``prune`` option) keeps at most B rows at
 stage 0 a round (``trim``): the root, then the new rows worth most (``worth``): the chance the slot is reused,
 ``Slot.score`` (the product of the candidates' probabilities along the path from the anchor; a draft chain's slot
-scores as the slot before it: a chain that copies the context goes on copying, so given its predecessor it is
-about as likely reused — docs/BENCHMARKS.md, "The row budget by reuse"), times the rounds its reuse saves (a chain
-slot commits in its predecessor's round, a branch of stage k saves K - 1 - k — "A row budget that keeps what
-pays"). Depth children are never trimmed, so every slot that exists finishes its
+scores as the slot before it times the rate at which this run's chains were right so far, ``ChainPlanner.odds`` --
+docs/BENCHMARKS.md, "The row budget by reuse" and "Chain rows at the rate this run's chains were right"), times the
+rounds its reuse saves (a chain slot commits in its predecessor's round, a branch of stage k saves K - 1 - k -- "A
+row budget that keeps what pays"). Depth children are never trimmed, so every slot that exists finishes its
 stages, and since a stage's rows this round were the stage before's last round, no stage runs more than B rows.
 A branch left out only loses reuse: when the matched stage's position child was trimmed, the next anchor starts
 from scratch, as after a miss. Which B pays depends on the device (``runtime.settings.resolve_prune``). Slots
@@ -182,10 +182,10 @@ class Lattice:
     def trim(self, new: list[Node], budget: int) -> list[int]:
         """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the rows worth most (``worth``: the
         chance the slot is reused, ``Slot.score`` -- the product of the candidates' probabilities along the path from
-        the anchor, a chain slot its predecessor's, 0 for a twin of a branch that a shallower stage of the same slot
-        started with the same token, which the commit never picks -- times the rounds its reuse saves). A row is worth
-        at most its parent's and ties go to the older node, so no kept slot loses its parent. Returns the nodes whose
-        position child was not started."""
+        the anchor; a chain slot's is its predecessor's times ``ChainPlanner.odds``; 0 for a twin of a branch that a
+        shallower stage of the same slot started with the same token, which the commit never picks -- times the rounds
+        its reuse saves). A row is worth at most its parent's and ties go to the older node, so no kept slot loses its
+        parent. Returns the nodes whose position child was not started."""
         heads = [n for n in new if n.stage == 0]
         if len(heads) <= budget:
             return []
@@ -265,9 +265,7 @@ class Lattice:
     def add_chain_slot(self, parent: Node, token: int) -> Node:
         """A chain slot with looked-up input ``token`` after ``parent``'s slot, and its stage-0 node."""
         pslot = self.slots[parent.slot]
-        slot = self._new_slot(
-            pslot.position + 1, token, pslot.id, drafted=True
-        )  # scored as its parent (trim)
+        slot = self._new_slot(pslot.position + 1, token, pslot.id, True, self.chains.odds())
         pslot.chain_child = slot.id
         return self._new_node(slot.id, 0, "chain", parent.id)
 
@@ -347,7 +345,8 @@ class Lattice:
         root = None if commit.next_anchor is None else self.nodes[commit.next_anchor].slot
         kept_slots = set() if root is None else set(self._subtree(root))
         if self.chains:
-            self.chains.committed(commit.token)
+            chained = self.slots.get(self.slots[commit.anchor_slot].chain_child)
+            self.chains.committed(commit.token, None if chained is None else chained.input_token)
         kept = sorted(n for s in kept_slots for n in self.slots[s].nodes)
         dropped = sorted(
             n.id for n in self.nodes.values() if n.slot not in kept_slots and n.slot != commit.anchor_slot

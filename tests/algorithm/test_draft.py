@@ -96,6 +96,23 @@ def test_a_chain_that_matches_commits_all_its_slots_in_one_round():
     )  # that slot was one stage behind: it commits the round after
 
 
+def test_a_chain_slot_is_scored_as_its_predecessor_times_the_rate_this_runs_chains_were_right():
+    lat = chained(2, [5, 6, 7, 8, 5, 6], DraftBounds(length=2, gate=0))  # drafts 7 8 after the root
+    plan = lat.plan_round()
+    assert [lat.slots[n.slot].score for n in plan.batches[0]] == [1.0, 0.5, 0.25]  # no commit yet: 1/2 a slot
+    _complete(lat, lambda p: 9 if p < 9 else 5, 3, plan)  # 9 comes where the chain said 7: one chain wrong
+    assert lat.chains.odds() == 1 / 3
+    context = [5, 6, 7, 8, 9, 5, 6]
+    text = context + [7, 8, 9, 5, 6, 7]
+    lat = chained(3, context, DraftBounds(length=4, gate=0))
+    plans = _complete(lat, lambda p: text[p] if p < len(text) else 0, 6, None)
+    assert [c.via for _, c in plans] == ["chain"] * 6 and lat.chains.odds() == 7 / 8  # six chains right
+    grown = [lat.slots[n.slot] for n in lat.plan_round().batches[0] if n.kind == "chain"]
+    assert grown and [s.score for s in grown] == [
+        pytest.approx(7 / 8 * lat.slots[s.parent].score) for s in grown
+    ]  # the chain grown now: 7/8 a slot
+
+
 def test_a_contradicted_chain_is_cut_and_its_predecessor_branches_as_usual():
     context = [5, 6, 7, 8, 5, 6]
     lat = chained(3, context, DraftBounds(length=2, gate=1))
