@@ -31,14 +31,14 @@ class ChainPlanner:
         self.bounds, self.stop = bounds, stop_position
         self.lookup = PromptLookup(list(context), bounds.ngram)
         self.room = 0  # chain rows still free this round
-        self.right, self.tried = 1, 2  # commits whose anchor had a chain slot: its input right, all (Laplace)
+        self.right = self.tried = 0  # commits whose anchor had a chain slot: its input right; all
 
     def odds(self) -> float:
         """The chance a chain slot's input is right given its predecessor's: how often this run's chains were right
         at a commit so far, (right + 1) / (tried + 2). A run that copies its context keeps its chains; one whose
         drafts miss gives their rows to branches (docs/BENCHMARKS.md, "Chain rows at the rate this run's chains
         were right")."""
-        return self.right / self.tried
+        return (self.right + 1) / (self.tried + 2)  # Laplace: 1/2 before the first
 
     def extensions(self, lattice) -> list[tuple]:
         """At the start of a round: the chains whose last slot still finds a draft (at most ``chains``, shallowest
