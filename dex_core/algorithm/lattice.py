@@ -22,7 +22,8 @@ docs/BENCHMARKS.md, "The row budget by reuse" and "Chain rows at the rate this r
 rounds its reuse saves (a chain slot commits in its predecessor's round, a branch of stage k saves K - 1 - k -- "A
 row budget that keeps what pays"). Depth children are never trimmed, so every slot that exists finishes its
 stages, and since a stage's rows this round were the stage before's last round, no stage runs more than B rows.
-A branch left out only loses reuse: when the matched stage's position child was trimmed, the next anchor starts
+A branch left out waits (``waiting``): the next round it competes again with the new rows, worth the rounds it would
+still save, one fewer for each round it waited; when the matched stage's branch never started, the next anchor starts
 from scratch, as after a miss. Which B pays depends on the device (``runtime.settings.resolve_prune``). Slots
 keep their children (``Slot.children``), so cutting a chain and collapsing touch only the subtrees involved.
 Draft chains (the token axis) are planned beside the lattice by a
@@ -148,6 +149,7 @@ class Lattice:
             Child("root", None, root_token, root_position)
         ]  # queued for the next round
         self._latest: list[Node] = []
+        self.waiting: list[int] = []  # nodes whose branch the last round's budget left out (``trim``)
 
     @property
     def state(self) -> int:
@@ -165,12 +167,14 @@ class Lattice:
             raise RuntimeError("the anchor is complete: commit before planning another round")
         state_before = self.state
         self.rounds += 1
+        self.children += self._waiting()
         extensions = self.chains.extensions(self) if self.chains else []
         new = [self._materialize(child) for child in self.children]
         self.children = []
         chains = self.chains.grow(self, extensions, new) if self.chains else []
         new += [n for chain in chains for n in chain]
         pruned = self.trim(new, budget) if budget is not None else []
+        self.waiting = pruned
         batches: list[list[Node]] = [[] for _ in range(self.K)]
         for node in new:
             if node.id in self.nodes:
@@ -178,6 +182,17 @@ class Lattice:
         self._latest = [n for n in new if n.id in self.nodes]
         chains = [[n.id for n in chain if n.id in self.nodes] for chain in chains]
         return RoundPlan(self.rounds, state_before, batches, pruned, [c for c in chains if c])
+
+    def _waiting(self) -> list[Child]:
+        """The branches the last round's budget left out, queued again: they compete with the new rows, worth the
+        rounds they would still save (``worth``); gone once their node is, or once that is nothing."""
+        return [
+            Child("position", n)
+            for n in self.waiting
+            if n in self.nodes
+            and self.nodes[n].position_child is None
+            and self.K - 1 - self.nodes[n].stage - (self.rounds - 1 - self.nodes[n].round) > 0
+        ]
 
     def trim(self, new: list[Node], budget: int) -> list[int]:
         """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the rows worth most (``worth``: the
@@ -211,12 +226,15 @@ class Lattice:
     def worth(self, node: Node) -> float:
         """What a new stage-0 row buys: its slot's ``score`` (the chance it is reused) times the rounds its reuse
         saves, K - 1 - k for a branch that a stage-k candidate started (its token then costs k + 1 rounds, not K; 0
-        from the final stage, whose branch the commit never takes) and K - 1 for a draft chain's slot (it commits in
-        its predecessor's round); at most its parent's when that is new this round, so no kept slot loses its parent."""
+        from the final stage, whose branch the commit never takes), less the rounds it waited (``waiting``), and K - 1
+        for a draft chain's slot (it commits in its predecessor's round); at most its parent's when that is new this
+        round, so no kept slot loses its parent."""
         slot = self.slots[node.slot]
         if node.kind == "root":
             return float("inf")
-        saved = self.K - 1 if slot.drafted else self.K - 1 - self.nodes[node.parent].stage
+        parent = self.nodes[node.parent]
+        # a branch that waited (left out by the budget) is as many stages behind: it saves as many rounds less
+        saved = self.K - 1 if slot.drafted else self.K - 1 - parent.stage - (node.round - 1 - parent.round)
         above = self.nodes.get(self.slots[slot.parent].nodes[0])
         if above is not None and above.round == self.rounds:
             return min(slot.score * saved, self.worth(above))

@@ -178,6 +178,34 @@ def test_a_row_is_worth_its_chance_of_reuse_times_the_rounds_its_reuse_saves():
     assert lat.worth(kept) == pytest.approx(0.4 * 3) and lat.rank(kept)[1] == pytest.approx(-1.2)
 
 
+def test_a_branch_the_budget_left_out_competes_again_worth_the_rounds_it_would_still_save():
+    lat = Lattice(5, 7, 10)
+    (root,), *_ = lat.plan_round().batches
+    lat.insert({root.id: 5}, {root.id: 0.5})
+    (branch,), (deeper,), *_ = lat.plan_round().batches
+    lat.insert({branch.id: 6, deeper.id: 8}, {branch.id: 0.8, deeper.id: 0.5})
+    plan = lat.plan_round(budget=1)  # the stage-1 branch, 0.5 x 3 against 0.4 x 4, waits
+    assert plan.pruned == [deeper.id] and lat.waiting == [deeper.id]
+    (child,), (branch_1,), (root_2,), *_ = plan.batches
+    lat.insert({child.id: 2, branch_1.id: 3, root_2.id: 9}, {child.id: 0.1, branch_1.id: 0.1, root_2.id: 0.3})
+    plan = lat.plan_round(budget=2)
+    # a round late it is a stage behind: it saves 4 - 1 - 1 = 2 rounds, worth 0.5 x 2, the most of the rows new
+    # this round (the root's stage-2 branch 0.3 x 2; the others 0.4 x 0.1 x 4 and 0.5 x 0.1 x 3)
+    started = {n.parent: n for n in plan.batches[0]}
+    assert sorted(started) == sorted([deeper.id, root_2.id])
+    late = started[deeper.id]
+    assert late.kind == "position" and late.round == deeper.round + 2
+    assert lat.worth(late) == pytest.approx(0.5 * 2) and lat.nodes[deeper.id].position_child == late.id
+    assert sorted(plan.pruned) == sorted([child.id, branch_1.id]) and lat.waiting == plan.pruned
+    lat.insert(
+        {n.id: 40 + n.id for b in plan.batches for n in b}, {n.id: 0.9 for b in plan.batches for n in b}
+    )
+    plan = lat.plan_round()
+    # the two left out start a second round late, each worth a round less: 0.4 x 0.1 x 3 and 0.5 x 0.1 x 2
+    late = {n.parent: lat.worth(n) for n in plan.batches[0] if n.parent in (child.id, branch_1.id)}
+    assert late == {child.id: pytest.approx(0.12), branch_1.id: pytest.approx(0.1)}
+
+
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 3}], ids=["greedy", "sampled"])
 def test_runs_on_a_row_budget_are_exact_and_no_stage_runs_more_rows(llama, options):
     """At a budget of 2 rows a stage, draft chains on (their rows within it); the golden traces hold a budget of 1
