@@ -164,12 +164,19 @@ def test_a_branch_twin_of_a_shallower_stages_scores_zero_and_goes_first():
     assert plan.pruned == [deeper.id] and [n.parent for n in plan.batches[0]] == [branch.id]
 
 
-def test_a_row_is_worth_its_chance_of_reuse_times_the_rounds_its_reuse_saves():
-    lat = Lattice(4, 7, 10)
+def two_branches(K: int):
+    """A lattice after two rounds: the root's candidate 5 (p 0.5), then its branch's 6 (p 0.8) and the root's stage-1
+    candidate 8 (p 0.5); returns (lattice, the branch's node, the root's stage-1 node)."""
+    lat = Lattice(K, 7, 10)
     (root,), *_ = lat.plan_round().batches
     lat.insert({root.id: 5}, {root.id: 0.5})
     (branch,), (deeper,), *_ = lat.plan_round().batches
     lat.insert({branch.id: 6, deeper.id: 8}, {branch.id: 0.8, deeper.id: 0.5})
+    return lat, branch, deeper
+
+
+def test_a_row_is_worth_its_chance_of_reuse_times_the_rounds_its_reuse_saves():
+    lat, branch, deeper = two_branches(4)
     plan = lat.plan_round(budget=1)
     # the stage-1 branch is likelier (0.5 against 0.5 x 0.8), but reused it saves 2 rounds, the branch's own 3:
     # 1.0 against 1.2, so the deeper branch goes
@@ -179,11 +186,7 @@ def test_a_row_is_worth_its_chance_of_reuse_times_the_rounds_its_reuse_saves():
 
 
 def test_a_branch_the_budget_left_out_competes_again_worth_the_rounds_it_would_still_save():
-    lat = Lattice(5, 7, 10)
-    (root,), *_ = lat.plan_round().batches
-    lat.insert({root.id: 5}, {root.id: 0.5})
-    (branch,), (deeper,), *_ = lat.plan_round().batches
-    lat.insert({branch.id: 6, deeper.id: 8}, {branch.id: 0.8, deeper.id: 0.5})
+    lat, branch, deeper = two_branches(5)
     plan = lat.plan_round(budget=1)  # the stage-1 branch, 0.5 x 3 against 0.4 x 4, waits
     assert plan.pruned == [deeper.id] and lat.waiting == [deeper.id]
     (child,), (branch_1,), (root_2,), *_ = plan.batches
