@@ -230,7 +230,8 @@ class RoundEvent(_Record):
     ids; null without a commit); ``alive``: the ids in the lattice after the round; ``state_before``/``state_after``:
     the FSM state q around it. ``timings`` (seconds): ``{"expand": [per explorer], "communication", "decode",
     "masks", "plan", "commit", "collapse", "trace", "prefill" (first round only), "round", "bookkeeping", "projected"}``
-    (``dex_core.trace.build.round_timings``). ``pruned``: nodes whose position child the row budget did not start;
+    (``dex_core.trace.build.round_timings``). ``pruned``: nodes whose position child the row budget did not start this
+    round (it waits: a later round may start it, ``Lattice.waiting``);
     with draft chains, ``chains`` the chains started (their stage-0 node ids) and ``cut`` the nodes dropped because
     the slot before them proposed another token."""
 
