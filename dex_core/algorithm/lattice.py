@@ -191,8 +191,13 @@ class Lattice:
             for n in self.waiting
             if n in self.nodes
             and self.nodes[n].position_child is None
-            and self.K - 1 - self.nodes[n].stage - (self.rounds - 1 - self.nodes[n].round) > 0
+            and self._saves(self.nodes[n], self.rounds) > 0
         ]
+
+    def _saves(self, parent: Node, start: int) -> int:
+        """The rounds a branch of ``parent``'s candidate started in round ``start`` saves when reused: K - 1 - k from
+        stage k, one fewer for each round it waited (as many stages behind)."""
+        return self.K - 1 - parent.stage - (start - 1 - parent.round)
 
     def trim(self, new: list[Node], budget: int) -> list[int]:
         """Keep at most ``budget`` of the new stage-0 rows ``new``: the root, then the rows worth most (``worth``: the
@@ -232,9 +237,7 @@ class Lattice:
         slot = self.slots[node.slot]
         if node.kind == "root":
             return float("inf")
-        parent = self.nodes[node.parent]
-        # a branch that waited (left out by the budget) is as many stages behind: it saves as many rounds less
-        saved = self.K - 1 if slot.drafted else self.K - 1 - parent.stage - (node.round - 1 - parent.round)
+        saved = self.K - 1 if slot.drafted else self._saves(self.nodes[node.parent], node.round)
         above = self.nodes.get(self.slots[slot.parent].nodes[0])
         if above is not None and above.round == self.rounds:
             return min(slot.score * saved, self.worth(above))
