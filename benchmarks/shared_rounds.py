@@ -5,17 +5,19 @@
 
 Starts ``dex serve --http`` on the default model (its own process; K = 4, sequential, the CPU's defaults,
 ``--max-batch`` the most clients), sends a warm-up request, then drives it with locust (headless, as a library in this
-process; its own CPU seconds reported, as it shares the 2 cores) through the same ``--prompts`` streaming chat
-requests (the chat set's eval split, greedy, ``--tokens`` new tokens) in each phase: first **one at a time** (one
-user), then **c users at once** for each client count c, each user sending the next waiting prompt as soon as its last
-answer ended (a closed loop, so c requests stay in flight until the last ones). Per phase: aggregate tokens/s
-(completion tokens over the phase's wall time), per-request latency and time to first token (p50, p95), against the
-one-at-a-time phase (the same requests). Every answer is checked against HF greedy on the same prompt (through the
-chat template, decoded as the server decodes). Beside them: HF ``generate`` on the same prompts in batches of c
-(left-padded, greedy) in this process while the server idles, its aggregate tokens/s, what a user would pick instead;
-the server's tokens per stage step (``/metrics``: committed tokens over shared rounds x K); and, labelled a
-projection, what sharing a stage step among c requests would buy on the GPU check's real-size curves (one stage's
-layers and head at c x r rows against c steps of r rows). Not a test: about 12 minutes here.
+process; its own CPU seconds reported, as it shares the 2 cores) through the same ``--prompts`` streaming chat requests
+(the chat set's eval split, greedy, ``--tokens`` new tokens) in each phase: first **one at a time** (one user), then
+**c users at once** for each client count c, each user sending the next waiting prompt as soon as its last answer ended
+(a closed loop, so c requests stay in flight until the last ones). Per phase: aggregate tokens/s (completion tokens
+over the phase's wall time), per-request latency and time to first token (p50, p95), against the one-at-a-time phase
+(the same requests), and the share of the phase's wall time before its last request went in (all c clients busy; after
+it the phase drains with fewer). 32 prompts by default: with 12, the 8-client phase ran its last 4 requests with at
+least half its clients idle. Every answer is checked against HF greedy on the same prompt (through the chat template,
+decoded as the server decodes). Beside them: HF ``generate`` on the same prompts in batches of c (left-padded, greedy)
+in this process while the server idles, its aggregate tokens/s, what a user would pick instead; the server's tokens per
+stage step (``/metrics``: committed tokens over shared rounds x K); and, labelled a projection, what sharing a stage
+step among c requests would buy on the GPU check's real-size curves (one stage's layers and head at c x r rows against
+c steps of r rows). Not a test: about 50 minutes here.
 """
 
 # ruff: noqa: I001  (locust first: it monkey-patches the standard library)
@@ -118,6 +120,9 @@ def _summary(records: list[dict], alone: list[dict], locust_cpu: float) -> dict:
         "latency_p95": round(p95(latency), 2),
         "lone_latency_p95": round(p95(lone_latency), 2),
         "p95_vs_lone": round(p95(latency) / p95(lone_latency), 3),
+        "full_load_share": round(
+            (max(r["start"] for r in records) - min(r["start"] for r in records)) / wall, 3
+        ),
         "ttft_p50": round(statistics.median(r["ttft"] for r in records), 3),
         "ttft_p95": round(p95([r["ttft"] for r in records]), 3),
         "locust_cpu_seconds": round(locust_cpu, 2),
@@ -197,7 +202,7 @@ def main() -> int:
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument(
-        "--prompts", type=int, default=12, help="requests each phase answers (the chat set's eval)"
+        "--prompts", type=int, default=32, help="requests each phase answers (the chat set's eval)"
     )
     parser.add_argument(
         "--max-batch", type=int, default=None, help="the server's (default: the most clients)"
