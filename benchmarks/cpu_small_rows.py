@@ -66,10 +66,11 @@ def main() -> int:
     args = parser.parse_args()
     from dex_core import load_model
 
+    counts = [int(r) for r in args.rows.split(",")]
     model, _ = load_model("default", device="cpu")
     parts = {"stage": stage_weights(model, args.layers), "head": [model.lm_head.weight.detach()]}
     widths = {w.shape[1] for ws in parts.values() for w in ws}
-    inputs = {n: torch.randn(max(int(r) for r in args.rows.split(",")), n) for n in widths}
+    inputs = {n: torch.randn(max(counts), n) for n in widths}
     report = {
         "model": "default (SmolLM2-135M-Instruct, float32, CPU)",
         "torch": torch.__version__,
@@ -79,7 +80,7 @@ def main() -> int:
         "ms_median": {},
     }
     with torch.inference_mode():
-        for rows in (int(r) for r in args.rows.split(",")):
+        for rows in counts:
             samples = {(p, f): [] for p in parts for f in FORMS}
             for _ in range(args.repeat):
                 for part, weights in parts.items():
